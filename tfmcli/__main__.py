@@ -1,0 +1,3 @@
+from tfmcli.cli import main
+
+main()

@@ -1,0 +1,241 @@
+"""The stack: embed -> blocks -> head -> loss, and its hand-written backward.
+
+``forward`` records every intermediate under a dotted name (the names and shapes of
+``config.activation_shapes``, in that order) and keeps the caches the backward needs;
+``backward`` walks the same path in reverse and returns every parameter's gradient, with the
+gradient of every named activation alongside.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from tfmcli import ops
+from tfmcli.config import Config
+from tfmcli.masks import combined_mask, padding_mask
+from tfmcli.positional import sinusoidal
+
+
+class Inputs(NamedTuple):
+    tokens: np.ndarray   # (B, T) int64 in [0, V)
+    targets: np.ndarray  # (B, T) int64 in [0, V): the next token
+    lengths: np.ndarray  # (B,) int64 in 1..T
+
+
+def make_inputs(cfg: Config) -> Inputs:
+    """Draw ``T + 1`` ids per row from ``default_rng(seed)``; input is ``[:, :-1]``, target ``[:, 1:]``."""
+    rng = np.random.default_rng(cfg.seed)
+    ids = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.seq_len + 1))
+    return Inputs(ids[:, :-1].copy(), ids[:, 1:].copy(), cfg.lengths_array())
+
+
+@dataclass
+class Forward:
+    """The result of a forward pass.
+
+    Attributes
+    ----------
+    loss : float
+    acts : OrderedDict name -> ndarray, in forward order
+    inputs : Inputs
+    caches : dict sublayer -> cache NamedTuple (what the backward reads)
+    """
+
+    loss: float
+    acts: OrderedDict
+    inputs: Inputs
+    caches: dict
+
+
+class Gradients(dict):
+    """Parameter name -> gradient (same shape as the parameter).
+
+    ``.acts`` maps every activation name of the forward to the gradient of the loss with respect
+    to it, in forward order (``grads.acts["logits"]`` is ``(P - Y) / N``).
+    """
+
+    def __init__(self, params: dict, acts: OrderedDict):
+        super().__init__(params)
+        self.acts = acts
+
+
+# ---------------------------------------------------------------- sublayers
+
+
+def _mha_forward(x, P, p, cfg, mask, acts, caches):
+    H = cfg.heads
+    q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])   # (B, T, d)
+    k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])
+    v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
+    q, k, v = (ops.split_heads(t, H) for t in (q, k, v))                 # (B, H, T, d_head)
+    context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], 1.0 / math.sqrt(cfg.d_head))
+    context = ops.merge_heads(context)                                  # (B, T, d)
+    out, co = ops.linear_forward(context, P[p + "attn.W_O"], P[p + "attn.b_O"])
+    acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v, p + "attn.scores": scores,
+                 p + "attn.pattern": ca.pattern, p + "attn.context": context, p + "attn.out": out})
+    caches[p + "attn"] = (cq, ck, cv, ca, co)
+    return out
+
+
+def _mha_backward(dout, p, cfg, caches, grads, dacts):
+    cq, ck, cv, ca, co = caches[p + "attn"]
+    dcontext, grads[p + "attn.W_O"], grads[p + "attn.b_O"] = ops.linear_backward(dout, co)
+    dq, dk, dv, dpattern, dscores = ops.attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
+    dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
+                  p + "attn.scores": dscores, p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
+    dx = 0
+    for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv)):
+        dx_part, grads[p + f"attn.W_{name}"], grads[p + f"attn.b_{name}"] = ops.linear_backward(
+            ops.merge_heads(dh), cache)
+        dx = dx + dx_part
+    return dx
+
+
+def _ffn_forward(x, P, p, cfg, acts, caches):
+    act_forward, _ = ops.ACTIVATIONS[cfg.activation]
+    pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])  # (B, T, d_ff)
+    hidden, cact = act_forward(pre)
+    out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])  # (B, T, d)
+    acts.update({p + "ffn.pre": pre, p + "ffn.act": hidden, p + "ffn.out": out})
+    caches[p + "ffn"] = (c1, cact, c2)
+    return out
+
+
+def _ffn_backward(dout, p, cfg, caches, grads, dacts):
+    _, act_backward = ops.ACTIVATIONS[cfg.activation]
+    c1, cact, c2 = caches[p + "ffn"]
+    dhidden, grads[p + "ffn.W_2"], grads[p + "ffn.b_2"] = ops.linear_backward(dout, c2)
+    dpre = act_backward(dhidden, cact)
+    dx, grads[p + "ffn.W_1"], grads[p + "ffn.b_1"] = ops.linear_backward(dpre, c1)
+    dacts.update({p + "ffn.out": dout, p + "ffn.act": dhidden, p + "ffn.pre": dpre})
+    return dx
+
+
+def _ln_forward(x, P, name, cfg, acts, caches):
+    out, caches[name] = ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+    acts[name + ".out"] = out
+    return out
+
+
+def _ln_backward(dout, name, caches, grads, dacts):
+    dx, grads[name + ".gamma"], grads[name + ".beta"] = ops.layer_norm_backward(dout, caches[name])
+    dacts[name + ".out"] = dout
+    return dx
+
+
+# ---------------------------------------------------------------- blocks
+
+
+def _block_forward(x, P, i, cfg, mask, acts, caches):
+    p = f"blocks.{i}."
+    acts[p + "in"] = x
+    if cfg.norm == "pre":   # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
+        h = _ln_forward(x, P, p + "ln1", cfg, acts, caches)
+        y = x + _mha_forward(h, P, p, cfg, mask, acts, caches)
+        acts[p + "resid1"] = y
+        h = _ln_forward(y, P, p + "ln2", cfg, acts, caches)
+        z = y + _ffn_forward(h, P, p, cfg, acts, caches)
+        acts[p + "resid2"] = z
+    else:                   # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
+        r = x + _mha_forward(x, P, p, cfg, mask, acts, caches)
+        acts[p + "resid1"] = r
+        y = _ln_forward(r, P, p + "ln1", cfg, acts, caches)
+        r = y + _ffn_forward(y, P, p, cfg, acts, caches)
+        acts[p + "resid2"] = r
+        z = _ln_forward(r, P, p + "ln2", cfg, acts, caches)
+    acts[p + "out"] = z
+    return z
+
+
+def _block_backward(dz, i, cfg, caches, grads, dacts):
+    p = f"blocks.{i}."
+    dacts[p + "out"] = dz
+    if cfg.norm == "pre":
+        dacts[p + "resid2"] = dz
+        dy = dz + _ln_backward(_ffn_backward(dz, p, cfg, caches, grads, dacts),
+                               p + "ln2", caches, grads, dacts)
+        dacts[p + "resid1"] = dy
+        dx = dy + _ln_backward(_mha_backward(dy, p, cfg, caches, grads, dacts),
+                               p + "ln1", caches, grads, dacts)
+    else:
+        dr = _ln_backward(dz, p + "ln2", caches, grads, dacts)
+        dacts[p + "resid2"] = dr
+        dy = dr + _ffn_backward(dr, p, cfg, caches, grads, dacts)
+        dr = _ln_backward(dy, p + "ln1", caches, grads, dacts)
+        dacts[p + "resid1"] = dr
+        dx = dr + _mha_backward(dr, p, cfg, caches, grads, dacts)
+    dacts[p + "in"] = dx
+    return dx
+
+
+# ---------------------------------------------------------------- the model
+
+
+def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
+    """Run the model on ``inputs``; returns the loss and every named activation.
+
+    Parameters
+    ----------
+    params : dict name -> ndarray, as made by ``init_params``
+    inputs : Inputs with tokens (B, T), targets (B, T), lengths (B,)
+    cfg : Config
+    """
+    B, T = inputs.tokens.shape
+    acts: OrderedDict[str, np.ndarray] = OrderedDict()
+    caches: dict = {}
+    x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
+    acts["embed"] = x
+    if cfg.pe == "sinusoidal":
+        acts["pe"] = sinusoidal(T, cfg.d_model, cfg.np_dtype)                      # (T, d)
+        x = x + acts["pe"]
+    mask = combined_mask(inputs.lengths, T, cfg.causal)                            # (B, T, T)
+    for i in range(cfg.layers):
+        x = _block_forward(x, params, i, cfg, mask, acts, caches)
+    if cfg.norm == "pre":
+        x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
+    logits, caches["head"] = ops.linear_forward(x, params["head.W_U"], params["head.b_U"])
+    valid = padding_mask(inputs.lengths, T)                                        # (B, T)
+    loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
+    acts["logits"] = logits
+    acts["probs"] = probs
+    return Forward(loss, acts, inputs, caches)
+
+
+def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
+    """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation."""
+    caches = fwd.caches
+    grads: dict[str, np.ndarray] = {}
+    dacts: dict[str, np.ndarray] = {}
+    dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
+    dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
+    dacts["logits"] = dlogits
+    dx, grads["head.W_U"], grads["head.b_U"] = ops.linear_backward(dlogits, caches["head"])
+    if cfg.norm == "pre":
+        dx = _ln_backward(dx, "ln_f", caches, grads, dacts)
+    for i in reversed(range(cfg.layers)):
+        dx = _block_backward(dx, i, cfg, caches, grads, dacts)
+    dacts["embed"] = dx
+    if cfg.pe == "sinusoidal":
+        dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
+    grads["embed.W_E"] = ops.embedding_backward(dx, caches["embed"])
+    ordered_grads = {name: grads[name] for name in params}
+    ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)
+    return Gradients(ordered_grads, ordered_dacts)
+
+
+def first_nonfinite(arrays: dict) -> str | None:
+    """The name of the first array holding a NaN or an infinity, or None.
+
+    Attention scores are allowed their -inf: that is how a hidden key is written.
+    """
+    for name, value in arrays.items():
+        if name.endswith("attn.scores"):
+            value = np.where(np.isneginf(value), 0.0, value)
+        if not np.all(np.isfinite(value)):
+            return name
+    return None

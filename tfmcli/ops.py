@@ -1,0 +1,233 @@
+"""Primitives as forward/backward pairs.
+
+Each ``*_forward`` returns ``(out, cache)``; the cache is a NamedTuple holding exactly what the
+matching ``*_backward`` needs, and nothing is ever modified in place. Weights multiply on the
+right: ``x @ W`` with ``W`` of shape ``(d_in, d_out)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+# ---------------------------------------------------------------- embedding
+
+
+class EmbeddingCache(NamedTuple):
+    tokens: np.ndarray  # (B, T) int
+    vocab: int
+
+
+def embedding_forward(tokens, W_E):
+    """tokens: (B, T) ints in [0, V); W_E: (V, d) -> (B, T, d)."""
+    return W_E[tokens], EmbeddingCache(tokens, W_E.shape[0])
+
+
+def embedding_backward(dout, cache):
+    """dout: (B, T, d) -> dW_E: (V, d); rows of repeated tokens accumulate."""
+    dW_E = np.zeros((cache.vocab, dout.shape[-1]), dtype=dout.dtype)
+    np.add.at(dW_E, cache.tokens.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    return dW_E
+
+
+# ---------------------------------------------------------------- linear
+
+
+class LinearCache(NamedTuple):
+    x: np.ndarray  # (..., d_in)
+    W: np.ndarray  # (d_in, d_out)
+
+
+def linear_forward(x, W, b):
+    """x: (..., d_in) @ W: (d_in, d_out) + b: (d_out,) -> (..., d_out)."""
+    return x @ W + b, LinearCache(x, W)
+
+
+def linear_backward(dout, cache):
+    """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,)."""
+    x, W = cache
+    d_in, d_out = W.shape
+    dx = dout @ W.T
+    dW = x.reshape(-1, d_in).T @ dout.reshape(-1, d_out)
+    db = dout.reshape(-1, d_out).sum(axis=0)
+    return dx, dW, db
+
+
+# ---------------------------------------------------------------- layer norm
+
+
+class LayerNormCache(NamedTuple):
+    xhat: np.ndarray   # (..., C) normalised input
+    rstd: np.ndarray   # (..., 1) 1 / sqrt(var + eps)
+    gamma: np.ndarray  # (C,)
+
+
+def layer_norm_forward(x, gamma, beta, eps):
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis, biased variance."""
+    mean = x.mean(axis=-1, keepdims=True)                      # (..., 1)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdims=True)               # (..., 1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = xc * rstd
+    return xhat * gamma + beta, LayerNormCache(xhat, rstd, gamma)
+
+
+def layer_norm_backward(dout, cache):
+    """dout: (..., C) -> dx (..., C), dgamma (C,), dbeta (C,).
+
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), with dxhat = dout * gamma.
+    The rstd here is 1 / sqrt(var + eps) of the *input*; seed 003 used the output's std and
+    squared it, which is why its dg disagrees with finite differences.
+    """
+    xhat, rstd, gamma = cache
+    C = xhat.shape[-1]
+    dgamma = (dout * xhat).reshape(-1, C).sum(axis=0)
+    dbeta = dout.reshape(-1, C).sum(axis=0)
+    dxhat = dout * gamma
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
+                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, dgamma, dbeta
+
+
+# ---------------------------------------------------------------- activations
+
+
+def relu_forward(x):
+    return np.maximum(x, 0), x
+
+
+def relu_backward(dout, x):
+    """The derivative at exactly 0 is taken as 0, as PyTorch does."""
+    return dout * (x > 0)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_forward(x):
+    """Tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    t = np.tanh(_GELU_C * (x + 0.044715 * x**3))
+    return 0.5 * x * (1.0 + t), (x, t)
+
+
+def gelu_backward(dout, cache):
+    x, t = cache
+    dt = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt)
+
+
+ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gelu_backward)}
+
+
+# ---------------------------------------------------------------- softmax
+
+
+def softmax_forward(x):
+    """Softmax over the last axis with each row's own max subtracted (seed 000): -inf -> 0."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    p = e / e.sum(axis=-1, keepdims=True)
+    return p, p
+
+
+def softmax_backward(dout, p):
+    """dx = p * (dout - sum(dout * p)); zero wherever p is zero (masked entries)."""
+    return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- heads and attention
+
+
+def split_heads(x, H):
+    """(B, T, d) -> (B, H, T, d_head)."""
+    B, T, d = x.shape
+    return x.reshape(B, T, H, d // H).swapaxes(1, 2)          # (B, H, T, d_head)
+
+
+def merge_heads(x):
+    """(B, H, T, d_head) -> (B, T, d)."""
+    B, H, T, dh = x.shape
+    return x.swapaxes(1, 2).reshape(B, T, H * dh)             # (B, T, d)
+
+
+class AttentionCache(NamedTuple):
+    q: np.ndarray        # (B, H, T, d_head)
+    k: np.ndarray
+    v: np.ndarray
+    pattern: np.ndarray  # (B, H, T, T)
+    scale: float
+
+
+def attention_forward(q, k, v, mask, scale):
+    """softmax(q k^T * scale, hidden where mask is False) @ v.
+
+    q, k, v: (B, H, T, d_head); mask: bool, broadcastable to (B, H, T, T), True = may attend.
+    Returns context (B, H, T, d_head), the masked scores (-inf where hidden), and the cache.
+    """
+    scores = (q @ k.swapaxes(-1, -2)) * scale                 # (B, H, T, T)
+    scores = np.where(mask, scores, -np.inf)
+    pattern, _ = softmax_forward(scores)
+    context = pattern @ v                                      # (B, H, T, d_head)
+    return context, scores, AttentionCache(q, k, v, pattern, scale)
+
+
+def attention_backward(dcontext, cache):
+    """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T)."""
+    q, k, v, pattern, scale = cache
+    dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
+    dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
+    dscores = softmax_backward(dpattern, pattern)             # 0 on hidden keys
+    dq = (dscores @ k) * scale
+    dk = (dscores.swapaxes(-1, -2) @ q) * scale
+    return dq, dk, dv, dpattern, dscores
+
+
+# ---------------------------------------------------------------- loss
+
+
+class CrossEntropyCache(NamedTuple):
+    probs: np.ndarray    # (B, T, V)
+    targets: np.ndarray  # (B, T)
+    valid: np.ndarray    # (B, T) bool: positions counted in the loss
+    n: int               # number of valid positions
+
+
+def cross_entropy_forward(logits, targets, valid):
+    """Mean of -log softmax(logits)[target] over the valid positions.
+
+    logits: (B, T, V); targets: (B, T); valid: (B, T) bool. Uses log-sum-exp with the row max
+    subtracted, so logits of any finite size give a finite loss.
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logsumexp = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    logp = shifted - logsumexp                                 # (B, T, V)
+    picked = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # (B, T)
+    n = int(valid.sum())
+    loss = float(-(picked * valid).sum() / n)
+    probs = np.exp(logp)
+    return loss, probs, CrossEntropyCache(probs, targets, valid, n)
+
+
+def one_hot(targets, V, dtype):
+    return (targets[..., None] == np.arange(V)).astype(dtype)   # (B, T, V)
+
+
+def cross_entropy_backward(cache):
+    """dlogits = (P - Y) / N on valid positions, 0 elsewhere (seed 001)."""
+    probs, targets, valid, n = cache
+    Y = one_hot(targets, probs.shape[-1], probs.dtype)
+    return (probs - Y) * valid[..., None].astype(probs.dtype) / n
+
+
+def cross_entropy_dprobs(cache):
+    """Gradient of the loss with respect to the probabilities themselves: -Y / (N P).
+
+    Shown for completeness; the model back-propagates through dlogits, which is better
+    conditioned than going through this.
+    """
+    probs, targets, valid, n = cache
+    Y = one_hot(targets, probs.shape[-1], probs.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(Y > 0, -Y / (n * probs), 0.0).astype(probs.dtype) * valid[..., None]
