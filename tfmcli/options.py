@@ -1,0 +1,244 @@
+"""Command-line options shared by several commands, and how they become a Config.
+
+Every Config field is an option on forward, backward, gradcheck, shapes and attn. Rather than
+repeat seventeen parameters in five signatures, ``with_options`` appends the groups below to a
+command's own parameters (Typer reads the resulting signature) and hands the command one
+``Options`` object.
+"""
+
+import difflib
+import functools
+import inspect
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfmcli.config import Config, memory_estimate
+from tfmcli.errors import ConfigError
+from tfmcli.io import check_run, config_for_load, load_run
+
+
+class Norm(str, Enum):
+    pre = "pre"
+    post = "post"
+
+
+class Activation(str, Enum):
+    relu = "relu"
+    gelu = "gelu"
+
+
+class PE(str, Enum):
+    sinusoidal = "sinusoidal"
+    none = "none"
+
+
+class Init(str, Enum):
+    normal = "normal"
+    uniform = "uniform"
+    xavier = "xavier"
+    kaiming = "kaiming"
+
+
+class DType(str, Enum):
+    float64 = "float64"
+    float32 = "float32"
+
+
+def parse_lengths(text: Optional[str]):
+    """'4,2,6' -> (4, 2, 6); the Config checks count and range against batch and seq_len."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not a comma-separated list of integers (like 4,2)") from None
+    return values
+
+
+MODEL = "Model (every Config field)"
+RUN = "Run"
+OUTPUT = "Output"
+
+
+def _opt(*names, panel, **kwargs):
+    return typer.Option(*names, rich_help_panel=panel, **kwargs)
+
+
+D = Config()  # the defaults live in one place: the Config
+
+# (name, annotation, default), in the order --help lists them.
+MODEL_OPTIONS = [
+    ("seed", Annotated[int, _opt("--seed", panel=MODEL, min=0, help="Seed of default_rng for weights and tokens.")], D.seed),
+    ("batch", Annotated[int, _opt("--batch", "-B", panel=MODEL, min=1, help="Batch size B.")], D.batch),
+    ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, min=1, help="Sequence length T.")], D.seq_len),
+    ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, min=1, help="Model width d.")], D.d_model),
+    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, min=1, help="Attention heads H (must divide d).")], D.heads),
+    ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, min=1, help="FFN hidden width [default: 4 d].")], D.d_ff),
+    ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, min=1, help="Vocabulary size V.")], D.vocab),
+    ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, min=1, help="Number of blocks L.")], D.layers),
+    ("norm", Annotated[Norm, _opt("--norm", panel=MODEL, case_sensitive=False, help="Layer-norm position.")], Norm(D.norm)),
+    ("activation", Annotated[Activation, _opt("--activation", panel=MODEL, case_sensitive=False, help="FFN activation (gelu: tanh approximation).")], Activation(D.activation)),
+    ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
+    ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
+    ("pe", Annotated[PE, _opt("--pe", panel=MODEL, case_sensitive=False, help="Positional encoding.")], PE(D.pe)),
+    ("init", Annotated[Init, _opt("--init", panel=MODEL, case_sensitive=False, help="Weight initialisation.")], Init(D.init)),
+    ("dtype", Annotated[DType, _opt("--dtype", panel=MODEL, case_sensitive=False, help="Floating-point type of every array.")], DType(D.dtype)),
+    ("eps", Annotated[float, _opt("--eps", panel=MODEL, min=0.0, min_open=True, help="Layer-norm epsilon.")], D.eps),
+]
+RUN_OPTIONS = [
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout.")], None),
+    ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
+]
+OUTPUT_OPTIONS = [
+    ("json", Annotated[bool, _opt("--json", panel=OUTPUT, help="Machine-readable JSON on stdout, no colour.")], False),
+    ("save", Annotated[Optional[Path], _opt("--save", panel=OUTPUT, metavar="FILE.npz", help="Save the run (npz layout in the README), atomically.")], None),
+    ("svg", Annotated[Optional[Path], _opt("--svg", panel=OUTPUT, metavar="FILE", help="Save exactly what was printed as an SVG.")], None),
+]
+# Config field -> the option a user types, for error messages.
+FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model": "--d-model",
+         "heads": "--heads", "d_ff": "--d-ff", "vocab": "--vocab", "layers": "--layers",
+         "norm": "--norm", "activation": "--activation", "causal": "--causal",
+         "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps"}
+
+
+class Options:
+    """The shared option values of one invocation, and what can be built from them."""
+
+    def __init__(self, ctx: typer.Context, values: dict):
+        self.ctx = ctx
+        self.values = values
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def explicit(self, name: str) -> bool:
+        """Did the user type this option (rather than take its default)?"""
+        source = self.ctx.get_parameter_source(name)
+        return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    def model_fields(self) -> dict:
+        fields = {}
+        for name, _, _ in MODEL_OPTIONS:
+            value = self.values[name]
+            fields[name] = value.value if isinstance(value, Enum) else value
+        fields["lengths"] = parse_lengths(fields["lengths"])
+        return fields
+
+    def config(self) -> Config:
+        """The Config these options describe (without --load)."""
+        try:
+            return Config(**self.model_fields())
+        except ConfigError as e:
+            raise bad(e.field, str(e)) from None
+
+    def run(self):
+        """(cfg, params or None, inputs or None): from --load when given, else from the flags.
+
+        Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
+        has available, unless --force.
+        """
+        if self.values.get("load") is None:
+            cfg, params, inputs = self.config(), None, None
+        else:
+            path = self.values["load"]
+            loaded = load_run(path)
+            explicit = {name for name in FLAGS if self.explicit(name)}
+            try:
+                cfg = config_for_load(path, loaded, self.model_fields(), explicit)
+            except ConfigError as e:
+                raise bad(e.field, str(e)) from None
+            params, inputs = check_run(path, loaded, cfg)
+        if not self.values.get("force", False):
+            check_memory(cfg)
+        return cfg, params, inputs
+
+    def json_or_svg_conflict(self):
+        if self.values.get("json") and self.values.get("svg") is not None:
+            raise typer.BadParameter("--svg saves what is printed for people; it cannot be "
+                                     "combined with --json", param_hint="'--svg'")
+
+
+def bad(field: str, message: str) -> typer.BadParameter:
+    return typer.BadParameter(message, param_hint=f"'{FLAGS.get(field, '--' + field)}'")
+
+
+def check_range(value: int, upper: int, flag: str, what: str):
+    """A --row/--head/--block index must lie in 0..upper-1."""
+    if not 0 <= value < upper:
+        raise typer.BadParameter(f"{value} is out of range: {what} has {upper}, so 0..{upper - 1}",
+                                 param_hint=f"'{flag}'")
+
+
+def check_name(name: str, known, flag: str = "--show") -> str:
+    """``name`` if known (a leading 'd', as in 'dlogits', is also accepted); else a usage error."""
+    known = list(known)
+    if name in known:
+        return name
+    if name.startswith("d") and name[1:] in known:
+        return name[1:]
+    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; names are like {known[0]}, {known[-1]}"
+    raise typer.BadParameter(f"no tensor named {name!r}{hint}", param_hint=f"'{flag}'")
+
+
+def available_memory() -> int:
+    """Bytes the system can still hand out (MemAvailable), or a large number when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_memory(cfg: Config):
+    need, have = memory_estimate(cfg)["total"], available_memory()
+    if need > have:
+        raise typer.BadParameter(
+            f"this run needs about {gib(need)} for forward + backward (see tfm shapes), more than "
+            f"the {gib(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
+            f"--layers, or pass --force", param_hint="'--batch' / '--seq-len' / '--d-model'")
+
+
+def with_options(*groups):
+    """Append option groups to a command and pass it their values as ``opts: Options``."""
+    extra = [spec for group in groups for spec in group]
+
+    def decorate(func):
+        sig = inspect.signature(func)
+        own = [p for p in sig.parameters.values() if p.name != "opts"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                   annotation=annotation) for name, annotation, default in extra]
+        ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                annotation=typer.Context)
+        names = [name for name, _, _ in extra]
+
+        @functools.wraps(func)
+        def wrapper(ctx, **kwargs):
+            values = {name: kwargs.pop(name) for name in names}
+            return func(opts=Options(ctx, values), **kwargs)
+
+        parameters = [ctx] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        wrapper.__signature__ = sig.replace(parameters=parameters, return_annotation=None)
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        del wrapper.__wrapped__
+        return wrapper
+
+    return decorate
