@@ -229,5 +229,6 @@ def cross_entropy_dprobs(cache):
     """
     probs, targets, valid, n = cache
     Y = one_hot(targets, probs.shape[-1], probs.dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(Y > 0, -Y / (n * probs), 0.0).astype(probs.dtype) * valid[..., None]
+    counted = (Y > 0) & valid[..., None]
+    with np.errstate(divide="ignore"):
+        return np.where(counted, -1.0 / (n * probs), 0.0).astype(probs.dtype)

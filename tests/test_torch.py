@@ -1,0 +1,174 @@
+"""tfm against PyTorch autograd: the same model, written independently in plain torch ops.
+
+The torch model below shares nothing with tfmcli but the parameter dict and the inputs: the
+embedding is indexing, the positional encoding is computed in torch, layer norm is
+``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``, the
+loss is ``F.cross_entropy`` over the valid positions. Everything runs in float64, so loss,
+logits, attention patterns and gradients must agree to rounding (1e-9 relative).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import tfmcli
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TOL = 1e-9
+
+MASKS = {
+    "causal": dict(causal=True, lengths=None),
+    "padding": dict(causal=False, lengths=(4, 2)),
+    "causal+padding": dict(causal=True, lengths=(3, 1)),
+}
+
+CONFIGS = [
+    pytest.param(dict(norm=norm, activation=act, layers=layers, **MASKS[mask]),
+                 id=f"{norm}-{act}-{mask}-L{layers}")
+    for norm, act, mask, layers in itertools.product(
+        ("pre", "post"), ("relu", "gelu"), MASKS, (1, 2))
+] + [
+    pytest.param(dict(pe="none", norm="pre", activation="gelu", layers=2, causal=True,
+                      lengths=(3, 4)), id="pe-none"),
+    pytest.param(dict(d_ff=10, heads=3, norm="post", activation="relu", layers=2, causal=True,
+                      lengths=(4, 2, 5), batch=3, seq_len=5, vocab=11), id="d_ff-10-heads-3"),
+]
+
+
+def torch_sinusoidal(T, d):
+    """The PyTorch-tutorial form: exp(-2i log(10000) / d) frequencies, sines and cosines."""
+    position = torch.arange(T, dtype=torch.float64)[:, None]                   # (T, 1)
+    div_term = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * (-math.log(10000.0) / d))
+    pe = torch.zeros(T, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term[: d // 2])
+    return pe
+
+
+def torch_run(params, inputs, cfg):
+    """Forward and backward in torch; returns loss, logits, patterns by block, leaf tensors."""
+    P = {name: torch.tensor(value, requires_grad=True) for name, value in params.items()}
+    tokens = torch.as_tensor(inputs.tokens)
+    targets = torch.as_tensor(inputs.targets)
+    lengths = torch.as_tensor(inputs.lengths)
+    B, T = tokens.shape
+    d, H = cfg.d_model, cfg.heads
+    dh = d // H
+
+    valid = torch.arange(T)[None, :] < lengths[:, None]                       # (B, T)
+    mask = valid[:, None, None, :].expand(B, 1, T, T)                         # (B, 1, T, T)
+    if cfg.causal:
+        mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    patterns = {}
+
+    def layer_norm(x, name):
+        return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+
+    def attention(x, p):
+        def project(w):
+            y = x @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"]
+            return y.view(B, T, H, dh).transpose(1, 2)                        # (B, H, T, dh)
+
+        q, k, v = project("Q"), project("K"), project("V")
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        pattern = torch.softmax(scores, dim=-1)
+        pattern.retain_grad()
+        patterns[p] = pattern
+        context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
+        return context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
+
+    def ffn(x, p):
+        h = x @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]
+        h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
+        return h @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
+
+    x = P["embed.W_E"][tokens]
+    if cfg.pe == "sinusoidal":
+        x = x + torch_sinusoidal(T, d)
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        if cfg.norm == "pre":
+            x = x + attention(layer_norm(x, p + "ln1"), p)
+            x = x + ffn(layer_norm(x, p + "ln2"), p)
+        else:
+            x = layer_norm(x + attention(x, p), p + "ln1")
+            x = layer_norm(x + ffn(x, p), p + "ln2")
+    if cfg.norm == "pre":
+        x = layer_norm(x, "ln_f")
+    logits = x @ P["head.W_U"] + P["head.b_U"]
+    logits.retain_grad()
+    loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
+    loss.backward()
+    return loss, logits, patterns, P
+
+
+def rel(ours, theirs, floor):
+    """max |a - t| / max(max |t|, floor, 1e-300)."""
+    theirs = theirs.detach().numpy() if isinstance(theirs, torch.Tensor) else np.asarray(theirs)
+    size = max(float(np.abs(theirs).max()), floor, 1e-300)
+    return float(np.abs(np.asarray(ours) - theirs).max()) / size
+
+
+@pytest.mark.parametrize("fields", CONFIGS)
+def test_matches_torch_autograd(fields):
+    cfg = tfmcli.Config(**fields)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    loss, logits, patterns, P = torch_run(params, inputs, cfg)
+
+    largest = max(float(P[name].grad.abs().max()) for name in P)
+    floor = 1e-12 * largest
+    assert largest > 0.01
+    assert abs(fwd.loss - loss.item()) / abs(loss.item()) <= TOL
+    assert rel(fwd.acts["logits"], logits, floor) <= TOL
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        assert rel(fwd.acts[p + "attn.pattern"], patterns[p], floor) <= TOL, p
+
+    assert set(grads) == set(P)
+    for name, leaf in P.items():
+        if name.endswith("attn.b_K"):
+            # The exact gradient is 0 (a constant added to a row of scores leaves its softmax
+            # alone), so both sides hold pure rounding, ~1e-17: relative agreement of two noises
+            # means nothing. Check both are zero to rounding instead.
+            assert np.abs(grads[name]).max() <= floor, name
+            assert float(leaf.grad.abs().max()) <= floor, name
+            continue
+        assert rel(grads[name], leaf.grad, floor) <= TOL, name
+
+    # Activation gradients: d loss / d logits, and d loss / d pattern of block 0 (which is
+    # non-zero on hidden keys too: it is dcontext @ v^T, before the softmax zeroes it).
+    assert rel(grads.acts["logits"], logits.grad, floor) <= TOL
+    dpattern = patterns["blocks.0."].grad
+    assert rel(grads.acts["blocks.0.attn.pattern"], dpattern, floor) <= TOL
+    assert float(dpattern.abs().max()) > 1e-4
+
+
+def test_torch_sinusoidal_matches_tfm():
+    from tfmcli.positional import sinusoidal
+
+    for T, d in [(6, 6), (9, 7)]:
+        np.testing.assert_allclose(sinusoidal(T, d), torch_sinusoidal(T, d).numpy(),
+                                   rtol=0, atol=1e-12)
+
+
+def test_reference_detects_a_changed_parameter():
+    """The torch reference is sensitive: nudging one weight moves its loss off tfm's."""
+    cfg = tfmcli.Config(lengths=(3, 2))
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    nudged = dict(params)
+    # One entry: adding a constant to all of W_2 would shift every row of the residual stream
+    # by a constant, which the next layer norm removes.
+    nudged["blocks.0.ffn.W_2"] = params["blocks.0.ffn.W_2"].copy()
+    nudged["blocks.0.ffn.W_2"][0, 0] += 1e-3
+    loss, *_ = torch_run(nudged, inputs, cfg)
+    assert abs(fwd.loss - loss.item()) / abs(loss.item()) > 1e-6
