@@ -6,6 +6,7 @@ stderr naming the option), domain failures are ``TfmError`` (exit 1, one line).
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -26,12 +27,13 @@ from tfmcli.model import first_nonfinite
 from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, check_name,
                             check_range, with_options)
 from tfmcli.positional import sinusoidal, wavelengths
+from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
 
-try:  # typer >= 0.24 vendors click; older releases depend on it
-    from typer._click.exceptions import Abort, ClickException
+try:  # recent typer vendors click; older releases depend on it
+    from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover
-    from click.exceptions import Abort, ClickException
+    from click.exceptions import ClickException
 
 
 class OneLineErrors(TyperGroup):
@@ -51,7 +53,7 @@ class OneLineErrors(TyperGroup):
         except MemoryError:
             typer.echo("tfm: error: out of memory; try smaller sizes (see tfm shapes)", err=True)
             code = 1
-        except (Abort, KeyboardInterrupt):
+        except (typer.Abort, KeyboardInterrupt):
             typer.echo("tfm: interrupted", err=True)
             code = 130
         code = code if isinstance(code, int) else 0
@@ -91,6 +93,16 @@ def root(version: Annotated[Optional[bool], typer.Option(
 # ---------------------------------------------------------------- output
 
 
+def make_console(**kwargs) -> Console:
+    """The console everything prints to: no escape codes at all when NO_COLOR is set."""
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(highlight=False, color_system=None if plain else "auto", **kwargs)
+
+
+def width() -> int:
+    return make_console().width
+
+
 def emit(opts: Options, renderables, payload, arrays=None):
     """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
     opts.json_or_svg_conflict()
@@ -99,7 +111,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
     if opts.json:
         typer.echo(json.dumps(payload))
         return
-    console = Console(record=opts.svg is not None, highlight=False)
+    console = make_console(record=opts.svg is not None)
     for item in renderables:
         console.print(item)
     if opts.svg is not None:
@@ -164,7 +176,8 @@ def show_tensors(opts, tensors: dict, names, precision, row, head, prefix=""):
         if value.ndim > 3:
             check_range(head, value.shape[1], "--head", f"{name} has {value.shape[1]} heads;")
         cut, caption = sliced(prefix + name, value, row, head)
-        shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True))
+        shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,
+                                         width=width()))
         payload[prefix + name] = {"shape": list(value.shape), "values": jsonable(value)}
     return shown, payload
 
@@ -196,7 +209,7 @@ def forward(
     shown, shown_json = show_tensors(opts, {**fwd.acts, **params}, show, precision, row, head or 0)
     maps = attention_maps(fwd, cfg, row, block, head, full)
     parts = [render.config_panel(describe(cfg), title="tfm forward"),
-             render.shape_trace(fwd.acts, precision=precision), *maps, *shown,
+             render.shape_trace(fwd.acts, precision=precision), side_by_side(*maps), *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
                   f"{int(inputs.lengths.sum())} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
@@ -217,13 +230,12 @@ def attention_maps(fwd, cfg, row, block, head, full):
     maps = []
     T = cfg.seq_len
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
-    width = Console().width
     for b, h in pairs if full else pairs[:MAX_MAPS]:
         pattern = fwd.acts[f"blocks.{b}.attn.pattern"][row, h]
         maps.append(render.heatmap(
             pattern, title=f"block {b} head {h}: attention pattern, batch row {row}",
             row_labels=[f"q{t}" for t in range(T)], col_labels=[f"k{t}" for t in range(T)],
-            mask=mask, width=width, vmin=0.0, vmax=1.0))
+            mask=mask, width=width(), vmin=0.0, vmax=1.0))
     if len(pairs) > len(maps):
         maps.append(Text(f"showing {len(maps)} of {len(pairs)} attention maps; "
                          f"pick with --block/--head, or --full for all", style="dim"))
@@ -334,9 +346,9 @@ def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def gradcheck(
-    max_entries: Annotated[Optional[int], typer.Option("--max-entries", min=1, help="Check at most N sampled entries per tensor [default: all when <= 5,000 parameters, else 32].")] = None,
-    step: Annotated[float, typer.Option("--step", min=0.0, min_open=True, help="Finite-difference step h.")] = 1e-5,
-    tol: Annotated[Optional[float], typer.Option("--tol", min=0.0, min_open=True, help="Largest relative error that passes [default: 1e-6 for float64, 1e-3 for float32].")] = None,
+    max_entries: Annotated[Optional[int], typer.Option("--max-entries", min=1, help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
+    step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
+    tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
     opts: Options = None,
 ):
     """Check every parameter's gradient against central differences; exit 1 if any fails.
@@ -392,8 +404,8 @@ def shapes(opts: Options = None):
             "memory": f"{human(memory['total'], 'B')} peak forward + backward, of which "
                       f"activations {human(memory['activations'], 'B')}"}
     parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
-             render.shape_list(pshapes, title="parameters"),
-             render.shape_list(ashapes, title="activations (forward order)")]
+             shape_list(pshapes, title="parameters"),
+             shape_list(ashapes, title="activations (forward order)")]
     payload = {"config": json.loads(cfg.to_json()),
                "params": {n: list(s) for n, s in pshapes.items()},
                "activations": {n: list(s) for n, s in ashapes.items()},
@@ -430,7 +442,7 @@ def attn(
                       "(d_k = 3, as the formula says) on the right.", style="bold")]
         parts += render_steps(unscaled[:5], precision)
         for a, b in zip(unscaled[7:], scaled[7:]):
-            parts.append(render.side_by_side(
+            parts.append(side_by_side(
                 render.tensor_table(a.value, title=f"{a.name}, unscaled (the note's code)", precision=precision),
                 render.tensor_table(b.value, title=f"{b.name}, scaled by 1/sqrt(3)", precision=precision)))
         payload = {"example": "illustrated",
@@ -458,7 +470,8 @@ def render_steps(steps, precision):
     parts = []
     for i, step in enumerate(steps, 1):
         parts.append(render.tensor_table(step.value, title=f"{i}. {step.name} {step.value.shape}",
-                                         caption=step.formula, precision=precision))
+                                         caption=step.formula, precision=precision,
+                                         width=width()))
     return parts
 
 
@@ -487,14 +500,14 @@ def mask(
     pad = padding_mask(rows, length)
     combined = combined_mask(rows, length, causal)
     labels = dict(row_labels=[f"q{t}" for t in range(length)], col_labels=[f"k{t}" for t in range(length)])
-    parts = [render.mask_legend(additive_form),
-             render.mask_grid(causal_grid, title="causal (look-ahead)" if causal else "no causal mask",
+    grids = [render.mask_grid(causal_grid, title="causal (look-ahead)" if causal else "no causal mask",
                               additive=additive_form, **labels),
              render.mask_grid(pad, title=f"padding, lengths {list(rows)}", additive=additive_form,
                               row_labels=[f"row {b}" for b in range(len(rows))],
                               col_labels=labels["col_labels"])]
-    parts += [render.mask_grid(combined[b], title=f"combined, row {b} (length {n})",
+    grids += [render.mask_grid(combined[b], title=f"combined, row {b} (length {n})",
                                additive=additive_form, **labels) for b, n in enumerate(rows)]
+    parts = [render.mask_legend(additive_form), side_by_side(*grids)]
     payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
     if additive_form:
         payload["additive"] = jsonable(additive(combined))
@@ -527,11 +540,11 @@ def pe(
                   "λ = wavelength in positions = 2π·10000^(2i/d)", style="bold"),
              render.heatmap(matrix, title=f"positional encoding ({length} x {d_model})",
                             row_labels=[f"p{p}" for p in range(length)], col_labels=col_labels,
-                            width=Console().width, vmin=-1.0, vmax=1.0, diverging=True,
+                            width=width(), vmin=-1.0, vmax=1.0, diverging=True,
                             precision=precision)]
     if length * d_model <= 256:
         parts.append(render.tensor_table(matrix, title="values", precision=precision,
-                                         col_labels=col_labels, full=True))
+                                         col_labels=col_labels, width=width()))
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})
 
 

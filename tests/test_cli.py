@@ -1,0 +1,331 @@
+"""The tfm command line, through Typer's CliRunner: values, exit codes, files."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import tfmcli
+from tfmcli.cli import app
+from tfmcli.config import activation_shapes, param_shapes
+
+runner = CliRunner()
+
+# Seed 004's printed trg_mask for lengths 4, 2, 6 at length 7 (True = may attend).
+SEED_004_COMBINED = [
+    [[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0],
+     [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0]],
+    [[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0],
+     [1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]],
+    [[1, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0],
+     [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 0]],
+]
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def ok(*args):
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def ok_json(*args):
+    return json.loads(ok(*args, "--json").stdout)
+
+
+def api_run(**fields):
+    cfg = tfmcli.Config(**fields)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    return cfg, params, inputs, fwd, tfmcli.backward(params, fwd, cfg)
+
+
+# ---------------------------------------------------------------- forward
+
+
+def test_forward_prints_config_trace_maps_and_the_apis_loss():
+    _, _, _, fwd, _ = api_run(seed=1000)
+    out = ok("forward", "--seed", 1000).stdout
+    assert f"loss = {fwd.loss:.6f}" in out
+    for name in ("blocks.0.attn.pattern", "ln_f.out", "probs", "parameters"):
+        assert name in out
+    assert "block 0 head 1: attention pattern" in out
+    assert "hidden by mask" in out  # the legend
+    assert "\x1b" not in out        # not a terminal: plain text
+
+
+def test_forward_json_matches_the_api():
+    cfg, _, _, fwd, _ = api_run(seed=7, norm="post", activation="gelu")
+    data = ok_json("forward", "--seed", 7, "--norm", "post", "--activation", "gelu")
+    assert math.isclose(data["loss"], fwd.loss, rel_tol=0, abs_tol=1e-15)
+    assert [a["name"] for a in data["activations"]] == list(activation_shapes(cfg))
+    probs = next(a for a in data["activations"] if a["name"] == "probs")
+    assert probs["max"] == pytest.approx(float(fwd.acts["probs"].max()), abs=1e-15)
+    assert data["parameters"] == sum(int(np.prod(s)) for s in param_shapes(cfg).values())
+
+
+def test_forward_show_slices_by_row_and_head():
+    _, _, _, fwd, _ = api_run()
+    data = ok_json("forward", "--show", "blocks.0.attn.pattern", "--row", 1, "--head", 1)
+    values = np.array(data["show"]["blocks.0.attn.pattern"]["values"], dtype=float)
+    np.testing.assert_array_equal(values, fwd.acts["blocks.0.attn.pattern"])
+    out = ok("forward", "--show", "blocks.0.attn.pattern", "--row", 1, "--head", 1,
+             "--precision", 6).stdout
+    assert "blocks.0.attn.pattern[1, 1] of (2, 2, 4, 4)" in out
+    row = fwd.acts["blocks.0.attn.pattern"][1, 1, 3]
+    assert f"{row[3]:+.6f}" in out
+
+
+def test_forward_show_a_parameter():
+    _, params, _, _, _ = api_run()
+    out = ok("forward", "--show", "head.b_U").stdout
+    assert "head.b_U (8,)" in out
+
+
+def test_forward_scores_json_writes_masked_entries_as_null():
+    data = ok_json("forward", "--show", "blocks.0.attn.scores")
+    values = data["show"]["blocks.0.attn.scores"]["values"]
+    assert values[0][0][0][1] is None          # query 0 cannot see key 1 (causal)
+    assert isinstance(values[0][0][1][0], float)
+
+
+def test_forward_save_round_trips_through_numpy(tmp_path):
+    path = tmp_path / "run.npz"
+    ok("forward", "--seed", 3, "-L", 2, "--lengths", "4,2", "--save", path)
+    cfg, params, inputs, fwd, _ = api_run(seed=3, layers=2, lengths=(4, 2))
+    with np.load(path, allow_pickle=False) as npz:
+        keys = set(npz.files)
+        assert {f"param/{n}" for n in params} <= keys
+        assert {f"act/{n}" for n in fwd.acts} <= keys
+        for name, value in params.items():
+            np.testing.assert_array_equal(npz[f"param/{name}"], value)
+        np.testing.assert_array_equal(npz["input/tokens"], inputs.tokens)
+        np.testing.assert_array_equal(npz["input/lengths"], [4, 2])
+        assert npz["loss"].shape == () and float(npz["loss"]) == pytest.approx(fwd.loss, abs=1e-15)
+        assert tfmcli.Config.from_json(str(npz["config"])) == cfg
+
+
+def test_svg_is_what_was_printed(tmp_path):
+    path = tmp_path / "out.svg"
+    result = ok("mask", "--len", 3, "--svg", path)
+    svg = path.read_text()
+    assert svg.startswith("<svg") and "may" in svg and "attend" in svg
+    assert "may attend" in result.stdout
+
+
+def test_json_and_svg_together_is_a_usage_error(tmp_path):
+    result = run("mask", "--json", "--svg", tmp_path / "x.svg")
+    assert result.exit_code == 2
+    assert "--svg" in result.stderr
+    assert not (tmp_path / "x.svg").exists()
+
+
+def test_forward_heatmaps_are_capped_without_full():
+    out = ok("forward", "-L", 3, "-H", 3).stdout
+    assert out.count("attention pattern") == 8
+    assert "showing 8 of 9 attention maps" in out
+    assert ok("forward", "-L", 3, "-H", 3, "--full").stdout.count("attention pattern") == 9
+    assert ok("forward", "-L", 3, "-H", 3, "--block", 2, "--head", 0).stdout.count(
+        "attention pattern") == 1
+
+
+# ---------------------------------------------------------------- backward
+
+
+def test_backward_layer_ffn_shows_exactly_the_ffn_rows_of_each_block():
+    data = ok_json("backward", "--layer", "ffn", "-L", 2)
+    names = [g["name"] for g in data["gradients"]]
+    assert names == [f"blocks.{i}.ffn.{p}" for i in range(2) for p in ("W_1", "b_1", "W_2", "b_2")]
+    out = ok("backward", "--layer", "ffn").stdout
+    assert "blocks.0.ffn.W_1" in out and "attn.W_Q" not in out and "embed.W_E" not in out
+
+
+def test_backward_gradient_numbers_match_the_api():
+    _, _, _, _, grads = api_run()
+    data = ok_json("backward", "--layer", "head")
+    row = {g["name"]: g for g in data["gradients"]}["head.W_U"]
+    assert row["l2"] == pytest.approx(float(np.linalg.norm(grads["head.W_U"])), rel=1e-12)
+    assert row["max_abs"] == pytest.approx(float(np.abs(grads["head.W_U"]).max()), rel=1e-12)
+
+
+def test_backward_block_filter():
+    data = ok_json("backward", "-L", 2, "--block", 1, "--layer", "attn")
+    assert {g["name"].split(".")[1] for g in data["gradients"]} == {"1"}
+    assert len(data["gradients"]) == 8
+
+
+def test_backward_check_adds_errors_and_passes():
+    data = ok_json("backward", "--check", "--layer", "ln1")
+    assert all(g["passed"] and g["rel_err"] < 1e-6 for g in data["gradients"])
+    assert "gradcheck passed" in ok("backward", "--check").stdout
+
+
+def test_backward_show_dlogits_is_p_minus_y_over_n():
+    cfg, _, inputs, fwd, _ = api_run(lengths=(3, 2))
+    data = ok_json("backward", "--lengths", "3,2", "--show", "dlogits")
+    dlogits = np.array(data["show"]["dlogits"]["values"])
+    Y = np.eye(cfg.vocab)[inputs.targets]
+    valid = (np.arange(cfg.seq_len)[None, :] < inputs.lengths[:, None])[..., None]
+    np.testing.assert_allclose(dlogits, (fwd.acts["probs"] - Y) * valid / 5, atol=1e-15)
+
+
+def test_backward_show_a_parameter_gradient():
+    _, _, _, _, grads = api_run()
+    data = ok_json("backward", "--show", "blocks.0.ffn.b_2")
+    np.testing.assert_array_equal(data["show"]["dblocks.0.ffn.b_2"]["values"], grads["blocks.0.ffn.b_2"])
+
+
+def test_backward_unknown_layer_lists_the_choices():
+    result = run("backward", "--layer", "mlp")
+    assert result.exit_code == 2
+    assert "'--layer'" in result.stderr and "embed, attn, ln1, ln2, ffn, ln_f, head, all" in result.stderr
+
+
+# ---------------------------------------------------------------- gradcheck
+
+
+def test_gradcheck_passes_and_reports_every_parameter():
+    cfg = tfmcli.Config(norm="post", activation="gelu", lengths=(4, 2))
+    data = ok_json("gradcheck", "--norm", "post", "--activation", "gelu", "--lengths", "4,2")
+    assert data["passed"] is True and data["failed"] == []
+    assert [p["name"] for p in data["params"]] == list(param_shapes(cfg))
+    assert max(p["rel_err"] for p in data["params"]) < 1e-6
+
+
+def test_gradcheck_exit_1_lists_what_failed():
+    result = run("gradcheck", "--tol", "1e-30")
+    assert result.exit_code == 1
+    assert "gradcheck FAILED for" in result.stdout and "head.W_U" in result.stdout
+
+
+def test_gradcheck_samples_with_max_entries():
+    data = ok_json("gradcheck", "--max-entries", 3)
+    assert {p["checked"] for p in data["params"]} <= {3, 2, 1} | {3}
+    assert max(p["checked"] for p in data["params"]) == 3
+
+
+# ---------------------------------------------------------------- mask
+
+
+def test_mask_json_is_seed_004s_combined_mask():
+    data = ok_json("mask", "--len", 7, "--lengths", "4,2,6")
+    assert np.array_equal(np.array(data["combined"], dtype=int), SEED_004_COMBINED)
+    assert data["padding"][1] == [True, True, False, False, False, False, False]
+    assert np.array_equal(np.array(data["causal"]), np.tril(np.ones((7, 7), dtype=bool)))
+
+
+def test_mask_without_lengths_has_one_all_true_padding_row():
+    data = ok_json("mask", "--len", 5)
+    assert data["padding"] == [[True] * 5]
+    assert np.array(data["combined"]).shape == (1, 5, 5)
+
+
+def test_mask_no_causal_is_padding_only():
+    data = ok_json("mask", "--len", 3, "--lengths", "2", "--no-causal")
+    assert data["combined"] == [[[True, True, False]] * 3]
+
+
+def test_mask_grids_and_legend():
+    out = ok("mask", "--len", 3).stdout
+    assert "● may attend" in out
+    assert out.count("●") == 1 + 6 + 3 + 6     # legend, causal, padding row, combined
+    additive = ok("mask", "--len", 3, "--additive").stdout
+    assert additive.count("-inf") >= 6
+
+
+# ---------------------------------------------------------------- pe
+
+
+def test_pe_json_matches_the_formula():
+    data = ok_json("pe", "--len", 9, "--d-model", 6)
+    pe = np.array(data["pe"])
+    assert pe.shape == (9, 6)
+    for p in range(9):
+        for j in range(6):
+            angle = p / 10000 ** (2 * (j // 2) / 6)
+            expected = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+            assert pe[p, j] == pytest.approx(expected, abs=1e-15)
+
+
+def test_pe_labels_columns_with_sin_cos_and_wavelength():
+    out = ok("pe", "--len", 4, "--d-model", 4).stdout
+    assert "sin λ6.28" in out and "cos λ628" in out
+
+
+# ---------------------------------------------------------------- attn
+
+
+def test_attn_illustrated_prints_seed_002s_numbers():
+    out = ok("attn", "--example", "illustrated").stdout
+    for number in ("+1.9366", "+6.6831", "+1.5951", "+7.9640", "+0.0540", "+1.9997", "+7.7599",
+                   "+0.3584", "+0.0634", "+0.4683", "+0.9820"):
+        assert number in out
+    assert "unscaled (the note's code)" in out and "scaled by 1/sqrt(3)" in out
+    data = ok_json("attn", "--example", "illustrated")
+    np.testing.assert_allclose(data["unscaled"]["context"],
+                               [[1.9366, 6.6831, 1.5951], [2.0, 7.9640, 0.0540],
+                                [1.9997, 7.7599, 0.3584]], atol=1e-4)
+
+
+def test_attn_model_steps_agree_with_the_models_own_tensors():
+    _, _, _, fwd, _ = api_run(lengths=(4, 3))
+    data = ok_json("attn", "--head", 1, "--row", 1, "--lengths", "4,3")
+    steps = {s["name"]: s["value"] for s in data["steps"]}
+    np.testing.assert_allclose(steps["Q"], fwd.acts["blocks.0.attn.q"][1, 1], atol=1e-14)
+    np.testing.assert_allclose(steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14)
+    assert steps["masked scores"][0][3] is None
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def test_shapes_answers_for_a_gpt2_small_block_without_allocating():
+    data = ok_json("shapes", "-d", 768, "-H", 12, "-T", 1024)
+    assert data["activations"]["blocks.0.attn.pattern"] == [2, 12, 1024, 1024]
+    assert data["params"]["blocks.0.ffn.W_1"] == [768, 3072]
+    assert data["param_count"] == sum(data["param_groups"].values())
+    B, T, d, V = 2, 1024, 768, 8
+    expected = 2 * B * T * d * d * 4 + 4 * B * T * T * d + 4 * B * T * d * 3072 + 2 * B * T * d * V
+    assert data["flops"] == {"forward": expected, "backward": 2 * expected}
+    out = ok("shapes", "-d", 768, "-H", 12, "-T", 1024).stdout
+    assert "blocks.0.attn.pattern" in out and "FLOPs" in out
+
+
+# ---------------------------------------------------------------- everywhere
+
+
+def test_version():
+    assert ok("--version").stdout.strip() == f"tfm {tfmcli.__version__}"
+
+
+@pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe"])
+def test_every_command_has_help_with_an_example(command):
+    assert "Example: tfm " in ok(command, "--help").stdout
+
+
+def test_no_color_and_a_pipe_give_plain_text(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    out = ok("forward").stdout
+    assert "\x1b[" not in out and "loss =" in out
+
+
+def test_colour_when_forced():
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    try:
+        out = ok("forward").stdout
+    finally:
+        monkeypatch.undo()
+    assert "\x1b[" in out

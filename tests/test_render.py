@@ -1,0 +1,379 @@
+"""Rendering: every renderable printed to a plain 80-column console, and to a colour one."""
+
+import io
+import math
+import re
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from tfmcli.gradcheck import ParamCheck
+from tfmcli.masks import additive, causal_mask
+from tfmcli.render import (colour_legend, config_panel, fmt, grad_table, heatmap, mask_grid,
+                           mask_legend, shape_trace, tensor_table)
+from tfmcli.render.heatmap import _block_mean
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def render(renderable, width=80) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def render_colour(renderable, width=80) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system="truecolor",
+                      force_terminal=True)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def grid_rows(text: str, labels) -> list[list[str]]:
+    """The cells of the body lines that start with one of ``labels``, split on whitespace.
+
+    The body is what follows a table's header rule, or a heatmap's first (column label) line.
+    """
+    lines = text.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.strip().startswith("─")]
+    rows = []
+    for line in lines[rules[0] + 1 if rules else 1:]:
+        parts = line.split()
+        if parts and parts[0] in labels:
+            rows.append(parts[1:])
+    return rows
+
+
+# ---------------------------------------------------------------- fmt
+
+
+@pytest.mark.parametrize("value, precision, expected", [
+    (-0.5, 3, "-0.500"),
+    (0.5, 4, "+0.5000"),
+    (0.0, 4, " 0.0000"),
+    (-0.0, 2, " 0.00"),
+    (12345678.0, 2, "+1.23e+07"),
+    (-12345678.0, 2, "-1.23e+07"),
+    (1e-4, 4, "+1.0000e-04"),
+    (0.001, 4, "+0.0010"),
+    (99999.0, 1, "+99999.0"),
+    (1e5, 1, "+1.0e+05"),
+    (-math.inf, 4, "-inf"),
+    (math.inf, 4, "+inf"),
+    (math.nan, 4, "nan"),
+    (np.float32(0.25), 2, "+0.25"),
+])
+def test_fmt(value, precision, expected):
+    assert fmt(value, precision) == expected
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300))
+def test_fmt_round_trips_to_the_last_digit(value):
+    text = fmt(value, 4)
+    if "e" in text:
+        assert float(text) == pytest.approx(value, rel=1e-4)
+    else:
+        assert abs(float(text) - value) <= 0.5e-4 + 1e-12 * abs(value)
+
+
+@given(st.floats(min_value=1e-3, max_value=9.99994), st.booleans())
+def test_fmt_numbers_below_ten_all_have_the_same_width(magnitude, negative):
+    assert len(fmt(-magnitude if negative else magnitude, 4)) == len(" 0.0000") == 7
+
+
+# ---------------------------------------------------------------- tensor_table
+
+
+def test_tensor_table_elides_the_middle_like_numpy():
+    array = np.arange(10000).reshape(100, 100) / 100  # entry (i, j) is i + j / 100
+    text = render(tensor_table(array, title="x"))
+    rows = grid_rows(text, [str(i) for i in range(100)] + ["…"])
+    assert [r[0] for r in grid_rows(text, [str(i) for i in range(100)])] == [
+        "0.0000", "+1.0000", "+2.0000", "+3.0000", "+4.0000", "+5.0000",
+        "+94.0000", "+95.0000", "+96.0000", "+97.0000", "+98.0000", "+99.0000"]
+    assert len(rows) == 13  # 6 first, the … row, 6 last
+    assert rows[6] == ["…"] * 9  # 4 columns, the … column, 4 columns
+    assert rows[-1] == ["+99.0000", "+99.0100", "+99.0200", "+99.0300", "…",
+                        "+99.9600", "+99.9700", "+99.9800", "+99.9900"]
+    assert "+50.5000" not in text  # the middle is not there
+    assert "showing 12 of 100 rows, 8 of 100 columns" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_tensor_table_full_shows_every_entry():
+    array = np.arange(400).reshape(20, 20) + 1.0
+    text = render(tensor_table(array, full=True), width=300)
+    assert "…" not in text
+    assert all(fmt(v) in text for v in array.ravel())
+    assert len(grid_rows(text, [str(i) for i in range(20)])) == 20
+
+
+def test_tensor_table_odd_limits_show_one_more_at_the_start():
+    text = render(tensor_table(np.arange(10.0)[:, None] * np.ones((1, 2)), max_rows=5))
+    assert [r[0] for r in grid_rows(text, [str(i) for i in range(10)] + ["…"])] == [
+        "0.0000", "+1.0000", "+2.0000", "…", "+8.0000", "+9.0000"]
+
+
+def test_tensor_table_1d_is_one_row_and_0d_one_cell():
+    text = render(tensor_table(np.array([-1.5, 0.0, 2.25])))
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[0].split() == ["0", "1", "2"]
+    assert lines[-1].split() == ["-1.5000", "0.0000", "+2.2500"]
+    assert render(tensor_table(np.float64(3.0), precision=2)).split() == ["+3.00"]
+
+
+def test_tensor_table_labels_and_caption():
+    text = render(tensor_table(np.eye(2), row_labels=["q0", "q1"], col_labels=["k0", "k1"],
+                               caption="batch 0, head 1"))
+    assert grid_rows(text, ["q0", "q1"]) == [["+1.0000", "0.0000"], ["0.0000", "+1.0000"]]
+    assert text.splitlines()[0].split() == ["k0", "k1"]
+    assert "batch 0, head 1" in text
+
+
+def test_tensor_table_width_drops_columns_instead_of_cutting_numbers():
+    array = np.full((3, 16), 0.5)
+    array[:, -1] = 1e-4  # a scientific column is wide
+    labels = [f"sin λ{j}.28" for j in range(16)]  # wraps at the space
+    text = render(tensor_table(array, col_labels=labels, width=50), width=50)
+    rows = grid_rows(text, ["0", "1", "2"])
+    assert rows[0] == ["+0.5000", "+0.5000", "+0.5000", "…", "+0.5000",
+                       "+1.0000e-04"]  # 5 of 16 columns fit in 50 (6 would need 56)
+    assert "showing 5 of 16 columns" in text
+    assert max(len(line) for line in text.splitlines()) <= 50
+    assert "λ15.28" in text and "sin λ0.28" not in text  # the label wrapped, not cut
+
+
+def test_a_long_title_stays_on_one_line_above_a_narrow_table():
+    title = "blocks.0.attn.pattern[1, 1] of (2, 2, 4, 4)"
+    text = render(tensor_table(np.eye(2), title=title))
+    assert text.splitlines()[0] == title
+    assert grid_rows(text, ["0", "1"]) == [["+1.0000", "0.0000"], ["0.0000", "+1.0000"]]
+    assert render(mask_grid(causal_mask(2), title="padding, lengths [2, 1]")).splitlines()[0] \
+        == "padding, lengths [2, 1]"
+
+
+def test_tensor_table_refuses_3d():
+    with pytest.raises(ValueError, match="slice"):
+        tensor_table(np.zeros((2, 2, 2)))
+
+
+def test_tensor_table_colour_dims_minus_inf_and_reddens_negatives():
+    text = render_colour(tensor_table(np.array([[-np.inf, -0.5, 0.5]])))
+    assert "\x1b[2m-inf" in text
+    assert "\x1b[31m-0.5000" in text
+    assert "\x1b" not in render(tensor_table(np.array([[-np.inf, -0.5, 0.5]])))
+
+
+# ---------------------------------------------------------------- heatmap
+
+
+def causal_pattern():
+    """A 4x4 attention pattern with a computed 0.00 at (3, 1), visible under the causal mask."""
+    pattern = np.tril(np.full((4, 4), 0.25))
+    pattern[1, :2] = [0.5, 0.5]
+    pattern[2, :3] = [0.125, 0.375, 0.5]
+    pattern[3] = [0.5, 0.0, 0.25, 0.25]
+    pattern[0, 0] = 1.0
+    return pattern
+
+
+def test_heatmap_hidden_cells_are_dots_and_a_computed_zero_is_a_number():
+    text = render(heatmap(causal_pattern(), mask=causal_mask(4),
+                          row_labels=[f"q{i}" for i in range(4)],
+                          col_labels=[f"k{j}" for j in range(4)]))
+    rows = grid_rows(text, ["q0", "q1", "q2", "q3"])
+    assert rows == [
+        ["+1.00", "·", "·", "·"],
+        ["+0.50", "+0.50", "·", "·"],
+        ["+0.12", "+0.38", "+0.50", "·"],
+        ["+0.50", "0.00", "+0.25", "+0.25"],
+    ]
+    assert sum(row.count("·") for row in rows) == 6
+    assert text.splitlines()[0].split() == ["k0", "k1", "k2", "k3"]
+
+
+def test_heatmap_legend_has_the_scale_ends_and_the_mask_symbol():
+    text = render(heatmap(causal_pattern(), mask=causal_mask(4)))
+    legend = text.splitlines()[-1]
+    assert legend.split()[:2] == ["scale", "0.00"]  # vmin: lowest visible value
+    assert "+1.00" in legend and "+0.50" in legend
+    assert legend.endswith("· hidden by mask")
+
+
+def test_heatmap_legend_ends_ignore_hidden_and_infinite_cells():
+    matrix = np.array([[-0.25, 9.0], [0.75, -np.inf]])
+    text = render(heatmap(matrix, mask=[[True, False], [True, True]]))
+    legend = text.splitlines()[-1]
+    assert legend.split()[1] == "-0.25" and "+0.75" in legend and "+9.00" not in legend
+    assert grid_rows(text, ["0", "1"]) == [["-0.25", "·"], ["+0.75", "-inf"]]
+
+
+def test_heatmap_explicit_scale_and_no_legend():
+    text = render(heatmap(np.eye(2), vmin=-2.0, vmax=3.0))
+    assert text.splitlines()[-1].split()[1] == "-2.00" and "+3.00" in text.splitlines()[-1]
+    assert "scale" not in render(heatmap(np.eye(2), legend=False))
+
+
+def test_heatmap_diverging_legend_is_centred_on_zero():
+    legend = render(heatmap(np.array([[-0.5, 2.0]]), diverging=True)).splitlines()[-1]
+    assert legend.split() == ["scale", "-█", "-2.00", "-▒", "-1.00", "0.00",
+                              "+▒", "+1.00", "+█", "+2.00"]
+
+
+def test_heatmap_shades_step_through_the_scale_without_values():
+    text = render(heatmap(np.linspace(0, 1, 5)[None, :], show_values=False, legend=False))
+    assert text.splitlines()[-1] == "0   ░░▒▒▓▓██"
+
+
+def test_heatmap_too_wide_for_values_falls_back_to_shades():
+    matrix = np.tile([0.0, 1.0], (3, 15))  # 30 columns of values need 212 characters
+    text = render(heatmap(matrix, legend=False))
+    assert "+1.00" not in text and "downsampled" not in text
+    assert text.splitlines()[1] == "0 " + "  ██" * 15
+    assert text.splitlines()[0] == "  0   2   4   6   8   10  12  14  16  18  20  22  24  26  28"
+
+
+def test_heatmap_downsamples_1024_to_the_width():
+    mask = causal_mask(1024)
+    matrix = np.where(mask, 1.0, 0.0)
+    text = render(heatmap(matrix, mask=mask, width=80), width=200)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "downsampled 1024x1024 -> 37x37, block mean" in text
+    grid = [line for line in lines[1:] if re.match(r"^\s*\d+ ", line)]  # [0]: column ticks
+    assert len(grid) == 37
+    # a block is hidden only if all its cells are: row 0 has one visible (diagonal) block
+    assert grid[0].count("·") == 36 and grid[-1].count("·") == 0
+
+
+def test_heatmap_caps_a_tall_matrix_at_width_rows():
+    text = render(heatmap(np.ones((300, 3)), width=80))
+    assert "downsampled 300x3 -> 75x3, block mean of up to 4x1 visible cells" in text
+    assert len(grid_rows(text, [str(i) for i in range(0, 300, 4)])) == 75
+
+
+def test_block_mean_averages_visible_cells_only():
+    matrix = np.array([[1.0, 3.0, 100.0], [5.0, 7.0, 100.0]])
+    visible = np.array([[True, True, False], [True, False, False]])
+    means, shown = _block_mean(matrix, visible, 2, 2)
+    assert means[0, 0] == 3.0  # (1 + 3 + 5) / 3; the hidden 7 is left out
+    assert shown.tolist() == [[True, False]]
+
+
+def test_heatmap_colour_uses_backgrounds_and_hidden_cells_have_none():
+    coloured = render_colour(heatmap(causal_pattern(), mask=causal_mask(4)))
+    plain = render(heatmap(causal_pattern(), mask=causal_mask(4)))
+    assert "48;2;" in coloured
+    assert "\x1b" not in plain
+    before_dots = re.findall(r"\x1b\[([0-9;]*)m\s*·", coloured)
+    assert len(before_dots) == 7  # 6 cells and the legend
+    assert not any("48;2" in codes for codes in before_dots)
+    assert ANSI.sub("", coloured) == plain
+
+
+def test_heatmap_refuses_bad_shapes():
+    with pytest.raises(ValueError, match="2-D"):
+        heatmap(np.zeros((2, 2, 2)))
+    with pytest.raises(ValueError, match="mask"):
+        heatmap(np.zeros((2, 3)), mask=np.ones((3, 2), dtype=bool))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 150), cols=st.integers(1, 150), width=st.integers(24, 160))
+def test_heatmap_never_wider_than_width(rows, cols, width):
+    matrix = np.random.default_rng(rows * cols).normal(size=(rows, cols))
+    text = render(heatmap(matrix, width=width, mask=np.ones((rows, cols), bool)), width=400)
+    assert max(len(line) for line in text.splitlines()) <= width
+
+
+# ---------------------------------------------------------------- colour_legend
+
+
+def test_colour_legend_sequential_stops_and_shades():
+    text = render(colour_legend(0.0, 1.0)).rstrip("\n")
+    assert text == "scale      0.00 ░░ +0.25 ▒▒ +0.50 ▓▓ +0.75 ██ +1.00"
+    assert render(colour_legend(2.0, 2.0)).split() == ["scale", "+2.00"]
+
+
+# ---------------------------------------------------------------- shape_trace
+
+
+def test_shape_trace_in_order_with_shapes_stats_and_masked_note():
+    scores = np.broadcast_to(additive(causal_mask(4)), (2, 2, 4, 4)) + np.arange(4.0)
+    acts = OrderedDict([
+        ("x", np.array([1.0, 2.0, 3.0, 4.0])),
+        ("attn.scores", scores),
+        ("a", -np.ones((3, 5))),
+    ])
+    text = render(shape_trace(acts))
+    rows = grid_rows(text, ["x", "attn.scores*", "a"])
+    assert [r[0] for r in rows] == ["(4,)", "(2,", "(3,"]
+    assert rows[0] == ["(4,)", "+1.0000", "+2.5000", "+1.1180", "+4.0000"]
+    # -inf left out: the finite entries are 0; 0 1; 0 1 2; 0 1 2 3 (mean 1, std 1)
+    assert rows[1] == ["(2,", "2,", "4,", "4)", "0.0000", "+1.0000", "+1.0000", "+3.0000"]
+    assert rows[2][-4:] == ["-1.0000", "-1.0000", "0.0000", "-1.0000"]
+    assert "* attn.scores: masked: 24 (-inf)" in text  # 6 per 4x4 map, 4 maps
+    assert "*" not in render(shape_trace({"x": np.zeros(2)}))
+
+
+# ---------------------------------------------------------------- grad_table
+
+
+def test_grad_table_norms_and_checks():
+    grads = {"W": np.array([[3.0, -4.0]]), "b": np.array([0.5]), "c": np.zeros(2)}
+    checks = {"W": ParamCheck("W", (1, 2), 2, 1e-12, 1.234e-9, True),
+              "b": ParamCheck("b", (1,), 1, 1e-3, 0.5, False)}
+    text = render(grad_table(grads, checks))
+    rows = grid_rows(text, ["W", "b", "c"])
+    assert rows[0] == ["(1,", "2)", "+5.0000", "+4.0000", "-0.5000", "1.23e-09", "✓", "pass"]
+    assert rows[1] == ["(1,)", "+0.5000", "+0.5000", "+0.5000", "5.00e-01", "✗", "FAIL"]
+    assert rows[2] == ["(2,)", "0.0000", "0.0000", "0.0000", "—", "—"]
+    assert "rel err" not in render(grad_table(grads))
+
+
+# ---------------------------------------------------------------- config_panel
+
+
+def test_config_panel_is_a_key_value_grid():
+    text = render(config_panel({"sizes": "B=2 T=4 d=6 H=2 d_ff=24 V=8 L=1", "norm": "pre-LN"}))
+    lines = text.splitlines()
+    assert len(lines) == 4 and "config" in lines[0]
+    assert lines[1].split() == ["│", "sizes", "B=2", "T=4", "d=6", "H=2", "d_ff=24", "V=8",
+                                "L=1", "│"]
+    assert lines[2].split() == ["│", "norm", "pre-LN", "│"]
+
+
+# ---------------------------------------------------------------- masks
+
+
+def test_mask_grid_causal_symbols():
+    text = render(mask_grid(causal_mask(3)))
+    assert text.count("●") == 6 and text.count("·") == 3
+    assert grid_rows(text, ["0", "1", "2"]) == [["●", "·", "·"], ["●", "●", "·"],
+                                                ["●", "●", "●"]]
+
+
+def test_mask_grid_additive_and_labels():
+    text = render(mask_grid(causal_mask(3), additive=True, row_labels=["q0", "q1", "q2"],
+                            col_labels=["k0", "k1", "k2"]))
+    assert text.count("-inf") == 3
+    assert grid_rows(text, ["q0", "q1", "q2"]) == [["0", "-inf", "-inf"], ["0", "0", "-inf"],
+                                                   ["0", "0", "0"]]
+    with pytest.raises(ValueError, match="2-D"):
+        mask_grid(np.ones(3, dtype=bool))
+
+
+def test_mask_legend_says_which_symbol_is_which():
+    assert render(mask_legend()).strip() == "● may attend   · hidden"
+    text = render(mask_legend(additive=True))
+    assert "0 may attend" in text and "-inf hidden" in text

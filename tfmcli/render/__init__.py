@@ -1,0 +1,18 @@
+"""Rich renderables for tfm: numbers, tensor tables, heatmaps, traces, gradient tables, masks.
+
+Everything here receives arrays and returns a renderable (Table, Panel, Group, Text); nothing
+computes model math or prints. Every number goes through :func:`fmt` (heatmap cells through its
+fixed-point twin) so that columns align, and every colour has a text stand-in so the output
+still reads when the console strips colours (NO_COLOR, or stdout not a terminal).
+"""
+
+from tfmcli.render.colours import colour_legend
+from tfmcli.render.heatmap import heatmap
+from tfmcli.render.masks import mask_grid, mask_legend
+from tfmcli.render.numbers import fmt
+from tfmcli.render.tables import config_panel, grad_table, shape_trace, tensor_table
+
+__all__ = [
+    "colour_legend", "config_panel", "fmt", "grad_table", "heatmap", "mask_grid", "mask_legend",
+    "shape_trace", "tensor_table",
+]

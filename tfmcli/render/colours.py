@@ -1,0 +1,120 @@
+"""Colour scales, the matching shade characters, and the legend that explains both.
+
+A value is placed on a scale twice: as a background colour (for colour terminals) and as a
+two-character shade such as ``"▓▓"`` (which survives when the colours are stripped). Both come
+from the same position on the scale, so the legend can show them side by side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.color import Color
+from rich.style import Style
+from rich.text import Text
+
+from tfmcli.render.numbers import fmt
+
+# Anchor colours, low to high, interpolated linearly in between. Sequential: viridis (dark
+# purple -> yellow, readable on dark and light terminals). Diverging: blue - white (0) - red.
+SEQUENTIAL = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+DIVERGING = [(33, 102, 172), (103, 169, 207), (247, 247, 247), (239, 138, 98), (178, 24, 43)]
+
+SHADES = " ░▒▓█"  # five levels, from the bottom of the scale to the top
+LEGEND_STOPS = 5
+
+
+def scale_position(value: float, vmin: float, vmax: float, diverging: bool) -> float:
+    """Where ``value`` sits on the scale: 0 (bottom) .. 1 (top), clipped.
+
+    A diverging scale puts 0 exactly in the middle (0.5) whatever ``vmin`` and ``vmax`` are, so
+    that white always means zero; each side is stretched to its own end.
+    """
+    if diverging:
+        if value == 0:
+            return 0.5
+        if value < 0:
+            side = -value / -vmin if vmin < 0 else 1.0
+            return 0.5 - 0.5 * min(side, 1.0)
+        side = value / vmax if vmax > 0 else 1.0
+        return 0.5 + 0.5 * min(side, 1.0)
+    if vmax <= vmin:
+        return 0.0
+    return float(np.clip((value - vmin) / (vmax - vmin), 0.0, 1.0))
+
+
+def colour_at(position: float, diverging: bool) -> tuple[int, int, int]:
+    """The RGB colour at ``position`` (0..1) of the sequential or diverging scale."""
+    anchors = DIVERGING if diverging else SEQUENTIAL
+    x = position * (len(anchors) - 1)
+    i = min(int(x), len(anchors) - 2)
+    frac = x - i
+    low, high = anchors[i], anchors[i + 1]
+    return tuple(round(a + (b - a) * frac) for a, b in zip(low, high))
+
+
+def cell_style(position: float, diverging: bool) -> Style:
+    """Background from the scale, black or white text, whichever reads better on it."""
+    r, g, b = colour_at(position, diverging)
+    luminance = 0.299 * r + 0.587 * g + 0.114 * b
+    foreground = Color.from_rgb(0, 0, 0) if luminance > 140 else Color.from_rgb(255, 255, 255)
+    return Style(color=foreground, bgcolor=Color.from_rgb(r, g, b))
+
+
+def block_style(position: float, diverging: bool) -> Style:
+    """Text and background in the same colour: a solid block that still carries its shade."""
+    colour = Color.from_rgb(*colour_at(position, diverging))
+    return Style(color=colour, bgcolor=colour)
+
+
+def shade_at(position: float, diverging: bool) -> str:
+    """Two characters that stand in for the colour when there is none.
+
+    Sequential: ``"  "``, ``"░░"``, ``"▒▒"``, ``"▓▓"``, ``"██"`` from bottom to top.
+    Diverging: the sign then the magnitude, ``"-█"`` .. ``"  "`` (near 0) .. ``"+█"``.
+    """
+    if not diverging:
+        return SHADES[round(position * 4)] * 2
+    magnitude = round(abs(position - 0.5) * 8)  # 0..4
+    if magnitude == 0:
+        return "  "
+    return ("+" if position > 0.5 else "-") + SHADES[magnitude]
+
+
+def legend_stops(vmin: float, vmax: float, diverging: bool) -> list[float]:
+    """The values labelled in a legend; a diverging legend always includes 0."""
+    if diverging:
+        low, high = min(vmin, 0.0), max(vmax, 0.0)
+        return [low, low / 2, 0.0, high / 2, high]
+    if vmax <= vmin:
+        return [vmin]
+    return list(np.linspace(vmin, vmax, LEGEND_STOPS))
+
+
+def colour_legend(vmin: float, vmax: float, *, diverging: bool = False, precision: int = 2) -> Text:
+    """One line: a swatch and its value at a few stops from ``vmin`` to ``vmax``.
+
+    Each swatch is the colour of that value and carries the shade characters a heatmap uses
+    without colour, so the legend reads in both.
+
+    Parameters
+    ----------
+    vmin, vmax : float
+        The ends of the scale.
+    diverging : bool
+        Blue (negative) - white (0) - red (positive) instead of the sequential scale.
+    precision : int
+        Digits of the labels (formatted with :func:`fmt`).
+
+    Returns
+    -------
+    rich.text.Text
+        Uncoloured: ``"scale      0.00 ░░ +0.25 ▒▒ +0.50 ▓▓ +0.75 ██ +1.00"``.
+    """
+    legend = Text()
+    legend.append("scale ", style="dim")
+    for value in legend_stops(vmin, vmax, diverging):
+        position = scale_position(value, vmin, vmax, diverging)
+        legend.append(" ")
+        legend.append(shade_at(position, diverging), style=block_style(position, diverging))
+        legend.append(" " + fmt(value, precision))
+    return legend

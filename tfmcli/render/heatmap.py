@@ -1,0 +1,216 @@
+"""A 2-D array as a grid of coloured cells that still reads with the colours stripped.
+
+Each cell shows its value when the whole grid fits in ``width`` columns, otherwise a
+two-character shade (``"▓▓"``); when even two characters per column are too many, blocks of
+cells are averaged first. The grid is built line by line as ``Text`` so that the column labels
+can be placed like axis ticks over two-character cells.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.console import Group, RenderableType
+from rich.constrain import Constrain
+from rich.text import Text
+
+from tfmcli.render.colours import block_style, cell_style, colour_legend, scale_position, shade_at
+from tfmcli.render.numbers import fmt_fixed
+
+HIDDEN = "·"
+HIDDEN_STYLE = "dim"
+SHADE_WIDTH = 2
+
+
+def heatmap(
+    matrix,
+    *,
+    title: str | None = None,
+    row_labels=None,
+    col_labels=None,
+    mask=None,
+    width: int = 80,
+    precision: int = 2,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    diverging: bool = False,
+    legend: bool = True,
+    show_values: bool | None = None,
+) -> RenderableType:
+    """A matrix as a grid of cells coloured by value, with labels and a legend.
+
+    Parameters
+    ----------
+    matrix : (R, C) array_like
+        E.g. one head's attention pattern (queries x keys) or a positional encoding.
+    title : str, optional
+    row_labels, col_labels : sequence of str, optional
+        Length R and C; default to the indices ``"0"``, ``"1"``, ...
+    mask : (R, C) bool array_like, optional
+        True = visible (computed). Hidden cells show a dim ``"·"`` on no background, never a
+        colour, so they cannot be mistaken for a computed 0.
+    width : int
+        Columns available, labels included. The grid never exceeds it (unless
+        ``show_values=True`` forces values that do not fit).
+    precision : int
+        Digits of the values in the cells and of the legend labels.
+    vmin, vmax : float, optional
+        Ends of the colour scale; default to the finite min and max of the visible cells.
+    diverging : bool
+        Blue - white - red centred on 0 (for signed matrices) instead of the sequential
+        dark-to-yellow scale (for e.g. probabilities).
+    legend : bool
+        Add a line explaining the colours/shades and the hidden-cell symbol.
+    show_values : bool, optional
+        None = values when they fit in ``width``, shades otherwise.
+
+    Returns
+    -------
+    rich.console.RenderableType
+        Title, column labels, one line per row, a caption when downsampled, the legend (a
+        ``Group`` of ``Text`` lines, constrained to ``width``).
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-D array, got shape {matrix.shape}; slice it first")
+    rows, cols = matrix.shape
+    visible = _visible(mask, matrix.shape)
+    row_labels = _labels(row_labels, rows, "row_labels")
+    col_labels = _labels(col_labels, cols, "col_labels")
+    vmin, vmax = _scale_ends(matrix, visible, vmin, vmax, diverging)
+    label_width = max(len(label) for label in row_labels) if rows else 0
+
+    # Two characters per column must fit; rows are averaged in blocks as wide as the columns'
+    # (two characters are about as wide as one line is tall), and there are at most ``width``.
+    max_cols = max(1, (width - label_width - 1) // SHADE_WIDTH)
+    col_block = math.ceil(cols / max_cols)
+    row_block = max(col_block, math.ceil(rows / width))
+    caption = None
+    if row_block > 1 or col_block > 1:
+        matrix, visible = _block_mean(matrix, visible, row_block, col_block)
+        row_labels, col_labels = row_labels[::row_block], col_labels[::col_block]
+        caption = (f"downsampled {rows}x{cols} -> {matrix.shape[0]}x{matrix.shape[1]}, "
+                   f"block mean of up to {row_block}x{col_block} visible cells")
+
+    texts = [[fmt_fixed(v, precision) for v in row] for row in matrix]
+    value_width = max([len(t) for row in texts for t in row] + [len(c) for c in col_labels],
+                      default=1)
+    values_fit = caption is None and label_width + 1 + cols * (value_width + 2) <= width
+    if not (values_fit if show_values is None else show_values):
+        texts = None  # cells are two-character shades
+    cell_width = SHADE_WIDTH if texts is None else value_width + 2  # a space either side
+
+    grid_width = label_width + 1 + matrix.shape[1] * cell_width
+    lines: list[RenderableType] = []
+    if title:
+        lines.append(Text(title.center(grid_width).rstrip(), style="bold"))
+    if texts is None:
+        lines.append(_tick_header(col_labels, label_width, grid_width))
+    else:
+        lines.append(_value_header(col_labels, label_width, value_width))
+    for i, label in enumerate(row_labels):
+        line = Text()
+        line.append(label.rjust(label_width) + " ", style="dim")
+        for j in range(matrix.shape[1]):
+            text = None if texts is None else texts[i][j]
+            line.append(*_cell(matrix[i, j], visible[i, j], text, cell_width,
+                               vmin, vmax, diverging))
+        lines.append(line)
+    if caption:
+        lines.append(Text(caption, style="dim italic"))
+    if legend:
+        lines.append(_legend(vmin, vmax, diverging, precision, with_mask=mask is not None))
+    # Title, caption and legend wrap at ``width``; grid lines are never wider unless forced.
+    return Constrain(Group(*lines), max(width, grid_width))
+
+
+def _legend(vmin, vmax, diverging, precision, with_mask: bool) -> Text:
+    key = colour_legend(vmin, vmax, diverging=diverging, precision=precision)
+    if with_mask:
+        key.append("   ")
+        key.append(HIDDEN, style=HIDDEN_STYLE)
+        key.append(" hidden by mask")
+    return key
+
+
+def _visible(mask, shape) -> np.ndarray:
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != shape:
+        raise ValueError(f"mask has shape {mask.shape} but the matrix has shape {shape}")
+    return mask
+
+
+def _labels(labels, n: int, name: str) -> list[str]:
+    if labels is None:
+        return [str(i) for i in range(n)]
+    labels = [str(label) for label in labels]
+    if len(labels) != n:
+        raise ValueError(f"{name} has {len(labels)} entries for {n} rows/columns")
+    return labels
+
+
+def _scale_ends(matrix, visible, vmin, vmax, diverging) -> tuple[float, float]:
+    """Default ends: the finite extremes of the visible cells; symmetric about 0 if diverging."""
+    shown = matrix[visible & np.isfinite(matrix)]
+    low = float(shown.min()) if shown.size else 0.0
+    high = float(shown.max()) if shown.size else 1.0
+    if diverging:
+        limit = max(abs(low), abs(high))
+        low, high = -limit, limit
+    return (low if vmin is None else float(vmin)), (high if vmax is None else float(vmax))
+
+
+def _block_mean(matrix, visible, row_block: int, col_block: int):
+    """Average blocks of visible cells; a block is hidden only if all its cells are."""
+    rows = math.ceil(matrix.shape[0] / row_block)
+    cols = math.ceil(matrix.shape[1] / col_block)
+    means = np.zeros((rows, cols))
+    shown = np.zeros((rows, cols), dtype=bool)
+    for i in range(rows):
+        for j in range(cols):
+            block = (slice(i * row_block, (i + 1) * row_block),
+                     slice(j * col_block, (j + 1) * col_block))
+            cells = matrix[block][visible[block]]
+            if cells.size:
+                means[i, j] = cells.mean()
+                shown[i, j] = True
+    return means, shown
+
+
+def _value_header(col_labels, label_width: int, value_width: int) -> Text:
+    header = " " * (label_width + 1)
+    header += "".join(" " + label.rjust(value_width) + " " for label in col_labels)
+    return Text(header.rstrip(), style="dim")
+
+
+def _tick_header(col_labels, label_width: int, grid_width: int) -> Text:
+    """Labels over two-character cells, like axis ticks: every ``step``-th column has room."""
+    longest = max((len(label) for label in col_labels), default=1)
+    step = math.ceil((longest + 1) / SHADE_WIDTH)
+    header = [" "] * grid_width
+    for j in range(0, len(col_labels), step):
+        start = label_width + 1 + j * SHADE_WIDTH
+        label = col_labels[j]
+        if start + len(label) <= grid_width:
+            header[start:start + len(label)] = label
+    return Text("".join(header).rstrip(), style="dim")
+
+
+def _cell(value, visible, text, width, vmin, vmax, diverging) -> tuple[str, object]:
+    """Characters and style of one cell: ``text`` (a value) padded to ``width``, or a shade."""
+    if not visible:
+        return HIDDEN.center(width), HIDDEN_STYLE
+    if text is not None:
+        padded = " " + text.rjust(width - 2) + " "
+        if not np.isfinite(value):
+            return padded, "dim"
+        return padded, cell_style(scale_position(value, vmin, vmax, diverging), diverging)
+    if np.isnan(value):
+        return " ?", "dim"
+    if np.isinf(value):
+        return ("+∞" if value > 0 else "-∞"), "dim"
+    position = scale_position(value, vmin, vmax, diverging)
+    return shade_at(position, diverging), block_style(position, diverging)

@@ -1,0 +1,291 @@
+"""Tables of numbers: one tensor, the activations of a forward pass, the gradients, the config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from rich import box
+from rich.cells import cell_len
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tfmcli.render.numbers import fmt
+
+ELLIPSIS = "…"
+MISSING = "—"
+
+
+def _table(title=None, caption=None) -> Table:
+    """The house table: a rule under the header, one space between columns, no frame.
+
+    One space is enough because every number starts with its sign (or a space, for 0), and it
+    lets a gradient table with scientific numbers fit in 80 columns. When a table is still too
+    wide, name columns fold onto a second line first; a number that must be shortened ends in
+    a visible "…" (``overflow="ellipsis"``), never silently. A table is at least as wide as
+    its title, so that the title stays on one line above a narrow table.
+    """
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+                 padding=(0, 0), header_style="dim", caption_style="dim italic",
+                 caption_justify="left", min_width=cell_len(title) if title else None)
+
+
+def _number(value: float, precision: int) -> Text:
+    """A formatted number: negative red, -inf dim, nan and +inf yellow (all readable uncoloured)."""
+    text = fmt(value, precision)
+    if text == "-inf":
+        style = "dim"
+    elif text in ("nan", "+inf"):
+        style = "yellow"
+    elif text.startswith("-"):
+        style = "red"
+    else:
+        style = ""
+    return Text(text, style=style)
+
+
+def _kept(n: int, limit: int, full: bool) -> list[int | None]:
+    """Indices to show, with None where the middle was elided: first half, ``None``, last half."""
+    if full or n <= limit:
+        return list(range(n))
+    head = (limit + 1) // 2
+    return list(range(head)) + [None] + list(range(n - (limit - head), n))
+
+
+def _column_width(grid, rows, j, label, precision) -> int:
+    """The widest number of column ``j`` over ``rows``, or the longest word of its label.
+
+    Labels wrap at their spaces, so ``"sin λ6.28"`` needs only as much room as ``"λ6.28"``.
+    """
+    numbers = [len(fmt(grid[i, j], precision)) for i in rows]
+    return max(numbers + [len(word) for word in label.split()] + [1])
+
+
+def _fitting_cols(grid, rows, row_labels, col_labels, max_cols, width, precision) -> int:
+    """The largest column budget, at most ``max_cols`` (and at least 2), that fits ``width``."""
+    label_width = max([len(row_labels[i]) for i in rows] + [1])
+    for budget in range(max_cols, 2, -1):
+        kept = _kept(grid.shape[1], budget, False)
+        widths = [1 if j is None else _column_width(grid, rows, j, col_labels[j], precision)
+                  for j in kept]
+        if label_width + sum(w + 1 for w in widths) <= width:  # + 1: the space before each
+            return budget
+    return min(max_cols, 2)
+
+
+def _elision_note(kept_rows: list, kept_cols: list) -> str:
+    """E.g. "showing 12 of 100 rows, 8 of 100 columns"; empty when nothing was elided."""
+    parts = []
+    for kept, what in ((kept_rows, "rows"), (kept_cols, "columns")):
+        if None in kept:
+            parts.append(f"{len(kept) - 1} of {kept[-1] + 1} {what}")
+    return "showing " + ", ".join(parts) if parts else ""
+
+
+def _shape(array) -> str:
+    return str(tuple(int(n) for n in np.shape(array)))
+
+
+def tensor_table(
+    array,
+    *,
+    title: str | None = None,
+    precision: int = 4,
+    full: bool = False,
+    max_rows: int = 12,
+    max_cols: int = 8,
+    row_labels=None,
+    col_labels=None,
+    caption: str | None = None,
+    width: int | None = None,
+) -> Table:
+    """A 0-, 1- or 2-D array as a table of right-justified numbers, elided like NumPy.
+
+    Parameters
+    ----------
+    array : (), (C,) or (R, C) array_like
+        A 1-D array is shown as one row. Slice bigger arrays first.
+    title, caption : str, optional
+    precision : int
+        Digits after the decimal point (see :func:`fmt`).
+    full : bool
+        Show every row and column, however many.
+    max_rows, max_cols : int
+        Beyond these, only the first and last halves are shown, with a ``…`` row/column between.
+        At the default precision 8 columns fit in 80 terminal columns; scientific numbers are
+        wider, so pass a smaller ``max_cols`` for a narrow terminal.
+    row_labels, col_labels : sequence of str, optional
+        Default to the indices. A 1-D array has no row label unless given one.
+    width : int, optional
+        Terminal columns available: unless ``full``, show fewer than ``max_cols`` columns when
+        that many would not fit (scientific numbers and long labels are wide). Without it, or
+        with ``full``, a table too wide for the terminal shows shortened cells ending in ``…``.
+
+    Returns
+    -------
+    rich.table.Table
+
+    Raises
+    ------
+    ValueError
+        If the array has more than 2 dimensions.
+    """
+    array = np.asarray(array)
+    if array.ndim > 2:
+        raise ValueError(f"tensor_table shows at most 2-D arrays, got shape {array.shape}; "
+                         "slice it first")
+    has_row_labels = array.ndim == 2 or row_labels is not None
+    grid = np.atleast_2d(array)
+    rows, cols = grid.shape
+    row_labels = [str(label) for label in (range(rows) if row_labels is None else row_labels)]
+    col_labels = [str(label) for label in (range(cols) if col_labels is None else col_labels)]
+    if len(row_labels) != rows or len(col_labels) != cols:
+        raise ValueError(f"{len(row_labels)} row labels and {len(col_labels)} column labels "
+                         f"for an array of shape {array.shape}")
+
+    shown_rows = _kept(rows, max_rows, full)
+    data_rows = [i for i in shown_rows if i is not None]
+    if width is not None and not full:
+        max_cols = _fitting_cols(grid, data_rows, row_labels, col_labels, max_cols, width,
+                                 precision)
+    shown_cols = _kept(cols, max_cols, full)
+    note = _elision_note(shown_rows, shown_cols)
+    if note:
+        caption = note if caption is None else f"{caption}\n{note}"
+
+    table = _table(title, caption)
+    table.show_header = array.ndim > 0
+    if has_row_labels:
+        table.add_column("", style="dim", justify="right")
+    for j in shown_cols:
+        # Fixed widths: rich then never narrows a number to fit a label. If the whole table is
+        # too wide for the terminal, rich shortens cells with a visible "…", never silently.
+        label = ELLIPSIS if j is None else col_labels[j]
+        column_width = 1 if j is None else _column_width(grid, data_rows, j, label, precision)
+        table.add_column(label, justify="right", width=column_width, overflow="ellipsis")
+    cells = [[_number(grid[i, j], precision) if i is not None and j is not None
+              else Text(ELLIPSIS, style="dim") for j in shown_cols] for i in shown_rows]
+    for i, row in zip(shown_rows, cells):
+        label = ELLIPSIS if i is None else row_labels[i]
+        table.add_row(*([label] if has_row_labels else []), *row)
+    return table
+
+
+def _finite_stats(array: np.ndarray, precision: int) -> list[str]:
+    """min, mean, std, max over the finite entries (attention scores hold -inf where masked)."""
+    finite = array[np.isfinite(array)]
+    if finite.size == 0:
+        return [MISSING] * 4
+    stats = (finite.min(), finite.mean(), finite.std(), finite.max())
+    return [fmt(value, precision) for value in stats]
+
+
+def _non_finite_note(array: np.ndarray) -> str:
+    notes = []
+    if (count := int(np.isneginf(array).sum())):
+        notes.append(f"masked: {count} (-inf)")
+    if (count := int(np.isposinf(array).sum())):
+        notes.append(f"+inf: {count}")
+    if (count := int(np.isnan(array).sum())):
+        notes.append(f"nan: {count}")
+    return ", ".join(notes)
+
+
+def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4) -> Table:
+    """One row per activation, in the given (forward) order: name, shape and summary statistics.
+
+    Parameters
+    ----------
+    acts : mapping of str to ndarray
+        E.g. ``Forward.acts``.
+    precision : int
+
+    Returns
+    -------
+    rich.table.Table
+        Columns activation, shape, min, mean, std, max. The statistics are over the finite
+        entries only; an activation with -inf / +inf / nan entries gets a ``*`` after its name
+        and a footnote counting them (e.g. ``* blocks.0.attn.scores: masked: 24 (-inf)``).
+    """
+    table = _table()
+    table.add_column("activation", overflow="fold")
+    table.add_column("shape", justify="right", overflow="fold")
+    for header in ("min", "mean", "std", "max"):
+        table.add_column(header, justify="right", no_wrap=True, overflow="ellipsis")
+    footnotes = []
+    for name, value in acts.items():
+        array = np.asarray(value, dtype=np.float64)
+        note = _non_finite_note(array)
+        if note:
+            footnotes.append(f"* {name}: {note}, left out of the statistics")
+        table.add_row(name + ("*" if note else ""), _shape(array), *_finite_stats(array, precision))
+    if footnotes:
+        table.caption = "\n".join(footnotes)
+    return table
+
+
+def _check_cells(check) -> list[Text | str]:
+    """rel err and pass/fail of one ParamCheck-like object (or dashes when there is none)."""
+    if check is None:
+        return [MISSING, MISSING]
+    mark = Text("✓ pass", style="green") if check.passed else Text("✗ FAIL", style="bold red")
+    return [f"{check.rel_err:.2e}", mark]
+
+
+def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | None = None, *,
+               precision: int = 4) -> Table:
+    """One row per parameter gradient: shape, L2 norm, max |g|, mean, and the gradcheck verdict.
+
+    Parameters
+    ----------
+    grads : mapping of str to ndarray
+        Parameter name -> gradient (e.g. ``Gradients``).
+    checks : mapping of str to ParamCheck, optional
+        Anything with ``rel_err`` and ``passed`` attributes (``checked`` is not shown). Adds
+        the columns ``rel err`` and ``check`` (``✓ pass`` / ``✗ FAIL``); parameters without a
+        check show ``—`` in both.
+    precision : int
+
+    Returns
+    -------
+    rich.table.Table
+    """
+    table = _table()
+    table.add_column("parameter", overflow="fold")
+    table.add_column("shape", justify="right", overflow="fold")
+    for header in ("‖g‖₂", "max |g|", "mean"):
+        table.add_column(header, justify="right", no_wrap=True, overflow="ellipsis")
+    if checks is not None:
+        table.add_column("rel err", justify="right", no_wrap=True, overflow="ellipsis")
+        table.add_column("check", no_wrap=True)
+    for name, grad in grads.items():
+        g = np.asarray(grad, dtype=np.float64)
+        row = [name, _shape(g), fmt(np.sqrt((g * g).sum()), precision),
+               fmt(np.abs(g).max() if g.size else 0.0, precision),
+               fmt(g.mean() if g.size else 0.0, precision)]
+        if checks is not None:
+            row += _check_cells(checks.get(name))
+        table.add_row(*row)
+    return table
+
+
+def config_panel(rows: Mapping[str, str], *, title: str = "config") -> Panel:
+    """Key/value pairs as a compact two-column grid in a panel.
+
+    Parameters
+    ----------
+    rows : mapping of str to str
+        E.g. ``{"sizes": "B=2 T=4 d=6 H=2 d_ff=24 V=8 L=1", "norm": "pre-LN"}``.
+    title : str
+
+    Returns
+    -------
+    rich.panel.Panel
+    """
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in rows.items():
+        grid.add_row(str(key), str(value))
+    return Panel(grid, title=title, title_align="left", expand=False)
