@@ -24,8 +24,8 @@ from tfmcli.errors import TfmError
 from tfmcli.io import jsonable, run_arrays, save_npz, save_text, stats
 from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.model import first_nonfinite
-from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, check_name,
-                            check_range, with_options)
+from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                            check_name, check_range, with_options)
 from tfmcli.positional import sinusoidal, wavelengths
 from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
@@ -41,11 +41,13 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
-            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=False, **extra)
+            with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
+                code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                    standalone_mode=False, **extra)
         except ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"
-            typer.echo(f"{where}: error: {e.format_message()}", err=True)
+            message = e.format_message().replace("Value error, ", "")  # typer's validator prefix
+            typer.echo(f"{where}: error: {message}", err=True)
             code = e.exit_code
         except TfmError as e:
             typer.echo(f"tfm: error: {e}", err=True)
@@ -70,8 +72,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-Precision = Annotated[int, typer.Option("--precision", min=0, max=12, help="Digits after the point.")]
-Row = Annotated[int, typer.Option("--row", min=0, help="Batch row to show.")]
+Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
+Row = Annotated[int, typer.Option("--row", callback=bounded(0), help="Batch row to show.")]
 Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
 
 
@@ -142,9 +144,16 @@ def execute(opts: Options, with_grads: bool):
     cfg, params, inputs = opts.run()
     params = tfmcli.init_params(cfg) if params is None else params
     inputs = tfmcli.make_inputs(cfg) if inputs is None else inputs
-    with np.errstate(all="ignore"):
-        fwd = tfmcli.forward(params, inputs, cfg)
-        grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
+    try:
+        # An overflow anywhere makes every later number meaningless (a layer norm of values
+        # whose square overflows returns 0, not the right answer), so it stops the run.
+        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+            fwd = tfmcli.forward(params, inputs, cfg)
+            grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
+    except FloatingPointError as e:
+        hint = " or --dtype float64" if cfg.dtype == "float32" else ""
+        raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
+                       f"use smaller weights or inputs{hint}") from None
     bad = first_nonfinite(fwd.acts) or (with_grads and (first_nonfinite(grads)
                                                         or first_nonfinite(grads.acts)))
     if bad or not math.isfinite(fwd.loss):
@@ -172,9 +181,9 @@ def show_tensors(opts, tensors: dict, names, precision, row, head, prefix=""):
         name = check_name(raw, tensors)
         value = tensors[name]
         if value.ndim > 2:
-            check_range(row, value.shape[0], "--row", f"{name} has {value.shape[0]} rows;")
+            check_range(row, value.shape[0], "--row", f"rows in {name}")
         if value.ndim > 3:
-            check_range(head, value.shape[1], "--head", f"{name} has {value.shape[1]} heads;")
+            check_range(head, value.shape[1], "--head", f"heads in {name}")
         cut, caption = sliced(prefix + name, value, row, head)
         shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,
                                          width=width()))
@@ -190,8 +199,8 @@ def show_tensors(opts, tensors: dict, names, precision, row, head, prefix=""):
 def forward(
     show: Show = None,
     row: Row = 0,
-    head: Annotated[Optional[int], typer.Option("--head", min=0, help="Only this head's heatmap (and --show slice).")] = None,
-    block: Annotated[Optional[int], typer.Option("--block", min=0, help="Only this block's heatmaps.")] = None,
+    head: Annotated[Optional[int], typer.Option("--head", callback=bounded(0), help="Only this head's heatmap (and --show slice).")] = None,
+    block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's heatmaps.")] = None,
     precision: Precision = 4,
     full: Annotated[bool, typer.Option("--full", help="Every attention map, none elided.")] = False,
     opts: Options = None,
@@ -201,11 +210,11 @@ def forward(
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
     cfg, params, inputs, fwd, _ = execute(opts, with_grads=False)
-    check_range(row, cfg.batch, "--row", f"the batch has {cfg.batch} rows;")
+    check_range(row, cfg.batch, "--row", "batch rows")
     if head is not None:
-        check_range(head, cfg.heads, "--head", f"the model has {cfg.heads} heads;")
+        check_range(head, cfg.heads, "--head", "heads")
     if block is not None:
-        check_range(block, cfg.layers, "--block", f"the model has {cfg.layers} blocks;")
+        check_range(block, cfg.layers, "--block", "blocks")
     shown, shown_json = show_tensors(opts, {**fwd.acts, **params}, show, precision, row, head or 0)
     maps = attention_maps(fwd, cfg, row, block, head, full)
     parts = [render.config_panel(describe(cfg), title="tfm forward"),
@@ -262,11 +271,11 @@ def default_max_entries(cfg) -> Optional[int]:
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def backward(
     layer: Annotated[str, typer.Option("--layer", help="Only this layer's parameters: " + ", ".join(LAYERS) + ".")] = "all",
-    block: Annotated[Optional[int], typer.Option("--block", min=0, help="Only this block's parameters.")] = None,
+    block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's parameters.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Add the central-difference error of each parameter.")] = False,
     show: Show = None,
     row: Row = 0,
-    head: Annotated[int, typer.Option("--head", min=0, help="Head of a 4-D --show tensor.")] = 0,
+    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head of a 4-D --show tensor.")] = 0,
     precision: Precision = 4,
     opts: Options = None,
 ):
@@ -279,7 +288,7 @@ def backward(
                                  param_hint="'--layer'")
     cfg, params, inputs, fwd, grads = execute(opts, with_grads=True)
     if block is not None:
-        check_range(block, cfg.layers, "--block", f"the model has {cfg.layers} blocks;")
+        check_range(block, cfg.layers, "--block", "blocks")
     if layer == "ln_f" and cfg.norm == "post":
         raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
     names = [n for n in grads
@@ -346,7 +355,7 @@ def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def gradcheck(
-    max_entries: Annotated[Optional[int], typer.Option("--max-entries", min=1, help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
+    max_entries: Annotated[Optional[int], typer.Option("--max-entries", callback=bounded(1), help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
     step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
     tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
     opts: Options = None,
@@ -355,6 +364,10 @@ def gradcheck(
 
     Example: tfm gradcheck --norm post --activation gelu --lengths 4,2 -L 2
     """
+    for flag, value in (("--step", step), ("--tol", tol)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(f"{value} is not allowed (allowed: a positive number)",
+                                     param_hint=f"'{flag}'")
     cfg, params, inputs, fwd, grads = execute(opts, with_grads=True)
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
     report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
@@ -421,8 +434,8 @@ def shapes(opts: Options = None):
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def attn(
     example: Annotated[Optional[str], typer.Option("--example", help="'illustrated': seed 002's integer worked example instead of the model.")] = None,
-    block: Annotated[int, typer.Option("--block", min=0, help="Block of the head.")] = 0,
-    head: Annotated[int, typer.Option("--head", min=0, help="Head to follow.")] = 0,
+    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the head.")] = 0,
+    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
     row: Row = 0,
     precision: Precision = 4,
     opts: Options = None,
@@ -453,9 +466,9 @@ def attn(
         emit(opts, parts, payload, arrays)
         return
     cfg, params, inputs, fwd, _ = execute(opts, with_grads=False)
-    check_range(block, cfg.layers, "--block", f"the model has {cfg.layers} blocks;")
-    check_range(head, cfg.heads, "--head", f"the model has {cfg.heads} heads;")
-    check_range(row, cfg.batch, "--row", f"the batch has {cfg.batch} rows;")
+    check_range(block, cfg.layers, "--block", "blocks")
+    check_range(head, cfg.heads, "--head", "heads")
+    check_range(row, cfg.batch, "--row", "batch rows")
     steps = model_head_steps(params, fwd, cfg, block, head, row)
     parts = [render.config_panel(describe(cfg), title=f"tfm attn: block {block}, head {head}, "
                                                      f"batch row {row}")]
@@ -481,7 +494,7 @@ def render_steps(steps, precision):
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def mask(
-    length: Annotated[int, typer.Option("--len", min=1, max=4096, help="Sequence length N.")] = 7,
+    length: Annotated[int, typer.Option("--len", callback=bounded(1, 4096), help="Sequence length N.")] = 7,
     lengths: Annotated[Optional[str], typer.Option("--lengths", metavar="4,2,6", help="Valid length of each batch row (1..N).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Include the look-ahead (causal) mask.")] = True,
     additive_form: Annotated[bool, typer.Option("--additive", help="Show the 0 / -inf form added to the scores.")] = False,
@@ -521,8 +534,8 @@ def mask(
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def pe(
-    length: Annotated[int, typer.Option("--len", min=1, max=100_000, help="Positions N.")] = 16,
-    d_model: Annotated[int, typer.Option("--d-model", "-d", min=1, max=100_000, help="Width d (odd allowed: the last column is a sine).")] = 16,
+    length: Annotated[int, typer.Option("--len", callback=bounded(1, 100_000), help="Positions N.")] = 16,
+    d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine).")] = 16,
     precision: Precision = 3,
     opts: Options = None,
 ):

@@ -55,14 +55,29 @@ def parse_lengths(text: Optional[str]):
     try:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} is not a comma-separated list of integers (like 4,2)") from None
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of integers (like 4,2)",
+                                 param_hint="'--lengths'") from None
     return values
 
 
 MODEL = "Model (every Config field)"
 RUN = "Run"
 OUTPUT = "Output"
+
+
+def bounded(low: int, high: Optional[int] = None):
+    """An option callback allowing ``low..high``, whose error names the value given.
+
+    (Typer's own ``min=``/``max=`` messages leave the value out.)
+    """
+    allowed = f"{low}..{high}" if high is not None else f"{low} or more"
+
+    def check(value):
+        if value is not None and (value < low or (high is not None and value > high)):
+            raise typer.BadParameter(f"{value} is not allowed (allowed: {allowed})")
+        return value
+
+    return check
 
 
 def _opt(*names, panel, **kwargs):
@@ -73,14 +88,14 @@ D = Config()  # the defaults live in one place: the Config
 
 # (name, annotation, default), in the order --help lists them.
 MODEL_OPTIONS = [
-    ("seed", Annotated[int, _opt("--seed", panel=MODEL, min=0, help="Seed of default_rng for weights and tokens.")], D.seed),
-    ("batch", Annotated[int, _opt("--batch", "-B", panel=MODEL, min=1, help="Batch size B.")], D.batch),
-    ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, min=1, help="Sequence length T.")], D.seq_len),
-    ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, min=1, help="Model width d.")], D.d_model),
-    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, min=1, help="Attention heads H (must divide d).")], D.heads),
-    ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, min=1, help="FFN hidden width [default: 4 d].")], D.d_ff),
-    ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, min=1, help="Vocabulary size V.")], D.vocab),
-    ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, min=1, help="Number of blocks L.")], D.layers),
+    ("seed", Annotated[int, _opt("--seed", panel=MODEL, callback=bounded(0), help="Seed of default_rng for weights and tokens (>= 0).")], D.seed),
+    ("batch", Annotated[int, _opt("--batch", "-B", panel=MODEL, callback=bounded(1), help="Batch size B (>= 1).")], D.batch),
+    ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, callback=bounded(1), help="Sequence length T (>= 1).")], D.seq_len),
+    ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, callback=bounded(1), help="Model width d (>= 1).")], D.d_model),
+    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, callback=bounded(1), help="Attention heads H (must divide d) (>= 1).")], D.heads),
+    ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, callback=bounded(1), help="FFN hidden width (default 4 x d) (>= 1).")], D.d_ff),
+    ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
+    ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
     ("norm", Annotated[Norm, _opt("--norm", panel=MODEL, case_sensitive=False, help="Layer-norm position.")], Norm(D.norm)),
     ("activation", Annotated[Activation, _opt("--activation", panel=MODEL, case_sensitive=False, help="FFN activation (gelu: tanh approximation).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
@@ -88,7 +103,7 @@ MODEL_OPTIONS = [
     ("pe", Annotated[PE, _opt("--pe", panel=MODEL, case_sensitive=False, help="Positional encoding.")], PE(D.pe)),
     ("init", Annotated[Init, _opt("--init", panel=MODEL, case_sensitive=False, help="Weight initialisation.")], Init(D.init)),
     ("dtype", Annotated[DType, _opt("--dtype", panel=MODEL, case_sensitive=False, help="Floating-point type of every array.")], DType(D.dtype)),
-    ("eps", Annotated[float, _opt("--eps", panel=MODEL, min=0.0, min_open=True, help="Layer-norm epsilon.")], D.eps),
+    ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm epsilon (> 0).")], D.eps),
 ]
 RUN_OPTIONS = [
     ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout.")], None),
@@ -171,10 +186,10 @@ def bad(field: str, message: str) -> typer.BadParameter:
 
 
 def check_range(value: int, upper: int, flag: str, what: str):
-    """A --row/--head/--block index must lie in 0..upper-1."""
+    """A --row/--head/--block index must lie in 0..upper-1; ``what`` says whose, e.g. 'batch rows'."""
     if not 0 <= value < upper:
-        raise typer.BadParameter(f"{value} is out of range: {what} has {upper}, so 0..{upper - 1}",
-                                 param_hint=f"'{flag}'")
+        raise typer.BadParameter(f"{value} is out of range: there are {upper} {what}, so "
+                                 f"0..{upper - 1}", param_hint=f"'{flag}'")
 
 
 def check_name(name: str, known, flag: str = "--show") -> str:

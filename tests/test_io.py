@@ -1,0 +1,203 @@
+"""Files: atomic --save, and --load of runs saved here or made elsewhere, with every way to fail."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import tfmcli
+from tfmcli import io
+from tfmcli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def error_line(result, code):
+    """The single stderr line of a failed run (and that it is single, with the right code)."""
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def saved(tmp_path, *flags, name="run.npz"):
+    path = tmp_path / name
+    result = run("backward", *flags, "--save", path)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def rewrite(path, out, change):
+    """Copy an npz with ``change(arrays)`` applied."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {key: npz[key] for key in npz.files}
+    change(arrays)
+    np.savez(out, **arrays)
+    return out
+
+
+def loss_of(*args):
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["loss"]
+
+
+# ---------------------------------------------------------------- save
+
+
+def test_save_layout_has_every_section(tmp_path):
+    path = saved(tmp_path, "--norm", "post")
+    cfg = tfmcli.Config(norm="post")
+    fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
+    with np.load(path, allow_pickle=False) as npz:
+        keys = set(npz.files)
+        assert {f"act/{n}" for n in fwd.acts} <= keys
+        assert {f"actgrad/{n}" for n in fwd.acts} <= keys
+        assert {f"grad/{n}" for n in tfmcli.config.param_shapes(cfg)} <= keys
+        assert json.loads(str(npz["config"]))["norm"] == "post"
+        assert npz["config"].shape == () and npz["loss"].shape == ()
+
+
+def test_save_replaces_an_existing_file_only_on_success(tmp_path, monkeypatch):
+    path = tmp_path / "run.npz"
+    path.write_bytes(b"previous contents")
+
+    def broken_savez(file, **arrays):
+        file.write(b"PK partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io.np, "savez", broken_savez)
+    line = error_line(run("forward", "--save", path), 1)
+    assert "cannot write" in line and "No space left" in line
+    assert path.read_bytes() == b"previous contents"
+    assert sorted(os.listdir(tmp_path)) == ["run.npz"]  # no temporary file left behind
+
+
+def test_an_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "run.npz"
+
+    def interrupted(file, **arrays):
+        file.write(b"PK partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.np, "savez", interrupted)
+    result = run("forward", "--save", path)
+    assert result.exit_code == 130
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_into_a_missing_folder_is_one_line(tmp_path):
+    line = error_line(run("forward", "--save", tmp_path / "nope" / "run.npz"), 1)
+    assert "does not exist" in line and "nope" in line
+
+
+def test_failed_runs_write_nothing(tmp_path):
+    path = tmp_path / "run.npz"
+    error_line(run("forward", "-d", 7, "--save", path), 2)
+    error_line(run("forward", "--show", "nonsense", "--save", path), 2)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- load
+
+
+def test_load_reproduces_the_saved_run(tmp_path):
+    path = saved(tmp_path, "--seed", 11, "--lengths", "3,4", "-L", 2)
+    expected = loss_of("forward", "--seed", 11, "--lengths", "3,4", "-L", 2)
+    assert loss_of("forward", "--load", path) == expected
+    data = json.loads(run("backward", "--load", path, "--json").stdout)
+    assert data["config"]["layers"] == 2 and data["config"]["lengths"] == [3, 4]
+
+
+def test_load_runs_edited_weights(tmp_path):
+    path = saved(tmp_path)
+    edited = rewrite(path, tmp_path / "edited.npz",
+                     lambda a: a.update({"param/head.b_U": a["param/head.b_U"] + np.arange(8.0)}))
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    params["head.b_U"] = params["head.b_U"] + np.arange(8.0)
+    assert loss_of("forward", "--load", edited) == pytest.approx(
+        tfmcli.forward(params, inputs, cfg).loss, abs=1e-14)
+
+
+def test_load_weights_made_elsewhere_without_config_or_inputs(tmp_path):
+    cfg = tfmcli.Config(d_model=8, heads=4, vocab=5, layers=2, norm="post", d_ff=12)
+    params = tfmcli.init_params(cfg.replace(seed=5))
+    path = tmp_path / "mine.npz"
+    np.savez(path, **{f"param/{k}": v for k, v in params.items()})
+    # sizes come from the shapes; heads from the flag; tokens from --seed
+    inputs = tfmcli.make_inputs(cfg)
+    expected = tfmcli.forward(params, inputs, cfg).loss
+    assert loss_of("forward", "--load", path, "-H", 4) == pytest.approx(expected, abs=1e-14)
+
+
+def test_load_gradcheck(tmp_path):
+    path = saved(tmp_path, "--activation", "gelu")
+    result = run("gradcheck", "--load", path, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["passed"] is True
+
+
+def test_flag_that_contradicts_the_file_is_a_usage_error(tmp_path):
+    path = saved(tmp_path)
+    line = error_line(run("forward", "--load", path, "-d", 8), 2)
+    assert "'--d-model'" in line and "d_model=8 contradicts" in line and "d_model=6" in line
+    line = error_line(run("forward", "--load", path, "--norm", "post"), 2)
+    assert "'--norm'" in line
+    # the same value as the file is fine
+    assert run("forward", "--load", path, "-d", 6).exit_code == 0
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda a: a.pop("param/blocks.0.attn.W_Q"), "missing key 'param/blocks.0.attn.W_Q'"),
+    (lambda a: a.update({"param/blocks.0.attn.W_X": np.zeros((6, 6))}), "unknown key 'param/blocks.0.attn.W_X'"),
+    (lambda a: a.update({"extra": np.zeros(3)}), "unknown key 'extra'"),
+    (lambda a: a.update({"param/head.W_U": np.zeros((6, 9))}), "param/head.W_U has shape (6, 9), expected (6, 8)"),
+    (lambda a: a.update({"param/head.b_U": np.zeros(8, dtype=np.int64)}), "param/head.b_U has dtype int64, expected float64"),
+    (lambda a: a.update({"param/head.b_U": np.full(8, np.nan)}), "param/head.b_U contains NaN or Inf"),
+    (lambda a: a.update({"param/embed.W_E": np.full((8, 6), np.inf)}), "param/embed.W_E contains NaN or Inf"),
+    (lambda a: a.update({"input/tokens": a["input/tokens"] + 100}), "input/tokens has values outside 0..7"),
+    (lambda a: a.update({"input/tokens": np.zeros((2, 5), dtype=np.int64)}), "input/tokens has shape (2, 5), expected (2, 4)"),
+    (lambda a: a.update({"input/lengths": np.array([0, 4])}), "input/lengths has values outside 1..4"),
+    (lambda a: a.pop("input/targets"), "missing key 'input/targets'"),
+    (lambda a: a.update({"config": np.array("{not json")}), "key 'config' is not a JSON object"),
+    (lambda a: a.update({"config": np.array('{"colour": 1}')}), "unknown field 'colour'"),
+])
+def test_each_bad_file_gets_its_own_message(tmp_path, change, needle):
+    bad = rewrite(saved(tmp_path), tmp_path / "bad.npz", change)
+    line = error_line(run("forward", "--load", bad), 1)
+    assert needle in line
+    assert str(bad) in line
+
+
+def test_a_file_that_is_not_an_npz(tmp_path):
+    path = tmp_path / "notes.npz"
+    path.write_text("hello")
+    assert "not an .npz file" in error_line(run("forward", "--load", path), 1)
+    assert "no such file" in error_line(run("forward", "--load", tmp_path / "missing.npz"), 1)
+
+
+def test_a_pickled_array_is_refused(tmp_path):
+    path = tmp_path / "pickled.npz"
+    np.savez(path, **{"param/embed.W_E": np.array([{"a": 1}], dtype=object)})
+    assert "pickle" in error_line(run("forward", "--load", path), 1)
+
+
+def test_a_run_that_overflows_is_a_domain_error(tmp_path):
+    bad = rewrite(saved(tmp_path), tmp_path / "huge.npz",
+                  lambda a: a.update({"param/blocks.0.ffn.W_1": np.full((6, 24), 1e300)}))
+    line = error_line(run("forward", "--load", bad), 1)
+    assert "the run overflowed float64" in line
