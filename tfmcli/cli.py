@@ -42,7 +42,7 @@ class OneLineErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
             with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
-                code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                code = super().main(args=args, prog_name="tfm", complete_var=complete_var,
                                     standalone_mode=False, **extra)
         except ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"

@@ -1,0 +1,87 @@
+"""Every usage error: exit 2, one line on stderr naming the option, the value and what is allowed."""
+
+import pytest
+from typer.testing import CliRunner
+
+from tfmcli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# (arguments, the pieces the one-line message must contain)
+USAGE_ERRORS = [
+    (["forward", "-B", "0"], ["'--batch'", "0 is not allowed", "1 or more"]),
+    (["forward", "-T", "-3"], ["'--seq-len'", "-3", "1 or more"]),
+    (["forward", "-d", "0"], ["'--d-model'", "0 is not allowed"]),
+    (["forward", "-H", "0"], ["'--heads'", "0 is not allowed"]),
+    (["forward", "-V", "0"], ["'--vocab'", "0 is not allowed"]),
+    (["forward", "-L", "0"], ["'--layers'", "0 is not allowed"]),
+    (["forward", "--d-ff", "0"], ["'--d-ff'", "0 is not allowed"]),
+    (["forward", "--seed", "-1"], ["'--seed'", "-1", "0 or more"]),
+    (["forward", "-d", "7", "-H", "2"], ["'--heads'", "d_model=7 is not divisible by heads=2", "allowed heads: 1, 7"]),
+    (["backward", "--lengths", "9"], ["'--lengths'", "1 values but batch=2"]),
+    (["forward", "--lengths", "4,9"], ["'--lengths'", "9 is outside 1..4"]),
+    (["forward", "--lengths", "0,1"], ["'--lengths'", "0 is outside 1..4"]),
+    (["forward", "--lengths", "a,b"], ["'--lengths'", "'a,b' is not a comma-separated list of integers"]),
+    (["forward", "--lengths", ""], ["'--lengths'", "is not a comma-separated list"]),
+    (["forward", "--norm", "mid"], ["'--norm'", "'mid'", "'pre', 'post'"]),
+    (["forward", "--activation", "tanh"], ["'--activation'", "'tanh'", "'relu', 'gelu'"]),
+    (["forward", "--init", "zeros"], ["'--init'", "'zeros'", "'normal', 'uniform', 'xavier', 'kaiming'"]),
+    (["forward", "--dtype", "float16"], ["'--dtype'", "'float16'", "'float64', 'float32'"]),
+    (["forward", "--pe", "rope"], ["'--pe'", "'rope'", "'sinusoidal', 'none'"]),
+    (["forward", "--eps", "0"], ["'--eps'", "got 0.0"]),
+    (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'", "embed, attn, ln1, ln2, ffn, ln_f, head, all"]),
+    (["backward", "--norm", "post", "--layer", "ln_f"], ["'--layer'", "Post-LN has no ln_f"]),
+    (["forward", "--show", "blocks.0.attn.patern"], ["'--show'", "'blocks.0.attn.patern'", "did you mean blocks.0.attn.pattern"]),
+    (["backward", "--show", "dlogitz"], ["'--show'", "did you mean"]),
+    (["forward", "--row", "2"], ["'--row'", "2 is out of range", "2 batch rows, so 0..1"]),
+    (["forward", "--head", "2"], ["'--head'", "2 is out of range", "0..1"]),
+    (["forward", "--block", "1"], ["'--block'", "1 is out of range", "1 blocks, so 0..0"]),
+    (["backward", "--block", "3", "-L", "2"], ["'--block'", "3 is out of range"]),
+    (["attn", "--head", "5"], ["'--head'", "5 is out of range"]),
+    (["attn", "--row", "-1"], ["'--row'", "-1 is not allowed"]),
+    (["attn", "--example", "paper"], ["'--example'", "'paper'", "illustrated"]),
+    (["forward", "--precision", "13"], ["'--precision'", "13 is not allowed", "0..12"]),
+    (["forward", "--precision", "-1"], ["'--precision'", "-1 is not allowed"]),
+    (["gradcheck", "--step", "0"], ["'--step'", "0.0 is not allowed", "positive"]),
+    (["gradcheck", "--tol", "-1"], ["'--tol'", "-1.0 is not allowed"]),
+    (["gradcheck", "--max-entries", "0"], ["'--max-entries'", "0 is not allowed"]),
+    (["mask", "--len", "0"], ["'--len'", "0 is not allowed", "1..4096"]),
+    (["mask", "--len", "4", "--lengths", "5"], ["'--lengths'", "5 is outside 1..4"]),
+    (["mask", "--lengths", "x"], ["'--lengths'", "'x' is not a comma-separated list"]),
+    (["pe", "--d-model", "0"], ["'--d-model'", "0 is not allowed"]),
+    (["pe", "--len", "100000", "--d-model", "1000"], ["'--len' / '--d-model'", "at most 20,000,000"]),
+    (["forward", "-T", "100000"], ["GiB", "more than", "--force"]),
+    (["forward", "--nope"], ["No such option: --nope"]),
+    (["frobnicate"], ["No such command 'frobnicate'"]),
+]
+
+
+@pytest.mark.parametrize("args, pieces", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_error_is_one_line_naming_the_option(args, pieces):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tfm")
+    for piece in pieces:
+        assert piece in lines[0]
+    assert result.stdout == ""
+
+
+def test_force_skips_the_memory_refusal_but_not_other_checks():
+    # --force only lifts the memory limit; the size is still validated first
+    result = runner.invoke(app, ["forward", "-T", "100000", "-d", "7", "--force"])
+    assert result.exit_code == 2
+    assert "'--heads'" in result.stderr
+
+
+def test_odd_d_model_is_supported_with_sinusoidal_encoding():
+    result = runner.invoke(app, ["forward", "-d", "5", "-H", "1", "--json"])
+    assert result.exit_code == 0, result.output
