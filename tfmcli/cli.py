@@ -25,7 +25,7 @@ from tfmcli.io import jsonable, run_arrays, save_npz, save_text, stats
 from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.model import first_nonfinite
 from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                            check_name, check_range, with_options)
+                            check_name, check_range, gib, with_options)
 from tfmcli.positional import sinusoidal, wavelengths
 from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
@@ -414,8 +414,8 @@ def shapes(opts: Options = None):
                 f"{g} {n:,}" for g, n in groups.items()) + ")",
             "FLOPs": f"forward {human(fwd_flops)}, backward {human(bwd_flops)} (matmuls, "
                      f"attention included)",
-            "memory": f"{human(memory['total'], 'B')} peak forward + backward, of which "
-                      f"activations {human(memory['activations'], 'B')}"}
+            "memory": f"{gib(memory['total'])} peak forward + backward (activations "
+                      f"{gib(memory['activations'])})"}
     parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
              shape_list(pshapes, title="parameters"),
              shape_list(ashapes, title="activations (forward order)")]

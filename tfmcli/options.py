@@ -220,7 +220,11 @@ def available_memory() -> int:
 
 
 def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """Bytes in binary units: '712 B', '18.4 KiB', '2.21 GiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
 
 
 def check_memory(cfg: Config):
