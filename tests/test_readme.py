@@ -1,0 +1,47 @@
+"""The README's commands work as written and print what the README shows."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tfmcli.cli import app
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+# Each "$ tfm ..." line of a code block, with the output lines shown under it.
+EXAMPLES = re.findall(r"^\$ (tfm [^\n]*)\n(.*?)(?=^\$ |^```)", README, flags=re.S | re.M)
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_readme_has_examples():
+    assert len(EXAMPLES) >= 6
+
+
+@pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c for c, _ in EXAMPLES])
+def test_readme_example_prints_what_it_shows(command, shown):
+    result = CliRunner().invoke(app, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+    printed = {line.rstrip() for line in result.stdout.splitlines()}
+    for line in shown.splitlines():
+        if line.strip() and line.strip() != "...":
+            assert line.rstrip() in printed, f"README shows {line!r}; tfm printed:\n{result.stdout}"
+
+
+def test_inline_commands_in_the_readme_run():
+    """Commands quoted inline (`tfm ...`) parse and run, or fail only as the README says."""
+    commands = set(re.findall(r"`(tfm [a-z]+[^`]*)`", README))
+    for command in sorted(commands):
+        args = shlex.split(command)[1:]
+        if any(part in ("FILE", "FILE.npz", "N", "NAME", "i", "h") or "|" in part or "a,b,c" in part
+               for part in args) or "[" in command:
+            continue  # a synopsis, not a runnable command
+        result = CliRunner().invoke(app, args)
+        expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000") else 0
+        assert result.exit_code == expected, (command, result.output)
