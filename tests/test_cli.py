@@ -285,6 +285,10 @@ def test_attn_model_steps_agree_with_the_models_own_tensors():
     np.testing.assert_allclose(steps["Q"], fwd.acts["blocks.0.attn.q"][1, 1], atol=1e-14)
     np.testing.assert_allclose(steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14)
     assert steps["masked scores"][0][3] is None
+    out = ok("attn", "--head", 1, "--row", 1, "--lengths", "4,3").stdout
+    # causal 6 + the padded key 3 seen by query 3, and once in the step's formula
+    assert out.count("-inf") == 7 + 1
+    assert out.count("·") == 7 + 1      # the same cells in the softmax, and its formula
 
 
 # ---------------------------------------------------------------- shapes

@@ -482,9 +482,10 @@ def attn(
 def render_steps(steps, precision):
     parts = []
     for i, step in enumerate(steps, 1):
-        parts.append(render.tensor_table(step.value, title=f"{i}. {step.name} {step.value.shape}",
-                                         caption=step.formula, precision=precision,
-                                         width=width()))
+        parts.append(Text.assemble((f"{i}. {step.name} {step.value.shape}", "bold"),
+                                   f"   {step.formula}"))
+        parts.append(render.tensor_table(step.value, precision=precision, width=width(),
+                                         mask=step.mask))
     return parts
 
 

@@ -22,7 +22,7 @@ class Step(NamedTuple):
     name: str
     formula: str
     value: np.ndarray
-    mask: np.ndarray | None = None   # True = may attend, for (T, T) steps
+    mask: np.ndarray | None = None   # True = may attend: hidden cells are drawn as "·"
 
 
 def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale):
@@ -45,8 +45,9 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale):
         Step("V", "V = X W_V + b_V", v),
         Step("scores", "Q K^T", scores),
         Step("scaled scores", f"Q K^T / sqrt(d_head) = Q K^T x {scale:.6g}", scaled),
-        Step("masked scores", "-inf where the mask hides a key", masked, mask),
-        Step("softmax", "softmax over keys (each row's max subtracted)", pattern, mask),
+        Step("masked scores", "-inf where the mask hides a key", masked),
+        Step("softmax", "softmax over keys, row max subtracted; · = hidden (exactly 0)",
+             pattern, mask),
         Step("context", "softmax @ V", context),
     ]
 

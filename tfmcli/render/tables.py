@@ -99,6 +99,7 @@ def tensor_table(
     col_labels=None,
     caption: str | None = None,
     width: int | None = None,
+    mask=None,
 ) -> Table:
     """A 0-, 1- or 2-D array as a table of right-justified numbers, elided like NumPy.
 
@@ -121,6 +122,9 @@ def tensor_table(
         Terminal columns available: unless ``full``, show fewer than ``max_cols`` columns when
         that many would not fit (scientific numbers and long labels are wide). Without it, or
         with ``full``, a table too wide for the terminal shows shortened cells ending in ``…``.
+    mask : bool array of the same shape, optional
+        False marks a cell hidden by an attention mask: it shows a dim ``·``, never a number,
+        so a hidden probability cannot be mistaken for a computed 0.
 
     Returns
     -------
@@ -164,8 +168,16 @@ def tensor_table(
         label = ELLIPSIS if j is None else col_labels[j]
         column_width = 1 if j is None else _column_width(grid, data_rows, j, label, precision)
         table.add_column(label, justify="right", width=column_width, overflow="ellipsis")
-    cells = [[_number(grid[i, j], precision) if i is not None and j is not None
-              else Text(ELLIPSIS, style="dim") for j in shown_cols] for i in shown_rows]
+    hidden = np.zeros(grid.shape, dtype=bool) if mask is None else ~np.atleast_2d(mask)
+
+    def cell(i, j):
+        if i is None or j is None:
+            return Text(ELLIPSIS, style="dim")
+        if hidden[i, j]:
+            return Text("·", style="dim")
+        return _number(grid[i, j], precision)
+
+    cells = [[cell(i, j) for j in shown_cols] for i in shown_rows]
     for i, row in zip(shown_rows, cells):
         label = ELLIPSIS if i is None else row_labels[i]
         table.add_row(*([label] if has_row_labels else []), *row)
