@@ -202,7 +202,7 @@ def forward(
     head: Annotated[Optional[int], typer.Option("--head", callback=bounded(0), help="Only this head's heatmap (and --show slice).")] = None,
     block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's heatmaps.")] = None,
     precision: Precision = 4,
-    full: Annotated[bool, typer.Option("--full", help="Every attention map, none elided.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Every attention map and trace row, none elided.")] = False,
     opts: Options = None,
 ):
     """Run the forward pass: config, shape trace of every activation, attention maps, loss.
@@ -218,7 +218,8 @@ def forward(
     shown, shown_json = show_tensors(opts, {**fwd.acts, **params}, show, precision, row, head or 0)
     maps = attention_maps(fwd, cfg, row, block, head, full)
     parts = [render.config_panel(describe(cfg), title="tfm forward"),
-             render.shape_trace(fwd.acts, precision=precision), side_by_side(*maps), *shown,
+             render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
+             side_by_side(*maps), *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
                   f"{int(inputs.lengths.sum())} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
@@ -229,6 +230,12 @@ def forward(
 
 
 MAX_MAPS = 8
+MAX_ROWS = 40  # table rows shown without --full: one screenful
+Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
+
+
+def rows_limit(full: bool):
+    return None if full else MAX_ROWS
 
 
 def attention_maps(fwd, cfg, row, block, head, full):
@@ -277,6 +284,7 @@ def backward(
     row: Row = 0,
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head of a 4-D --show tensor.")] = 0,
     precision: Precision = 4,
+    full: Full = False,
     opts: Options = None,
 ):
     """Forward + hand-written backward: a gradient table per parameter (and --check).
@@ -305,7 +313,8 @@ def backward(
     shown, shown_json = show_tensors(opts, {**grads.acts, **grads}, show, precision, row, head,
                                      prefix="d")
     parts = [render.config_panel(describe(cfg), title="tfm backward"),
-             render.grad_table({n: grads[n] for n in names}, checks, precision=precision),
+             render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
+                               max_rows=rows_limit(full)),
              *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold")]
     if report is not None:
         parts.append(verdict(report))
@@ -357,6 +366,7 @@ def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
 def gradcheck(
     max_entries: Annotated[Optional[int], typer.Option("--max-entries", callback=bounded(1), help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
     step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
+    full: Full = False,
     tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
     opts: Options = None,
 ):
@@ -373,7 +383,7 @@ def gradcheck(
     report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
     checks = {c.name: c for c in report.params}
     parts = [render.config_panel(describe(cfg), title="tfm gradcheck"),
-             render.grad_table(dict(grads), checks),
+             render.grad_table(dict(grads), checks, max_rows=rows_limit(full)),
              Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {step:g}; error = "
                   f"max |analytic - numeric| / largest |gradient| of the tensor", style="dim"),
              verdict(report)]
@@ -400,7 +410,7 @@ def human(n: float, unit: str = "") -> str:
 
 @app.command()
 @with_options(MODEL_OPTIONS, [spec for spec in OUTPUT_OPTIONS if spec[0] != "save"])
-def shapes(opts: Options = None):
+def shapes(full: Full = False, opts: Options = None):
     """Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.
 
     Example: tfm shapes -d 768 -H 12 -T 1024 -V 50257
@@ -417,8 +427,8 @@ def shapes(opts: Options = None):
             "memory": f"{gib(memory['total'])} peak forward + backward (activations "
                       f"{gib(memory['activations'])})"}
     parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
-             shape_list(pshapes, title="parameters"),
-             shape_list(ashapes, title="activations (forward order)")]
+             shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
+             shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
     payload = {"config": json.loads(cfg.to_json()),
                "params": {n: list(s) for n, s in pshapes.items()},
                "activations": {n: list(s) for n, s in ashapes.items()},

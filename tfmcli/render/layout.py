@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
+from math import prod
+
 from rich.columns import Columns
 from rich.table import Table
 
+from tfmcli.render.tables import _elided_items, _elided_row, _table
+
 
 def shape_list(shapes, *, title=None, max_rows=None) -> Table:
-    """A table of name -> shape (and element count), e.g. for ``tfm shapes``.
+    """A table of name -> shape and element count, e.g. for ``tfm shapes``.
 
     shapes : mapping name -> tuple of int
+    max_rows : beyond this many rows, the first and last halves around a "… N more" row
     """
-    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
-    table.add_column("name")
+    table = _table(title)
+    table.add_column("name", overflow="fold")
     table.add_column("shape", justify="right")
     table.add_column("elements", justify="right")
-    items = list(shapes.items())
-    if max_rows is not None and len(items) > max_rows:
-        half = max_rows // 2
-        items = items[:half] + [None] + items[-half:]
+    items = _elided_items(shapes, max_rows)
     for item in items:
         if item is None:
-            table.add_row("…", "", "")
+            _elided_row(table, len(shapes), len(items) - 1)
             continue
         name, shape = item
-        count = 1
-        for n in shape:
-            count *= n
-        table.add_row(name, str(tuple(shape)), f"{count:,}")
+        table.add_row(name, str(tuple(shape)), f"{prod(shape):,}")
     return table
 
 

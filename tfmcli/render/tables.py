@@ -204,12 +204,28 @@ def _non_finite_note(array: np.ndarray) -> str:
     return ", ".join(notes)
 
 
-def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4) -> Table:
+def _elided_items(mapping: Mapping, max_rows: int | None) -> list:
+    """The mapping's items, with ``None`` standing for an elided middle beyond ``max_rows``."""
+    items = list(mapping.items())
+    return [None if i is None else items[i]
+            for i in _kept(len(items), max_rows or len(items), max_rows is None)]
+
+
+def _elided_row(table: Table, total: int, shown: int):
+    """The "…" row, saying how many rows it stands for and how to see them."""
+    table.add_row(Text(f"… {total - shown} more (--full shows all)", style="dim"),
+                  *[""] * (len(table.columns) - 1))
+
+
+def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
+                max_rows: int | None = None) -> Table:
     """One row per activation, in the given (forward) order: name, shape and summary statistics.
 
     Parameters
     ----------
     acts : mapping of str to ndarray
+    max_rows : int, optional
+        Beyond this many rows, show the first and last halves around a "… N more" row.
         E.g. ``Forward.acts``.
     precision : int
 
@@ -226,7 +242,12 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4) -> Table:
     for header in ("min", "mean", "std", "max"):
         table.add_column(header, justify="right", no_wrap=True, overflow="ellipsis")
     footnotes = []
-    for name, value in acts.items():
+    items = _elided_items(acts, max_rows)
+    for item in items:
+        if item is None:
+            _elided_row(table, len(acts), len(items) - 1)
+            continue
+        name, value = item
         array = np.asarray(value, dtype=np.float64)
         note = _non_finite_note(array)
         if note:
@@ -246,7 +267,7 @@ def _check_cells(check) -> list[Text | str]:
 
 
 def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | None = None, *,
-               precision: int = 4) -> Table:
+               precision: int = 4, max_rows: int | None = None) -> Table:
     """One row per parameter gradient: shape, L2 norm, max |g|, mean, and the gradcheck verdict.
 
     Parameters
@@ -258,6 +279,8 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
         the columns ``rel err`` and ``check`` (``✓ pass`` / ``✗ FAIL``); parameters without a
         check show ``—`` in both.
     precision : int
+    max_rows : int, optional
+        Beyond this many rows, show the first and last halves around a "… N more" row.
 
     Returns
     -------
@@ -271,7 +294,12 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
     if checks is not None:
         table.add_column("rel err", justify="right", no_wrap=True, overflow="ellipsis")
         table.add_column("check", no_wrap=True)
-    for name, grad in grads.items():
+    items = _elided_items(grads, max_rows)
+    for item in items:
+        if item is None:
+            _elided_row(table, len(grads), len(items) - 1)
+            continue
+        name, grad = item
         g = np.asarray(grad, dtype=np.float64)
         row = [name, _shape(g), fmt(np.sqrt((g * g).sum()), precision),
                fmt(np.abs(g).max() if g.size else 0.0, precision),
