@@ -333,3 +333,14 @@ def test_colour_when_forced():
     finally:
         monkeypatch.undo()
     assert "\x1b[" in out
+
+
+@pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "shapes"])
+def test_long_tables_are_elided_unless_full(command):
+    args = [command, "-L", "6", "-d", "4", "--max-entries", "1"] if command == "gradcheck" else [command, "-L", "6", "-d", "4"]
+    middle = "blocks.3.ffn.pre" if command == "forward" else "blocks.3.ffn.b_1"
+    out = ok(*args).stdout
+    assert "--full shows all" in out and "… " in out
+    assert middle not in out
+    full = ok(*args, "--full").stdout
+    assert "--full shows all" not in full and middle in full

@@ -212,9 +212,10 @@ def _elided_items(mapping: Mapping, max_rows: int | None) -> list:
 
 
 def _elided_row(table: Table, total: int, shown: int):
-    """The "…" row, saying how many rows it stands for and how to see them."""
-    table.add_row(Text(f"… {total - shown} more (--full shows all)", style="dim"),
-                  *[""] * (len(table.columns) - 1))
+    """The "…" row, saying how many rows it stands for; the caption says how to see them."""
+    table.add_row(Text(f"… {total - shown} more", style="dim"), *[""] * (len(table.columns) - 1))
+    note = f"showing {shown} of {total} rows; --full shows all"
+    table.caption = note if table.caption is None else f"{table.caption}\n{note}"
 
 
 def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
@@ -254,7 +255,7 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
             footnotes.append(f"* {name}: {note}, left out of the statistics")
         table.add_row(name + ("*" if note else ""), _shape(array), *_finite_stats(array, precision))
     if footnotes:
-        table.caption = "\n".join(footnotes)
+        table.caption = "\n".join(footnotes + ([table.caption] if table.caption else []))
     return table
 
 
