@@ -344,3 +344,9 @@ def test_long_tables_are_elided_unless_full(command):
     assert middle not in out
     full = ok(*args, "--full").stdout
     assert "--full shows all" not in full and middle in full
+
+
+def test_tfm_alone_prints_help_and_no_error():
+    result = run()
+    assert "Usage" in result.stdout and "forward" in result.stdout
+    assert result.stderr == "" and result.exit_code == 0

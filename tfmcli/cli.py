@@ -47,8 +47,12 @@ class OneLineErrors(TyperGroup):
         except ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"
             message = e.format_message().replace("Value error, ", "")  # typer's validator prefix
-            typer.echo(f"{where}: error: {message}", err=True)
-            code = e.exit_code
+            if message:  # (no message: `tfm` alone, which has just printed its help)
+                typer.echo(f"{where}: error: {message}", err=True)
+            code = e.exit_code if message else 0
+        except BrokenPipeError:  # `tfm ... | head`: the reader left; nothing to report
+            sys.stderr.close()
+            code = 0
         except TfmError as e:
             typer.echo(f"tfm: error: {e}", err=True)
             code = 1
