@@ -7,7 +7,7 @@ from math import prod
 from rich.columns import Columns
 from rich.table import Table
 
-from tfmcli.render.tables import _elided_items, _elided_row, _table
+from tfmcli.render.tables import _table, add_rows
 
 
 def shape_list(shapes, *, title=None, max_rows=None) -> Table:
@@ -20,13 +20,8 @@ def shape_list(shapes, *, title=None, max_rows=None) -> Table:
     table.add_column("name", overflow="fold")
     table.add_column("shape", justify="right")
     table.add_column("elements", justify="right")
-    items = _elided_items(shapes, max_rows)
-    for item in items:
-        if item is None:
-            _elided_row(table, len(shapes), len(items) - 1)
-            continue
-        name, shape = item
-        table.add_row(name, str(tuple(shape)), f"{prod(shape):,}")
+    add_rows(table, shapes, max_rows,
+             lambda name, shape: [name, str(tuple(shape)), f"{prod(shape):,}"])
     return table
 
 

@@ -204,18 +204,20 @@ def _non_finite_note(array: np.ndarray) -> str:
     return ", ".join(notes)
 
 
-def _elided_items(mapping: Mapping, max_rows: int | None) -> list:
-    """The mapping's items, with ``None`` standing for an elided middle beyond ``max_rows``."""
+def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row) -> None:
+    """Add ``make_row(name, value)`` for each item; beyond ``max_rows``, the first and last
+    halves around a "… N more" row, and a caption saying how to see them all."""
     items = list(mapping.items())
-    return [None if i is None else items[i]
-            for i in _kept(len(items), max_rows or len(items), max_rows is None)]
-
-
-def _elided_row(table: Table, total: int, shown: int):
-    """The "…" row, saying how many rows it stands for; the caption says how to see them."""
-    table.add_row(Text(f"… {total - shown} more", style="dim"), *[""] * (len(table.columns) - 1))
-    note = f"showing {shown} of {total} rows; --full shows all"
-    table.caption = note if table.caption is None else f"{table.caption}\n{note}"
+    kept = _kept(len(items), max_rows or len(items), max_rows is None)
+    for i in kept:
+        if i is None:
+            shown = len(kept) - 1
+            table.add_row(Text(f"… {len(items) - shown} more", style="dim"),
+                          *[""] * (len(table.columns) - 1))
+            note = f"showing {shown} of {len(items)} rows; --full shows all"
+            table.caption = note if table.caption is None else f"{table.caption}\n{note}"
+        else:
+            table.add_row(*make_row(*items[i]))
 
 
 def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
@@ -243,17 +245,15 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
     for header in ("min", "mean", "std", "max"):
         table.add_column(header, justify="right", no_wrap=True, overflow="ellipsis")
     footnotes = []
-    items = _elided_items(acts, max_rows)
-    for item in items:
-        if item is None:
-            _elided_row(table, len(acts), len(items) - 1)
-            continue
-        name, value = item
+
+    def row(name, value):
         array = np.asarray(value, dtype=np.float64)
         note = _non_finite_note(array)
         if note:
             footnotes.append(f"* {name}: {note}, left out of the statistics")
-        table.add_row(name + ("*" if note else ""), _shape(array), *_finite_stats(array, precision))
+        return [name + ("*" if note else ""), _shape(array), *_finite_stats(array, precision)]
+
+    add_rows(table, acts, max_rows, row)
     if footnotes:
         table.caption = "\n".join(footnotes + ([table.caption] if table.caption else []))
     return table
@@ -295,19 +295,15 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
     if checks is not None:
         table.add_column("rel err", justify="right", no_wrap=True, overflow="ellipsis")
         table.add_column("check", no_wrap=True)
-    items = _elided_items(grads, max_rows)
-    for item in items:
-        if item is None:
-            _elided_row(table, len(grads), len(items) - 1)
-            continue
-        name, grad = item
+
+    def row(name, grad):
         g = np.asarray(grad, dtype=np.float64)
-        row = [name, _shape(g), fmt(np.sqrt((g * g).sum()), precision),
-               fmt(np.abs(g).max() if g.size else 0.0, precision),
-               fmt(g.mean() if g.size else 0.0, precision)]
-        if checks is not None:
-            row += _check_cells(checks.get(name))
-        table.add_row(*row)
+        cells = [name, _shape(g), fmt(np.sqrt((g * g).sum()), precision),
+                 fmt(np.abs(g).max() if g.size else 0.0, precision),
+                 fmt(g.mean() if g.size else 0.0, precision)]
+        return cells + (_check_cells(checks.get(name)) if checks is not None else [])
+
+    add_rows(table, grads, max_rows, row)
     return table
 
 
