@@ -247,15 +247,21 @@ def attention_maps(fwd, cfg, row, block, head, full):
     blocks = range(cfg.layers) if block is None else [block]
     heads = range(cfg.heads) if head is None else [head]
     pairs = [(b, h) for b in blocks for h in heads]
-    maps = []
+    shown = pairs if full else pairs[:MAX_MAPS]
+    patterns = [fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in shown]
     T = cfg.seq_len
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
-    for b, h in pairs if full else pairs[:MAX_MAPS]:
-        pattern = fwd.acts[f"blocks.{b}.attn.pattern"][row, h]
-        maps.append(render.heatmap(
-            pattern, title=f"block {b} head {h}: attention pattern, batch row {row}",
-            row_labels=[f"q{t}" for t in range(T)], col_labels=[f"k{t}" for t in range(T)],
-            mask=mask, width=width(), vmin=0.0, vmax=1.0))
+    # One colour scale for all maps, comparable across heads: 0 to the 99th percentile of the
+    # weights shown (higher ones saturate), so that a long sequence, whose weights are mostly
+    # near 1/T beside a few near 1, still shows its structure.
+    vmax = float(np.quantile(np.concatenate([p[mask] for p in patterns]), 0.99))
+    maps = [render.heatmap(
+        pattern, title=f"block {b} head {h}: attention pattern, batch row {row}",
+        row_labels=[f"q{t}" for t in range(T)], col_labels=[f"k{t}" for t in range(T)],
+        mask=mask, width=width(), vmin=0.0, vmax=vmax) for (b, h), pattern in zip(shown, patterns)]
+    if any(p.max() > vmax for p in patterns):
+        maps.append(Text(f"colour scale 0..{vmax:.2f}, the 99th percentile of the weights "
+                         f"shown; larger weights take the top colour", style="dim"))
     if len(pairs) > len(maps):
         maps.append(Text(f"showing {len(maps)} of {len(pairs)} attention maps; "
                          f"pick with --block/--head, or --full for all", style="dim"))
