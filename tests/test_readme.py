@@ -24,14 +24,21 @@ def test_the_readme_has_examples():
     assert len(EXAMPLES) >= 6
 
 
+def rounding_noise_blanked(line):
+    """Numbers below 1e-12 (like the mean of a gradient that is 0 in exact arithmetic) vary
+    with the order of floating-point operations; the README's copy need not match them."""
+    return re.sub(r"[+-]\d\.\d+e-(1[2-9]|[2-9]\d)", "≈0", line.rstrip())
+
+
 @pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c for c, _ in EXAMPLES])
 def test_readme_example_prints_what_it_shows(command, shown):
     result = CliRunner().invoke(app, shlex.split(command)[1:])
     assert result.exit_code == 0, result.output
-    printed = {line.rstrip() for line in result.stdout.splitlines()}
+    printed = {rounding_noise_blanked(line) for line in result.stdout.splitlines()}
     for line in shown.splitlines():
         if line.strip() and line.strip() != "...":
-            assert line.rstrip() in printed, f"README shows {line!r}; tfm printed:\n{result.stdout}"
+            assert rounding_noise_blanked(line) in printed, (
+                f"README shows {line!r}; tfm printed:\n{result.stdout}")
 
 
 def test_inline_commands_in_the_readme_run():

@@ -25,7 +25,7 @@ from tfmcli.io import jsonable, run_arrays, save_npz, save_text, stats
 from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.model import first_nonfinite
 from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                            check_name, check_range, gib, with_options)
+                            check_name, check_range, gib, parse_lengths, with_options)
 from tfmcli.positional import sinusoidal, wavelengths
 from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
@@ -332,7 +332,7 @@ def backward(
                "gradients": [grad_row(n, grads[n], checks) for n in names], "show": shown_json}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
     if report is not None and not report.passed:
-        raise typer.Exit(1)
+        raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")
 
 
 def grad_row(name, g, checks):
@@ -404,7 +404,7 @@ def gradcheck(
                            "passed": c.passed} for c in report.params]}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
     if not report.passed:
-        raise typer.Exit(1)
+        raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")
 
 
 # ---------------------------------------------------------------- shapes
@@ -511,11 +511,23 @@ def render_steps(steps, precision):
 
 # ---------------------------------------------------------------- mask
 
+MAX_GRID = 40  # beyond this, a mask is drawn as a downsampled heatmap, not one cell per entry
+
+
+def mask_view(grid, title, additive_form, row_labels, col_labels):
+    """A mask as a grid of symbols, or, when it is big, as a heatmap fitted to the terminal."""
+    if max(grid.shape) <= MAX_GRID:
+        return render.mask_grid(grid, title=title, additive=additive_form,
+                                row_labels=row_labels, col_labels=col_labels)
+    return render.heatmap(grid.astype(float), title=title, mask=grid, row_labels=row_labels,
+                          col_labels=col_labels, width=width(), vmin=0.0, vmax=1.0,
+                          legend=False, show_values=False)
+
 
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def mask(
-    length: Annotated[int, typer.Option("--len", callback=bounded(1, 4096), help="Sequence length N.")] = 7,
+    length: Annotated[int, typer.Option("--len", callback=bounded(1, 1024), help="Sequence length N (1..1024).")] = 7,
     lengths: Annotated[Optional[str], typer.Option("--lengths", metavar="4,2,6", help="Valid length of each batch row (1..N).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Include the look-ahead (causal) mask.")] = True,
     additive_form: Annotated[bool, typer.Option("--additive", help="Show the 0 / -inf form added to the scores.")] = False,
@@ -525,7 +537,6 @@ def mask(
 
     Example: tfm mask --len 7 --lengths 4,2,6
     """
-    from tfmcli.options import parse_lengths
     rows = parse_lengths(lengths) or (length,)
     bad = [n for n in rows if not 1 <= n <= length]
     if bad:
@@ -533,14 +544,16 @@ def mask(
     causal_grid = causal_mask(length) if causal else np.ones((length, length), dtype=bool)
     pad = padding_mask(rows, length)
     combined = combined_mask(rows, length, causal)
-    labels = dict(row_labels=[f"q{t}" for t in range(length)], col_labels=[f"k{t}" for t in range(length)])
-    grids = [render.mask_grid(causal_grid, title="causal (look-ahead)" if causal else "no causal mask",
-                              additive=additive_form, **labels),
-             render.mask_grid(pad, title=f"padding, lengths {list(rows)}", additive=additive_form,
-                              row_labels=[f"row {b}" for b in range(len(rows))],
-                              col_labels=labels["col_labels"])]
-    grids += [render.mask_grid(combined[b], title=f"combined, row {b} (length {n})",
-                               additive=additive_form, **labels) for b, n in enumerate(rows)]
+    queries, keys = [f"q{t}" for t in range(length)], [f"k{t}" for t in range(length)]
+    grids = [mask_view(causal_grid, "causal (look-ahead)" if causal else "no causal mask",
+                       additive_form, queries, keys),
+             mask_view(pad, f"padding, lengths {list(rows)}", additive_form,
+                       [f"row {b}" for b in range(len(rows))], keys)]
+    grids += [mask_view(combined[b], f"combined, row {b} (length {n})", additive_form, queries, keys)
+              for b, n in enumerate(rows[:MAX_MAPS])]
+    if len(rows) > MAX_MAPS:
+        grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(rows)} rows "
+                          f"(--json has all)", style="dim"))
     parts = [render.mask_legend(additive_form), side_by_side(*grids)]
     payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
     if additive_form:

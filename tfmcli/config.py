@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ ACTIVATIONS = ("relu", "gelu")
 PES = ("sinusoidal", "none")
 INITS = ("normal", "uniform", "xavier", "kaiming")
 DTYPES = ("float64", "float32")
+MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ConfigError(name, f"{name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
+                                        f"allowed: 1..{MAX_LAYERS}")
         if self.d_ff is not None and (not isinstance(self.d_ff, (int, np.integer)) or self.d_ff < 1):
             raise ConfigError("d_ff", f"d_ff must be a positive integer, got {self.d_ff!r}")
         if self.d_model % self.heads:
@@ -99,6 +104,9 @@ class Config:
                     "lengths", f"lengths {bad[0]} is outside 1..{self.seq_len} (seq_len)")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
             raise ConfigError("eps", f"eps must be a positive finite number, got {self.eps!r}")
+        if self.eps > np.finfo(self.dtype).max:
+            raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.dtype}'s range "
+                                     f"(at most {np.finfo(self.dtype).max:.3g})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ConfigError("seed", f"seed must be a non-negative integer, got {self.seed!r}")
 
@@ -143,7 +151,9 @@ class Config:
 
 
 def divisors(n: int) -> list[int]:
-    return [h for h in range(1, n + 1) if n % h == 0]
+    """Every divisor of n, ascending, in O(sqrt n)."""
+    small = [h for h in range(1, math.isqrt(n) + 1) if n % h == 0]
+    return small + [n // h for h in reversed(small) if h * h != n]
 
 
 # ---------------------------------------------------------------- shapes, without allocating
@@ -209,18 +219,33 @@ def numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
+def per_layers(total, cfg: Config):
+    """``total(cfg)`` for any number of layers, from the 1- and 2-layer values.
+
+    Every count here is affine in the number of blocks, so a deep config costs no more to
+    describe than a shallow one. ``total`` returns a number or a dict of numbers.
+    """
+    one, two = total(cfg.replace(layers=1)), total(cfg.replace(layers=2))
+    extra = cfg.layers - 1
+    if isinstance(one, dict):
+        return type(one)((key, one[key] + extra * (two[key] - one[key])) for key in one)
+    return one + extra * (two - one)
+
+
 def param_count(cfg: Config) -> int:
-    return sum(numel(s) for s in param_shapes(cfg).values())
+    return per_layers(lambda c: sum(numel(s) for s in param_shapes(c).values()), cfg)
 
 
 def param_groups(cfg: Config) -> OrderedDict[str, int]:
     """Parameter counts per group (embed, attn, ln, ffn, head), summed over blocks."""
-    groups: OrderedDict[str, int] = OrderedDict()
-    for name, shape in param_shapes(cfg).items():
-        group = name.split(".")[-2] if name.startswith("blocks.") else name.split(".")[0]
-        group = "ln" if group in ("ln1", "ln2", "ln_f") else group
-        groups[group] = groups.get(group, 0) + numel(shape)
-    return groups
+    def groups_of(c):
+        groups: OrderedDict[str, int] = OrderedDict()
+        for name, shape in param_shapes(c).items():
+            group = name.split(".")[-2] if name.startswith("blocks.") else name.split(".")[0]
+            group = "ln" if group in ("ln1", "ln2", "ln_f") else group
+            groups[group] = groups.get(group, 0) + numel(shape)
+        return groups
+    return per_layers(groups_of, cfg)
 
 
 def flops(cfg: Config) -> tuple[int, int]:
@@ -239,20 +264,32 @@ def flops(cfg: Config) -> tuple[int, int]:
 
 
 def memory_estimate(cfg: Config) -> dict[str, int]:
-    """Bytes a forward + backward holds at its peak, by part.
+    """Bytes of the peak of init + forward + backward, by part, from the config alone.
 
-    A run keeps every parameter and its gradient, every named activation and its gradient, and
-    the few extra arrays the backward caches (layer-norm statistics, the attention mask). On top
-    of that the largest transient is a couple of (B, H, T, T) or (B, T, V) temporaries.
+    A run keeps every parameter and its gradient, every activation and the gradient of each
+    (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
+    its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
+    GELU's tanh, the boolean mask). On top of that comes one transient: the forward's largest
+    temporary (a (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward,
+    which briefly holds about three (B, T, d_ff) arrays. ``tests/test_memory.py`` holds this
+    within 25% of what tracemalloc measures.
     """
     item = np.dtype(cfg.dtype).itemsize
-    B, T, H, V = cfg.batch, cfg.seq_len, cfg.heads, cfg.vocab
-    params = param_count(cfg) * item
-    acts = sum(numel(s) for s in activation_shapes(cfg).values()) * item
-    lns = 2 * cfg.layers + (cfg.norm == "pre")
-    caches = lns * B * T * (cfg.d_model + 1) * item + cfg.layers * B * H * T * T  # xhat+rstd, mask
-    transient = 3 * max(B * H * T * T, B * T * V, B * T * cfg.ff) * item
-    parts = {"params": params, "grads": params, "activations": acts, "activation grads": acts,
-             "caches": caches, "transient": transient}
+    B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
+                           cfg.layers)
+    btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
+    pre, gelu, sinusoidal = cfg.norm == "pre", cfg.activation == "gelu", cfg.pe == "sinusoidal"
+    params = param_count(cfg)
+    # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
+    acts = (L * (10 * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * (T * d + btd)
+            + pre * btd + 2 * btv)
+    dacts = L * (8 * btd + 2 * bhtt + 2 * btf) + pre * btd + sinusoidal * T * d + 2 * btv
+    caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf
+    forward_transient = max(bhtt, btv)
+    backward_transient = 3 * btf if gelu else 0
+    transient = max(forward_transient - params - dacts, backward_transient, 0)
+    parts = {"params": params * item, "grads": params * item, "activations": acts * item,
+             "activation grads": dacts * item, "caches": caches * item + B * T * T,
+             "transient": transient * item}
     parts["total"] = sum(parts.values())
     return parts

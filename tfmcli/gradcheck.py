@@ -19,9 +19,11 @@ class ParamCheck:
     """One parameter's check.
 
     ``rel_err`` is ``max |analytic - numeric|`` over the checked entries divided by the largest
-    magnitude of either in this tensor, or by ``FLOOR`` times the largest gradient of the whole
-    model when that is bigger: some gradients (``b_K``) are exactly zero in exact arithmetic, and
-    dividing rounding noise by zero says nothing.
+    magnitude of either in this tensor, or by a floor when that is bigger: ``FLOOR`` times the
+    largest gradient of the whole model, or the smallest gradient central differences can
+    resolve to 1e-6, ``eps_float64 * max(1, |loss|) / step / 1e-6`` (about 2e-5 |loss|). Some
+    gradients (``b_K``) are exactly zero in exact arithmetic, and dividing rounding noise by zero
+    says nothing.
     """
 
     name: str
@@ -83,8 +85,13 @@ def gradcheck(
         Called after every entry, for a progress bar.
     """
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
-    analytic = backward(params, forward(params, inputs, cfg), cfg)
+    fwd = forward(params, inputs, cfg)
+    analytic = backward(params, fwd, cfg)
     scale = max(float(np.abs(g).max()) for g in analytic.values())
+    # The smallest gradient central differences resolve to 1e-6: the rounding noise of
+    # (L(p+h) - L(p-h)) / 2h over 1e-6. (All gradients can be 0: d_model = 1 makes LN constant.)
+    resolution = np.finfo(np.float64).eps * max(1.0, abs(fwd.loss)) / step / TOLERANCE["float64"]
+    floor = max(FLOOR * scale, resolution)
     cfg64 = cfg.replace(dtype="float64")
     work = {name: value.astype(np.float64) for name, value in params.items()}
     rng = np.random.default_rng(cfg.seed)
@@ -116,7 +123,7 @@ def gradcheck(
                 progress(done, total)
         exact = analytic[name].reshape(-1)[picks[name]].astype(np.float64)
         abs_err = float(np.abs(exact - numeric).max())
-        size = max(float(np.abs(exact).max()), float(np.abs(numeric).max()), FLOOR * scale)
+        size = max(float(np.abs(exact).max()), float(np.abs(numeric).max()), floor)
         rel = abs_err / size if size > 0 else 0.0
         checks.append(ParamCheck(name, params[name].shape, len(picks[name]), abs_err, rel,
                                  rel <= tolerance))

@@ -126,15 +126,16 @@ ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gel
 
 def softmax_forward(x):
     """Softmax over the last axis with each row's own max subtracted (seed 000): -inf -> 0."""
-    shifted = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    p = e / e.sum(axis=-1, keepdims=True)
+    p = np.exp(x - x.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)  # in place on our own array: one (B, H, T, T) less
     return p, p
 
 
 def softmax_backward(dout, p):
     """dx = p * (dout - sum(dout * p)); zero wherever p is zero (masked entries)."""
-    return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
+    dx = dout - (dout * p).sum(axis=-1, keepdims=True)
+    dx *= p
+    return dx
 
 
 # ---------------------------------------------------------------- heads and attention
@@ -166,7 +167,8 @@ def attention_forward(q, k, v, mask, scale):
     q, k, v: (B, H, T, d_head); mask: bool, broadcastable to (B, H, T, T), True = may attend.
     Returns context (B, H, T, d_head), the masked scores (-inf where hidden), and the cache.
     """
-    scores = (q @ k.swapaxes(-1, -2)) * scale                 # (B, H, T, T)
+    scores = q @ k.swapaxes(-1, -2)                            # (B, H, T, T)
+    scores *= scale
     scores = np.where(mask, scores, -np.inf)
     pattern, _ = softmax_forward(scores)
     context = pattern @ v                                      # (B, H, T, d_head)
@@ -200,25 +202,28 @@ def cross_entropy_forward(logits, targets, valid):
     logits: (B, T, V); targets: (B, T); valid: (B, T) bool. Uses log-sum-exp with the row max
     subtracted, so logits of any finite size give a finite loss.
     """
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    logsumexp = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    logp = shifted - logsumexp                                 # (B, T, V)
-    picked = np.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # (B, T)
+    shifted = logits - logits.max(axis=-1, keepdims=True)     # (B, T, V)
+    probs = np.exp(shifted)
+    total = probs.sum(axis=-1, keepdims=True)                  # (B, T, 1)
+    probs /= total
+    picked = np.take_along_axis(shifted, targets[..., None], axis=-1) - np.log(total)
     n = int(valid.sum())
-    loss = float(-(picked * valid).sum() / n)
-    probs = np.exp(logp)
+    loss = float(-(picked[..., 0] * valid).sum() / n)          # picked: log P[target]
     return loss, probs, CrossEntropyCache(probs, targets, valid, n)
 
 
-def one_hot(targets, V, dtype):
-    return (targets[..., None] == np.arange(V)).astype(dtype)   # (B, T, V)
-
-
 def cross_entropy_backward(cache):
-    """dlogits = (P - Y) / N on valid positions, 0 elsewhere (seed 001)."""
+    """dlogits = (P - Y) / N on valid positions, 0 elsewhere (seed 001).
+
+    Y is one-hot, so subtracting it touches one entry per position; no (B, T, V) one-hot array
+    is built.
+    """
     probs, targets, valid, n = cache
-    Y = one_hot(targets, probs.shape[-1], probs.dtype)
-    return (probs - Y) * valid[..., None].astype(probs.dtype) / n
+    weight = (valid / n).astype(probs.dtype)[..., None]        # (B, T, 1): 1/N or 0
+    dlogits = probs * weight                                   # P / N
+    index = targets[..., None]
+    np.put_along_axis(dlogits, index, np.take_along_axis(dlogits, index, -1) - weight, -1)
+    return dlogits
 
 
 def cross_entropy_dprobs(cache):
@@ -228,7 +233,9 @@ def cross_entropy_dprobs(cache):
     conditioned than going through this.
     """
     probs, targets, valid, n = cache
-    Y = one_hot(targets, probs.shape[-1], probs.dtype)
-    counted = (Y > 0) & valid[..., None]
-    with np.errstate(divide="ignore"):
-        return np.where(counted, -1.0 / (n * probs), 0.0).astype(probs.dtype)
+    dprobs = np.zeros_like(probs)
+    index = targets[..., None]
+    with np.errstate(divide="ignore", over="ignore"):  # P = 0 or denormal: -inf is the answer
+        picked = np.where(valid[..., None], -1.0 / (n * np.take_along_axis(probs, index, -1)), 0.0)
+    np.put_along_axis(dprobs, index, picked.astype(probs.dtype), -1)
+    return dprobs
