@@ -583,12 +583,20 @@ def pe(
     matrix = sinusoidal(length, d_model)
     waves = wavelengths(d_model)
     col_labels = [f"{'sin' if j % 2 == 0 else 'cos'} λ{waves[j]:.3g}" for j in range(d_model)]
+    rows = [f"p{p}" for p in range(length)]
     parts = [Text("PE[p, 2i] = sin(p / 10000^(2i/d)),  PE[p, 2i+1] = cos(p / 10000^(2i/d));  "
-                  "λ = wavelength in positions = 2π·10000^(2i/d)", style="bold"),
-             render.heatmap(matrix, title=f"positional encoding ({length} x {d_model})",
-                            row_labels=[f"p{p}" for p in range(length)], col_labels=col_labels,
-                            width=width(), vmin=-1.0, vmax=1.0, diverging=True,
-                            precision=precision)]
+                  "λ = wavelength in positions = 2π·10000^(2i/d)", style="bold")]
+    if 2 * d_model + 8 <= width():  # every column fits: the matrix as it is
+        parts.append(render.heatmap(matrix, title=f"positional encoding ({length} x {d_model})",
+                                    row_labels=rows, col_labels=col_labels, width=width(),
+                                    vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
+    else:  # the sine and cosine columns apart, so that shrinking never averages a sin with a cos
+        for kind, first in (("sin", 0), ("cos", 1)):
+            parts.append(render.heatmap(
+                matrix[:, first::2], title=f"{kind} columns {first}, {first + 2}, ... of the "
+                                           f"positional encoding ({length} x {d_model})",
+                row_labels=rows, col_labels=col_labels[first::2], width=width(),
+                vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
     if length * d_model <= 256:
         parts.append(render.tensor_table(matrix, title="values", precision=precision,
                                          col_labels=col_labels, width=width()))
