@@ -350,3 +350,10 @@ def test_tfm_alone_prints_help_and_no_error():
     result = run()
     assert "Usage" in result.stdout and "forward" in result.stdout
     assert result.stderr == "" and result.exit_code == 0
+
+
+def test_pe_too_wide_for_the_terminal_splits_sines_from_cosines():
+    out = ok("pe", "--len", 8, "--d-model", 64).stdout   # 64 columns x 2 > 80
+    assert "sin columns 0, 2, ..." in out and "cos columns 1, 3, ..." in out
+    assert "downsampled" not in out
+    assert "sin columns" not in ok("pe", "--len", 8, "--d-model", 8).stdout
