@@ -90,7 +90,7 @@ def gradcheck(
     scale = max(float(np.abs(g).max()) for g in analytic.values())
     # The smallest gradient central differences resolve to 1e-6: the rounding noise of
     # (L(p+h) - L(p-h)) / 2h over 1e-6. (All gradients can be 0: d_model = 1 makes LN constant.)
-    resolution = np.finfo(np.float64).eps * max(1.0, abs(fwd.loss)) / step / TOLERANCE["float64"]
+    resolution = float(np.finfo(np.float64).eps) * max(1.0, abs(fwd.loss)) / step / TOLERANCE["float64"]
     floor = max(FLOOR * scale, resolution)
     cfg64 = cfg.replace(dtype="float64")
     work = {name: value.astype(np.float64) for name, value in params.items()}
@@ -125,6 +125,6 @@ def gradcheck(
         abs_err = float(np.abs(exact - numeric).max())
         size = max(float(np.abs(exact).max()), float(np.abs(numeric).max()), floor)
         rel = abs_err / size if size > 0 else 0.0
-        checks.append(ParamCheck(name, params[name].shape, len(picks[name]), abs_err, rel,
-                                 rel <= tolerance))
+        checks.append(ParamCheck(name, params[name].shape, len(picks[name]), abs_err,
+                                 float(rel), bool(rel <= tolerance)))
     return GradcheckReport(checks, tolerance, step, cfg.dtype)
