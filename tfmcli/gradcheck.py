@@ -90,7 +90,8 @@ def gradcheck(
     scale = max(float(np.abs(g).max()) for g in analytic.values())
     # The smallest gradient central differences resolve to 1e-6: the rounding noise of
     # (L(p+h) - L(p-h)) / 2h over 1e-6. (All gradients can be 0: d_model = 1 makes LN constant.)
-    resolution = float(np.finfo(np.float64).eps) * max(1.0, abs(fwd.loss)) / step / TOLERANCE["float64"]
+    noise = float(np.finfo(np.float64).eps) * max(1.0, abs(fwd.loss)) / step
+    resolution = noise / TOLERANCE["float64"]
     floor = max(FLOOR * scale, resolution)
     cfg64 = cfg.replace(dtype="float64")
     work = {name: value.astype(np.float64) for name, value in params.items()}
