@@ -1,0 +1,190 @@
+"""The memory estimate against what NumPy really allocates, and the CLI's refusal to overcommit.
+
+``config.memory_estimate(cfg)["total"]`` promises the peak bytes of init + forward + backward.
+NumPy reports every array buffer to ``tracemalloc``, so the real peak is measurable in-process;
+the estimate must be within 25% of it on configs big enough (MBs to a few hundred MB) that
+Python's fixed overheads do not matter.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import tfmcli
+from tfmcli import options
+from tfmcli.cli import app
+from tfmcli.config import Config, memory_estimate
+
+runner = CliRunner()
+
+TOLERANCE = 0.25
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def traced(func):
+    """(result, peak bytes above what was live before ``func``) under tracemalloc."""
+    gc.collect()
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    try:
+        result = func()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return result, peak
+
+
+def distinct_bytes(arrays) -> int:
+    """Bytes of the buffers behind ``arrays``, each counted once (views share their base's)."""
+    owners = {}
+    for a in arrays:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        owners[id(a)] = a.nbytes
+    return sum(owners.values())
+
+
+def full_run(cfg):
+    params = tfmcli.init_params(cfg)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    return params, fwd, grads
+
+
+CONFIGS = [
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4),
+                 id="balanced-pre-f64"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      norm="post"), id="balanced-post-f64"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      dtype="float32"), id="balanced-pre-f32"),
+    pytest.param(dict(batch=1, seq_len=8, d_model=512, heads=8, vocab=2000, layers=4),
+                 id="params-dominate"),
+    pytest.param(dict(batch=2, seq_len=32, d_model=64, heads=4, vocab=256, layers=16),
+                 id="deep-L16"),
+    pytest.param(dict(batch=8, seq_len=64, d_model=64, heads=2, d_ff=1024, vocab=256, layers=2,
+                      activation="gelu"), id="wide-ffn-gelu"),
+    pytest.param(dict(batch=8, seq_len=32, d_model=16, heads=2, vocab=40000, layers=1,
+                      norm="post", dtype="float32"), id="V-dominates-post-f32"),
+    # these five were 30-77% over before the estimate counted distinct arrays and one transient
+    pytest.param(dict(batch=2, seq_len=512, d_model=32, heads=8, vocab=64, layers=2),
+                 id="T-dominates-pre-f64"),
+    pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
+                      norm="post", dtype="float32"),
+                 id="T-dominates-post-f32"),
+    pytest.param(dict(batch=1, seq_len=1024, d_model=16, heads=4, vocab=32, layers=1,
+                      dtype="float32"),
+                 id="T-dominates-L1-f32"),
+    pytest.param(dict(batch=2, seq_len=128, d_model=64, heads=64, vocab=128, layers=2),
+                 id="d_head-1-64-heads"),
+    pytest.param(dict(batch=4, seq_len=32, d_model=64, heads=4, vocab=20000, layers=1),
+                 id="V-leads-f64"),
+]
+
+
+@pytest.mark.parametrize("fields", CONFIGS)
+def test_memory_estimate_is_within_25_percent_of_the_measured_peak(fields):
+    cfg = Config(**fields)
+    estimate = memory_estimate(cfg)
+    (params, fwd, grads), peak = traced(lambda: full_run(cfg))
+    assert peak > 1_000_000, "too small a config to say anything about the estimate"
+    # the parts that are plain sums of shapes are exact
+    assert estimate["params"] == sum(p.nbytes for p in params.values())
+    assert estimate["grads"] == sum(g.nbytes for g in grads.values())
+    assert estimate["activations"] == distinct_bytes(fwd.acts.values())
+    assert estimate["total"] == sum(v for k, v in estimate.items() if k != "total")
+    ratio = estimate["total"] / peak
+    assert abs(ratio - 1) <= TOLERANCE, (
+        f"estimate {estimate['total'] / 1e6:.1f} MB vs measured peak {peak / 1e6:.1f} MB "
+        f"(ratio {ratio:.2f}); parts: "
+        + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in estimate.items() if k != "total"))
+
+
+def test_the_estimate_grows_with_every_size():
+    """Doubling any of B, T, d, V, L never lowers the estimate, and B or L roughly doubles it."""
+    base = Config(batch=2, seq_len=32, d_model=32, heads=4, vocab=100, layers=2)
+    total = memory_estimate(base)["total"]
+    for name in ("batch", "seq_len", "d_model", "vocab", "layers"):
+        bigger = memory_estimate(base.replace(**{name: 2 * getattr(base, name)}))["total"]
+        assert bigger > total, name
+    # float32 is exactly half of float64, part by part (the mask aside, which is bool)
+    half = memory_estimate(base.replace(dtype="float32"))
+    full = memory_estimate(base)
+    for part in ("params", "grads", "activations", "activation grads", "transient"):
+        assert 2 * half[part] == full[part], part
+
+
+# ---------------------------------------------------------------- refusing before allocating
+
+
+GIB_NUMBER = re.compile(r"([0-9][0-9,]*\.?[0-9]*) GiB")
+
+
+@pytest.mark.parametrize("args", [
+    ["forward", "-T", "100000"],
+    ["backward", "-T", "100000"],
+    ["gradcheck", "-T", "100000"],
+    ["attn", "-T", "100000"],
+    ["forward", "-B", "1000000000"],
+    ["forward", "-V", "1000000000"],
+    ["forward", "-d", "1000000", "-H", "1"],
+])
+def test_a_run_bigger_than_memory_is_refused_before_allocating(args):
+    result, peak = traced(lambda: runner.invoke(app, args))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "GiB" in lines[0] and "--force" in lines[0]
+    assert peak < 50 * 2**20, f"allocated {peak / 2**20:.0f} MiB before refusing"
+    # the figure quoted is the estimate itself
+    cfg_fields = {"-T": "seq_len", "-B": "batch", "-V": "vocab", "-d": "d_model", "-H": "heads"}
+    fields = {cfg_fields[a]: int(b) for a, b in zip(args[1::2], args[2::2])}
+    need = memory_estimate(Config(**fields))["total"] / 2**30
+    quoted = float(GIB_NUMBER.search(lines[0]).group(1).replace(",", ""))
+    assert quoted == pytest.approx(need, rel=0.01), lines[0]
+
+
+def test_refusal_is_against_the_memory_available(monkeypatch):
+    """The same config runs when it fits, is refused when it does not, and --force overrides."""
+    args = ["forward", "-B", "4", "-T", "64", "-d", "32", "--json"]
+    need = memory_estimate(Config(batch=4, seq_len=64, d_model=32))["total"]
+    monkeypatch.setattr(options, "available_memory", lambda: need)
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.setattr(options, "available_memory", lambda: need - 1)
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2
+    assert len(refused.stderr.splitlines()) == 1 and "--force" in refused.stderr
+    forced = runner.invoke(app, [*args, "--force"])
+    assert forced.exit_code == 0, forced.output
+
+
+def test_shapes_reports_a_huge_config_without_allocating():
+    result, peak = traced(lambda: runner.invoke(app, ["shapes", "-T", "100000", "--json"]))
+    assert result.exit_code == 0, result.output
+    assert peak < 50 * 2**20
+    memory = json.loads(result.stdout)["memory"]
+    assert memory == memory_estimate(Config(seq_len=100000))
+    assert memory["total"] > 2**40   # a terabyte and more: the (B, H, T, T) maps
+
+
+def test_measuring_sees_numpy_allocations():
+    """The premise of this file: a NumPy buffer shows up in tracemalloc's peak."""
+    _, peak = traced(lambda: np.ones(10_000_000).sum())
+    assert 80e6 <= peak < 90e6
