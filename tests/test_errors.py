@@ -85,3 +85,18 @@ def test_force_skips_the_memory_refusal_but_not_other_checks():
 def test_odd_d_model_is_supported_with_sinusoidal_encoding():
     result = runner.invoke(app, ["forward", "-d", "5", "-H", "1", "--json"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["forward", "--row", "9"], ["forward", "--show", "nope"], ["forward", "--show", "dlogits"],
+    ["backward", "--block", "4"], ["backward", "--norm", "post", "--layer", "ln_f"],
+    ["backward", "--show", "dnope"], ["attn", "--head", "7"], ["gradcheck", "--json", "--svg", "x.svg"],
+])
+def test_options_are_checked_before_anything_is_computed(args, monkeypatch):
+    def no_forward(*a, **k):
+        raise AssertionError("the model ran before the options were checked")
+
+    monkeypatch.setattr("tfmcli.forward", no_forward)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1

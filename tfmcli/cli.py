@@ -8,12 +8,11 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Annotated, List, Optional
 
 import numpy as np
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.text import Text
 from typer.core import TyperGroup
 
@@ -111,7 +110,6 @@ def width() -> int:
 
 def emit(opts: Options, renderables, payload, arrays=None):
     """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
-    opts.json_or_svg_conflict()
     if arrays is not None and opts.values.get("save") is not None:
         save_npz(opts.save, arrays)
     if opts.json:
@@ -143,9 +141,15 @@ def describe(cfg) -> dict:
     }
 
 
-def execute(opts: Options, with_grads: bool):
-    """Build the run the options describe; forward (and backward). Refuses NaN/Inf results."""
+def execute(opts: Options, with_grads: bool, validate=None):
+    """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
+
+    ``validate(cfg)`` checks the command's own options once the config is known, before
+    anything is computed.
+    """
     cfg, params, inputs = opts.run()
+    if validate is not None:
+        validate(cfg)
     params = tfmcli.init_params(cfg) if params is None else params
     inputs = tfmcli.make_inputs(cfg) if inputs is None else inputs
     try:
@@ -178,16 +182,32 @@ def sliced(name: str, value: np.ndarray, row: int, head: int):
     return cut, caption
 
 
-def show_tensors(opts, tensors: dict, names, precision, row, head, prefix=""):
-    """Renderables and JSON for each --show NAME."""
+def check_indices(cfg, row=None, head=None, block=None):
+    """--row, --head and --block must name a batch row, head and block of this run."""
+    for value, upper, flag, what in ((row, cfg.batch, "--row", "batch rows"),
+                                     (head, cfg.heads, "--head", "heads"),
+                                     (block, cfg.layers, "--block", "blocks")):
+        if value is not None:
+            check_range(value, upper, flag, what)
+
+
+def check_show(cfg, names, gradient=False):
+    """Every --show NAME must be an activation or a parameter of this config."""
+    known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
+    for name in names or []:
+        check_name(name, known, gradient=gradient)
+
+
+def show_tensors(tensors: dict, names, precision, row, head, gradient=False):
+    """Renderables and JSON for each --show NAME (already checked), cut by --row/--head.
+
+    With ``gradient``, ``tensors`` are gradients, shown and keyed as 'd' + name.
+    """
+    prefix = "d" if gradient else ""
     shown, payload = [], {}
     for raw in names or []:
-        name = check_name(raw, tensors)
+        name = check_name(raw, tensors, gradient=gradient)
         value = tensors[name]
-        if value.ndim > 2:
-            check_range(row, value.shape[0], "--row", f"rows in {name}")
-        if value.ndim > 3:
-            check_range(head, value.shape[1], "--head", f"heads in {name}")
         cut, caption = sliced(prefix + name, value, row, head)
         shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,
                                          width=width()))
@@ -213,13 +233,12 @@ def forward(
 
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
-    cfg, params, inputs, fwd, _ = execute(opts, with_grads=False)
-    check_range(row, cfg.batch, "--row", "batch rows")
-    if head is not None:
-        check_range(head, cfg.heads, "--head", "heads")
-    if block is not None:
-        check_range(block, cfg.layers, "--block", "blocks")
-    shown, shown_json = show_tensors(opts, {**fwd.acts, **params}, show, precision, row, head or 0)
+    def validate(cfg):
+        check_indices(cfg, row, head, block)
+        check_show(cfg, show)
+
+    cfg, params, inputs, fwd, _ = execute(opts, with_grads=False, validate=validate)
+    shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0)
     maps = attention_maps(fwd, cfg, row, block, head, full)
     parts = [render.config_panel(describe(cfg), title="tfm forward"),
              render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
@@ -304,24 +323,28 @@ def backward(
     if layer not in LAYERS:
         raise typer.BadParameter(f"{layer!r} is not one of {', '.join(LAYERS)}",
                                  param_hint="'--layer'")
-    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True)
-    if block is not None:
-        check_range(block, cfg.layers, "--block", "blocks")
-    if layer == "ln_f" and cfg.norm == "post":
-        raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
-    names = [n for n in grads
-             if (layer == "all" or layer_of(n) == layer)
-             and (block is None or n.startswith(f"blocks.{block}."))]
-    if not names:
-        raise typer.BadParameter(f"no parameter of layer {layer!r} in block {block}",
-                                 param_hint="'--layer'")
+    names = []
+
+    def validate(cfg):
+        check_indices(cfg, row, head, block)
+        check_show(cfg, show, gradient=True)
+        if layer == "ln_f" and cfg.norm == "post":
+            raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
+        names.extend(n for n in sizes.param_shapes(cfg)
+                     if (layer == "all" or layer_of(n) == layer)
+                     and (block is None or n.startswith(f"blocks.{block}.")))
+        if not names:
+            raise typer.BadParameter(f"no parameter of layer {layer!r} in block {block}",
+                                     param_hint="'--layer'")
+
+    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True, validate=validate)
     report = None
     if check:
         report = run_gradcheck(params, inputs, cfg, names, default_max_entries(cfg), None, None)
     checks = {c.name: c for c in report.params} if report else None
     # --show: a parameter's gradient by its name, an activation's by its name (or 'd' + name)
-    shown, shown_json = show_tensors(opts, {**grads.acts, **grads}, show, precision, row, head,
-                                     prefix="d")
+    shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head,
+                                     gradient=True)
     parts = [render.config_panel(describe(cfg), title="tfm backward"),
              render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
                                max_rows=rows_limit(full)),
@@ -485,10 +508,8 @@ def attn(
         arrays.update({f"scaled/{s.name}": s.value for s in scaled})
         emit(opts, parts, payload, arrays)
         return
-    cfg, params, inputs, fwd, _ = execute(opts, with_grads=False)
-    check_range(block, cfg.layers, "--block", "blocks")
-    check_range(head, cfg.heads, "--head", "heads")
-    check_range(row, cfg.batch, "--row", "batch rows")
+    cfg, params, inputs, fwd, _ = execute(
+        opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row, head, block))
     steps = model_head_steps(params, fwd, cfg, block, head, row)
     parts = [render.config_panel(describe(cfg), title=f"tfm attn: block {block}, head {head}, "
                                                      f"batch row {row}")]

@@ -176,6 +176,7 @@ class Options:
         return cfg, params, inputs
 
     def json_or_svg_conflict(self):
+        """--svg records what is printed for people; --json prints none of that."""
         if self.values.get("json") and self.values.get("svg") is not None:
             raise typer.BadParameter("--svg saves what is printed for people; it cannot be "
                                      "combined with --json", param_hint="'--svg'")
@@ -192,12 +193,16 @@ def check_range(value: int, upper: int, flag: str, what: str):
                                  f"0..{upper - 1}", param_hint=f"'{flag}'")
 
 
-def check_name(name: str, known, flag: str = "--show") -> str:
-    """``name`` if known (a leading 'd', as in 'dlogits', is also accepted); else a usage error."""
+def check_name(name: str, known, flag: str = "--show", gradient: bool = False) -> str:
+    """``name`` if known, else a usage error listing close names.
+
+    With ``gradient``, a leading 'd' (as in 'dlogits': the gradient of 'logits') is accepted
+    and dropped.
+    """
     known = list(known)
     if name in known:
         return name
-    if name.startswith("d") and name[1:] in known:
+    if gradient and name.startswith("d") and name[1:] in known:
         return name[1:]
     close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; names are like {known[0]}, {known[-1]}"
@@ -251,8 +256,9 @@ def with_options(*groups):
 
         @functools.wraps(func)
         def wrapper(ctx, **kwargs):
-            values = {name: kwargs.pop(name) for name in names}
-            return func(opts=Options(ctx, values), **kwargs)
+            opts = Options(ctx, {name: kwargs.pop(name) for name in names})
+            opts.json_or_svg_conflict()  # before any work
+            return func(opts=opts, **kwargs)
 
         parameters = [ctx] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = sig.replace(parameters=parameters, return_annotation=None)
