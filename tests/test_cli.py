@@ -189,7 +189,7 @@ def test_backward_show_a_parameter_gradient():
 def test_backward_unknown_layer_lists_the_choices():
     result = run("backward", "--layer", "mlp")
     assert result.exit_code == 2
-    assert "'--layer'" in result.stderr and "embed, attn, ln1, ln2, ffn, ln_f, head, all" in result.stderr
+    assert "'--layer'" in result.stderr and "'embed', 'attn', 'ln1', 'ln2', 'ffn', 'ln_f', 'head', 'all'" in result.stderr
 
 
 # ---------------------------------------------------------------- gradcheck

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from enum import Enum
 from typing import Annotated, List, Optional
 
 import numpy as np
@@ -289,7 +290,8 @@ def attention_maps(fwd, cfg, row, block, head, full):
 
 # ---------------------------------------------------------------- backward
 
-LAYERS = ("embed", "attn", "ln1", "ln2", "ffn", "ln_f", "head", "all")
+Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln2", "ffn", "ln_f",
+                                               "head", "all")}, type=str)
 
 
 def layer_of(name: str) -> str:
@@ -306,7 +308,7 @@ def default_max_entries(cfg) -> Optional[int]:
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def backward(
-    layer: Annotated[str, typer.Option("--layer", help="Only this layer's parameters: " + ", ".join(LAYERS) + ".")] = "all",
+    layer: Annotated[Layer, typer.Option("--layer", case_sensitive=False, help="Only this layer's parameters.")] = Layer.all,
     block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's parameters.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Add the central-difference error of each parameter.")] = False,
     show: Show = None,
@@ -320,9 +322,7 @@ def backward(
 
     Example: tfm backward --layer ffn --check --show dlogits
     """
-    if layer not in LAYERS:
-        raise typer.BadParameter(f"{layer!r} is not one of {', '.join(LAYERS)}",
-                                 param_hint="'--layer'")
+    layer = layer.value
     names = []
 
     def validate(cfg):
