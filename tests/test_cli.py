@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -357,3 +358,13 @@ def test_pe_too_wide_for_the_terminal_splits_sines_from_cosines():
     assert "sin columns 0, 2, ..." in out and "cos columns 1, 3, ..." in out
     assert "downsampled" not in out
     assert "sin columns" not in ok("pe", "--len", 8, "--d-model", 8).stdout
+
+
+def test_long_sequences_show_fewer_maps_and_a_finer_legend():
+    out = ok("forward", "-B", 1, "-T", 128, "-d", 8, "-H", 4).stdout
+    assert out.count("attention pattern") == 1
+    assert "showing 1 of 4 attention maps" in out
+    assert "downsampled 128x128" in out
+    assert "the 99th percentile" in out
+    legend = next(line for line in out.splitlines() if line.startswith("scale"))
+    assert len(set(re.findall(r"[+ ]\d\.\d+", legend))) == 5  # five distinct stops

@@ -254,6 +254,7 @@ def forward(
 
 
 MAX_MAPS = 8
+SCREEN_ROWS = 80
 MAX_ROWS = 40  # table rows shown without --full: one screenful
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
 
@@ -267,7 +268,10 @@ def attention_maps(fwd, cfg, row, block, head, full):
     blocks = range(cfg.layers) if block is None else [block]
     heads = range(cfg.heads) if head is None else [head]
     pairs = [(b, h) for b in blocks for h in heads]
-    shown = pairs if full else pairs[:MAX_MAPS]
+    # about a screenful of maps: eight small ones, or a single long one (a map is drawn at most
+    # (width - 6) / 2 rows tall: downsampled to fit the width, it stays square)
+    map_rows = min(cfg.seq_len, (width() - 6) // 2) + 4
+    shown = pairs if full else pairs[:max(1, min(MAX_MAPS, SCREEN_ROWS // map_rows))]
     patterns = [fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in shown]
     T = cfg.seq_len
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
@@ -275,15 +279,17 @@ def attention_maps(fwd, cfg, row, block, head, full):
     # weights shown (higher ones saturate), so that a long sequence, whose weights are mostly
     # near 1/T beside a few near 1, still shows its structure.
     vmax = float(np.quantile(np.concatenate([p[mask] for p in patterns]), 0.99))
+    digits = max(2, 1 - math.floor(math.log10(vmax / 4)))  # legend stops vmax/4 apart differ
     maps = [render.heatmap(
         pattern, title=f"block {b} head {h}: attention pattern, batch row {row}",
         row_labels=[f"q{t}" for t in range(T)], col_labels=[f"k{t}" for t in range(T)],
-        mask=mask, width=width(), vmin=0.0, vmax=vmax) for (b, h), pattern in zip(shown, patterns)]
+        mask=mask, width=width(), vmin=0.0, vmax=vmax, precision=digits)
+        for (b, h), pattern in zip(shown, patterns)]
     if any(p.max() > vmax for p in patterns):
-        maps.append(Text(f"colour scale 0..{vmax:.2f}, the 99th percentile of the weights "
-                         f"shown; larger weights take the top colour", style="dim"))
-    if len(pairs) > len(maps):
-        maps.append(Text(f"showing {len(maps)} of {len(pairs)} attention maps; "
+        maps.append(Text(f"colour scale 0..{vmax:.{digits}f}, the 99th percentile of the "
+                         f"weights shown; larger weights take the top colour", style="dim"))
+    if len(pairs) > len(shown):
+        maps.append(Text(f"showing {len(shown)} of {len(pairs)} attention maps; "
                          f"pick with --block/--head, or --full for all", style="dim"))
     return maps
 
