@@ -21,7 +21,7 @@ import tfmcli
 from tfmcli import config as sizes
 from tfmcli import render
 from tfmcli.errors import TfmError
-from tfmcli.io import jsonable, run_arrays, save_npz, save_text, stats
+from tfmcli.io import jsonable, run_arrays, save_npz, save_text
 from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.model import first_nonfinite
 from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
@@ -29,6 +29,7 @@ from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options,
 from tfmcli.positional import sinusoidal, wavelengths
 from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
+from tfmcli.summary import stats
 
 try:  # recent typer vendors click; older releases depend on it
     from typer._click.exceptions import ClickException

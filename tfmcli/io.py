@@ -253,18 +253,3 @@ def jsonable(array: np.ndarray):
         return value if math.isfinite(value) else None
 
     return clean(array.astype(np.float64).tolist())
-
-
-def stats(array: np.ndarray) -> dict:
-    """min / mean / std / max over the finite entries, and how many are hidden (-inf)."""
-    finite = array[np.isfinite(array)] if array.dtype.kind == "f" else array.reshape(-1)
-    out = {"shape": list(array.shape)}
-    if finite.size:
-        out.update(min=float(finite.min()), mean=float(finite.mean()),
-                   std=float(finite.std()), max=float(finite.max()))
-    else:
-        out.update(min=None, mean=None, std=None, max=None)
-    hidden = int(np.isneginf(array).sum()) if array.dtype.kind == "f" else 0
-    if hidden:
-        out["masked"] = hidden
-    return out

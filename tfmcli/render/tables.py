@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import fmt
+from tfmcli.summary import stats
 
 ELLIPSIS = "…"
 MISSING = "—"
@@ -184,24 +185,16 @@ def tensor_table(
     return table
 
 
-def _finite_stats(array: np.ndarray, precision: int) -> list[str]:
-    """min, mean, std, max over the finite entries (attention scores hold -inf where masked)."""
-    finite = array[np.isfinite(array)]
-    if finite.size == 0:
-        return [MISSING] * 4
-    stats = (finite.min(), finite.mean(), finite.std(), finite.max())
-    return [fmt(value, precision) for value in stats]
+def _stat_cells(summary: dict, precision: int) -> list[str]:
+    """min, mean, std, max of ``summary.stats``, formatted (a dash when there were none)."""
+    return [MISSING if summary[key] is None else fmt(summary[key], precision)
+            for key in ("min", "mean", "std", "max")]
 
 
-def _non_finite_note(array: np.ndarray) -> str:
-    notes = []
-    if (count := int(np.isneginf(array).sum())):
-        notes.append(f"masked: {count} (-inf)")
-    if (count := int(np.isposinf(array).sum())):
-        notes.append(f"+inf: {count}")
-    if (count := int(np.isnan(array).sum())):
-        notes.append(f"nan: {count}")
-    return ", ".join(notes)
+def _non_finite_note(summary: dict) -> str:
+    """E.g. "masked: 24 (-inf)", from the counts in ``summary.stats``."""
+    notes = {"masked": "masked: {} (-inf)", "inf": "+inf: {}", "nan": "nan: {}"}
+    return ", ".join(text.format(summary[key]) for key, text in notes.items() if key in summary)
 
 
 def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row) -> None:
@@ -247,11 +240,11 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
     footnotes = []
 
     def row(name, value):
-        array = np.asarray(value, dtype=np.float64)
-        note = _non_finite_note(array)
+        summary = stats(value)
+        note = _non_finite_note(summary)
         if note:
             footnotes.append(f"* {name}: {note}, left out of the statistics")
-        return [name + ("*" if note else ""), _shape(array), *_finite_stats(array, precision)]
+        return [name + ("*" if note else ""), _shape(value), *_stat_cells(summary, precision)]
 
     add_rows(table, acts, max_rows, row)
     if footnotes:
