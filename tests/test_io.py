@@ -201,3 +201,13 @@ def test_a_run_that_overflows_is_a_domain_error(tmp_path):
                   lambda a: a.update({"param/blocks.0.ffn.W_1": np.full((6, 24), 1e300)}))
     line = error_line(run("forward", "--load", bad), 1)
     assert "the run overflowed float64" in line
+
+
+def test_the_readme_api_for_saving(tmp_path):
+    """README: tfmcli.io.save_npz(path, tfmcli.io.run_arrays(cfg, params, inputs, fwd, grads))."""
+    cfg = tfmcli.Config(norm="post")
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    tfmcli.io.save_npz(tmp_path / "api.npz", tfmcli.io.run_arrays(cfg, params, inputs, fwd, grads))
+    assert loss_of("forward", "--load", tmp_path / "api.npz") == pytest.approx(fwd.loss, abs=1e-15)

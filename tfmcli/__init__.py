@@ -8,6 +8,7 @@
 >>> grads = tfmcli.backward(params, fwd, cfg)
 """
 
+from tfmcli import config, io, masks, ops, positional  # noqa: F401  (tfmcli.io.save_npz, ...)
 from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.gradcheck import GradcheckReport, gradcheck
