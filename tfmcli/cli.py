@@ -25,9 +25,8 @@ from tfmcli.io import jsonable, run_arrays, save_npz, save_text
 from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.model import first_nonfinite
 from tfmcli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                            check_name, check_range, gib, parse_lengths, with_options)
+                            check_name, check_range, binary_size, parse_lengths, with_options)
 from tfmcli.positional import sinusoidal, wavelengths
-from tfmcli.render.layout import shape_list, side_by_side
 from tfmcli.steps import illustrated_steps, model_head_steps
 from tfmcli.summary import stats
 
@@ -244,7 +243,7 @@ def forward(
     maps = attention_maps(fwd, cfg, row, block, head, full)
     parts = [render.config_panel(describe(cfg), title="tfm forward"),
              render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
-             side_by_side(*maps), *shown,
+             render.side_by_side(*maps), *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
                   f"{int(inputs.lengths.sum())} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
@@ -464,11 +463,11 @@ def shapes(full: Full = False, opts: Options = None):
                 f"{g} {n:,}" for g, n in groups.items()) + ")",
             "FLOPs": f"forward {human(fwd_flops)}, backward {human(bwd_flops)} (matmuls, "
                      f"attention included)",
-            "memory": f"{gib(memory['total'])} peak forward + backward (activations "
-                      f"{gib(memory['activations'])})"}
+            "memory": f"{binary_size(memory['total'])} peak forward + backward (activations "
+                      f"{binary_size(memory['activations'])})"}
     parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
-             shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
-             shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
+             render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
+             render.shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
     payload = {"config": json.loads(cfg.to_json()),
                "params": {n: list(s) for n, s in pshapes.items()},
                "activations": {n: list(s) for n, s in ashapes.items()},
@@ -505,7 +504,7 @@ def attn(
                       "(d_k = 3, as the formula says) on the right.", style="bold")]
         parts += render_steps(unscaled[:5], precision)
         for a, b in zip(unscaled[7:], scaled[7:]):
-            parts.append(side_by_side(
+            parts.append(render.side_by_side(
                 render.tensor_table(a.value, title=f"{a.name}, unscaled (the note's code)", precision=precision),
                 render.tensor_table(b.value, title=f"{b.name}, scaled by 1/sqrt(3)", precision=precision)))
         payload = {"example": "illustrated",
@@ -582,7 +581,7 @@ def mask(
     if len(rows) > MAX_MAPS:
         grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(rows)} rows "
                           f"(--json has all)", style="dim"))
-    parts = [render.mask_legend(additive_form), side_by_side(*grids)]
+    parts = [render.mask_legend(additive_form), render.side_by_side(*grids)]
     payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
     if additive_form:
         payload["additive"] = jsonable(additive(combined))

@@ -139,15 +139,22 @@ class Config:
         return json.dumps(fields)
 
     @classmethod
-    def from_json(cls, text: str) -> "Config":
+    def fields_from_json(cls, text: str) -> dict:
+        """The fields ``to_json`` wrote, unvalidated; ValueError if they are not such fields."""
         fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ConfigError(unknown[0], f"unknown config field {unknown[0]!r}")
+            raise ConfigError(unknown[0], f"unknown field {unknown[0]!r}")
         if fields.get("lengths") is not None:
             fields["lengths"] = tuple(fields["lengths"])
-        return cls(**fields)
+        return fields
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        return cls(**cls.fields_from_json(text))
 
 
 def divisors(n: int) -> list[int]:

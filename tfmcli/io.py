@@ -10,8 +10,6 @@ The ``.npz`` layout (NumPy's own format, readable with ``allow_pickle=False``)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import tempfile
@@ -135,17 +133,11 @@ def load_run(path) -> LoadedRun:
     arrays = read_npz(path)
     if "config" in arrays:
         try:
-            fields = json.loads(str(arrays["config"][()]))
-            if not isinstance(fields, dict):
-                raise ValueError("not a JSON object")
+            fields = Config.fields_from_json(str(arrays["config"][()]))
+        except ConfigError as e:
+            raise TfmError(f"--load {path}: key 'config' has an {e}") from None
         except ValueError as e:
             raise TfmError(f"--load {path}: key 'config' is not a JSON object ({e})") from None
-        known = {f.name for f in dataclasses.fields(Config)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise TfmError(f"--load {path}: key 'config' has an unknown field {unknown[0]!r}")
-        if fields.get("lengths") is not None:
-            fields["lengths"] = tuple(fields["lengths"])
         has_config = True
     else:
         fields = _infer_fields(path, arrays)

@@ -224,8 +224,8 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def gib(n: int) -> str:
-    """Bytes in binary units: '712 B', '18.4 KiB', '2.21 GiB'."""
+def binary_size(n: int) -> str:
+    """Bytes in binary units: '712 B', '18.4 KiB', '2.2 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
@@ -236,8 +236,8 @@ def check_memory(cfg: Config):
     need, have = memory_estimate(cfg)["total"], available_memory()
     if need > have:
         raise typer.BadParameter(
-            f"this run needs about {gib(need)} for forward + backward (see tfm shapes), more than "
-            f"the {gib(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
+            f"this run needs about {binary_size(need)} for forward + backward (see tfm shapes), more than "
+            f"the {binary_size(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
             f"--layers, or pass --force", param_hint="'--batch' / '--seq-len' / '--d-model'")
 
 

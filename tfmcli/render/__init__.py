@@ -10,9 +10,10 @@ from tfmcli.render.colours import colour_legend
 from tfmcli.render.heatmap import heatmap
 from tfmcli.render.masks import mask_grid, mask_legend
 from tfmcli.render.numbers import fmt
-from tfmcli.render.tables import config_panel, grad_table, shape_trace, tensor_table
+from tfmcli.render.tables import (config_panel, grad_table, shape_list, shape_trace,
+                                  side_by_side, tensor_table)
 
 __all__ = [
     "colour_legend", "config_panel", "fmt", "grad_table", "heatmap", "mask_grid", "mask_legend",
-    "shape_trace", "tensor_table",
+    "shape_list", "shape_trace", "side_by_side", "tensor_table",
 ]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from math import prod
+
 import numpy as np
 from rich import box
 from rich.cells import cell_len
+from rich.columns import Columns
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -319,3 +322,23 @@ def config_panel(rows: Mapping[str, str], *, title: str = "config") -> Panel:
     for key, value in rows.items():
         grid.add_row(str(key), str(value))
     return Panel(grid, title=title, title_align="left", expand=False)
+
+
+def shape_list(shapes, *, title=None, max_rows=None) -> Table:
+    """A table of name -> shape and element count, e.g. for ``tfm shapes``.
+
+    shapes : mapping name -> tuple of int
+    max_rows : beyond this many rows, the first and last halves around a "… N more" row
+    """
+    table = _table(title)
+    table.add_column("name", overflow="fold")
+    table.add_column("shape", justify="right")
+    table.add_column("elements", justify="right")
+    add_rows(table, shapes, max_rows,
+             lambda name, shape: [name, str(tuple(shape)), f"{prod(shape):,}"])
+    return table
+
+
+def side_by_side(*renderables) -> Columns:
+    """Renderables next to each other when the terminal is wide enough, else stacked."""
+    return Columns(list(renderables), padding=(0, 3))
