@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli import options
+from tfmcli.cli import options
 from tfmcli.cli import app
 from tfmcli.config import Config, memory_estimate
 

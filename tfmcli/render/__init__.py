@@ -8,12 +8,14 @@ still reads when the console strips colours (NO_COLOR, or stdout not a terminal)
 
 from tfmcli.render.colours import colour_legend
 from tfmcli.render.heatmap import heatmap
+from tfmcli.render.maps import attention_maps, maps_that_fit
 from tfmcli.render.masks import mask_grid, mask_legend
 from tfmcli.render.numbers import fmt
 from tfmcli.render.tables import (config_panel, grad_table, shape_list, shape_trace,
                                   side_by_side, tensor_table)
 
 __all__ = [
-    "colour_legend", "config_panel", "fmt", "grad_table", "heatmap", "mask_grid", "mask_legend",
-    "shape_list", "shape_trace", "side_by_side", "tensor_table",
+    "attention_maps", "colour_legend", "config_panel", "fmt", "grad_table", "heatmap",
+    "maps_that_fit", "mask_grid", "mask_legend", "shape_list", "shape_trace", "side_by_side",
+    "tensor_table",
 ]

@@ -1,0 +1,11 @@
+"""The tfm command line: one module per command, registered on one Typer app.
+
+Adding a command: write ``tfmcli/cli/NAME.py`` with an ``@app.command()`` function (gather
+options, build the run through ``common.execute``, call the engine, hand renderables to
+``common.emit``) and add NAME to the import below; the order there is the order of ``--help``.
+"""
+
+from tfmcli.cli.app import app, main
+from tfmcli.cli import forward, backward, gradcheck, shapes, attn, mask, pe  # noqa: F401,E402  (registry)
+
+__all__ = ["app", "main"]

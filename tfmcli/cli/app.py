@@ -1,0 +1,82 @@
+"""The Typer app every command registers on, and the error policy of the whole command line.
+
+Errors never reach a user as tracebacks: bad options are usage errors (exit 2, one line on
+stderr naming the option), domain failures are ``TfmError`` (exit 1, one line).
+"""
+
+import sys
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from typer.core import TyperGroup
+
+import tfmcli
+from tfmcli.errors import TfmError
+
+try:  # recent typer vendors click; older releases depend on it
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
+
+
+class OneLineErrors(TyperGroup):
+    """Report every error as one line on stderr: usage errors exit 2, domain errors exit 1."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
+                code = super().main(args=args, prog_name="tfm", complete_var=complete_var,
+                                    standalone_mode=False, **extra)
+        except ClickException as e:
+            where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"
+            message = e.format_message().replace("Value error, ", "")  # typer's validator prefix
+            if message:  # (no message: `tfm` alone, which has just printed its help)
+                typer.echo(f"{where}: error: {message}", err=True)
+            code = e.exit_code if message else 0
+        except BrokenPipeError:  # `tfm ... | head`: the reader left; nothing to report
+            sys.stderr.close()
+            code = 0
+        except TfmError as e:
+            typer.echo(f"tfm: error: {e}", err=True)
+            code = 1
+        except MemoryError:
+            typer.echo("tfm: error: out of memory; try smaller sizes (see tfm shapes)", err=True)
+            code = 1
+        except (typer.Abort, KeyboardInterrupt):
+            typer.echo("tfm: interrupted", err=True)
+            code = 130
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    help="See, number by number, what a transformer does forward and backward.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+
+def version_callback(value: bool):
+    if value:
+        typer.echo(f"tfm {tfmcli.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=version_callback, is_eager=True, help="Print the version and exit.")] = None):
+    """See, number by number, what a transformer does forward and backward.
+
+    Try: tfm forward --seed 1000 | tfm backward --layer ffn | tfm mask --len 7
+    """
+
+
+
+def main():
+    app()

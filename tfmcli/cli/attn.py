@@ -1,0 +1,71 @@
+"""tfm attn: one attention head step by step, from the model or seed 002's worked example."""
+
+import math
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.io import jsonable, run_arrays
+from tfmcli.steps import illustrated_steps, model_head_steps
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def attn(
+    example: Annotated[Optional[str], typer.Option("--example", help="'illustrated': seed 002's integer worked example instead of the model.")] = None,
+    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the head.")] = 0,
+    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
+    row: Row = 0,
+    precision: Precision = 4,
+    opts: Options = None,
+):
+    """One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.
+
+    Example: tfm attn --example illustrated
+    """
+    if example not in (None, "illustrated"):
+        raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
+                                 f"illustrated", param_hint="'--example'")
+    if example == "illustrated":
+        unscaled, scaled = illustrated_steps(1.0), illustrated_steps(1 / math.sqrt(3))
+        parts = [Text("Seed 002's worked example: X (3x4) and integer W_Q, W_K, W_V (4x3), no "
+                      "mask, no biases. The note's code takes softmax(Q K^T) WITHOUT the "
+                      "1/sqrt(d_k) scale: that result is on the left; the scaled one "
+                      "(d_k = 3, as the formula says) on the right.", style="bold")]
+        parts += render_steps(unscaled[:5], precision)
+        for a, b in zip(unscaled[7:], scaled[7:]):
+            parts.append(render.side_by_side(
+                render.tensor_table(a.value, title=f"{a.name}, unscaled (the note's code)", precision=precision),
+                render.tensor_table(b.value, title=f"{b.name}, scaled by 1/sqrt(3)", precision=precision)))
+        payload = {"example": "illustrated",
+                   "unscaled": {s.name: jsonable(s.value) for s in unscaled},
+                   "scaled": {s.name: jsonable(s.value) for s in scaled}}
+        arrays = {f"unscaled/{s.name}": s.value for s in unscaled}
+        arrays.update({f"scaled/{s.name}": s.value for s in scaled})
+        emit(opts, parts, payload, arrays)
+        return
+    cfg, params, inputs, fwd, _ = execute(
+        opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row, head, block))
+    steps = model_head_steps(params, fwd, cfg, block, head, row)
+    parts = [render.config_panel(describe(cfg), title=f"tfm attn: block {block}, head {head}, "
+                                                     f"batch row {row}")]
+    parts += render_steps(steps, precision)
+    payload = {"block": block, "head": head, "row": row,
+               "steps": [{"name": s.name, "formula": s.formula, "value": jsonable(s.value)}
+                         for s in steps]}
+    emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))
+
+
+def render_steps(steps, precision):
+    parts = []
+    for i, step in enumerate(steps, 1):
+        parts.append(Text.assemble((f"{i}. {step.name} {step.value.shape}", "bold"),
+                                   f"   {step.formula}"))
+        parts.append(render.tensor_table(step.value, precision=precision, width=width(),
+                                         mask=step.mask))
+    return parts

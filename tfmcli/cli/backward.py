@@ -1,0 +1,89 @@
+"""tfm backward: forward, the hand-written backward, and one row per parameter gradient."""
+
+import json
+from enum import Enum
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import config as sizes
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
+                               emit, execute, rows_limit, show_tensors)
+from tfmcli.cli.gradcheck import default_max_entries, run_gradcheck, verdict
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.errors import TfmError
+from tfmcli.io import run_arrays
+
+Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln2", "ffn", "ln_f",
+                                               "head", "all")}, type=str)
+
+
+def layer_of(name: str) -> str:
+    """'blocks.0.ffn.W_1' -> 'ffn'; 'embed.W_E' -> 'embed'."""
+    parts = name.split(".")
+    return parts[2] if parts[0] == "blocks" else parts[0]
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def backward(
+    layer: Annotated[Layer, typer.Option("--layer", case_sensitive=False, help="Only this layer's parameters.")] = Layer.all,
+    block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's parameters.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Add the central-difference error of each parameter.")] = False,
+    show: Show = None,
+    row: Row = 0,
+    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head of a 4-D --show tensor.")] = 0,
+    precision: Precision = 4,
+    full: Full = False,
+    opts: Options = None,
+):
+    """Forward + hand-written backward: a gradient table per parameter (and --check).
+
+    Example: tfm backward --layer ffn --check --show dlogits
+    """
+    layer = layer.value
+    names = []
+
+    def validate(cfg):
+        check_indices(cfg, row, head, block)
+        check_show(cfg, show, gradient=True)
+        if layer == "ln_f" and cfg.norm == "post":
+            raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
+        names.extend(n for n in sizes.param_shapes(cfg)
+                     if (layer == "all" or layer_of(n) == layer)
+                     and (block is None or n.startswith(f"blocks.{block}.")))
+        if not names:
+            raise typer.BadParameter(f"no parameter of layer {layer!r} in block {block}",
+                                     param_hint="'--layer'")
+
+    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    report = None
+    if check:
+        report = run_gradcheck(params, inputs, cfg, names, default_max_entries(cfg), None, None)
+    checks = {c.name: c for c in report.params} if report else None
+    # --show: a parameter's gradient by its name, an activation's by its name (or 'd' + name)
+    shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head,
+                                     gradient=True)
+    parts = [render.config_panel(describe(cfg), title="tfm backward"),
+             render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
+                               max_rows=rows_limit(full)),
+             *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold")]
+    if report is not None:
+        parts.append(verdict(report))
+    payload = {"config": json.loads(cfg.to_json()), "loss": fwd.loss,
+               "gradients": [grad_row(n, grads[n], checks) for n in names], "show": shown_json}
+    emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
+    if report is not None and not report.passed:
+        raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")
+
+
+def grad_row(name, g, checks):
+    row = {"name": name, "shape": list(g.shape), "l2": float(np.sqrt((g.astype(np.float64) ** 2).sum())),
+           "max_abs": float(np.abs(g).max()), "mean": float(g.mean())}
+    if checks and name in checks:
+        row.update(rel_err=checks[name].rel_err, passed=checks[name].passed)
+    return row

@@ -1,0 +1,148 @@
+"""What every command shares: the console, printing or saving the result, building the run,
+and checking the options that name a row, head, block or tensor of it."""
+
+import json
+import math
+import os
+from typing import Annotated, List, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+
+import tfmcli
+from tfmcli import config as sizes
+from tfmcli import render
+from tfmcli.cli.options import Options, bounded, check_name, check_range
+from tfmcli.errors import TfmError
+from tfmcli.io import jsonable, save_npz, save_text
+from tfmcli.model import first_nonfinite
+
+Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
+Row = Annotated[int, typer.Option("--row", callback=bounded(0), help="Batch row to show.")]
+Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
+Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
+MAX_ROWS = 40  # table rows shown without --full: one screenful
+
+
+def rows_limit(full: bool):
+    return None if full else MAX_ROWS
+
+
+
+def make_console(**kwargs) -> Console:
+    """The console everything prints to: no escape codes at all when NO_COLOR is set."""
+    plain = bool(os.environ.get("NO_COLOR"))
+    return Console(highlight=False, color_system=None if plain else "auto", **kwargs)
+
+
+def width() -> int:
+    return make_console().width
+
+
+def emit(opts: Options, renderables, payload, arrays=None):
+    """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
+    if arrays is not None and opts.values.get("save") is not None:
+        save_npz(opts.save, arrays)
+    if opts.json:
+        typer.echo(json.dumps(payload))
+        return
+    console = make_console(record=opts.svg is not None)
+    for item in renderables:
+        console.print(item)
+    if opts.svg is not None:
+        save_text(opts.svg, console.export_svg(title="tfm"))
+
+
+def describe(cfg) -> dict:
+    """The config panel's rows."""
+    mask = ("causal" if cfg.causal else "none") + (
+        f" + padding {list(cfg.lengths)}" if cfg.lengths is not None else "")
+    return {
+        "sizes": f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
+                 f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}",
+        "norm": "Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN",
+        "activation": cfg.activation + (" (tanh approx.)" if cfg.activation == "gelu" else ""),
+        "mask": mask,
+        "positional": cfg.pe,
+        "init": cfg.init,
+        "dtype": cfg.dtype,
+        "eps": f"{cfg.eps:g}",
+        "seed": str(cfg.seed),
+        "parameters": f"{sizes.param_count(cfg):,}",
+    }
+
+
+def execute(opts: Options, with_grads: bool, validate=None):
+    """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
+
+    ``validate(cfg)`` checks the command's own options once the config is known, before
+    anything is computed.
+    """
+    cfg, params, inputs = opts.run()
+    if validate is not None:
+        validate(cfg)
+    params = tfmcli.init_params(cfg) if params is None else params
+    inputs = tfmcli.make_inputs(cfg) if inputs is None else inputs
+    try:
+        # An overflow anywhere makes every later number meaningless (a layer norm of values
+        # whose square overflows returns 0, not the right answer), so it stops the run.
+        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+            fwd = tfmcli.forward(params, inputs, cfg)
+            grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
+    except FloatingPointError as e:
+        hint = " or --dtype float64" if cfg.dtype == "float32" else ""
+        raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
+                       f"use smaller weights or inputs{hint}") from None
+    bad = first_nonfinite(fwd.acts) or (with_grads and (first_nonfinite(grads)
+                                                        or first_nonfinite(grads.acts)))
+    if bad or not math.isfinite(fwd.loss):
+        raise TfmError(f"the run produced NaN or Inf (first in {bad or 'the loss'}); "
+                       f"try smaller weights (--init normal) or --dtype float64")
+    return cfg, params, inputs, fwd, grads
+
+
+def sliced(name: str, value: np.ndarray, row: int, head: int):
+    """A tensor cut down to at most two axes by --row and --head, and a caption saying how."""
+    if value.ndim <= 2:
+        return value, f"{name} {value.shape}"
+    cut = value[row]
+    caption = f"{name}[{row}] of {value.shape}"
+    if cut.ndim > 2:
+        cut = cut[head]
+        caption = f"{name}[{row}, {head}] of {value.shape}"
+    return cut, caption
+
+
+def check_indices(cfg, row=None, head=None, block=None):
+    """--row, --head and --block must name a batch row, head and block of this run."""
+    for value, upper, flag, what in ((row, cfg.batch, "--row", "batch rows"),
+                                     (head, cfg.heads, "--head", "heads"),
+                                     (block, cfg.layers, "--block", "blocks")):
+        if value is not None:
+            check_range(value, upper, flag, what)
+
+
+def check_show(cfg, names, gradient=False):
+    """Every --show NAME must be an activation or a parameter of this config."""
+    known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
+    for name in names or []:
+        check_name(name, known, gradient=gradient)
+
+
+def show_tensors(tensors: dict, names, precision, row, head, gradient=False):
+    """Renderables and JSON for each --show NAME (already checked), cut by --row/--head.
+
+    With ``gradient``, ``tensors`` are gradients, shown and keyed as 'd' + name.
+    """
+    prefix = "d" if gradient else ""
+    shown, payload = [], {}
+    for raw in names or []:
+        name = check_name(raw, tensors, gradient=gradient)
+        value = tensors[name]
+        cut, caption = sliced(prefix + name, value, row, head)
+        shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,
+                                         width=width()))
+        payload[prefix + name] = {"shape": list(value.shape), "values": jsonable(value)}
+    return shown, payload
+

@@ -1,0 +1,84 @@
+"""tfm gradcheck: every parameter's gradient against central differences."""
+
+import math
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+import tfmcli
+from tfmcli import config as sizes
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.errors import TfmError
+from tfmcli.io import run_arrays
+
+
+def default_max_entries(cfg) -> Optional[int]:
+    """Check every entry of a small model; sample 32 per tensor of a big one."""
+    return None if sizes.param_count(cfg) <= 5000 else 32
+
+
+def verdict(report) -> Text:
+    if report.passed:
+        return Text(f"gradcheck passed: worst relative error {report.worst.rel_err:.2e} "
+                    f"({report.worst.name}) <= {report.tolerance:g}", style="bold green")
+    return Text(f"gradcheck FAILED for {', '.join(report.failed)} (tolerance "
+                f"{report.tolerance:g})", style="bold red")
+
+
+def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
+    """tfmcli.gradcheck with a progress bar on a terminal when there is much to do."""
+    kwargs = {"names": names, "max_entries": max_entries}
+    if step is not None:
+        kwargs["step"] = step
+    if tolerance is not None:
+        kwargs["tolerance"] = tolerance
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
+    from rich.progress import Progress
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("central differences", total=None)
+        kwargs["progress"] = lambda done, total: progress.update(task, completed=done, total=total)
+        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def gradcheck(
+    max_entries: Annotated[Optional[int], typer.Option("--max-entries", callback=bounded(1), help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
+    step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
+    full: Full = False,
+    tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
+    opts: Options = None,
+):
+    """Check every parameter's gradient against central differences; exit 1 if any fails.
+
+    Example: tfm gradcheck --norm post --activation gelu --lengths 4,2 -L 2
+    """
+    for flag, value in (("--step", step), ("--tol", tol)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(f"{value} is not allowed (allowed: a positive number)",
+                                     param_hint=f"'{flag}'")
+    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True)
+    entries = max_entries if max_entries is not None else default_max_entries(cfg)
+    report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
+    checks = {c.name: c for c in report.params}
+    parts = [render.config_panel(describe(cfg), title="tfm gradcheck"),
+             render.grad_table(dict(grads), checks, max_rows=rows_limit(full)),
+             Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {step:g}; error = "
+                  f"max |analytic - numeric| / largest |gradient| of the tensor", style="dim"),
+             verdict(report)]
+    payload = {"passed": report.passed, "tolerance": report.tolerance, "step": report.step,
+               "dtype": report.dtype, "failed": report.failed,
+               "params": [{"name": c.name, "shape": list(c.shape), "checked": c.checked,
+                           "max_abs_err": c.max_abs_err, "rel_err": c.rel_err,
+                           "passed": c.passed} for c in report.params]}
+    emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
+    if not report.passed:
+        raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")
+

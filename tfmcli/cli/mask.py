@@ -1,0 +1,66 @@
+"""tfm mask: the causal grid, the padding rows and each row's combined mask."""
+
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import emit, width
+from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, parse_lengths, with_options
+from tfmcli.io import jsonable
+from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
+from tfmcli.render.maps import MAX_MAPS
+
+
+MAX_GRID = 40  # beyond this, a mask is drawn as a downsampled heatmap, not one cell per entry
+
+
+def mask_view(grid, title, additive_form, row_labels, col_labels):
+    """A mask as a grid of symbols, or, when it is big, as a heatmap fitted to the terminal."""
+    if max(grid.shape) <= MAX_GRID:
+        return render.mask_grid(grid, title=title, additive=additive_form,
+                                row_labels=row_labels, col_labels=col_labels)
+    return render.heatmap(grid.astype(float), title=title, mask=grid, row_labels=row_labels,
+                          col_labels=col_labels, width=width(), vmin=0.0, vmax=1.0,
+                          legend=False, show_values=False)
+
+
+@app.command()
+@with_options([spec for spec in OUTPUT_OPTIONS])
+def mask(
+    length: Annotated[int, typer.Option("--len", callback=bounded(1, 1024), help="Sequence length N (1..1024).")] = 7,
+    lengths: Annotated[Optional[str], typer.Option("--lengths", metavar="4,2,6", help="Valid length of each batch row (1..N).")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Include the look-ahead (causal) mask.")] = True,
+    additive_form: Annotated[bool, typer.Option("--additive", help="Show the 0 / -inf form added to the scores.")] = False,
+    opts: Options = None,
+):
+    """The causal grid, the padding rows and each row's combined mask (True = may attend).
+
+    Example: tfm mask --len 7 --lengths 4,2,6
+    """
+    rows = parse_lengths(lengths) or (length,)
+    bad = [n for n in rows if not 1 <= n <= length]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]} is outside 1..{length} (--len)", param_hint="'--lengths'")
+    causal_grid = causal_mask(length) if causal else np.ones((length, length), dtype=bool)
+    pad = padding_mask(rows, length)
+    combined = combined_mask(rows, length, causal)
+    queries, keys = [f"q{t}" for t in range(length)], [f"k{t}" for t in range(length)]
+    grids = [mask_view(causal_grid, "causal (look-ahead)" if causal else "no causal mask",
+                       additive_form, queries, keys),
+             mask_view(pad, f"padding, lengths {list(rows)}", additive_form,
+                       [f"row {b}" for b in range(len(rows))], keys)]
+    grids += [mask_view(combined[b], f"combined, row {b} (length {n})", additive_form, queries, keys)
+              for b, n in enumerate(rows[:MAX_MAPS])]
+    if len(rows) > MAX_MAPS:
+        grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(rows)} rows "
+                          f"(--json has all)", style="dim"))
+    parts = [render.mask_legend(additive_form), render.side_by_side(*grids)]
+    payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
+    if additive_form:
+        payload["additive"] = jsonable(additive(combined))
+    arrays = {"causal": causal_grid, "padding": pad, "combined": combined}
+    emit(opts, parts, payload, arrays)

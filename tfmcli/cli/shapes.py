@@ -1,0 +1,46 @@
+"""tfm shapes: every tensor's shape, parameter counts, FLOPs and memory, from the config alone."""
+
+import json
+
+from tfmcli import config as sizes
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Full, describe, emit, rows_limit
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, Options, binary_size, with_options
+
+
+def human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000:
+            return f"{n:,.1f} {suffix}{unit}".replace(".0 ", " ")
+        n /= 1000
+    return f"{n:,.1f} E{unit}"
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, [spec for spec in OUTPUT_OPTIONS if spec[0] != "save"])
+def shapes(full: Full = False, opts: Options = None):
+    """Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.
+
+    Example: tfm shapes -d 768 -H 12 -T 1024 -V 50257
+    """
+    cfg = opts.config()
+    pshapes, ashapes = sizes.param_shapes(cfg), sizes.activation_shapes(cfg)
+    fwd_flops, bwd_flops = sizes.flops(cfg)
+    memory = sizes.memory_estimate(cfg)
+    groups = sizes.param_groups(cfg)
+    rows = {"parameters": f"{sizes.param_count(cfg):,}  (" + ", ".join(
+                f"{g} {n:,}" for g, n in groups.items()) + ")",
+            "FLOPs": f"forward {human(fwd_flops)}, backward {human(bwd_flops)} (matmuls, "
+                     f"attention included)",
+            "memory": f"{binary_size(memory['total'])} peak forward + backward (activations "
+                      f"{binary_size(memory['activations'])})"}
+    parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
+             render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
+             render.shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
+    payload = {"config": json.loads(cfg.to_json()),
+               "params": {n: list(s) for n, s in pshapes.items()},
+               "activations": {n: list(s) for n, s in ashapes.items()},
+               "param_groups": dict(groups), "param_count": sizes.param_count(cfg),
+               "flops": {"forward": fwd_flops, "backward": bwd_flops}, "memory": memory}
+    emit(opts, parts, payload)
