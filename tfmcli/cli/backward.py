@@ -13,7 +13,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
                                emit, execute, rows_limit, show_tensors)
-from tfmcli.cli.gradcheck import default_max_entries, run_gradcheck, verdict
+from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
 from tfmcli.io import run_arrays

@@ -4,47 +4,15 @@ import math
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
-import tfmcli
-from tfmcli import config as sizes
 from tfmcli import render
 from tfmcli.cli.app import app
+from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
 from tfmcli.io import run_arrays
-
-
-def default_max_entries(cfg) -> Optional[int]:
-    """Check every entry of a small model; sample 32 per tensor of a big one."""
-    return None if sizes.param_count(cfg) <= 5000 else 32
-
-
-def verdict(report) -> Text:
-    if report.passed:
-        return Text(f"gradcheck passed: worst relative error {report.worst.rel_err:.2e} "
-                    f"({report.worst.name}) <= {report.tolerance:g}", style="bold green")
-    return Text(f"gradcheck FAILED for {', '.join(report.failed)} (tolerance "
-                f"{report.tolerance:g})", style="bold red")
-
-
-def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
-    """tfmcli.gradcheck with a progress bar on a terminal when there is much to do."""
-    kwargs = {"names": names, "max_entries": max_entries}
-    if step is not None:
-        kwargs["step"] = step
-    if tolerance is not None:
-        kwargs["tolerance"] = tolerance
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
-    from rich.progress import Progress
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("central differences", total=None)
-        kwargs["progress"] = lambda done, total: progress.update(task, completed=done, total=total)
-        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
 
 
 @app.command()
