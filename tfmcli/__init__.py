@@ -13,11 +13,13 @@ from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.gradcheck import GradcheckReport, gradcheck
 from tfmcli.init import init_params
-from tfmcli.model import Forward, Gradients, Inputs, backward, forward, make_inputs
+from tfmcli.model import (IGNORE, Forward, Gradients, Inputs, backward, forward, inputs_from_tokens,
+                          make_inputs)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "Inputs", "TfmError",
-    "backward", "forward", "gradcheck", "init_params", "make_inputs", "__version__",
+    "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "IGNORE", "Inputs",
+    "TfmError", "backward", "forward", "gradcheck", "init_params", "inputs_from_tokens",
+    "make_inputs", "__version__",
 ]

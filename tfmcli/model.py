@@ -21,9 +21,12 @@ from tfmcli.masks import combined_mask, padding_mask
 from tfmcli.positional import sinusoidal
 
 
+IGNORE = -100  # a target left out of the loss and of N (PyTorch's and Hugging Face's ignore_index)
+
+
 class Inputs(NamedTuple):
     tokens: np.ndarray   # (B, T) int64 in [0, V)
-    targets: np.ndarray  # (B, T) int64 in [0, V): the next token
+    targets: np.ndarray  # (B, T) int64 in [0, V): the next token, or IGNORE (no target)
     lengths: np.ndarray  # (B,) int64 in 1..T
 
 
@@ -32,6 +35,30 @@ def make_inputs(cfg: Config) -> Inputs:
     rng = np.random.default_rng(cfg.seed)
     ids = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.seq_len + 1))
     return Inputs(ids[:, :-1].copy(), ids[:, 1:].copy(), cfg.lengths_array())
+
+
+def inputs_from_tokens(rows, pad: int = 0) -> Inputs:
+    """Inputs that are exactly these token ids, one sequence per row.
+
+    The target of position t is the id at t + 1; the last token of a row has no next token, so
+    its target is ``IGNORE`` (left out of the loss and of N), as with Hugging Face's
+    ``labels=input_ids``. Shorter rows are padded at the end with ``pad`` and get their length,
+    so the padding mask hides the padding.
+
+    Parameters
+    ----------
+    rows : sequence of sequences of int
+        B rows of 1..T ids each; T is the longest.
+    """
+    rows = [list(map(int, row)) for row in rows]
+    B, T = len(rows), max(len(row) for row in rows)
+    tokens = np.full((B, T), pad, dtype=np.int64)
+    targets = np.full((B, T), IGNORE, dtype=np.int64)
+    for b, row in enumerate(rows):
+        tokens[b, :len(row)] = row
+        targets[b, :len(row) - 1] = row[1:]
+    lengths = np.array([len(row) for row in rows], dtype=np.int64)
+    return Inputs(tokens, targets, lengths)
 
 
 @dataclass
@@ -50,6 +77,11 @@ class Forward:
     acts: OrderedDict
     inputs: Inputs
     caches: dict
+
+    @property
+    def scored(self) -> int:
+        """N: how many positions the loss averages over (valid, with a target)."""
+        return self.caches["loss"].n
 
 
 class Gradients(dict):
@@ -199,7 +231,7 @@ def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
     if cfg.norm == "pre":
         x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
     logits, caches["head"] = ops.linear_forward(x, params["head.W_U"], params["head.b_U"])
-    valid = padding_mask(inputs.lengths, T)                                        # (B, T)
+    valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
     acts["logits"] = logits
     acts["probs"] = probs

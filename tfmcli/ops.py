@@ -200,14 +200,19 @@ def cross_entropy_forward(logits, targets, valid):
     """Mean of -log softmax(logits)[target] over the valid positions.
 
     logits: (B, T, V); targets: (B, T); valid: (B, T) bool. Uses log-sum-exp with the row max
-    subtracted, so logits of any finite size give a finite loss.
+    subtracted, so logits of any finite size give a finite loss. A target at an invalid
+    position is never read (it may be an ignore marker such as -100). At least one position
+    must be valid.
     """
+    n = int(valid.sum())
+    if n == 0:
+        raise ValueError("no position has a target: the loss is a mean over zero positions")
+    targets = np.where(valid, targets, 0)                      # (B, T): any in-range id
     shifted = logits - logits.max(axis=-1, keepdims=True)     # (B, T, V)
     probs = np.exp(shifted)
     total = probs.sum(axis=-1, keepdims=True)                  # (B, T, 1)
     probs /= total
     picked = np.take_along_axis(shifted, targets[..., None], axis=-1) - np.log(total)
-    n = int(valid.sum())
     loss = float(-(picked[..., 0] * valid).sum() / n)          # picked: log P[target]
     return loss, probs, CrossEntropyCache(probs, targets, valid, n)
 

@@ -8,7 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.common import (Precision, Row, check_indices, describe, emit, execute,
+                               position_labels, width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.io import jsonable, run_arrays
 from tfmcli.steps import illustrated_steps, model_head_steps
@@ -49,23 +50,32 @@ def attn(
         arrays.update({f"scaled/{s.name}": s.value for s in scaled})
         emit(opts, parts, payload, arrays)
         return
-    cfg, params, inputs, fwd, _ = execute(
+    run, fwd, _ = execute(
         opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row, head, block))
+    cfg, params, inputs = run.cfg, run.params, run.inputs
     steps = model_head_steps(params, fwd, cfg, block, head, row)
-    parts = [render.config_panel(describe(cfg), title=f"tfm attn: block {block}, head {head}, "
-                                                     f"batch row {row}")]
-    parts += render_steps(steps, precision)
+    parts = [render.config_panel(describe(cfg, run, row),
+                                 title=f"tfm attn: block {block}, head {head}, batch row {row}")]
+    parts += render_steps(steps, precision, position_labels(run, row, "q"),
+                          position_labels(run, row, "k"))
     payload = {"block": block, "head": head, "row": row,
                "steps": [{"name": s.name, "formula": s.formula, "value": jsonable(s.value)}
                          for s in steps]}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))
 
 
-def render_steps(steps, precision):
+def render_steps(steps, precision, queries=None, keys=None):
+    """Each step's formula over its table; with labels, rows are the queries (tokens) and the
+    columns of a (T, T) step the keys."""
     parts = []
     for i, step in enumerate(steps, 1):
         parts.append(Text.assemble((f"{i}. {step.name} {step.value.shape}", "bold"),
                                    f"   {step.formula}"))
+        labels = {}
+        if queries is not None:
+            labels["row_labels"] = queries
+            if step.value.shape[1] == len(keys) and step.name not in ("X", "Q", "K", "V", "context"):
+                labels["col_labels"] = keys
         parts.append(render.tensor_table(step.value, precision=precision, width=width(),
-                                         mask=step.mask))
+                                         mask=step.mask, **labels))
     return parts

@@ -60,15 +60,16 @@ def backward(
             raise typer.BadParameter(f"no parameter of layer {layer!r} in block {block}",
                                      param_hint="'--layer'")
 
-    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    cfg, params, inputs = run.cfg, run.params, run.inputs
     report = None
     if check:
         report = run_gradcheck(params, inputs, cfg, names, default_max_entries(cfg), None, None)
     checks = {c.name: c for c in report.params} if report else None
     # --show: a parameter's gradient by its name, an activation's by its name (or 'd' + name)
-    shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head,
+    shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head, run,
                                      gradient=True)
-    parts = [render.config_panel(describe(cfg), title="tfm backward"),
+    parts = [render.config_panel(describe(cfg, run, row), title="tfm backward"),
              render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
                                max_rows=rows_limit(full)),
              *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold")]

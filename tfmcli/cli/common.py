@@ -16,6 +16,7 @@ from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
 from tfmcli.errors import TfmError
 from tfmcli.io import jsonable, save_npz, save_text
+from tfmcli.masks import combined_mask
 from tfmcli.model import first_nonfinite
 
 Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
@@ -54,11 +55,12 @@ def emit(opts: Options, renderables, payload, arrays=None):
         save_text(opts.svg, console.export_svg(title="tfm"))
 
 
-def describe(cfg) -> dict:
-    """The config panel's rows."""
+def describe(cfg, run=None, row: int = 0) -> dict:
+    """The config panel's rows; with a run, where its weights and tokens came from, and the
+    tokens and targets of batch row ``row``."""
     mask = ("causal" if cfg.causal else "none") + (
         f" + padding {list(cfg.lengths)}" if cfg.lengths is not None else "")
-    return {
+    rows = {
         "sizes": f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
                  f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}",
         "norm": "Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN",
@@ -71,19 +73,27 @@ def describe(cfg) -> dict:
         "seed": str(cfg.seed),
         "parameters": f"{sizes.param_count(cfg):,}",
     }
+    if run is not None:
+        del rows["init"], rows["seed"]
+        rows["weights"] = run.weights_from
+        rows["tokens from"] = run.tokens_from
+        rows[f"row {row} tokens"] = render.token_line(run.token_labels(row))
+        rows[f"row {row} targets"] = render.token_line(run.target_labels(row))
+    return rows
 
 
 def execute(opts: Options, with_grads: bool, validate=None):
     """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
 
     ``validate(cfg)`` checks the command's own options once the config is known, before
-    anything is computed.
+    anything is computed. Returns ``(run, fwd, grads)`` (``grads`` None without
+    ``with_grads``).
     """
-    cfg, params, inputs = opts.run()
+    run = opts.run()
+    cfg = run.cfg
     if validate is not None:
         validate(cfg)
-    params = tfmcli.init_params(cfg) if params is None else params
-    inputs = tfmcli.make_inputs(cfg) if inputs is None else inputs
+    params, inputs = run.complete().params, run.inputs
     try:
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
@@ -99,7 +109,12 @@ def execute(opts: Options, with_grads: bool, validate=None):
     if bad or not math.isfinite(fwd.loss):
         raise TfmError(f"the run produced NaN or Inf (first in {bad or 'the loss'}); "
                        f"try smaller weights (--init normal) or --dtype float64")
-    return cfg, params, inputs, fwd, grads
+    return run, fwd, grads
+
+
+def position_labels(run, row: int, prefix: str = "") -> list[str]:
+    """'0:3', '1:1', ... (or 'q0:3' with a prefix): each position with its token."""
+    return [f"{prefix}{t}:{label}" for t, label in enumerate(run.token_labels(row))]
 
 
 def sliced(name: str, value: np.ndarray, row: int, head: int):
@@ -130,19 +145,29 @@ def check_show(cfg, names, gradient=False):
         check_name(name, known, gradient=gradient)
 
 
-def show_tensors(tensors: dict, names, precision, row, head, gradient=False):
+def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False):
     """Renderables and JSON for each --show NAME (already checked), cut by --row/--head.
 
-    With ``gradient``, ``tensors`` are gradients, shown and keyed as 'd' + name.
+    Rows of an activation are positions, labelled with their tokens; a (T, T) attention tensor
+    labels queries and keys and shows the cells its mask hides as ``·``. With ``gradient``,
+    ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
     prefix = "d" if gradient else ""
+    cfg = run.cfg
+    activations = sizes.activation_shapes(cfg)
+    mask = combined_mask(run.inputs.lengths, cfg.seq_len, cfg.causal)[row]
     shown, payload = [], {}
     for raw in names or []:
         name = check_name(raw, tensors, gradient=gradient)
         value = tensors[name]
         cut, caption = sliced(prefix + name, value, row, head)
+        labels = {}
+        if name.endswith(("attn.scores", "attn.pattern")):
+            labels = dict(row_labels=position_labels(run, row, "q"),
+                          col_labels=position_labels(run, row, "k"), mask=mask)
+        elif name in activations and value.ndim >= 3:   # (B, T, ...) or (B, H, T, d_head)
+            labels = dict(row_labels=position_labels(run, row))
         shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,
-                                         width=width()))
+                                         width=width(), **labels))
         payload[prefix + name] = {"shape": list(value.shape), "values": jsonable(value)}
     return shown, payload
-

@@ -10,7 +10,8 @@ from tfmcli import config as sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, describe, emit,
-                               execute, rows_limit, show_tensors, width)
+                               execute, position_labels, rows_limit, show_tensors,
+                               width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.io import run_arrays
 from tfmcli.masks import combined_mask
@@ -36,19 +37,22 @@ def forward(
         check_indices(cfg, row, head, block)
         check_show(cfg, show)
 
-    cfg, params, inputs, fwd, _ = execute(opts, with_grads=False, validate=validate)
-    shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0)
+    run, fwd, _ = execute(opts, with_grads=False, validate=validate)
+    cfg, params, inputs = run.cfg, run.params, run.inputs
+    shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0, run)
     pairs = [(b, h) for b in (range(cfg.layers) if block is None else [block])
              for h in (range(cfg.heads) if head is None else [head])]
     picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full)
     patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
     mask = combined_mask(inputs.lengths, cfg.seq_len, cfg.causal)[row]
-    maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs))
-    parts = [render.config_panel(describe(cfg), title="tfm forward"),
+    maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),
+                                 row_labels=position_labels(run, row, "q"),
+                                 col_labels=position_labels(run, row, "k"))
+    parts = [render.config_panel(describe(cfg, run, row), title="tfm forward"),
              render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
              render.side_by_side(*maps), *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
-                  f"{int(inputs.lengths.sum())} positions)", style="bold")]
+                  f"{fwd.scored} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
                "loss": fwd.loss,
                "activations": [{"name": name, **stats(value)} for name, value in fwd.acts.items()],

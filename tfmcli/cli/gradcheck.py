@@ -32,11 +32,12 @@ def gradcheck(
         if value is not None and not (math.isfinite(value) and value > 0):
             raise typer.BadParameter(f"{value} is not allowed (allowed: a positive number)",
                                      param_hint=f"'{flag}'")
-    cfg, params, inputs, fwd, grads = execute(opts, with_grads=True)
+    run, fwd, grads = execute(opts, with_grads=True)
+    cfg, params, inputs = run.cfg, run.params, run.inputs
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
     report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
     checks = {c.name: c for c in report.params}
-    parts = [render.config_panel(describe(cfg), title="tfm gradcheck"),
+    parts = [render.config_panel(describe(cfg, run), title="tfm gradcheck"),
              render.grad_table(dict(grads), checks, max_rows=rows_limit(full)),
              Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {step:g}; error = "
                   f"max |analytic - numeric| / largest |gradient| of the tensor", style="dim"),

@@ -12,13 +12,13 @@ import inspect
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
 from tfmcli.config import Config, memory_estimate
 from tfmcli.errors import ConfigError
-from tfmcli.io import check_run, config_for_load, load_run
+from tfmcli.sources import Run, parse_tokens, resolve
 
 
 class Norm(str, Enum):
@@ -107,6 +107,7 @@ MODEL_OPTIONS = [
 ]
 RUN_OPTIONS = [
     ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout.")], None),
+    ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
 ]
 OUTPUT_OPTIONS = [
@@ -114,11 +115,13 @@ OUTPUT_OPTIONS = [
     ("save", Annotated[Optional[Path], _opt("--save", panel=OUTPUT, metavar="FILE.npz", help="Save the run (npz layout in the README), atomically.")], None),
     ("svg", Annotated[Optional[Path], _opt("--svg", panel=OUTPUT, metavar="FILE", help="Save exactly what was printed as an SVG.")], None),
 ]
+MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS}
 # Config field -> the option a user types, for error messages.
 FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model": "--d-model",
          "heads": "--heads", "d_ff": "--d-ff", "vocab": "--vocab", "layers": "--layers",
          "norm": "--norm", "activation": "--activation", "causal": "--causal",
-         "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps"}
+         "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
+         "tokens": "--tokens"}
 
 
 class Options:
@@ -154,26 +157,21 @@ class Options:
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
 
-    def run(self):
-        """(cfg, params or None, inputs or None): from --load when given, else from the flags.
+    def run(self) -> Run:
+        """The run these options describe (sources.resolve), parameters not yet drawn.
 
         Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
         has available, unless --force.
         """
-        if self.values.get("load") is None:
-            cfg, params, inputs = self.config(), None, None
-        else:
-            path = self.values["load"]
-            loaded = load_run(path)
-            explicit = {name for name in FLAGS if self.explicit(name)}
-            try:
-                cfg = config_for_load(path, loaded, self.model_fields(), explicit)
-            except ConfigError as e:
-                raise bad(e.field, str(e)) from None
-            params, inputs = check_run(path, loaded, cfg)
+        explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
+        try:
+            tokens = parse_tokens(self.values.get("tokens"))
+            run = resolve(self.model_fields(), explicit, self.values.get("load"), tokens)
+        except ConfigError as e:
+            raise bad(e.field, str(e)) from None
         if not self.values.get("force", False):
-            check_memory(cfg)
-        return cfg, params, inputs
+            check_memory(run.cfg)
+        return run
 
     def json_or_svg_conflict(self):
         """--svg records what is printed for people; --json prints none of that."""
