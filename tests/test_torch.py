@@ -61,8 +61,9 @@ def torch_run(params, inputs, cfg):
     d, H = cfg.d_model, cfg.heads
     dh = d // H
 
-    valid = torch.arange(T)[None, :] < lengths[:, None]                       # (B, T)
-    mask = valid[:, None, None, :].expand(B, 1, T, T)                         # (B, 1, T, T)
+    keys = torch.arange(T)[None, :] < lengths[:, None]                        # (B, T)
+    valid = keys & (targets != -100)                                          # scored positions
+    mask = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
     if cfg.causal:
         mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
     patterns = {}
@@ -150,6 +151,27 @@ def test_matches_torch_autograd(fields):
     dpattern = patterns["blocks.0."].grad
     assert rel(grads.acts["blocks.0.attn.pattern"], dpattern, floor) <= TOL
     assert float(dpattern.abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("norm, activation", [("pre", "gelu"), ("post", "relu")])
+def test_tokens_run_at_random_parameters_matches_torch(norm, activation):
+    """Padding, unscored last positions, and every gamma, beta and bias drawn O(1)."""
+    from helpers import random_params
+
+    cfg = tfmcli.Config(batch=3, seq_len=5, lengths=(5, 2, 4), norm=norm, activation=activation,
+                        layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=7)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7], [6, 6, 0, 1]])
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    loss, logits, patterns, P = torch_run(params, inputs, cfg)
+    floor = 1e-12 * max(float(P[name].grad.abs().max()) for name in P)
+    assert abs(fwd.loss - loss.item()) / abs(loss.item()) <= TOL
+    assert rel(fwd.acts["logits"], logits, floor) <= TOL
+    for name, leaf in P.items():
+        if not name.endswith("attn.b_K"):
+            assert rel(grads[name], leaf.grad, floor) <= TOL, name
+            assert float(leaf.grad.abs().max()) > 1e-6, name   # a gradient that says something
 
 
 def test_torch_sinusoidal_matches_tfm():

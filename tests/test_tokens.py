@@ -1,0 +1,127 @@
+"""--tokens: the input is exactly the ids given; the last position of each row has no target."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, random_params, run
+from tfmcli.model import IGNORE
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_inputs_from_tokens_pads_and_leaves_the_last_position_unscored():
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7]])
+    assert inputs.tokens.tolist() == [[3, 1, 4, 1, 5], [2, 7, 0, 0, 0]]
+    assert inputs.targets.tolist() == [[1, 4, 1, 5, IGNORE], [7] + [IGNORE] * 4]
+    assert inputs.lengths.tolist() == [5, 2]
+    assert inputs.tokens.dtype == inputs.targets.dtype == np.int64
+
+
+def test_the_loss_is_the_mean_over_positions_with_a_target():
+    """N counts 4 + 1 positions; the loss equals the hand-computed mean of -log P[target]."""
+    cfg = tfmcli.Config(batch=2, seq_len=5, lengths=(5, 2))
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7]])
+    fwd = tfmcli.forward(params, inputs, cfg)
+    assert fwd.scored == 5
+    probs = fwd.acts["probs"]
+    picked = [probs[0, t, target] for t, target in enumerate([1, 4, 1, 5])] + [probs[1, 0, 7]]
+    assert fwd.loss == pytest.approx(-np.mean(np.log(picked)), rel=1e-14)
+    grads = tfmcli.backward(params, fwd, cfg)
+    dlogits = grads.acts["logits"]
+    assert np.all(dlogits[0, 4] == 0) and np.all(dlogits[1, 1:] == 0)   # unscored rows
+    assert dlogits[0, 0].sum() == pytest.approx(0, abs=1e-15)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_central_differences_on_a_tokens_run_at_random_parameters(norm):
+    cfg = tfmcli.Config(batch=3, seq_len=5, lengths=(5, 2, 4), norm=norm, activation="gelu",
+                        layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=11)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7], [6, 6, 0, 1]])
+    report = tfmcli.gradcheck(params, inputs, cfg)
+    assert report.passed, report.failed
+    assert report.worst.rel_err < 1e-6
+
+
+def test_cli_tokens_run_equals_the_api(tmp_path):
+    path = tmp_path / "run.npz"
+    data = json.loads(ok("backward", "--tokens", "3,1,4,1,5", "--tokens", "2,7", "--json",
+                         "--save", path).stdout)
+    cfg = tfmcli.Config(batch=2, seq_len=5, lengths=(5, 2))
+    params = tfmcli.init_params(cfg)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7]])
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    assert data["loss"] == fwd.loss
+    assert data["config"]["seq_len"] == 5 and data["config"]["lengths"] == [5, 2]
+    with np.load(path) as saved:
+        assert saved["input/targets"].tolist() == inputs.targets.tolist()
+        for name, g in grads.items():
+            np.testing.assert_array_equal(saved[f"grad/{name}"], g)
+    # the saved run, with its -100 targets, reloads to the same loss
+    again = json.loads(ok("forward", "--load", path, "--json").stdout)
+    assert again["loss"] == fwd.loss
+
+
+def test_tokens_with_load_use_the_files_weights_and_the_new_tokens(tmp_path):
+    path = tmp_path / "run.npz"
+    ok("forward", "--seed", 5, "-L", 2, "--save", path)
+    data = json.loads(ok("forward", "--load", path, "--tokens", "1,2,3,4,5,6,7", "--json").stdout)
+    cfg = tfmcli.Config(seed=5, layers=2, batch=1, seq_len=7)
+    fwd = tfmcli.forward(tfmcli.init_params(tfmcli.Config(seed=5, layers=2)),
+                         tfmcli.inputs_from_tokens([[1, 2, 3, 4, 5, 6, 7]]), cfg)
+    assert data["loss"] == fwd.loss
+    assert data["config"]["batch"] == 1 and data["config"]["seq_len"] == 7
+
+
+def test_views_label_tokens_and_targets():
+    out = ok("forward", "--tokens", "3,1,4,1,5", "--tokens", "2,7", "--head", "0").stdout
+    assert "       k0:3   k1:1   k2:4   k3:1   k4:5" in out
+    assert "row 0 tokens   3 1 4 1 5" in out
+    assert "row 0 targets  1 4 1 5 —" in out
+    assert "tokens from    --tokens" in out
+    assert "mean cross-entropy over 5 positions" in out
+    out = ok("forward", "--tokens", "3,1,4,1,5", "--tokens", "2,7", "--row", "1",
+             "--show", "blocks.0.attn.pattern").stdout
+    assert "row 1 tokens   2 7 pad pad pad" in out
+    assert "q1:7" in out and "k4:pad" in out
+    out = ok("attn", "--tokens", "3,1,4,1,5").stdout
+    assert "q4:5" in out and "k2:4" in out
+
+
+def test_the_panel_says_the_weights_came_from_the_file_not_the_seed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ok("forward", "--save", "w.npz")
+    out = ok("forward", "--load", "w.npz").stdout
+    assert "weights        file w.npz" in out and "tokens from    file w.npz" in out
+    assert "seed 1000" not in out
+    out = ok("forward", "--load", "w.npz", "--tokens", "1,2").stdout
+    assert "weights        file w.npz" in out and "tokens from    --tokens" in out
+
+
+@pytest.mark.parametrize("args, option, needle", [
+    (["--tokens", "3,1,9"], "'--tokens'", "id 9 is outside 0..7 (--vocab 8)"),
+    (["--tokens", "3,-1,2"], "'--tokens'", "id -1 is outside 0..7"),
+    (["--tokens", "3,x"], "'--tokens'", "is not a comma-separated list of token ids"),
+    (["--tokens", "3", "--tokens", "4"], "'--tokens'", "no position has a next token"),
+    (["--tokens", "1,2,3", "-T", "4"], "'--seq-len'", "seq_len=4 contradicts --tokens, whose longest row has 3 tokens"),
+    (["--tokens", "1,2,3", "-B", "2"], "'--batch'", "batch=2 contradicts --tokens, which gives 1 row"),
+    (["--tokens", "1,2,3", "--tokens", "1,2", "--lengths", "3,3"], "'--lengths'",
+     "lengths=3,3 contradicts --tokens, whose rows have lengths 3,2"),
+])
+def test_bad_tokens_are_usage_errors_naming_both(args, option, needle):
+    line = error_line(run("forward", *args), 2)
+    assert option in line and needle in line
+
+
+def test_agreeing_flags_are_fine():
+    ok("forward", "--tokens", "1,2,3", "-T", "3", "-B", "1")
+    ok("forward", "--tokens", "1,2,3", "--tokens", "1,2", "--lengths", "3,2")
