@@ -145,15 +145,18 @@ class Options:
     def model_fields(self) -> dict:
         fields = {}
         for name, _, _ in MODEL_OPTIONS:
+            if name not in self.values:   # a command that takes only some model options
+                continue
             value = self.values[name]
             fields[name] = value.value if isinstance(value, Enum) else value
-        fields["lengths"] = parse_lengths(fields["lengths"])
+        if "lengths" in fields:
+            fields["lengths"] = parse_lengths(fields["lengths"])
         return fields
 
-    def config(self) -> Config:
-        """The Config these options describe (without --load)."""
+    def config(self, **fixed) -> Config:
+        """The Config these options describe (without --load), with ``fixed`` fields on top."""
         try:
-            return Config(**self.model_fields())
+            return Config(**{**self.model_fields(), **fixed})
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
 

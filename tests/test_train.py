@@ -1,0 +1,133 @@
+"""Training: the hand-written Adam against torch's, the warm-up schedule, the toy tasks, and
+`tfm train` learning copy and reverse."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, run
+from tfmcli.model import IGNORE
+from tfmcli.optim import Adam, adam_step, warmup_lr
+from tfmcli.tasks import answer, make_batch
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_adam_equals_torch_on_the_same_gradients():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    params = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=5)}
+    leaves = {n: torch.tensor(p.copy(), requires_grad=True) for n, p in params.items()}
+    reference = torch.optim.Adam(leaves.values(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    state = Adam.like(params)
+    for step in range(1, 8):
+        lr = warmup_lr(step, 16, 3)
+        grads = {n: rng.normal(size=p.shape) * 10.0 ** rng.integers(-3, 2) for n, p in params.items()}
+        adam_step(params, grads, state, lr)
+        for group in reference.param_groups:
+            group["lr"] = lr
+        for n, leaf in leaves.items():
+            leaf.grad = torch.tensor(grads[n])
+        reference.step()
+        for n in params:
+            np.testing.assert_allclose(params[n], leaves[n].detach().numpy(), rtol=1e-12, atol=0)
+    assert state.t == 7
+
+
+def test_adam_moves_against_the_gradient_by_about_lr_at_first():
+    params = {"w": np.array([1.0, -2.0, 0.5])}
+    adam_step(params, {"w": np.array([3.0, -0.01, 0.0])}, Adam.like(params), lr=0.1)
+    # step 1: m_hat = g, v_hat = g^2, so each moves by lr * sign(g) (0 stays)
+    np.testing.assert_allclose(params["w"], [0.9, -1.9, 0.5], rtol=1e-7)
+
+
+def test_warmup_schedule_of_seed_004():
+    """d_model = 512, warmup = 200: it rises linearly, peaks at step 200 at (512*200)^-0.5."""
+    lrs = [warmup_lr(step, 512, 200) for step in range(1, 1001)]
+    assert int(np.argmax(lrs)) + 1 == 200
+    assert max(lrs) == pytest.approx(0.003125, rel=1e-12)
+    assert lrs[99] == pytest.approx(lrs[199] / 2, rel=1e-12)      # linear before the peak
+    assert lrs[799] == pytest.approx(lrs[199] / 2, rel=1e-12)     # 1/sqrt(step) after it
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
+def test_make_batch_scores_only_the_answer(task):
+    inputs = make_batch(task, np.random.default_rng(1), 5, 4, 10)
+    assert inputs.tokens.shape == inputs.targets.shape == (5, 8)
+    assert np.all(inputs.targets[:, :4] == IGNORE)
+    assert np.all(inputs.tokens[:, 4] == 10)                         # the separator
+    expected = answer(task, inputs.tokens[:, :4])
+    np.testing.assert_array_equal(inputs.targets[:, 4:], expected)
+    np.testing.assert_array_equal(inputs.tokens[:, 5:], expected[:, :-1])
+    if task == "reverse":
+        np.testing.assert_array_equal(expected, inputs.tokens[:, 3::-1])
+
+
+def test_train_learns_copy_with_the_defaults():
+    data = json.loads(ok("train", "--task", "copy", "--json").stdout)
+    assert set(data) >= {"task", "steps", "loss", "final_accuracy"}
+    assert data["task"] == "copy" and data["steps"] == 600 and len(data["loss"]) == 600
+    assert data["loss"][0][0] == 1 and data["loss"][-1][0] == 600
+    assert data["final_accuracy"] >= 0.95
+    assert data["loss"][-1][1] < data["loss"][0][1] / 100
+
+
+def test_trained_reverse_attends_to_the_mirror_position(tmp_path):
+    """Query n + i (reading the answer's token i - 1) looks at prompt position n - 1 - i."""
+    path = tmp_path / "reverse.npz"
+    data = json.loads(ok("train", "--task", "reverse", "--json", "--save", path).stdout)
+    assert data["final_accuracy"] >= 0.95
+    tokens = "3,1,4,1,5,9,2,6,10,6,2,9,5,1,4,1"
+    result = json.loads(ok("forward", "--load", path, "--tokens", tokens, "--save",
+                           tmp_path / "look.npz", "--json").stdout)
+    assert result["config"]["seq_len"] == 16
+    with np.load(tmp_path / "look.npz") as run_file:
+        pattern = run_file["act/blocks.0.attn.pattern"][0]            # (H, T, T)
+    n = 8
+    mirrored = [max(pattern[h, q, 2 * n - 1 - q] for h in range(pattern.shape[0]))
+                for q in range(n, 2 * n)]
+    assert min(mirrored) > 0.5, mirrored
+
+
+def test_saved_training_run_reloads_to_the_same_numbers(tmp_path):
+    path = tmp_path / "copy.npz"
+    ok("train", "--steps", 30, "--save", path)
+    with np.load(path) as saved:
+        cfg = tfmcli.Config.from_json(str(saved["config"][()]))
+        params = {k[6:]: saved[k] for k in saved.files if k.startswith("param/")}
+        inputs = tfmcli.Inputs(saved["input/tokens"], saved["input/targets"], saved["input/lengths"])
+        assert float(saved["loss"]) == tfmcli.forward(params, inputs, cfg).loss
+    assert cfg.batch == 4 and cfg.seq_len == 16 and cfg.vocab == 11 and cfg.d_model == 32
+    again = json.loads(ok("forward", "--load", path, "--json").stdout)
+    assert again["loss"] == tfmcli.forward(params, inputs, cfg).loss
+
+
+def test_train_prints_the_curve_predictions_and_maps():
+    out = ok("train", "--steps", 40, "--task", "sort").stdout
+    for needle in ("training loss", "learning rate", "held-out predictions",
+                   "block 0 head 1: attention pattern", "held-out token accuracy",
+                   "peak 0.01768 at step 100"):
+        assert needle in out
+    assert "q8:10" in out   # the separator's row, labelled with its token
+
+
+def test_train_shows_the_given_tokens():
+    out = ok("train", "--steps", 5, "--tokens", "1,2,3,10,1,2").stdout
+    assert "row 0 tokens   1 2 3 10 1 2" in out and "k3:10" in out
+
+
+@pytest.mark.parametrize("args, option, needle", [
+    (["--lr", "0"], "'--lr'", "allowed: a positive number"),
+    (["--tokens", "1,2,11"], "'--tokens'", "id 11 is outside 0..10"),
+    (["--task", "add"], "'--task'", "copy"),
+    (["--len", "0"], "'--len'", "allowed: 1..256"),
+])
+def test_bad_train_options(args, option, needle):
+    line = error_line(run("train", *args), 2)
+    assert option in line and needle in line

@@ -1,0 +1,156 @@
+"""tfm train: watch a small model learn a toy task, then look inside it."""
+
+import json
+import time
+from enum import Enum
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import tfmcli
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import describe, emit, position_labels, width
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.errors import ConfigError
+from tfmcli.io import run_arrays
+from tfmcli.masks import combined_mask
+from tfmcli.model import IGNORE
+from tfmcli.optim import warmup_lr
+from tfmcli.sources import Run, parse_tokens
+from tfmcli.tasks import TASKS, make_batch
+from tfmcli.train import evaluate, train as train_model
+
+Task = Enum("Task", {name: name for name in TASKS}, type=str)
+HELD_OUT = 256      # held-out examples for the final accuracy
+SHOWN = 4           # held-out examples printed (and saved with --save)
+DEFAULTS = {"batch": 32, "d_model": 32, "heads": 2, "seed": 0}
+FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
+          "init", "dtype", "eps")
+TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
+                       for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
+TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
+
+
+@app.command()
+@with_options(TRAIN_MODEL_OPTIONS, TOKENS, OUTPUT_OPTIONS)
+def train(
+    task: Annotated[Task, typer.Option("--task", case_sensitive=False, help="What to learn: copy, reverse or sort the symbols before the separator.")] = Task.copy,
+    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 1_000_000), help="Training steps (1..1000000).")] = 600,
+    warmup: Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")] = 100,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")] = None,
+    length: Annotated[int, typer.Option("--len", "-n", callback=bounded(1, 256), help="Symbols per example before the separator (1..256); T = 2 n.")] = 8,
+    symbols: Annotated[int, typer.Option("--symbols", callback=bounded(2, 10_000), help="Distinct symbols (2..10000); the separator is the next id, V = symbols + 1.")] = 10,
+    opts: Options = None,
+):
+    """Train a small model with Adam and the hand-written backward, then show what it learned.
+
+    Example: tfm train --task reverse --save reverse.npz
+    """
+    if lr is not None and not (np.isfinite(lr) and lr > 0):
+        raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
+                                 param_hint="'--lr'")
+    cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
+    try:
+        shown_tokens = parse_tokens(opts.tokens)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="'--tokens'") from None
+    if shown_tokens is not None:
+        bad = [t for row in shown_tokens for t in row if not 0 <= t <= symbols]
+        if bad:
+            raise typer.BadParameter(f"id {bad[0]} is outside 0..{symbols} (the symbols and the "
+                                     f"separator {symbols})", param_hint="'--tokens'")
+
+    params = tfmcli.init_params(cfg)
+    started = time.perf_counter()
+    history = run_training(params, cfg, task.value, steps, length, symbols, warmup, lr, opts.json)
+    seconds = time.perf_counter() - started
+
+    held_out = make_batch(task.value, np.random.default_rng([cfg.seed, 2]), HELD_OUT, length, symbols)
+    accuracy, fwd_all = evaluate(params, cfg, held_out)
+    if shown_tokens is not None:
+        shown = tfmcli.inputs_from_tokens(shown_tokens)
+    else:
+        shown = tfmcli.Inputs(*(a[:SHOWN] for a in held_out))
+    B, T = shown.tokens.shape
+    shown_cfg = cfg.replace(batch=B, seq_len=T,
+                            lengths=None if np.all(shown.lengths == T) else tuple(shown.lengths.tolist()))
+    fwd = tfmcli.forward(params, shown, shown_cfg)
+    run = Run(shown_cfg, params, shown, f"trained on {task.value}, {steps} steps (seed {cfg.seed})",
+              "--tokens" if shown_tokens is not None else "held-out examples")
+
+    predictions = fwd_all.acts["logits"].argmax(axis=-1)
+    parts = [render.config_panel({**describe(shown_cfg, run), "task": task_line(task.value, length, symbols),
+                                  "schedule": schedule_line(cfg, warmup, lr)}, title="tfm train"),
+             render.curve(history.steps, history.losses, title="training loss (cross-entropy "
+                          "over the answer positions of each batch)", width=width(), log=True),
+             render.curve(history.steps, history.lrs, title="learning rate", width=width(),
+                          height=5),
+             prediction_table(held_out, predictions, length, symbols)]
+    patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h]
+                for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
+                                                  for h in range(cfg.heads)], T, width(), False)}
+    mask = combined_mask(shown.lengths, T, True)[0]
+    maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
+                                 row_labels=position_labels(run, 0, "q"),
+                                 col_labels=position_labels(run, 0, "k"))
+    parts += [render.side_by_side(*maps),
+              Text(f"held-out token accuracy {accuracy:.1%} over {int((held_out.targets != IGNORE).sum()):,} "
+                   f"answer tokens of {HELD_OUT} examples; {steps} steps in {seconds:.1f} s",
+                   style="bold")]
+    payload = {"task": task.value, "steps": steps,
+               "loss": [[s, loss] for s, loss in zip(history.steps, history.losses)],
+               "final_accuracy": accuracy,
+               "lr": [[s, rate] for s, rate in zip(history.steps, history.lrs)],
+               "config": json.loads(cfg.to_json()), "seconds": seconds}
+    emit(opts, parts, payload, run_arrays(shown_cfg, params, shown, fwd))
+
+
+def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
+    """train() with a live progress bar (loss and accuracy) on a terminal."""
+    rng = np.random.default_rng([cfg.seed, 1])
+    kwargs = dict(steps=steps, n=n, symbols=symbols, warmup=warmup, lr=lr)
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        return train_model(params, cfg, task, rng, **kwargs)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    columns = [TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.0%}"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task("train", total=steps, loss=float("nan"), acc=0.0)
+        return train_model(params, cfg, task, rng, **kwargs, on_step=lambda step, loss, acc:
+                           progress.update(bar, completed=step, loss=loss, acc=acc))
+
+
+def task_line(task, n, symbols):
+    return (f"{task}: {n} symbols of 0..{symbols - 1}, separator {symbols}, then the answer; "
+            f"only answer positions are scored")
+
+
+def schedule_line(cfg, warmup, lr):
+    if lr is not None:
+        return f"Adam (0.9, 0.98, 1e-9), constant lr {lr:g}"
+    peak = warmup_lr(warmup, cfg.d_model, warmup)
+    return (f"Adam (0.9, 0.98, 1e-9), lr = d^-0.5 min(step^-0.5, step warmup^-1.5), "
+            f"warmup {warmup}: peak {peak:.4g} at step {warmup}")
+
+
+def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
+    """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
+    table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
+    for header in ("prompt", "answer", "predicted", "right"):
+        table.add_column(header, justify="left" if header != "right" else "right")
+    for b in range(min(rows, len(held_out.tokens))):
+        scored = held_out.targets[b] != IGNORE
+        answer, predicted = held_out.targets[b][scored], predictions[b][scored]
+        marks = Text()
+        for a, p in zip(answer, predicted):
+            marks.append(f"{p} ", style="green" if a == p else "bold red")
+        table.add_row(" ".join(map(str, held_out.tokens[b][:n])), " ".join(map(str, answer)),
+                      marks, f"{int((answer == predicted).sum())}/{n}")
+    return table

@@ -1,0 +1,60 @@
+"""Adam and the warm-up learning-rate schedule, written out like the backward (seed 004).
+
+The update changes the parameters and the moment buffers in place: a training step allocates
+nothing that lives past it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BETA1, BETA2, EPS = 0.9, 0.98, 1e-9  # "Attention Is All You Need", as seed 004 quotes it
+
+
+def warmup_lr(step: int, d_model: int, warmup: int) -> float:
+    """``d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``: linear up to ``warmup``, then
+    falling as 1/sqrt(step). Its peak is at ``step = warmup``: ``(d_model * warmup)^-0.5``.
+
+    ``step`` counts from 1.
+    """
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+@dataclass
+class Adam:
+    """The state of Adam: the step count and the first and second moments of each parameter."""
+
+    m: dict
+    v: dict
+    t: int = 0
+    beta1: float = BETA1
+    beta2: float = BETA2
+    eps: float = EPS
+
+    @classmethod
+    def like(cls, params: dict, **hyper) -> "Adam":
+        return cls({n: np.zeros_like(p) for n, p in params.items()},
+                   {n: np.zeros_like(p) for n, p in params.items()}, **hyper)
+
+
+def adam_step(params: dict, grads: dict, state: Adam, lr: float) -> None:
+    """One Adam update of every parameter, in place.
+
+    ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, and with the bias corrections
+    ``m_hat = m / (1 - b1^t)``, ``v_hat = v / (1 - b2^t)``:
+    ``p -= lr * m_hat / (sqrt(v_hat) + eps)`` (``torch.optim.Adam``'s order of operations).
+    """
+    state.t += 1
+    b1, b2 = state.beta1, state.beta2
+    correction1 = 1 - b1 ** state.t
+    correction2 = 1 - b2 ** state.t
+    for name, p in params.items():
+        g, m, v = grads[name], state.m[name], state.v[name]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * g * g
+        denom = np.sqrt(v) / np.sqrt(correction2) + state.eps
+        p -= (lr / correction1) * m / denom

@@ -1,0 +1,41 @@
+"""Toy tasks a small model learns in seconds: copy, reverse or sort a random sequence.
+
+An example is ``x (n symbols), SEP, answer (n symbols)``; the model reads it shifted by one, as
+everywhere in tfm (the target of position t is token t + 1), and only the answer positions
+are in the loss: the prompt's targets are ``IGNORE``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tfmcli.model import IGNORE, Inputs
+
+TASKS = ("copy", "reverse", "sort")
+
+
+def answer(task: str, x: np.ndarray) -> np.ndarray:
+    """(B, n) -> (B, n): what the model should write after the separator."""
+    if task == "copy":
+        return x.copy()
+    if task == "reverse":
+        return x[:, ::-1].copy()
+    if task == "sort":
+        return np.sort(x, axis=1)
+    raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+
+
+def make_batch(task: str, rng, batch: int, n: int, symbols: int) -> Inputs:
+    """``batch`` examples of ``n`` symbols in ``[0, symbols)``; the separator is ``symbols``.
+
+    Returns Inputs of T = 2n: tokens ``x, SEP, answer[:-1]``, targets IGNORE on the prompt and
+    ``answer`` from the separator on. Vocabulary size is ``symbols + 1``.
+    """
+    x = rng.integers(0, symbols, size=(batch, n))
+    sep = np.full((batch, 1), symbols)
+    sequence = np.concatenate([x, sep, answer(task, x)], axis=1)         # (B, 2n + 1)
+    tokens, targets = sequence[:, :-1].copy(), sequence[:, 1:].copy()    # (B, 2n)
+    targets[:, :n - 1] = IGNORE          # predicting the prompt is not the task ...
+    targets[:, n - 1] = IGNORE           # ... nor predicting the separator
+    return Inputs(tokens.astype(np.int64), targets.astype(np.int64),
+                  np.full(batch, 2 * n, dtype=np.int64))
