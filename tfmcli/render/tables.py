@@ -339,6 +339,17 @@ def shape_list(shapes, *, title=None, max_rows=None) -> Table:
     return table
 
 
+def record_table(headers, rows, *, title=None, max_rows=None, left=1) -> Table:
+    """Rows of already formatted cells under ``headers``; the first ``left`` columns are
+    left-justified (names), the rest right-justified (numbers). Beyond ``max_rows``, the first
+    and last halves around a "… N more" row."""
+    table = _table(title)
+    for j, header in enumerate(headers):
+        table.add_column(header, justify="left" if j < left else "right", no_wrap=j >= left)
+    add_rows(table, dict(enumerate(rows)), max_rows, lambda _, cells: cells)
+    return table
+
+
 def side_by_side(*renderables) -> Columns:
     """Renderables next to each other when the terminal is wide enough, else stacked."""
     return Columns(list(renderables), padding=(0, 3))

@@ -1,0 +1,81 @@
+"""The KV cache: decoding one token at a time equals the full causal forward, step by step."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, random_params, run
+from tfmcli.config import flops
+from tfmcli.kv import decode, step_flops
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("norm, activation, pe", [("pre", "relu", "sinusoidal"),
+                                                  ("post", "gelu", "sinusoidal"),
+                                                  ("pre", "gelu", "none")])
+def test_every_step_equals_the_full_forward_at_random_parameters(norm, activation, pe):
+    cfg = tfmcli.Config(batch=1, seq_len=9, layers=3, heads=3, norm=norm,
+                        activation=activation, pe=pe)
+    params = random_params(tfmcli.init_params(cfg), seed=4)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    steps = decode(params, inputs.tokens[0], cfg)
+    assert [s.step for s in steps] == list(range(9))
+    assert [s.cache_shape for s in steps] == [(3, t + 1, 2) for t in range(9)]
+    for s in steps:
+        np.testing.assert_allclose(s.logits, fwd.acts["logits"][0, s.step], rtol=0, atol=1e-12)
+        for (b, h), weights in s.attention.items():
+            expected = fwd.acts[f"blocks.{b}.attn.pattern"][0, h, s.step, :s.step + 1]
+            np.testing.assert_allclose(weights, expected, rtol=0, atol=1e-12)
+    assert float(np.abs(fwd.acts["logits"]).max()) > 0.1   # a comparison of something
+
+
+def test_flops_with_and_without_the_cache():
+    cfg = tfmcli.Config(d_model=8, heads=2, vocab=5, layers=2)
+    d, F, V = 8, 32, 5
+    assert step_flops(cfg, 3) == 2 * (8 * d * d + 4 * 3 * d + 4 * d * F) + 2 * d * V
+    # the first step has nothing cached: it is the full forward of one token
+    assert step_flops(cfg, 1) == flops(cfg.replace(batch=1, seq_len=1))[0]
+
+
+def test_cli_kv_json_checks_each_step():
+    data = json.loads(ok("kv", "--tokens", "3,1,4,1,5,7", "-L", 2, "--norm", "post",
+                         "--json").stdout)
+    steps = data["steps"]
+    assert [s["cache_len"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert [s["token"] for s in steps] == [3, 1, 4, 1, 5, 7]
+    assert max(s["max_abs_diff"] for s in steps) <= 1e-12
+    assert data["flops"]["with_cache"] == sum(s["flops_cached"] for s in steps)
+    assert data["flops"]["without_cache"] > 3 * data["flops"]["with_cache"]
+    assert all(abs(sum(s["attention"]) - 1) < 1e-12 for s in steps)
+
+
+def test_cli_kv_decodes_a_padded_row_to_its_length_and_loads_files(tmp_path):
+    data = json.loads(ok("kv", "--tokens", "3,1,4,1,5", "--tokens", "2,7", "--row", 1,
+                         "--json").stdout)
+    assert [s["token"] for s in data["steps"]] == [2, 7]
+    path = tmp_path / "run.npz"
+    ok("forward", "--seed", 3, "-L", 2, "-T", 6, "-B", 1, "--save", path)
+    data = json.loads(ok("kv", "--load", path, "--json").stdout)
+    cfg = tfmcli.Config(seed=3, layers=2, seq_len=6, batch=1)
+    assert data["tokens"] == tfmcli.make_inputs(cfg).tokens[0].tolist()
+    assert data["max_abs_diff"] <= 1e-12
+
+
+def test_cli_kv_prints_the_steps_and_the_attention_rows():
+    out = ok("kv", "--tokens", "3,1,4,1,5,7,2,6").stdout
+    assert "K, V cache" in out and "(2, 8, 3)" in out
+    assert "q7:6" in out and "k5:7" in out
+    assert "every step equals the full causal forward" in out
+
+
+def test_kv_needs_a_causal_model():
+    line = error_line(run("kv", "--no-causal"), 2)
+    assert "'--causal'" in line and "must be causal" in line

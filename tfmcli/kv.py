@@ -1,0 +1,105 @@
+"""Incremental decoding with a KV cache (seed 002): one token at a time, each block keeping the
+keys and values of every earlier position, so a step computes one new query, key and value
+instead of the whole prefix again.
+
+The result of every step must equal the same row of the full causal forward; ``decode``
+returns what each step did so that the CLI (and the tests) can check and show it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from tfmcli import ops
+from tfmcli.config import Config, flops
+from tfmcli.positional import sinusoidal
+
+
+class KVStep(NamedTuple):
+    step: int             # the position decoded (0-based); the cache then holds step + 1 keys
+    token: int
+    cache_shape: tuple    # (H, cache_len, d_head): each block's K and V after this step
+    attention: dict       # (block, head) -> (cache_len,) the new query's attention weights
+    logits: np.ndarray    # (V,)
+    flops_cached: int     # matmul FLOPs of this step with the cache
+    flops_full: int       # matmul FLOPs of recomputing the prefix from scratch
+
+
+def step_flops(cfg: Config, cache_len: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys.
+
+    Per block: the four projections of one row (8 d^2), the new query against every cached key
+    and the weighted sum of the cached values (4 cache_len d), the FFN (4 d d_ff); then the
+    head of one position (2 d V).
+    """
+    d, F, V = cfg.d_model, cfg.ff, cfg.vocab
+    per_block = 8 * d * d + 4 * cache_len * d + 4 * d * F
+    return cfg.layers * per_block + 2 * d * V
+
+
+def _attend(q, K, V, scale):
+    """q: (H, d_head) against K, V: (H, c, d_head) -> context (H, d_head), weights (H, c)."""
+    scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)
+    weights, _ = ops.softmax_forward(scores)
+    return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
+
+
+def _ln(x, P, name, cfg):
+    return ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)[0]
+
+
+def _mha_step(x, P, p, cfg, K, V, t):
+    """Attention of position t's row x (d,): its k, v join the cache at t; returns (out, weights)."""
+    H, dh = cfg.heads, cfg.d_head
+    q = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])[0].reshape(H, dh)
+    K[:, t] = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(H, dh)
+    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])[0].reshape(H, dh)
+    context, weights = _attend(q, K[:, :t + 1], V[:, :t + 1], 1.0 / math.sqrt(dh))
+    out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P[p + "attn.b_O"])[0]
+    return out, weights                                           # (d,), (H, t + 1)
+
+
+def _ffn_step(x, P, p, cfg):
+    act_forward, _ = ops.ACTIVATIONS[cfg.activation]
+    hidden = act_forward(ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])[0])[0]
+    return ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])[0]
+
+
+def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
+    """Run the causal model on ``tokens`` (a 1-D sequence of ids) one token at a time.
+
+    Each block's cache is allocated once, (H, T, d_head) for K and for V, and filled one
+    position per step; the step's attention reads the filled part ``[:, :t + 1]``. The
+    block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
+    """
+    P = params
+    tokens = np.asarray(tokens, dtype=np.int64)
+    T, H, dh = len(tokens), cfg.heads, cfg.d_head
+    pe = sinusoidal(T, cfg.d_model, cfg.np_dtype) if cfg.pe == "sinusoidal" else None
+    K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    V = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    steps = []
+    for t, token in enumerate(tokens):
+        x = P["embed.W_E"][token] if pe is None else P["embed.W_E"][token] + pe[t]   # (d,)
+        attention = {}
+        for i in range(cfg.layers):
+            p = f"blocks.{i}."
+            if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
+                out, weights = _mha_step(_ln(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t)
+                y = x + out
+                x = y + _ffn_step(_ln(y, P, p + "ln2", cfg), P, p, cfg)
+            else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
+                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t)
+                y = _ln(x + out, P, p + "ln1", cfg)
+                x = _ln(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
+            attention.update({(i, h): weights[h] for h in range(H)})
+        if cfg.norm == "pre":
+            x = _ln(x, P, "ln_f", cfg)
+        logits = ops.linear_forward(x, P["head.W_U"], P["head.b_U"])[0]       # (V,)
+        full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
+        steps.append(KVStep(t, int(token), (H, t + 1, dh), attention, logits,
+                            step_flops(cfg, t + 1), full))
+    return steps
