@@ -27,7 +27,7 @@ def test_the_readme_has_examples():
 def rounding_noise_blanked(line):
     """Numbers below 1e-12 (like the mean of a gradient that is 0 in exact arithmetic) vary
     with the order of floating-point operations; the README's copy need not match them."""
-    return re.sub(r"[+-]\d\.\d+e-(1[2-9]|[2-9]\d)", "≈0", line.rstrip())
+    return re.sub(r"[+-]?\d\.\d+e-(1[2-9]|[2-9]\d)", "≈0", line.rstrip())
 
 
 @pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c for c, _ in EXAMPLES])

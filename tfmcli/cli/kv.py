@@ -48,13 +48,13 @@ def kv(
         ["step", "token", "K, V cache", "max |Δ logits|", "FLOPs cached", "no cache"],
         [[str(s.step), labels[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
           f"{s.flops_full:,}"] for s, d in zip(steps, diffs)],
-        title=f"decoding batch row {row}, one token per step; each block caches K and V as (H, step + 1, d_head)", max_rows=rows_limit(full), left=2)
+        title=f"decoding batch row {row}, one token per step", max_rows=rows_limit(full), left=2)
+    table.caption = "K, V cache: each block's cached keys and values, (H, step + 1, d_head)"
     rows = np.zeros((length, length))
     for s in steps:
         rows[s.step, :s.step + 1] = s.attention[(block, head)]
     attention = render.heatmap(
-        rows, title=f"block {block} head {head}: the new query's attention at each step "
-                    f"(row t = step t, over its t + 1 cached keys)",
+        rows, title=f"block {block} head {head}: the new query's attention, one row per step",
         row_labels=position_labels(run, row, "q")[:length],
         col_labels=position_labels(run, row, "k")[:length], mask=causal_mask(length),
         width=width(), vmin=0.0, vmax=1.0, precision=precision)

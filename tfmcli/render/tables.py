@@ -344,6 +344,7 @@ def record_table(headers, rows, *, title=None, max_rows=None, left=1) -> Table:
     left-justified (names), the rest right-justified (numbers). Beyond ``max_rows``, the first
     and last halves around a "… N more" row."""
     table = _table(title)
+    table.padding = (0, 1)   # words, not signed numbers: they need a gap of their own
     for j, header in enumerate(headers):
         table.add_column(header, justify="left" if j < left else "right", no_wrap=j >= left)
     add_rows(table, dict(enumerate(rows)), max_rows, lambda _, cells: cells)
