@@ -38,6 +38,41 @@ def run(cfg):
 # ---------------------------------------------------------------- central differences
 
 
+@pytest.mark.parametrize("fields", [
+    dict(pe="learned", tied_head=True, head_bias=False, activation="gelu", layers=2, n_ctx=6),
+    dict(pe="learned", norm="post", lengths=(3, 1)),
+    dict(tied_head=True, causal=False, lengths=(4, 2)),
+])
+def test_gradcheck_learned_positions_and_tied_head_at_random_parameters(fields):
+    from helpers import random_params
+
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=9)
+    report = tfmcli.gradcheck(params, tfmcli.make_inputs(cfg), cfg)
+    assert [c.name for c in report.params] == list(param_shapes(cfg))
+    assert report.passed, report.failed
+
+
+def test_tied_head_gradient_is_the_sum_of_embedding_and_head_parts():
+    cfg = tfmcli.Config(tied_head=True, head_bias=False)
+    params = tfmcli.init_params(cfg)
+    assert "head.W_U" not in params and "head.b_U" not in params
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    h = fwd.acts["ln_f.out"].reshape(-1, 6)
+    head_part = (h.T @ grads.acts["logits"].reshape(-1, 8)).T                # (V, d)
+    embed_part = ops.embedding_backward(grads.acts["embed"], fwd.caches["embed"])
+    np.testing.assert_allclose(grads["embed.W_E"], head_part + embed_part, rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(fwd.acts["logits"], fwd.acts["ln_f.out"] @ params["embed.W_E"].T,
+                               rtol=1e-14)
+
+
+def test_learned_positions_need_seq_len_within_n_ctx():
+    with pytest.raises(tfmcli.ConfigError, match="seq_len=5 is longer than the 4 learned positions"):
+        tfmcli.Config(pe="learned", seq_len=5, n_ctx=4)
+    assert tfmcli.init_params(tfmcli.Config(pe="learned", n_ctx=9))["embed.W_pos"].shape == (9, 6)
+
+
 @pytest.mark.parametrize("fields", GRID)
 def test_gradcheck_every_parameter(fields):
     cfg = tfmcli.Config(**fields)

@@ -93,6 +93,8 @@ def torch_run(params, inputs, cfg):
     x = P["embed.W_E"][tokens]
     if cfg.pe == "sinusoidal":
         x = x + torch_sinusoidal(T, d)
+    elif cfg.pe == "learned":
+        x = x + P["embed.W_pos"][:T]
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         if cfg.norm == "pre":
@@ -103,7 +105,8 @@ def torch_run(params, inputs, cfg):
             x = layer_norm(x + ffn(x, p), p + "ln2")
     if cfg.norm == "pre":
         x = layer_norm(x, "ln_f")
-    logits = x @ P["head.W_U"] + P["head.b_U"]
+    W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
+    logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
     logits.retain_grad()
     loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
     loss.backward()
@@ -172,6 +175,38 @@ def test_tokens_run_at_random_parameters_matches_torch(norm, activation):
         if not name.endswith("attn.b_K"):
             assert rel(grads[name], leaf.grad, floor) <= TOL, name
             assert float(leaf.grad.abs().max()) > 1e-6, name   # a gradient that says something
+
+
+GPT2_LIKE = [
+    pytest.param(dict(pe="learned", n_ctx=7, tied_head=True, head_bias=False, activation="gelu",
+                      layers=2, lengths=(4, 2)), id="learned-tied-nobias"),
+    pytest.param(dict(pe="learned", tied_head=False, head_bias=False, norm="post"),
+                 id="learned-untied-nobias-post"),
+    pytest.param(dict(pe="sinusoidal", tied_head=True, head_bias=True, lengths=(3, 4)),
+                 id="sinusoidal-tied-bias"),
+]
+
+
+@pytest.mark.parametrize("fields", GPT2_LIKE)
+def test_learned_positions_and_tied_head_match_torch_at_random_parameters(fields):
+    """W_E's gradient sums its embedding and head parts; W_pos rows past T get none."""
+    from helpers import random_params
+
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=5)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    loss, logits, patterns, P = torch_run(params, inputs, cfg)
+    floor = 1e-12 * max(float(P[name].grad.abs().max()) for name in P)
+    assert abs(fwd.loss - loss.item()) / abs(loss.item()) <= TOL
+    assert rel(fwd.acts["logits"], logits, floor) <= TOL
+    assert set(grads) == set(P)
+    for name, leaf in P.items():
+        if not name.endswith("attn.b_K"):
+            assert rel(grads[name], leaf.grad, floor) <= TOL, name
+    if cfg.pe == "learned" and cfg.ctx > cfg.seq_len:
+        assert np.all(grads["embed.W_pos"][cfg.seq_len:] == 0)
 
 
 def test_torch_sinusoidal_matches_tfm():

@@ -19,7 +19,7 @@ from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu")
-PES = ("sinusoidal", "none")
+PES = ("sinusoidal", "learned", "none")
 INITS = ("normal", "uniform", "xavier", "kaiming")
 DTYPES = ("float64", "float32")
 MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
@@ -44,13 +44,22 @@ class Config:
     lengths : tuple of int or None
         Valid length of each batch row, ``1 <= len <= T``; keys at ``>= len`` are hidden and those
         positions are left out of the loss. ``None`` means every row is full.
-    pe : {"sinusoidal", "none"}
+    pe : {"sinusoidal", "learned", "none"}
+        ``learned`` adds the rows of the parameter ``embed.W_pos (n_ctx, d)`` (GPT-2's ``wpe``).
     init : {"normal", "uniform", "xavier", "kaiming"}
     dtype : {"float64", "float32"}
     eps : float
         Layer-norm epsilon, inside the square root.
     seed : int
         Seed of ``np.random.default_rng`` for parameters and inputs.
+    n_ctx : int or None
+        Rows of ``embed.W_pos`` (the longest sequence learned positions cover); ``None`` means
+        ``seq_len``. Only used with ``pe="learned"``, which needs ``seq_len <= n_ctx``.
+    tied_head : bool
+        The head reuses the embedding, ``logits = h @ W_E.T`` (GPT-2); there is no
+        ``head.W_U``.
+    head_bias : bool
+        The head adds ``head.b_U`` (GPT-2's head has none).
     """
 
     batch: int = 2
@@ -69,6 +78,9 @@ class Config:
     dtype: str = "float64"
     eps: float = 1e-5
     seed: int = 1000
+    n_ctx: int | None = None
+    tied_head: bool = False
+    head_bias: bool = True
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -80,8 +92,11 @@ class Config:
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        if self.d_ff is not None and (not isinstance(self.d_ff, (int, np.integer)) or self.d_ff < 1):
-            raise ConfigError("d_ff", f"d_ff must be a positive integer, got {self.d_ff!r}")
+        for name in ("d_ff", "n_ctx"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise ConfigError(name, f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.heads:
             raise ConfigError(
                 "heads",
@@ -102,6 +117,12 @@ class Config:
             if bad:
                 raise ConfigError(
                     "lengths", f"lengths {bad[0]} is outside 1..{self.seq_len} (seq_len)")
+        if self.pe == "learned" and self.seq_len > self.ctx:
+            raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
+                                         f"learned positions (n_ctx); allowed: 1..{self.ctx}")
+        for name in ("tied_head", "head_bias"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
             raise ConfigError("eps", f"eps must be a positive finite number, got {self.eps!r}")
         if self.eps > np.finfo(self.dtype).max:
@@ -118,6 +139,11 @@ class Config:
     def ff(self) -> int:
         """The FFN hidden width actually used."""
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def ctx(self) -> int:
+        """Rows of the learned position table: ``n_ctx``, or ``seq_len`` when not given."""
+        return self.n_ctx if self.n_ctx is not None else self.seq_len
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -170,6 +196,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     d, V, F = cfg.d_model, cfg.vocab, cfg.ff
     shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     shapes["embed.W_E"] = (V, d)
+    if cfg.pe == "learned":
+        shapes["embed.W_pos"] = (cfg.ctx, d)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         shapes[p + "ln1.gamma"] = (d,)
@@ -186,8 +214,10 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     if cfg.norm == "pre":
         shapes["ln_f.gamma"] = (d,)
         shapes["ln_f.beta"] = (d,)
-    shapes["head.W_U"] = (d, V)
-    shapes["head.b_U"] = (V,)
+    if not cfg.tied_head:
+        shapes["head.W_U"] = (d, V)
+    if cfg.head_bias:
+        shapes["head.b_U"] = (V,)
     return shapes
 
 
@@ -198,7 +228,7 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     heads = (B, H, T, cfg.d_head)
     shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     shapes["embed"] = btd
-    if cfg.pe == "sinusoidal":
+    if cfg.pe != "none":
         shapes["pe"] = (T, d)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
@@ -285,12 +315,13 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
-    pre, gelu, sinusoidal = cfg.norm == "pre", cfg.activation == "gelu", cfg.pe == "sinusoidal"
+    pre, gelu = cfg.norm == "pre", cfg.activation == "gelu"
+    sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe != "none"  # learned: a view of W_pos
     params = param_count(cfg)
     # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
-    acts = (L * (10 * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * (T * d + btd)
+    acts = (L * (10 * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * T * d + positions * btd
             + pre * btd + 2 * btv)
-    dacts = L * (8 * btd + 2 * bhtt + 2 * btf) + pre * btd + sinusoidal * T * d + 2 * btv
+    dacts = L * (8 * btd + 2 * bhtt + 2 * btf) + pre * btd + positions * T * d + 2 * btv
     caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf
     forward_transient = max(bhtt, btv)
     backward_transient = 3 * btf if gelu else 0

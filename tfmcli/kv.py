@@ -15,7 +15,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config, flops
-from tfmcli.positional import sinusoidal
+from tfmcli.model import head_weights, positions
 
 
 class KVStep(NamedTuple):
@@ -78,7 +78,7 @@ def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
     P = params
     tokens = np.asarray(tokens, dtype=np.int64)
     T, H, dh = len(tokens), cfg.heads, cfg.d_head
-    pe = sinusoidal(T, cfg.d_model, cfg.np_dtype) if cfg.pe == "sinusoidal" else None
+    pe = positions(P, cfg, T)                                     # (T, d) or None
     K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     V = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []
@@ -98,7 +98,7 @@ def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
             attention.update({(i, h): weights[h] for h in range(H)})
         if cfg.norm == "pre":
             x = _ln(x, P, "ln_f", cfg)
-        logits = ops.linear_forward(x, P["head.W_U"], P["head.b_U"])[0]       # (V,)
+        logits = ops.linear_forward(x, *head_weights(P, cfg))[0]               # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
         steps.append(KVStep(t, int(token), (H, t + 1, dh), attention, logits,
                             step_flops(cfg, t + 1), full))

@@ -160,6 +160,27 @@ def _ln_backward(dout, name, caches, grads, dacts):
     return dx
 
 
+# ---------------------------------------------------------------- positions and head
+
+
+def positions(params: dict, cfg: Config, T: int):
+    """(T, d) what is added to the embedding at each position, or None (``pe="none"``).
+
+    Sinusoidal: the fixed table; learned: the first T rows of ``embed.W_pos`` (a view).
+    """
+    if cfg.pe == "sinusoidal":
+        return sinusoidal(T, cfg.d_model, cfg.np_dtype)
+    if cfg.pe == "learned":
+        return params["embed.W_pos"][:T]
+    return None
+
+
+def head_weights(params: dict, cfg: Config):
+    """(W_U (d, V), b_U (V,) or 0): the head's weights; tied, W_U is the view ``W_E.T``."""
+    W_U = params["embed.W_E"].T if cfg.tied_head else params["head.W_U"]
+    return W_U, (params["head.b_U"] if cfg.head_bias else 0.0)
+
+
 # ---------------------------------------------------------------- blocks
 
 
@@ -222,15 +243,16 @@ def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
     caches: dict = {}
     x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
     acts["embed"] = x
-    if cfg.pe == "sinusoidal":
-        acts["pe"] = sinusoidal(T, cfg.d_model, cfg.np_dtype)                      # (T, d)
-        x = x + acts["pe"]
+    pe = positions(params, cfg, T)                                                 # (T, d)
+    if pe is not None:
+        acts["pe"] = pe
+        x = x + pe
     mask = combined_mask(inputs.lengths, T, cfg.causal)                            # (B, T, T)
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, mask, acts, caches)
     if cfg.norm == "pre":
         x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
-    logits, caches["head"] = ops.linear_forward(x, params["head.W_U"], params["head.b_U"])
+    logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
     valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
     acts["logits"] = logits
@@ -246,15 +268,24 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
     dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
     dacts["logits"] = dlogits
-    dx, grads["head.W_U"], grads["head.b_U"] = ops.linear_backward(dlogits, caches["head"])
+    dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"])                  # dW_U (d, V)
+    if not cfg.tied_head:
+        grads["head.W_U"] = dW_U
+    if cfg.head_bias:
+        grads["head.b_U"] = db_U
     if cfg.norm == "pre":
         dx = _ln_backward(dx, "ln_f", caches, grads, dacts)
     for i in reversed(range(cfg.layers)):
         dx = _block_backward(dx, i, cfg, caches, grads, dacts)
     dacts["embed"] = dx
-    if cfg.pe == "sinusoidal":
+    if cfg.pe != "none":
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
+    if cfg.pe == "learned":   # rows past T were not used: their gradient is 0
+        grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])
+        grads["embed.W_pos"][:dx.shape[1]] = dacts["pe"]
     grads["embed.W_E"] = ops.embedding_backward(dx, caches["embed"])
+    if cfg.tied_head:         # W_E is used twice, as the embedding and as the head: both count
+        grads["embed.W_E"] += dW_U.T
     ordered_grads = {name: grads[name] for name in params}
     ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)
     return Gradients(ordered_grads, ordered_dacts)

@@ -189,6 +189,11 @@ def _infer_fields(path, arrays: dict) -> dict:
     if W_1 is not None and W_1.ndim == 2:
         fields["d_ff"] = int(W_1.shape[1])
     fields["norm"] = "pre" if "param/ln_f.gamma" in arrays else "post"
+    W_pos = arrays.get("param/embed.W_pos")
+    if W_pos is not None and W_pos.ndim == 2:
+        fields["pe"], fields["n_ctx"] = "learned", int(W_pos.shape[0])
+    fields["tied_head"] = "param/head.W_U" not in arrays
+    fields["head_bias"] = "param/head.b_U" in arrays
     return fields
 
 

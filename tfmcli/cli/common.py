@@ -66,13 +66,16 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "norm": "Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN",
         "activation": cfg.activation + (" (tanh approx.)" if cfg.activation == "gelu" else ""),
         "mask": mask,
-        "positional": cfg.pe,
+        "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else ""),
         "init": cfg.init,
         "dtype": cfg.dtype,
         "eps": f"{cfg.eps:g}",
         "seed": str(cfg.seed),
         "parameters": f"{sizes.param_count(cfg):,}",
     }
+    if cfg.tied_head or not cfg.head_bias:
+        rows["head"] = ("h W_E^T (tied to the embedding)" if cfg.tied_head else "h W_U") + (
+            " + b_U" if cfg.head_bias else ", no bias")
     if run is not None:
         del rows["init"], rows["seed"]
         rows["weights"] = run.weights_from

@@ -33,6 +33,7 @@ class Activation(str, Enum):
 
 class PE(str, Enum):
     sinusoidal = "sinusoidal"
+    learned = "learned"
     none = "none"
 
 
@@ -104,6 +105,9 @@ MODEL_OPTIONS = [
     ("init", Annotated[Init, _opt("--init", panel=MODEL, case_sensitive=False, help="Weight initialisation.")], Init(D.init)),
     ("dtype", Annotated[DType, _opt("--dtype", panel=MODEL, case_sensitive=False, help="Floating-point type of every array.")], DType(D.dtype)),
     ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm epsilon (> 0).")], D.eps),
+    ("n_ctx", Annotated[Optional[int], _opt("--n-ctx", panel=MODEL, callback=bounded(1), help="Learned positions (rows of embed.W_pos; default T) (>= 1).")], D.n_ctx),
+    ("tied_head", Annotated[bool, _opt("--tied-head/--untied-head", panel=MODEL, help="Head reuses the embedding: logits = h W_E^T (GPT-2).")], D.tied_head),
+    ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
 ]
 RUN_OPTIONS = [
     ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout.")], None),
@@ -121,6 +125,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "heads": "--heads", "d_ff": "--d-ff", "vocab": "--vocab", "layers": "--layers",
          "norm": "--norm", "activation": "--activation", "causal": "--causal",
          "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
+         "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
          "tokens": "--tokens"}
 
 
