@@ -18,7 +18,7 @@ import typer
 
 from tfmcli.config import Config, memory_estimate
 from tfmcli.errors import ConfigError
-from tfmcli.sources import Run, parse_tokens, resolve
+from tfmcli.sources import MissingExtra, Run, parse_tokens, resolve
 
 
 class Norm(str, Enum):
@@ -110,8 +110,9 @@ MODEL_OPTIONS = [
     ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout.")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2 checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
+    ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
 ]
 OUTPUT_OPTIONS = [
@@ -126,7 +127,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "norm": "--norm", "activation": "--activation", "causal": "--causal",
          "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
-         "tokens": "--tokens"}
+         "tokens": "--tokens", "text": "--text"}
 
 
 class Options:
@@ -174,9 +175,12 @@ class Options:
         explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
         try:
             tokens = parse_tokens(self.values.get("tokens"))
-            run = resolve(self.model_fields(), explicit, self.values.get("load"), tokens)
+            run = resolve(self.model_fields(), explicit, self.values.get("load"), tokens,
+                          self.values.get("text") or None)
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
+        except MissingExtra as e:
+            raise typer.BadParameter(str(e), param_hint="'--load'") from None
         if not self.values.get("force", False):
             check_memory(run.cfg)
         return run

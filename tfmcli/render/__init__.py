@@ -8,6 +8,7 @@ still reads when the console strips colours (NO_COLOR, or stdout not a terminal)
 
 from tfmcli.render.colours import colour_legend
 from tfmcli.render.heatmap import heatmap
+from tfmcli.render.lens import lens_table
 from tfmcli.render.maps import attention_maps, maps_that_fit
 from tfmcli.render.masks import mask_grid, mask_legend
 from tfmcli.render.numbers import fmt
@@ -17,7 +18,7 @@ from tfmcli.render.tables import (config_panel, grad_table, record_table, shape_
                                   shape_trace, side_by_side, tensor_table)
 
 __all__ = [
-    "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap",
+    "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap", "lens_table",
     "maps_that_fit", "mask_grid", "mask_legend", "record_table", "shape_list", "shape_trace", "side_by_side",
     "tensor_table", "token_line",
 ]

@@ -1,14 +1,8 @@
-"""Where a run comes from: the weights from a seed or a file, the tokens from a seed, a file or
-``--tokens``. Every source becomes the same :class:`Run`, so each command asks here once.
-
-``resolve`` decides the Config and reads what a file holds without drawing anything; the
-caller can then refuse a run too big for memory before ``Run.complete`` allocates the rest.
-"""
+"""Runs saved in tfm's ``.npz`` layout (``io.run_arrays``), read back and checked key by key."""
 
 from __future__ import annotations
 
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,142 +10,10 @@ import numpy as np
 
 from tfmcli.config import Config, param_shapes
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.init import init_params
-from tfmcli.model import IGNORE, Inputs, inputs_from_tokens, make_inputs
+from tfmcli.model import IGNORE, Inputs
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
-INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
-PAD_LABEL = "pad"
-
-
-@dataclass
-class Run:
-    """A run's Config, parameters and inputs, and where each came from.
-
-    ``params`` and ``inputs`` are None until :meth:`complete` draws them from the seed.
-    """
-
-    cfg: Config
-    params: dict | None
-    inputs: Inputs | None
-    weights_from: str   # "seed 1000 (xavier init)", "file run.npz"
-    tokens_from: str    # "seed 1000", "--tokens", "file run.npz"
-
-    def complete(self) -> "Run":
-        if self.params is None:
-            self.params = init_params(self.cfg)
-        if self.inputs is None:
-            self.inputs = make_inputs(self.cfg)
-        return self
-
-    def token_labels(self, row: int) -> list[str]:
-        """One label per position of batch row ``row``: the token id, or 'pad' past its length."""
-        tokens, length = self.inputs.tokens[row], int(self.inputs.lengths[row])
-        return [str(int(t)) if i < length else PAD_LABEL for i, t in enumerate(tokens)]
-
-    def target_labels(self, row: int) -> list[str]:
-        """The target of each position of row ``row``; '—' where there is none."""
-        targets, length = self.inputs.targets[row], int(self.inputs.lengths[row])
-        return [str(int(t)) if i < length and t != IGNORE else "—" for i, t in enumerate(targets)]
-
-
-def resolve(flags: dict, explicit: set[str], load=None, tokens=None) -> Run:
-    """The run that command-line style settings describe.
-
-    Parameters
-    ----------
-    flags : dict
-        Every Config field as the command line sets it (typed or default).
-    explicit : set of str
-        The fields the user typed; a typed value that a file or the tokens contradict is an
-        error, never silently overridden.
-    load : path, optional
-        An ``.npz`` in tfm's layout: its parameters, and its inputs unless ``tokens`` are given.
-    tokens : list of list of int, optional
-        The input ids, one list per batch row (see ``model.inputs_from_tokens``).
-
-    Raises
-    ------
-    ConfigError
-        A setting is out of range or contradicts the file or the tokens (``field`` names it).
-    TfmError
-        The file cannot be read or does not describe a run.
-    """
-    fields, params, inputs = {}, None, None
-    weights_from = tokens_from = None
-    if load is not None:
-        loaded = load_npz(load)
-        fields, params, inputs = dict(loaded.fields), loaded.params, loaded.inputs
-        weights_from = f"file {load}"
-        tokens_from = f"file {load}" if inputs is not None else None
-    for name in explicit:
-        if name in fields and fields[name] != flags[name] and not (tokens and name in INPUT_FIELDS):
-            raise ConfigError(name, f"{name}={flags[name]!r} contradicts {load}, which has "
-                                    f"{name}={fields[name]!r}; drop the flag or change the file")
-    if tokens is not None:
-        inputs = inputs_from_tokens(tokens)
-        _check_against_tokens(flags, explicit, inputs)
-        B, T = inputs.tokens.shape
-        full = bool(np.all(inputs.lengths == T))
-        # the tokens replace a file's inputs, and with them its batch, seq_len and lengths
-        fields.update(batch=B, seq_len=T,
-                      lengths=None if full else tuple(int(n) for n in inputs.lengths))
-        tokens_from = "--tokens"
-    try:
-        cfg = Config(**{**flags, **fields})
-    except TypeError as e:
-        raise TfmError(f"--load {load}: key 'config' does not describe a run ({e})") from None
-    if tokens is not None:
-        _check_ids(inputs, cfg)
-    if load is not None:
-        params = check_params(load, params, cfg)
-        if tokens is None:
-            inputs = check_inputs(load, inputs, cfg)
-    seed = f"seed {cfg.seed}"
-    return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
-               tokens_from or seed)
-
-
-def parse_tokens(texts) -> list[list[int]] | None:
-    """['3,1,4', '1,5'] -> [[3, 1, 4], [1, 5]]; ValueError naming the text that is not ids."""
-    if not texts:
-        return None
-    rows = []
-    for text in texts:
-        try:
-            rows.append([int(part) for part in text.split(",")])
-        except ValueError:
-            raise ConfigError("tokens", f"{text!r} is not a comma-separated list of token ids "
-                                        f"(like 3,1,4,1,5)") from None
-    if all(len(row) == 1 for row in rows):
-        raise ConfigError("tokens", "no position has a next token to predict: give at least "
-                                    "one row of two or more ids")
-    return rows
-
-
-def _check_against_tokens(flags, explicit, inputs):
-    B, T = inputs.tokens.shape
-    lengths = [int(n) for n in inputs.lengths]
-    given = {"batch": (B, f"which gives {B} row{'s' * (B > 1)}"),
-             "seq_len": (T, f"whose longest row has {T} tokens"),
-             "lengths": (tuple(lengths), f"whose rows have lengths {','.join(map(str, lengths))}")}
-    for name, (value, why) in given.items():
-        if name in explicit and flags[name] != value:
-            typed = flags[name]
-            typed = ",".join(map(str, typed)) if isinstance(typed, tuple) else typed
-            raise ConfigError(name, f"{name}={typed} contradicts --tokens, {why}")
-
-
-def _check_ids(inputs, cfg):
-    real = inputs.tokens[np.arange(inputs.tokens.shape[1])[None, :] < inputs.lengths[:, None]]
-    bad = real[(real < 0) | (real >= cfg.vocab)]
-    if bad.size:
-        raise ConfigError("tokens", f"id {int(bad[0])} is outside 0..{cfg.vocab - 1} "
-                                    f"(--vocab {cfg.vocab})")
-
-
-# ---------------------------------------------------------------- .npz files
 
 
 class LoadedRun(NamedTuple):

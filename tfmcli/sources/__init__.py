@@ -1,0 +1,192 @@
+"""Where a run comes from: the weights from a seed, an ``.npz`` or a GPT-2 checkpoint folder,
+the tokens from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
+:class:`Run`, so each command asks here once.
+
+``resolve`` decides the Config without drawing or reading any weights; the caller can then
+refuse a run too big for memory before ``Run.complete`` allocates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tfmcli.config import Config
+from tfmcli.errors import ConfigError, TfmError
+from tfmcli.init import init_params
+from tfmcli.model import IGNORE, Inputs, inputs_from_tokens, make_inputs
+from tfmcli.sources import gpt2
+from tfmcli.sources.gpt2 import MissingExtra
+from tfmcli.sources.npz import check_inputs, check_params, load_npz
+from tfmcli.sources.text import find_tokenizer
+
+INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
+PAD_LABEL = "pad"
+
+__all__ = ["MissingExtra", "Run", "parse_tokens", "resolve"]
+
+
+@dataclass
+class Run:
+    """A run's Config, parameters and inputs, where each came from, and how to show a token.
+
+    ``params`` and ``inputs`` are None until :meth:`complete` reads or draws them.
+    """
+
+    cfg: Config
+    params: dict | None
+    inputs: Inputs | None
+    weights_from: str   # "seed 1000 (xavier init)", "file run.npz", "GPT-2 checkpoint gpt2/"
+    tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
+    token_text: Callable[[int], str] = str               # id -> what a person reads
+    read_params: Callable[[], dict] | None = field(default=None, repr=False)
+
+    def complete(self) -> "Run":
+        if self.params is None:
+            self.params = self.read_params() if self.read_params else init_params(self.cfg)
+        if self.inputs is None:
+            self.inputs = make_inputs(self.cfg)
+        return self
+
+    def token_labels(self, row: int) -> list[str]:
+        """One label per position of batch row ``row``: the token, or 'pad' past its length."""
+        tokens, length = self.inputs.tokens[row], int(self.inputs.lengths[row])
+        return [self.token_text(int(t)) if i < length else PAD_LABEL for i, t in enumerate(tokens)]
+
+    def target_labels(self, row: int) -> list[str]:
+        """The target of each position of row ``row``; '—' where there is none."""
+        targets, length = self.inputs.targets[row], int(self.inputs.lengths[row])
+        return [self.token_text(int(t)) if i < length and t != IGNORE else "—"
+                for i, t in enumerate(targets)]
+
+
+def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) -> Run:
+    """The run that command-line style settings describe.
+
+    Parameters
+    ----------
+    flags : dict
+        Every Config field as the command line sets it (typed or default).
+    explicit : set of str
+        The fields the user typed; a typed value that a file or the tokens contradict is an
+        error, never silently overridden.
+    load : path, optional
+        An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
+        or a GPT-2 checkpoint folder (its parameters; its tokenizer for ``text``).
+    tokens : list of list of int, optional
+        The input ids, one list per batch row (see ``model.inputs_from_tokens``).
+    text : list of str, optional
+        Texts to tokenize with the checkpoint folder's tokenizer, one per batch row.
+
+    Raises
+    ------
+    ConfigError
+        A setting is out of range or contradicts the file or the tokens (``field`` names it).
+    MissingExtra
+        A checkpoint folder or text needs a package that is not installed.
+    TfmError
+        The file cannot be read or does not describe a run.
+    """
+    fields, params, inputs, read_params = {}, None, None, None
+    weights_from = tokens_from = None
+    token_text = str
+    folder = load is not None and Path(load).is_dir()
+    if folder:
+        gpt2.require_safetensors()
+        fields = gpt2.read_config(load)
+        weights_from = f"GPT-2 checkpoint {load}"
+        tokenizer = find_tokenizer(load)
+        if tokenizer is not None:
+            token_text = tokenizer.label
+    elif load is not None:
+        loaded = load_npz(load)
+        fields, params, inputs = dict(loaded.fields), loaded.params, loaded.inputs
+        weights_from = f"file {load}"
+        tokens_from = f"file {load}" if inputs is not None else None
+    if text is not None:
+        if tokens is not None:
+            raise ConfigError("text", "give the input as --text or as --tokens, not both")
+        if not folder or tokenizer is None:
+            where = f"{load} has no tokenizer.json (or vocab.json + merges.txt)" if folder else \
+                "it needs --load DIR, a checkpoint folder with tokenizer.json"
+            raise ConfigError("text", f"tfm cannot tokenize text here: {where}; --tokens "
+                                      f"takes ids")
+        tokens = [tokenizer.encode(t) for t in text]
+        empty = [t for t, ids in zip(text, tokens) if not ids]
+        if empty:
+            raise ConfigError("text", f"{empty[0]!r} has no tokens")
+        _check_rows(tokens, "text")
+    for name in explicit:
+        if name in fields and fields[name] != flags[name] and not (tokens and name in INPUT_FIELDS):
+            raise ConfigError(name, f"{name}={flags[name]!r} contradicts {load}, which has "
+                                    f"{name}={fields[name]!r}; drop the flag or change the file")
+    if tokens is not None:
+        inputs = inputs_from_tokens(tokens)
+        _check_against_tokens(flags, explicit, inputs, "--text" if text else "--tokens")
+        B, T = inputs.tokens.shape
+        full = bool(np.all(inputs.lengths == T))
+        # the tokens replace a file's inputs, and with them its batch, seq_len and lengths
+        fields.update(batch=B, seq_len=T,
+                      lengths=None if full else tuple(int(n) for n in inputs.lengths))
+        tokens_from = "--text" if text else "--tokens"
+    try:
+        cfg = Config(**{**flags, **fields})
+    except TypeError as e:
+        raise TfmError(f"--load {load}: key 'config' does not describe a run ({e})") from None
+    if tokens is not None:
+        _check_ids(inputs, cfg, "text" if text else "tokens")
+    if folder:
+        read_params = lambda: gpt2.to_tfm(gpt2.read_weights(load, fields), fields, cfg.np_dtype)  # noqa: E731
+    elif load is not None:
+        params = check_params(load, params, cfg)
+        if tokens is None:
+            inputs = check_inputs(load, inputs, cfg)
+    seed = f"seed {cfg.seed}"
+    return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
+               tokens_from or seed, token_text, read_params)
+
+
+def parse_tokens(texts, option: str = "tokens") -> list[list[int]] | None:
+    """['3,1,4', '1,5'] -> [[3, 1, 4], [1, 5]]; ConfigError naming the text that is not ids."""
+    if not texts:
+        return None
+    rows = []
+    for text in texts:
+        try:
+            rows.append([int(part) for part in text.split(",")])
+        except ValueError:
+            raise ConfigError(option, f"{text!r} is not a comma-separated list of token ids "
+                                      f"(like 3,1,4,1,5)") from None
+    _check_rows(rows, option)
+    return rows
+
+
+def _check_rows(rows, option):
+    if all(len(row) <= 1 for row in rows):
+        what = "text of two or more tokens" if option == "text" else "row of two or more ids"
+        raise ConfigError(option, f"no position has a next token to predict: give at least "
+                                  f"one {what}")
+
+
+def _check_against_tokens(flags, explicit, inputs, option):
+    B, T = inputs.tokens.shape
+    lengths = [int(n) for n in inputs.lengths]
+    given = {"batch": (B, f"which gives {B} row{'s' * (B > 1)}"),
+             "seq_len": (T, f"whose longest row has {T} tokens"),
+             "lengths": (tuple(lengths), f"whose rows have lengths {','.join(map(str, lengths))}")}
+    for name, (value, why) in given.items():
+        if name in explicit and flags[name] != value:
+            typed = flags[name]
+            typed = ",".join(map(str, typed)) if isinstance(typed, tuple) else typed
+            raise ConfigError(name, f"{name}={typed} contradicts {option}, {why}")
+
+
+def _check_ids(inputs, cfg, option):
+    real = inputs.tokens[np.arange(inputs.tokens.shape[1])[None, :] < inputs.lengths[:, None]]
+    bad = real[(real < 0) | (real >= cfg.vocab)]
+    if bad.size:
+        raise ConfigError(option, f"id {int(bad[0])} is outside 0..{cfg.vocab - 1} "
+                                    f"(--vocab {cfg.vocab})")

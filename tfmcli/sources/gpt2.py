@@ -1,0 +1,169 @@
+"""GPT-2 checkpoint folders, as Hugging Face's ``save_pretrained`` writes them and the hub
+serves them: ``config.json`` (``"model_type": "gpt2"``) and ``model.safetensors``, read with
+the ``safetensors`` package's NumPy API (never pickle).
+
+The name mapping is a contract (the README states it):
+
+    wte -> embed.W_E                      wpe -> embed.W_pos
+    h.{i}.ln_1 / ln_2 -> blocks.{i}.ln1 / ln2      (weight = gamma, bias = beta)
+    h.{i}.attn.c_attn -> attn.W_Q, W_K, W_V and b_Q, b_K, b_V  (its columns split in three)
+    h.{i}.attn.c_proj -> attn.W_O, b_O
+    h.{i}.mlp.c_fc -> ffn.W_1, b_1        h.{i}.mlp.c_proj -> ffn.W_2, b_2
+    ln_f -> ln_f
+
+GPT-2's ``Conv1D`` stores its weights as ``(d_in, d_out)``, tfm's own orientation, so nothing is
+transposed. The head is tied to ``wte`` and has no bias.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tfmcli.errors import TfmError
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+INSTALL = "python -m pip install 'tfmcli[hf]'"
+# Hugging Face's names for the tanh approximation of GELU (tfm's "gelu") and for ReLU
+ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
+BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers some checkpoints carry
+
+
+class MissingExtra(Exception):
+    """An optional package is not installed; the message says how to install it."""
+
+
+def require_safetensors():
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise MissingExtra(f"reading a checkpoint folder needs safetensors: {INSTALL}") from None
+
+
+def read_config(folder) -> dict:
+    """Config fields from ``config.json``; TfmError naming the file and key at fault."""
+    path = Path(folder) / CONFIG
+    if not path.is_file():
+        raise TfmError(f"--load {folder}: no {CONFIG} there (a GPT-2 checkpoint folder holds "
+                       f"{CONFIG} and {WEIGHTS})")
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TfmError(f"--load {path}: not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise TfmError(f"--load {path}: not a JSON object")
+    if config.get("model_type") != "gpt2":
+        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}; "
+                       f"tfm reads 'gpt2' checkpoints")
+
+    def need(key, kind=int):
+        value = config.get(key)
+        if value is None:
+            raise TfmError(f"--load {path}: missing key {key!r}")
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TfmError(f"--load {path}: key {key!r} is {value!r}, not a {kind.__name__}")
+        return value
+
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in ACTIVATIONS:
+        raise TfmError(f"--load {path}: key 'activation_function' is {activation!r}; tfm has "
+                       f"{', '.join(ACTIVATIONS)} (gelu_new is the tanh approximation)")
+    for key, usual in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                       ("add_cross_attention", False)):
+        if config.get(key, usual) != usual:
+            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}; tfm's attention is "
+                           f"GPT-2's own ({key} = {str(usual).lower()})")
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise TfmError(f"--load {path}: key 'layer_norm_epsilon' is {eps!r}, not a number")
+    n_inner = config.get("n_inner")
+    return {"d_model": need("n_embd"), "heads": need("n_head"), "layers": need("n_layer"),
+            "vocab": need("vocab_size"), "n_ctx": need("n_positions"),
+            "d_ff": n_inner if isinstance(n_inner, int) else None,
+            "eps": float(eps), "activation": ACTIVATIONS[activation], "norm": "pre",
+            "pe": "learned", "tied_head": bool(config.get("tie_word_embeddings", True)),
+            "head_bias": False, "causal": True}
+
+
+def expected_shapes(fields: dict) -> dict:
+    """Every GPT-2 key and its shape under these config fields."""
+    d, V, n_ctx = fields["d_model"], fields["vocab"], fields["n_ctx"]
+    F = fields["d_ff"] or 4 * d
+    shapes = {"wte.weight": (V, d), "wpe.weight": (n_ctx, d)}
+    for i in range(fields["layers"]):
+        h = f"h.{i}."
+        shapes.update({h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
+                       h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
+                       h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
+                       h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
+                       h + "mlp.c_fc.weight": (d, F), h + "mlp.c_fc.bias": (F,),
+                       h + "mlp.c_proj.weight": (F, d), h + "mlp.c_proj.bias": (d,)})
+    shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+    if not fields["tied_head"]:
+        shapes["lm_head.weight"] = (V, d)
+    return shapes
+
+
+def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
+    """GPT-2's tensors by their names (a ``transformer.`` prefix dropped), shapes checked."""
+    require_safetensors()
+    from safetensors import SafetensorError, safe_open
+    path = Path(folder) / WEIGHTS
+    if not path.is_file():
+        raise TfmError(f"--load {folder}: no {WEIGHTS} there (a GPT-2 checkpoint folder holds "
+                       f"{CONFIG} and {WEIGHTS})")
+    expected = expected_shapes(fields)
+    tensors = {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for key in f.keys():
+                name = key.removeprefix("transformer.")
+                if name.endswith(BUFFERS) or (name == "lm_head.weight" and fields["tied_head"]):
+                    continue  # a mask buffer, or the tied head's copy of wte
+                if name not in expected:
+                    raise TfmError(f"--load {path}: unknown key {key!r} (not a GPT-2 weight)")
+                value = f.get_tensor(key)
+                if value.shape != expected[name]:
+                    raise TfmError(f"--load {path}: key {key!r} has shape {value.shape}, but "
+                                   f"{CONFIG} says {expected[name]}")
+                tensors[name] = value
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+        raise TfmError(f"--load {path}: cannot read it as safetensors ({e})") from None
+    for name in expected:
+        if name not in tensors:
+            raise TfmError(f"--load {path}: missing key {name!r}")
+    return tensors
+
+
+def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """GPT-2's tensors under tfm's parameter names, in ``dtype`` (float32 -> float64 is exact)."""
+    d = fields["d_model"]
+    params = {"embed.W_E": tensors["wte.weight"], "embed.W_pos": tensors["wpe.weight"]}
+    for i in range(fields["layers"]):
+        h, p = f"h.{i}.", f"blocks.{i}."
+        c_attn_w, c_attn_b = tensors[h + "attn.c_attn.weight"], tensors[h + "attn.c_attn.bias"]
+        params.update({p + "ln1.gamma": tensors[h + "ln_1.weight"],
+                       p + "ln1.beta": tensors[h + "ln_1.bias"]})
+        for j, w in enumerate("QKV"):                               # columns [q | k | v]
+            params[p + f"attn.W_{w}"] = c_attn_w[:, j * d:(j + 1) * d]
+            params[p + f"attn.b_{w}"] = c_attn_b[j * d:(j + 1) * d]
+        params.update({p + "attn.W_O": tensors[h + "attn.c_proj.weight"],
+                       p + "attn.b_O": tensors[h + "attn.c_proj.bias"],
+                       p + "ln2.gamma": tensors[h + "ln_2.weight"],
+                       p + "ln2.beta": tensors[h + "ln_2.bias"],
+                       p + "ffn.W_1": tensors[h + "mlp.c_fc.weight"],
+                       p + "ffn.b_1": tensors[h + "mlp.c_fc.bias"],
+                       p + "ffn.W_2": tensors[h + "mlp.c_proj.weight"],
+                       p + "ffn.b_2": tensors[h + "mlp.c_proj.bias"]})
+    params.update({"ln_f.gamma": tensors["ln_f.weight"], "ln_f.beta": tensors["ln_f.bias"]})
+    if not fields["tied_head"]:
+        params["head.W_U"] = tensors["lm_head.weight"].T                 # nn.Linear: (V, d)
+    return {name: np.ascontiguousarray(value, dtype=dtype) for name, value in params.items()}
+
+
+def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
+    """(Config fields, parameters in ``dtype``) of a GPT-2 checkpoint folder."""
+    fields = read_config(folder)
+    return fields, to_tfm(read_weights(folder, fields), fields, dtype)
