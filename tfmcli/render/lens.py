@@ -34,10 +34,11 @@ def lens_table(layers, tokens, targets, grid, *, width: int = 80, full: bool = F
     kept = _kept(T, budget, full)
     table = _table(caption=(f"showing {len(kept) - 1} of {T} positions; --full shows all"
                             if None in kept else None))
-    table.padding = (0, 1)
+    table.padding = (0, 0, 0, 1)   # with the column divider: two spaces between positions
     table.add_column("", style="dim", justify="right", no_wrap=True)
     for t in kept:
-        table.add_column(ELLIPSIS if t is None else headers[t], justify="left", no_wrap=True)
+        table.add_column(ELLIPSIS if t is None else headers[t], justify="left", no_wrap=True,
+                         width=1 if t is None else widths[t])
     for name, row in zip(layers, grid):
         cells = []
         for t in kept:

@@ -1,0 +1,371 @@
+"""GPT-2 checkpoint folders: loading, every bad folder, the name mapping, --text, the logit lens,
+and Hugging Face's own GPT2LMHeadModel as the oracle for loss, logits and every gradient.
+
+Tests write their own small checkpoints (random weights in GPT-2's key layout) and tokenizer;
+nothing is downloaded.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, run
+from tfmcli.lens import logit_lens
+from tfmcli.sources import gpt2
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+tokenizers = pytest.importorskip("tokenizers")
+
+SIZES = dict(n_embd=12, n_head=3, n_layer=2, vocab_size=300, n_positions=16)
+
+
+@pytest.fixture(autouse=True)
+def plain_env(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def gpt2_tensors(seed=0, prefix="transformer.", dtype=np.float32, **sizes):
+    """Random O(1) weights in GPT-2's key layout, as (d_in, d_out) Conv1D matrices."""
+    s = {**SIZES, **sizes}
+    fields = {"d_model": s["n_embd"], "vocab": s["vocab_size"], "n_ctx": s["n_positions"],
+              "layers": s["n_layer"], "d_ff": None, "tied_head": True}
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in gpt2.expected_shapes(fields).items():
+        scale = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.3
+        value = rng.normal(1.0 if scale == 1.0 else 0.0, 0.3, shape)
+        tensors[prefix + name] = value.astype(dtype)
+    return tensors
+
+
+def write_checkpoint(folder, tensors=None, config=None, tokenizer=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "gpt2", "activation_function": "gelu_new",
+              "layer_norm_epsilon": 1e-5, **SIZES, **(config or {})}
+    (folder / "config.json").write_text(json.dumps(config))
+    safetensors_numpy.save_file(gpt2_tensors() if tensors is None else tensors,
+                                str(folder / "model.safetensors"))
+    if tokenizer:
+        write_tokenizer(folder / "tokenizer.json")
+    return folder
+
+
+def write_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["The cat sat on the mat. The dog sat on the log."] * 20, trainer)
+    tok.save(str(path))
+    return tok
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return write_checkpoint(tmp_path / "tiny-gpt2")
+
+
+# ---------------------------------------------------------------- loading and names
+
+
+def test_names_map_as_the_readme_says(checkpoint):
+    cfg = tfmcli.Config(d_model=12, heads=3, layers=2, vocab=300, pe="learned", n_ctx=16,
+                        tied_head=True, head_bias=False, activation="gelu", seq_len=5, batch=1)
+    fields, params = gpt2.load_checkpoint(checkpoint, np.float64)
+    raw = gpt2_tensors()
+    assert set(params) == set(tfmcli.config.param_shapes(cfg))
+    d = 12
+    np.testing.assert_array_equal(params["embed.W_E"], raw["transformer.wte.weight"])
+    np.testing.assert_array_equal(params["embed.W_pos"], raw["transformer.wpe.weight"])
+    c_attn = raw["transformer.h.1.attn.c_attn.weight"]
+    np.testing.assert_array_equal(params["blocks.1.attn.W_K"], c_attn[:, d:2 * d])
+    np.testing.assert_array_equal(params["blocks.1.attn.b_V"],
+                                  raw["transformer.h.1.attn.c_attn.bias"][2 * d:])
+    np.testing.assert_array_equal(params["blocks.0.ffn.W_2"], raw["transformer.h.0.mlp.c_proj.weight"])
+    np.testing.assert_array_equal(params["blocks.0.ln2.gamma"], raw["transformer.h.0.ln_2.weight"])
+    np.testing.assert_array_equal(params["ln_f.beta"], raw["transformer.ln_f.bias"])
+    assert params["embed.W_E"].dtype == np.float64
+    assert fields["activation"] == "gelu" and fields["tied_head"] and not fields["head_bias"]
+
+
+def test_load_dir_runs_the_checkpoint_as_the_api_does(checkpoint, tmp_path):
+    data = json.loads(ok("backward", "--load", checkpoint, "--tokens", "5,9,2,7,1",
+                         "--tokens", "4,4", "--json", "--save", tmp_path / "run.npz").stdout)
+    cfg = tfmcli.Config(**{**gpt2.read_config(checkpoint), "batch": 2, "seq_len": 5,
+                           "lengths": (5, 2)})
+    _, params = gpt2.load_checkpoint(checkpoint, np.float64)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([[5, 9, 2, 7, 1], [4, 4]]), cfg)
+    assert data["loss"] == fwd.loss
+    # --save writes tfm's names, and the saved run reloads to the same loss
+    with np.load(tmp_path / "run.npz") as saved:
+        assert "param/embed.W_pos" in saved.files and "param/head.W_U" not in saved.files
+        assert "grad/embed.W_E" in saved.files
+    assert json.loads(ok("forward", "--load", tmp_path / "run.npz", "--json").stdout)["loss"] == fwd.loss
+
+
+def test_float32_weights_and_a_bare_key_layout_load_exactly(tmp_path):
+    folder = write_checkpoint(tmp_path / "bare", tensors=gpt2_tensors(prefix=""))
+    _, params = gpt2.load_checkpoint(folder, np.float64)
+    raw = gpt2_tensors(prefix="")
+    assert np.array_equal(params["embed.W_E"].astype(np.float32), raw["wte.weight"])
+    out = ok("forward", "--load", folder, "--dtype", "float32", "--tokens", "1,2,3").stdout
+    assert "float32" in out
+
+
+def test_gradcheck_a_checkpoint(checkpoint):
+    data = json.loads(ok("gradcheck", "--load", checkpoint, "--tokens", "5,9,2,7", "--json",
+                         "--max-entries", 6).stdout)
+    assert data["passed"] is True
+    names = [p["name"] for p in data["params"]]
+    assert "embed.W_pos" in names and "head.W_U" not in names
+
+
+def test_shapes_count_the_tied_head_once():
+    data = json.loads(ok("shapes", "-d", 768, "-H", 12, "-L", 12, "-V", 50257, "--pe", "learned",
+                         "--n-ctx", 1024, "--tied-head", "--no-head-bias", "-T", 32, "-B", 1,
+                         "--json").stdout)
+    assert data["param_count"] == 124_439_808   # GPT-2 small, its head tied to wte
+    assert "head.W_U" not in data["params"]
+
+
+# ---------------------------------------------------------------- bad folders
+
+
+def corrupt(folder, what):
+    if what == "no config":
+        (folder / "config.json").unlink()
+    elif what == "bert":
+        (folder / "config.json").write_text(json.dumps({"model_type": "bert", **SIZES}))
+    elif what == "no weights":
+        (folder / "model.safetensors").unlink()
+    elif what == "truncated":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
+    elif what == "erf gelu":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "activation_function": "gelu"}))
+    elif what == "missing n_head":
+        config = json.loads((folder / "config.json").read_text())
+        del config["n_head"]
+        (folder / "config.json").write_text(json.dumps(config))
+    elif what == "wrong shape":
+        tensors = gpt2_tensors()
+        tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((12, 40), np.float32)
+        safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+    elif what == "missing key":
+        tensors = gpt2_tensors()
+        del tensors["transformer.h.0.attn.c_proj.bias"]
+        safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+    elif what == "unknown key":
+        tensors = {**gpt2_tensors(), "transformer.h.0.attn.rotary": np.zeros(3, np.float32)}
+        safetensors_numpy.save_file(tensors, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("what, file, reason", [
+    ("no config", "tiny-gpt2", "no config.json there"),
+    ("bert", "config.json", "key 'model_type' is 'bert'"),
+    ("no weights", "tiny-gpt2", "no model.safetensors there"),
+    ("truncated", "model.safetensors", "cannot read it as safetensors"),
+    ("erf gelu", "config.json", "key 'activation_function' is 'gelu'"),
+    ("missing n_head", "config.json", "missing key 'n_head'"),
+    ("wrong shape", "model.safetensors",
+     "key 'transformer.h.1.mlp.c_fc.weight' has shape (12, 40), but config.json says (12, 48)"),
+    ("missing key", "model.safetensors", "missing key 'h.0.attn.c_proj.bias'"),
+    ("unknown key", "model.safetensors", "unknown key 'transformer.h.0.attn.rotary'"),
+])
+def test_each_bad_folder_is_one_line_naming_file_and_key(checkpoint, what, file, reason):
+    corrupt(checkpoint, what)
+    line = error_line(run("forward", "--load", checkpoint, "--tokens", "1,2,3"), 1)
+    assert reason in line
+    assert line.split(":")[2].strip().endswith(file)   # "tfm: error: --load <path>/<file>: ..."
+
+
+def test_without_the_hf_extra_it_says_how_to_install(checkpoint, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_safetensors(name, *args, **kwargs):
+        if name.startswith("safetensors"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_safetensors)
+    line = error_line(run("forward", "--load", checkpoint), 2)
+    assert "'--load'" in line and "pip install 'tfmcli[hf]'" in line
+
+
+def test_a_flag_contradicting_the_checkpoint(checkpoint):
+    line = error_line(run("forward", "--load", checkpoint, "-d", 16), 2)
+    assert "'--d-model'" in line and "d_model=12" in line
+
+
+def test_too_long_for_the_learned_positions(checkpoint):
+    line = error_line(run("forward", "--load", checkpoint, "--tokens", ",".join(["1"] * 17)), 2)
+    assert "seq_len=17 is longer than the 16 learned positions" in line
+
+
+# ---------------------------------------------------------------- text in
+
+
+def test_text_is_tokenized_and_labels_every_view(checkpoint):
+    tok = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    ids = tok.encode("The cat sat on").ids
+    data = json.loads(ok("forward", "--load", checkpoint, "--text", "The cat sat on",
+                         "--json").stdout)
+    assert data["config"]["seq_len"] == len(ids) == 4
+    out = ok("forward", "--load", checkpoint, "--text", "The cat sat on", "--head", 0).stdout
+    assert "row 0 tokens   The ␣cat ␣sat ␣on" in out
+    assert "row 0 targets  ␣cat ␣sat ␣on —" in out
+    assert "q1:␣cat" in out and "k3:␣on" in out
+    assert "tokens from    --text" in out
+    out = ok("attn", "--load", checkpoint, "--text", "The cat sat").stdout
+    assert "q2:␣sat" in out
+    # --tokens on a folder with a tokenizer is labelled with the token strings too
+    assert "q1:␣cat" in ok("forward", "--load", checkpoint, "--tokens",
+                           ",".join(map(str, ids)), "--head", 0).stdout
+
+
+def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):
+    folder = write_checkpoint(tmp_path / "old-style", tokenizer=False)
+    tok = write_tokenizer(tmp_path / "tok.json")
+    model = json.loads(tok.to_str())["model"]
+    (folder / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    out = ok("forward", "--load", folder, "--text", "The dog sat", "--head", 0).stdout
+    assert "row 0 tokens   The ␣dog ␣sat" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--text", "The cat"], "it needs --load DIR"),
+    (["--text", "The cat", "--tokens", "1,2"], "not both"),
+])
+def test_text_needs_a_tokenizer(checkpoint, args, needle):
+    line = error_line(run("forward", *(["--load", checkpoint] if "--tokens" in args else []), *args), 2)
+    assert "'--text'" in line and needle in line
+
+
+def test_text_without_a_tokenizer_in_the_folder(tmp_path):
+    folder = write_checkpoint(tmp_path / "no-tok", tokenizer=False)
+    line = error_line(run("forward", "--load", folder, "--text", "The cat"), 2)
+    assert "has no tokenizer.json" in line and "--tokens" in line
+
+
+# ---------------------------------------------------------------- logit lens
+
+
+def test_lens_last_row_is_the_models_own_prediction(checkpoint):
+    cfg = tfmcli.Config(**{**gpt2.read_config(checkpoint), "batch": 1, "seq_len": 6})
+    _, params = gpt2.load_checkpoint(checkpoint, np.float64)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([[5, 9, 2, 7, 1, 3]]), cfg)
+    rows = logit_lens(params, fwd, cfg, row=0, k=4)
+    assert [r.name for r in rows] == ["embed", "block 0", "block 1"]
+    np.testing.assert_allclose(rows[-1].logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(rows[-1].top[:, 0], fwd.acts["logits"][0].argmax(-1))
+    probs = fwd.acts["probs"][0]
+    np.testing.assert_allclose(rows[-1].probs[:, 0], probs.max(-1), rtol=1e-12)
+    # the embedding row reads the stream before any block: ln_f(W_E[x] + W_pos[t]) W_E^T
+    x = params["embed.W_E"][[5, 9, 2, 7, 1, 3]] + params["embed.W_pos"][:6]
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    x = x * params["ln_f.gamma"] + params["ln_f.beta"]
+    np.testing.assert_allclose(rows[0].logits, x @ params["embed.W_E"].T, rtol=1e-10)
+
+
+def test_lens_cli_on_text_and_on_a_toy_model(checkpoint):
+    data = json.loads(ok("lens", "--load", checkpoint, "--text", "The cat sat on", "--json",
+                         "-k", 2).stdout)
+    assert [layer["name"] for layer in data["layers"]] == ["embed", "block 0", "block 1"]
+    assert len(data["layers"][0]["top"]) == 4 and len(data["layers"][0]["top"][0]) == 2
+    out = ok("lens", "--load", checkpoint, "--text", "The cat sat on").stdout
+    assert "1:␣cat" in out and "→␣sat" in out and "block 1" in out
+    toy = json.loads(ok("lens", "--tokens", "3,1,4,1,5", "-L", 3, "--json").stdout)
+    assert len(toy["layers"]) == 4 and toy["tokens"] == [3, 1, 4, 1, 5]
+
+
+# ---------------------------------------------------------------- Hugging Face as the oracle
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
+    """Loss, logits and every gradient agree with GPT2LMHeadModel's autograd (float64, 1e-9)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(**SIZES, activation_function="gelu_new", resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(torch.float64)
+    with torch.no_grad():   # O(1) everything: gammas near 1, every bias drawn
+        generator = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            centre = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
+            p.copy_(centre + 0.3 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
+    model.save_pretrained(tmp_path / "hf")
+    model.config._attn_implementation = "eager"
+    model.eval()
+
+    rows = [[5, 9, 2, 7, 1, 3], [4, 8, 15, 16, 23, 42]]
+    lengths = [6, 6]
+    if padding:
+        rows[1], lengths[1] = rows[1][:3], 3
+    inputs = tfmcli.inputs_from_tokens(rows)
+    ids = torch.as_tensor(inputs.tokens)
+    attention_mask = torch.as_tensor(np.arange(6)[None, :] < np.array(lengths)[:, None]).long()
+    labels = ids.masked_fill(attention_mask == 0, -100)
+    out = model(input_ids=ids, attention_mask=attention_mask, labels=labels)
+    # Hugging Face computes its own loss in float32 (it upcasts logits with .float()), so the
+    # float64 oracle is the same shifted cross-entropy taken on its float64 logits:
+    V = SIZES["vocab_size"]
+    loss64 = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, V),
+                                               labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert abs(out.loss.item() - loss64.item()) <= 1e-6 * loss64.item()   # the same convention
+    loss64.backward()
+
+    cfg = tfmcli.Config(**{**gpt2.read_config(tmp_path / "hf"), "batch": 2, "seq_len": 6,
+                           "lengths": None if not padding else (6, 3)})
+    _, params = gpt2.load_checkpoint(tmp_path / "hf", np.float64)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+
+    def rel(ours, theirs):
+        theirs = theirs.detach().numpy()
+        return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+    assert abs(fwd.loss - loss64.item()) / loss64.item() <= 1e-9
+    logits = fwd.acts["logits"]
+    valid = attention_mask.numpy().astype(bool)
+    assert rel(logits[valid], out.logits[torch.as_tensor(valid)]) <= 1e-9
+    hf = dict(model.named_parameters())
+    d = 12
+    pairs = {"embed.W_E": hf["transformer.wte.weight"].grad,
+             "embed.W_pos": hf["transformer.wpe.weight"].grad,
+             "ln_f.gamma": hf["transformer.ln_f.weight"].grad,
+             "ln_f.beta": hf["transformer.ln_f.bias"].grad}
+    for i in range(2):
+        h, p = f"transformer.h.{i}.", f"blocks.{i}."
+        for j, w in enumerate("QKV"):
+            pairs[p + f"attn.W_{w}"] = hf[h + "attn.c_attn.weight"].grad[:, j * d:(j + 1) * d]
+            if w != "K":   # b_K's gradient is 0 in exact arithmetic: both sides are noise
+                pairs[p + f"attn.b_{w}"] = hf[h + "attn.c_attn.bias"].grad[j * d:(j + 1) * d]
+        pairs.update({p + "attn.W_O": hf[h + "attn.c_proj.weight"].grad,
+                      p + "attn.b_O": hf[h + "attn.c_proj.bias"].grad,
+                      p + "ln1.gamma": hf[h + "ln_1.weight"].grad,
+                      p + "ln1.beta": hf[h + "ln_1.bias"].grad,
+                      p + "ln2.gamma": hf[h + "ln_2.weight"].grad,
+                      p + "ln2.beta": hf[h + "ln_2.bias"].grad,
+                      p + "ffn.W_1": hf[h + "mlp.c_fc.weight"].grad,
+                      p + "ffn.b_1": hf[h + "mlp.c_fc.bias"].grad,
+                      p + "ffn.W_2": hf[h + "mlp.c_proj.weight"].grad,
+                      p + "ffn.b_2": hf[h + "mlp.c_proj.bias"].grad})
+    assert len(pairs) == len(grads) - 2   # every gradient but the two b_K
+    for name, theirs in pairs.items():
+        assert rel(grads[name], theirs) <= 1e-9, name
+    if padding:   # the position past every row's length gets no gradient
+        np.testing.assert_array_equal(grads["embed.W_pos"][6:], 0)
