@@ -13,6 +13,7 @@ from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.gradcheck import GradcheckReport, gradcheck
 from tfmcli.init import init_params
+from tfmcli.sources import load
 from tfmcli.model import (IGNORE, Forward, Gradients, Inputs, backward, forward, inputs_from_tokens,
                           make_inputs)
 
@@ -21,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "IGNORE", "Inputs",
     "TfmError", "backward", "forward", "gradcheck", "init_params", "inputs_from_tokens",
-    "make_inputs", "__version__",
+    "load", "make_inputs", "__version__",
 ]

@@ -26,7 +26,7 @@ from tfmcli.sources.text import find_tokenizer
 INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
 PAD_LABEL = "pad"
 
-__all__ = ["MissingExtra", "Run", "parse_tokens", "resolve"]
+__all__ = ["MissingExtra", "Run", "load", "parse_tokens", "resolve"]
 
 
 @dataclass
@@ -147,6 +147,23 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     seed = f"seed {cfg.seed}"
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
                tokens_from or seed, token_text, read_params)
+
+
+def load(path, *, tokens=None, text=None, **fields) -> Run:
+    """A run from a GPT-2 checkpoint folder or an ``.npz``, ready for ``forward``.
+
+    >>> run = tfmcli.load("gpt2", text="The cat sat on the mat")      # doctest: +SKIP
+    >>> fwd = tfmcli.forward(run.params, run.inputs, run.cfg)          # doctest: +SKIP
+
+    ``tokens`` (a list of ids, or a list of such lists) or ``text`` (a string or a list of
+    strings) give the input; ``fields`` set Config fields the file does not decide (``dtype``).
+    """
+    if tokens is not None and tokens and not isinstance(tokens[0], (list, tuple, np.ndarray)):
+        tokens = [tokens]
+    if isinstance(text, str):
+        text = [text]
+    flags = {**Config().__dict__, **fields}
+    return resolve(flags, set(fields), path, tokens, text).complete()
 
 
 def parse_tokens(texts, option: str = "tokens") -> list[list[int]] | None:
