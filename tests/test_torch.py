@@ -1,6 +1,7 @@
 """tfm against PyTorch autograd: the same model, written independently in plain torch ops.
 
-The torch model below shares nothing with tfmcli but the parameter dict and the inputs: the
+The torch model (``tfmcli/reference.py``, which ``tfm check --against torch`` runs too) shares
+nothing with tfmcli but the parameter dict and the inputs: the
 embedding is indexing, the positional encoding is computed in torch, layer norm is
 ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``, the
 loss is ``F.cross_entropy`` over the valid positions. Everything runs in float64, so loss,
@@ -10,7 +11,6 @@ logits, attention patterns and gradients must agree to rounding (1e-9 relative).
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -18,7 +18,9 @@ import pytest
 import tfmcli
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
+
+from tfmcli import reference  # noqa: E402  (after the skip: it needs torch to run)
+from tfmcli.reference import torch_sinusoidal  # noqa: E402
 
 TOL = 1e-9
 
@@ -41,76 +43,9 @@ CONFIGS = [
 ]
 
 
-def torch_sinusoidal(T, d):
-    """The PyTorch-tutorial form: exp(-2i log(10000) / d) frequencies, sines and cosines."""
-    position = torch.arange(T, dtype=torch.float64)[:, None]                   # (T, 1)
-    div_term = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * (-math.log(10000.0) / d))
-    pe = torch.zeros(T, d, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(position * div_term)
-    pe[:, 1::2] = torch.cos(position * div_term[: d // 2])
-    return pe
-
-
 def torch_run(params, inputs, cfg):
-    """Forward and backward in torch; returns loss, logits, patterns by block, leaf tensors."""
-    P = {name: torch.tensor(value, requires_grad=True) for name, value in params.items()}
-    tokens = torch.as_tensor(inputs.tokens)
-    targets = torch.as_tensor(inputs.targets)
-    lengths = torch.as_tensor(inputs.lengths)
-    B, T = tokens.shape
-    d, H = cfg.d_model, cfg.heads
-    dh = d // H
-
-    keys = torch.arange(T)[None, :] < lengths[:, None]                        # (B, T)
-    valid = keys & (targets != -100)                                          # scored positions
-    mask = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
-    if cfg.causal:
-        mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
-    patterns = {}
-
-    def layer_norm(x, name):
-        return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
-
-    def attention(x, p):
-        def project(w):
-            y = x @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"]
-            return y.view(B, T, H, dh).transpose(1, 2)                        # (B, H, T, dh)
-
-        q, k, v = project("Q"), project("K"), project("V")
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        pattern = torch.softmax(scores, dim=-1)
-        pattern.retain_grad()
-        patterns[p] = pattern
-        context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
-        return context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
-
-    def ffn(x, p):
-        h = x @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]
-        h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
-        return h @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
-
-    x = P["embed.W_E"][tokens]
-    if cfg.pe == "sinusoidal":
-        x = x + torch_sinusoidal(T, d)
-    elif cfg.pe == "learned":
-        x = x + P["embed.W_pos"][:T]
-    for i in range(cfg.layers):
-        p = f"blocks.{i}."
-        if cfg.norm == "pre":
-            x = x + attention(layer_norm(x, p + "ln1"), p)
-            x = x + ffn(layer_norm(x, p + "ln2"), p)
-        else:
-            x = layer_norm(x + attention(x, p), p + "ln1")
-            x = layer_norm(x + ffn(x, p), p + "ln2")
-    if cfg.norm == "pre":
-        x = layer_norm(x, "ln_f")
-    W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
-    logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
-    logits.retain_grad()
-    loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
-    loss.backward()
-    return loss, logits, patterns, P
+    """(loss, logits, patterns, leaves) from tfmcli.reference, the independent torch model."""
+    return reference.torch_run(params, inputs, cfg)
 
 
 def rel(ours, theirs, floor):

@@ -1,0 +1,61 @@
+"""tfm check --against torch: the same run in an independent PyTorch model, every number compared."""
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
+from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
+from tfmcli.errors import TfmError
+from tfmcli.reference import FLOOR, TOLERANCE, MissingTorch, compare, import_torch, torch_run
+
+Against = Enum("Against", {"torch": "torch"}, type=str)
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def check(
+    against: Annotated[Against, typer.Option("--against", case_sensitive=False, help="The independent implementation to compare with.")] = Against.torch,
+    tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative difference that passes (default 1e-9 for float64, 1e-4 for float32).")] = None,
+    full: Full = False,
+    opts: Options = None,
+):
+    """Proof on demand: run the model in PyTorch autograd and compare every number; exit 1 if any differs.
+
+    Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
+    """
+    if tol is not None and not tol > 0:
+        raise typer.BadParameter(f"{tol} is not allowed (allowed: a positive number)",
+                                 param_hint="'--tol'")
+    try:
+        import_torch()
+    except MissingTorch as e:
+        raise typer.BadParameter(str(e), param_hint="'--against'") from None
+    run, fwd, grads = execute(opts, with_grads=True)
+    cfg = run.cfg
+    rows = compare(fwd, grads, torch_run(run.params, run.inputs, cfg), cfg, tol)
+    tolerance = TOLERANCE[cfg.dtype] if tol is None else tol
+    failed = [r.name for r in rows if not r.passed]
+    worst = max(rows, key=lambda r: r.rel)
+    table = render.record_table(
+        ["compared", "max relative difference", "check"],
+        [[r.name, f"{r.rel:.2e}", Text("✓ pass", style="green") if r.passed
+          else Text("✗ FAIL", style="bold red")] for r in rows],
+        title="tfm against PyTorch autograd (float64)", max_rows=rows_limit(full))
+    table.caption = (f"difference = max |tfm - torch| / max |torch|, that at least "
+                     f"{FLOOR[cfg.dtype]:g} x the largest gradient (a gradient that is 0 in "
+                     f"exact arithmetic holds only noise)")
+    verdict = (Text(f"all {len(rows)} agree: worst {worst.rel:.2e} ({worst.name}) <= {tolerance:g}",
+                    style="bold green") if not failed else
+               Text(f"{len(failed)} of {len(rows)} differ beyond {tolerance:g}: "
+                    f"{', '.join(failed)}", style="bold red"))
+    payload = {"against": against.value, "tolerance": tolerance, "passed": not failed,
+               "rows": [{"name": r.name, "rel": r.rel, "passed": r.passed} for r in rows]}
+    emit(opts, [render.config_panel(describe(cfg, run), title="tfm check"), table, verdict],
+         payload)
+    if failed:
+        raise TfmError(f"tfm and torch differ beyond {tolerance:g} in {', '.join(failed)}")

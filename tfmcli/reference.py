@@ -1,0 +1,149 @@
+"""tfm's model written again in plain PyTorch, for ``tfm check --against torch`` and the tests.
+
+It shares nothing with tfm's engine but the parameter dict and the inputs: the embedding is
+indexing, the positional encoding is computed in torch (the PyTorch-tutorial form), layer norm
+is ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``,
+the loss is ``F.cross_entropy`` with ``ignore_index=-100``, and every gradient comes from
+autograd. PyTorch is imported only when this runs (the optional extra ``tfmcli[torch]``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+INSTALL = "python -m pip install 'tfmcli[torch]'"
+
+
+class MissingTorch(Exception):
+    """PyTorch is not installed; the message says how to install it."""
+
+
+def import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise MissingTorch(f"--against torch needs PyTorch: {INSTALL}") from None
+    return torch
+
+
+class TorchRun(NamedTuple):
+    loss: object       # 0-d tensor
+    logits: object     # (B, T, V), with .grad
+    patterns: dict     # "blocks.{i}." -> (B, H, T, T), with .grad
+    leaves: dict       # parameter name -> leaf tensor, with .grad
+
+
+def torch_sinusoidal(T, d):
+    """The PyTorch-tutorial form: exp(-2i log(10000) / d) frequencies, sines and cosines."""
+    torch = import_torch()
+    position = torch.arange(T, dtype=torch.float64)[:, None]                   # (T, 1)
+    div_term = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * (-math.log(10000.0) / d))
+    pe = torch.zeros(T, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term[: d // 2])
+    return pe
+
+
+def torch_run(params, inputs, cfg) -> TorchRun:
+    """Forward and backward in float64 torch on tfm's parameters and inputs."""
+    torch = import_torch()
+    F = torch.nn.functional
+    P = {name: torch.tensor(np.asarray(value, dtype=np.float64), requires_grad=True)
+         for name, value in params.items()}
+    tokens = torch.as_tensor(inputs.tokens)
+    targets = torch.as_tensor(inputs.targets)
+    lengths = torch.as_tensor(inputs.lengths)
+    B, T = tokens.shape
+    d, H = cfg.d_model, cfg.heads
+    dh = d // H
+
+    keys = torch.arange(T)[None, :] < lengths[:, None]                        # (B, T)
+    valid = keys & (targets != -100)                                          # scored positions
+    mask = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
+    if cfg.causal:
+        mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    patterns = {}
+
+    def layer_norm(x, name):
+        return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+
+    def attention(x, p):
+        def project(w):
+            y = x @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"]
+            return y.view(B, T, H, dh).transpose(1, 2)                        # (B, H, T, dh)
+
+        q, k, v = project("Q"), project("K"), project("V")
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        pattern = torch.softmax(scores, dim=-1)
+        pattern.retain_grad()
+        patterns[p] = pattern
+        context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
+        return context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
+
+    def ffn(x, p):
+        h = x @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]
+        h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
+        return h @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
+
+    x = P["embed.W_E"][tokens]
+    if cfg.pe == "sinusoidal":
+        x = x + torch_sinusoidal(T, d)
+    elif cfg.pe == "learned":
+        x = x + P["embed.W_pos"][:T]
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        if cfg.norm == "pre":
+            x = x + attention(layer_norm(x, p + "ln1"), p)
+            x = x + ffn(layer_norm(x, p + "ln2"), p)
+        else:
+            x = layer_norm(x + attention(x, p), p + "ln1")
+            x = layer_norm(x + ffn(x, p), p + "ln2")
+    if cfg.norm == "pre":
+        x = layer_norm(x, "ln_f")
+    W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
+    logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
+    logits.retain_grad()
+    loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
+    loss.backward()
+    return TorchRun(loss, logits, patterns, P)
+
+
+class Difference(NamedTuple):
+    name: str
+    rel: float       # max |tfm - torch| / max(max |torch|, floor)
+    passed: bool
+
+
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
+# Differences are measured against at least this fraction of the largest gradient: a gradient
+# that is 0 in exact arithmetic (b_K) holds only rounding noise, of about float32's or
+# float64's precision times the size of the others.
+FLOOR = {"float64": 1e-6, "float32": 1e-3}
+
+
+def compare(fwd, grads, reference: TorchRun, cfg, tolerance=None) -> list[Difference]:
+    """Loss, logits, every pattern and every parameter gradient of tfm against torch's."""
+    tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+    floor = FLOOR[cfg.dtype] * max(float(leaf.grad.abs().max()) for leaf in reference.leaves.values())
+    rows = []
+
+    def add(name, ours, theirs, size_floor=0.0):
+        theirs = theirs.detach().numpy() if hasattr(theirs, "detach") else np.asarray(theirs)
+        ours = np.asarray(ours, dtype=np.float64)
+        size = max(float(np.abs(theirs).max(initial=0.0)), size_floor, 1e-300)
+        rel = float(np.abs(ours - theirs).max(initial=0.0)) / size
+        rows.append(Difference(name, rel, rel <= tolerance))
+
+    add("loss", fwd.loss, reference.loss.item())
+    add("logits", fwd.acts["logits"], reference.logits)
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        add(p + "attn.pattern", fwd.acts[p + "attn.pattern"], reference.patterns[p])
+    for name, leaf in reference.leaves.items():
+        add("grad " + name, grads[name], leaf.grad, floor)
+    add("grad logits", grads.acts["logits"], reference.logits.grad)
+    return rows
