@@ -125,3 +125,31 @@ def test_bad_tokens_are_usage_errors_naming_both(args, option, needle):
 def test_agreeing_flags_are_fine():
     ok("forward", "--tokens", "1,2,3", "-T", "3", "-B", "1")
     ok("forward", "--tokens", "1,2,3", "--tokens", "1,2", "--lengths", "3,2")
+
+
+def test_attn_query_explains_one_row_number_by_number():
+    data = json.loads(ok("attn", "--tokens", "3,1,4,1,5", "--query", 3, "--head", 1,
+                         "--json").stdout)
+    cfg = tfmcli.Config(batch=1, seq_len=5)
+    params = tfmcli.init_params(cfg)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5]]), cfg)
+    q = fwd.acts["blocks.0.attn.q"][0, 1, 3]
+    keys = data["keys"]
+    assert [k["visible"] for k in keys] == [True, True, True, True, False]
+    for s, key in enumerate(keys):
+        k = fwd.acts["blocks.0.attn.k"][0, 1, s]
+        np.testing.assert_allclose(key["products"], q * k, rtol=1e-14)
+        assert key["score"] == pytest.approx(float(q @ k), rel=1e-13)
+        assert key["scaled"] == pytest.approx(float(q @ k) / np.sqrt(3), rel=1e-13)
+        assert key["weight"] == pytest.approx(float(fwd.acts["blocks.0.attn.pattern"][0, 1, 3, s]),
+                                              abs=1e-15)
+    assert keys[4]["weight"] == 0.0
+    np.testing.assert_allclose(data["context"], fwd.acts["blocks.0.attn.context"][0, 3, 3:6],
+                               rtol=1e-13)
+    out = ok("attn", "--tokens", "3,1,4,1,5", "--query", 3).stdout
+    assert "Σ score" in out and "Σ context" in out and "k4:5   " in out and "hidden" in out
+
+
+def test_attn_query_out_of_range():
+    line = error_line(run("attn", "--query", 4), 2)
+    assert "'--query'" in line and "0..3" in line

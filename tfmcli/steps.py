@@ -84,3 +84,37 @@ def illustrated_steps(scale: float):
     mask = np.ones((3, 3), dtype=bool)
     return head_steps(X, ILLUSTRATED["W_Q"], zero, ILLUSTRATED["W_K"], zero,
                       ILLUSTRATED["W_V"], zero, mask, scale)
+
+
+class QueryExplained(NamedTuple):
+    """One row of one head's attention, every number of it (``tfm attn --query``)."""
+
+    t: int                # the query's position
+    q: np.ndarray         # (d_head,)
+    k: np.ndarray         # (T, d_head) every key
+    products: np.ndarray  # (T, d_head) q_i * k_i; each row sums to that key's score
+    scores: np.ndarray    # (T,) q . k
+    scale: float          # 1 / sqrt(d_head)
+    visible: np.ndarray   # (T,) bool: the mask of this query's row
+    weights: np.ndarray   # (T,) the softmax (0 where hidden)
+    v: np.ndarray         # (T, d_head)
+    weighted: np.ndarray  # (T, d_head) weights[s] * v[s]; the rows sum to the context
+    context: np.ndarray   # (d_head,)
+
+
+def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
+    """Query ``t`` of head ``head`` in block ``block``, batch row ``row``, from the model's own
+    q, k and v (the ``attn.q/k/v`` activations), recomputed product by product."""
+    p = f"blocks.{block}.attn."
+    q = fwd.acts[p + "q"][row, head, t]                          # (d_head,)
+    k = fwd.acts[p + "k"][row, head]                             # (T, d_head)
+    v = fwd.acts[p + "v"][row, head]
+    T = k.shape[0]
+    visible = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row, t]   # (T,)
+    products = q[None, :] * k                                    # (T, d_head)
+    scores = products.sum(axis=-1)                               # (T,)
+    scale = 1.0 / math.sqrt(cfg.d_head)
+    weights, _ = ops.softmax_forward(np.where(visible, scores * scale, -np.inf))
+    weighted = weights[:, None] * v                              # (T, d_head)
+    return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
+                          weighted.sum(axis=0))

@@ -1,6 +1,8 @@
 """tfm attn: one attention head step by step, from the model or seed 002's worked example."""
 
 import math
+
+import numpy as np
 from typing import Annotated, Optional
 
 import typer
@@ -10,9 +12,10 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Precision, Row, check_indices, describe, emit, execute,
                                position_labels, width)
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_range, with_options)
 from tfmcli.io import jsonable, run_arrays
-from tfmcli.steps import illustrated_steps, model_head_steps
+from tfmcli.steps import explain_query, illustrated_steps, model_head_steps
 
 
 @app.command()
@@ -22,6 +25,7 @@ def attn(
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the head.")] = 0,
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
     row: Row = 0,
+    query: Annotated[Optional[int], typer.Option("--query", "-q", callback=bounded(0), help="Explain this query's row number by number: q . k, scale, mask, softmax, the sum of v.")] = None,
     precision: Precision = 4,
     opts: Options = None,
 ):
@@ -50,9 +54,16 @@ def attn(
         arrays.update({f"scaled/{s.name}": s.value for s in scaled})
         emit(opts, parts, payload, arrays)
         return
-    run, fwd, _ = execute(
-        opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row, head, block))
+    def validate(cfg):
+        check_indices(cfg, row, head, block)
+        if query is not None:
+            check_range(query, cfg.seq_len, "--query", "positions")
+
+    run, fwd, _ = execute(opts, with_grads=False, validate=validate)
     cfg, params, inputs = run.cfg, run.params, run.inputs
+    if query is not None:
+        explain_one_query(opts, run, fwd, block, head, row, query, precision)
+        return
     steps = model_head_steps(params, fwd, cfg, block, head, row)
     parts = [render.config_panel(describe(cfg, run, row),
                                  title=f"tfm attn: block {block}, head {head}, batch row {row}")]
@@ -79,3 +90,54 @@ def render_steps(steps, precision, queries=None, keys=None):
         parts.append(render.tensor_table(step.value, precision=precision, width=width(),
                                          mask=step.mask, **labels))
     return parts
+
+
+def explain_one_query(opts, run, fwd, block, head, row, t, precision):
+    """tfm attn --query t: every number of one attention row, labelled by its tokens."""
+    cfg = run.cfg
+    x = explain_query(fwd, cfg, block, head, row, t)
+    labels = position_labels(run, row)
+    keys = position_labels(run, row, "k")
+    seen = [s for s in range(len(keys)) if x.visible[s]]
+    dims = [str(i) for i in range(cfg.d_head)]
+    shown = [k for s, k in enumerate(keys) if x.visible[s]]
+    w = width()
+
+    def table(array, title, rows, cols):
+        return render.tensor_table(array, title=title, row_labels=rows, col_labels=cols,
+                                   precision=precision, width=w)
+
+    score_rows = [[keys[s], render.fmt(x.scores[s], precision),
+                   render.fmt(x.scores[s] * x.scale, precision),
+                   "visible" if x.visible[s] else "hidden",
+                   render.fmt(x.weights[s], precision) if x.visible[s] else "·"]
+                  for s in range(len(keys))]
+    parts = [
+        render.config_panel(describe(cfg, run, row), title=f"tfm attn: block {block}, head "
+                                                          f"{head}, query {labels[t]}"),
+        Text(f"1. the query q = row {t} of Q (token {labels[t]})", style="bold"),
+        table(x.q[None, :], None, [position_labels(run, row, "q")[t]], dims),
+        Text("2. each visible key k = a row of K", style="bold"),
+        table(x.k[seen], None, shown, dims),
+        Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),
+        table(np.column_stack([x.products[seen], x.scores[seen]]), None, shown,
+              dims + ["Σ score"]),
+        Text(f"4. scaled by 1/sqrt(d_head) = {x.scale:.6g}, masked, softmax over the visible keys",
+             style="bold"),
+        render.record_table(["key", "score", "scaled", "mask", "softmax"], score_rows),
+        Text("5. softmax weight x v, and their sum: the context row", style="bold"),
+        table(np.vstack([x.weighted[seen], x.context]), None,
+              [f"w·v {k}" for k in shown] + ["Σ context"], dims),
+    ]
+    model = fwd.acts[f"blocks.{block}.attn.context"][row, t,
+                                                    head * cfg.d_head:(head + 1) * cfg.d_head]
+    parts.append(Text(f"the model's own context row (attn.context) differs from this sum by "
+                      f"{float(np.abs(model - x.context).max()):.1e}", style="dim"))
+    payload = {"block": block, "head": head, "row": row, "query": t, "token": labels[t],
+               "q": x.q.tolist(), "scale": x.scale, "context": x.context.tolist(),
+               "keys": [{"position": s, "token": keys[s], "k": x.k[s].tolist(),
+                         "products": x.products[s].tolist(), "score": float(x.scores[s]),
+                         "scaled": float(x.scores[s] * x.scale), "visible": bool(x.visible[s]),
+                         "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}
+                        for s in range(len(keys))]}
+    emit(opts, parts, payload)
