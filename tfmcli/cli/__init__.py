@@ -6,6 +6,6 @@ options, build the run through ``common.execute``, call the engine, hand rendera
 """
 
 from tfmcli.cli.app import app, main
-from tfmcli.cli import forward, backward, gradcheck, shapes, attn, mask, pe, train, kv, lens, check  # noqa: F401,E402  (registry)
+from tfmcli.cli import forward, backward, gradcheck, shapes, attn, mask, pe, train, kv, lens, check, compare  # noqa: F401,E402  (registry)
 
 __all__ = ["app", "main"]
