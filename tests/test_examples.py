@@ -44,3 +44,39 @@ def test_tiny_gpt2_example_trains_and_writes_a_loadable_folder(tmp_path):
     shipped = tfmcli.load(EXAMPLES / "tiny-gpt2", text="The cat sat on the mat.")
     assert sum(p.size for p in shipped.params.values()) == 35_136
     assert tfmcli.forward(shipped.params, shipped.inputs, shipped.cfg).loss < 0.5
+
+
+SEED_EXAMPLES = {   # script: (lines marked ✓, lines marked ≠, a number the note is wrong about)
+    "seed_000.py": (12, 1, "0.69194171"),
+    "seed_001.py": (11, 1, "0.23502814"),
+    "seed_002.py": (7, 3, "0.0000  0.5000  0.5000"),
+    "seed_003.py": (19, 5, "-4.18273278"),
+    "seed_004.py": (10, 2, "0.80196180"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SEED_EXAMPLES))
+def test_seed_examples_agree_where_the_notes_are_right(script):
+    """Each agree() raises when tfm and the note disagree, so a clean run is the check; the
+    counts catch a check that silently went missing, the number a note's mistake."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    agreed, differed, wrong = SEED_EXAMPLES[script]
+    lines = result.stdout.splitlines()
+    assert sum(line.lstrip().startswith("✓") for line in lines) == agreed
+    assert sum(line.lstrip().startswith("≠") for line in lines) == differed
+    assert wrong in result.stdout
+
+
+def test_agree_raises_when_the_numbers_differ():
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    from notes import agree
+
+    with pytest.raises(AssertionError, match="off by 1.00e-03"):
+        agree("x", [1.0, 2.0], [1.0, 2.001], atol=1e-8)
