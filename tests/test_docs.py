@@ -1,0 +1,69 @@
+"""docs/derivations.md: every linked function exists, and the numbers of its "common mistakes"
+table are what the engine (and each mistake) computes, so the page cannot drift."""
+
+import math
+import re
+import runpy
+from pathlib import Path
+
+import numpy as np
+
+from tfmcli import ops
+from tfmcli.positional import sinusoidal
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = (ROOT / "docs" / "derivations.md").read_text()
+
+
+def test_every_linked_function_exists():
+    links = re.findall(r"\[`(\w+)\.(\w+)`\]\(\.\./tfmcli/(\w+)\.py\)", DOC)
+    assert len(links) >= 12
+    for module, function, path in links:
+        assert module == path
+        assert f"def {function}(" in (ROOT / "tfmcli" / f"{path}.py").read_text(), function
+
+
+def row(mistake_prefix):
+    """(tfm's number, the mistake's number) of the table row starting with this text."""
+    line = next(l for l in DOC.splitlines() if l.startswith(f"| {mistake_prefix}"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    return float(cells[2]), float(cells[3])
+
+
+def close(row_values, right, wrong):
+    assert abs(row_values[0] - right) < 5e-9, (row_values, right)
+    assert abs(row_values[1] - wrong) < 5e-9, (row_values, wrong)
+
+
+def test_seed_003_mistakes(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    ns = runpy.run_path(str(ROOT / "examples" / "seed_003.py"))
+    close(row("layer-norm backward"), ns["right_dg"][0, 1, 0], ns["note_dg"][0, 1, 0])
+    close(row("ReLU mask"), ns["grads"]["b_expand"][9], ns["note_dpre"].sum((0, 1))[9])
+
+
+def test_seed_004_positional_mistakes():
+    d, pe = 512, sinusoidal(2, 512)[1]
+    i = 2   # the note's loop: the second pair has i = 2, and 2 * i in the exponent
+    close(row("positional encoding: `i` stepped"), pe[2], math.sin(1 / 10000 ** (2 * i / d)))
+    i = 0   # the first pair's cosine gets 2 * (i + 1)
+    close(row("positional encoding: the cosine"), pe[1], math.cos(1 / 10000 ** (2 * (i + 1) / d)))
+
+
+def test_seed_002_softmax_scale():
+    from tfmcli.steps import ILLUSTRATED
+
+    X = ILLUSTRATED["X"]
+    Q, K = X @ ILLUSTRATED["W_Q"], X @ ILLUSTRATED["W_K"]
+    scaled, _ = ops.softmax_forward(Q @ K.T / math.sqrt(3))
+    unscaled, _ = ops.softmax_forward(Q @ K.T)
+    close(row("softmax of"), scaled[0, 0], unscaled[0, 0])
+
+
+def test_seed_000_std_plus_eps():
+    rng = np.random.default_rng(1000)
+    X = rng.random((4, 6))
+    gamma, beta = rng.random(6), rng.random(6)
+    right, _ = ops.layer_norm_forward(X, gamma, beta, 1e-5)
+    wrong = gamma * (X - X.mean(-1, keepdims=True)) / (X.std(-1, keepdims=True) + 1e-5) + beta
+    close(row("`(x - μ) / (std + ε)`"), right[0, 4], wrong[0, 4])
