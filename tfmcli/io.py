@@ -54,11 +54,18 @@ def atomic_write(path: str | os.PathLike):
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; a file follows the umask
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_npz(path, arrays: dict[str, np.ndarray]) -> None:

@@ -1,6 +1,7 @@
 """What every command shares: the console, printing or saving the result, building the run,
 and checking the options that name a row, head, block or tensor of it."""
 
+import io
 import json
 import math
 import os
@@ -48,11 +49,15 @@ def emit(opts: Options, renderables, payload, arrays=None):
     if opts.json:
         typer.echo(json.dumps(payload))
         return
-    console = make_console(record=opts.svg is not None)
+    console = make_console()
     for item in renderables:
         console.print(item)
-    if opts.svg is not None:
-        save_text(opts.svg, console.export_svg(title="tfm"))
+    if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is
+        recorder = Console(record=True, file=io.StringIO(), width=console.width,
+                           force_terminal=True, color_system="truecolor", highlight=False)
+        for item in renderables:
+            recorder.print(item)
+        save_text(opts.svg, recorder.export_svg(title="tfm"))
 
 
 def describe(cfg, run=None, row: int = 0) -> dict:
