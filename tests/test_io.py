@@ -211,3 +211,15 @@ def test_the_readme_api_for_saving(tmp_path):
     grads = tfmcli.backward(params, fwd, cfg)
     tfmcli.io.save_npz(tmp_path / "api.npz", tfmcli.io.run_arrays(cfg, params, inputs, fwd, grads))
     assert loss_of("forward", "--load", tmp_path / "api.npz") == pytest.approx(fwd.loss, abs=1e-15)
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    """--save and --svg files are 0644 under umask 022, like any other program's (not 0600)."""
+    old = os.umask(0o022)
+    try:
+        assert run("forward", "--save", tmp_path / "run.npz", "--svg", tmp_path / "run.svg").exit_code == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.npz").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "run.svg").stat().st_mode & 0o777 == 0o644
+    assert "<svg" in (tmp_path / "run.svg").read_text()
