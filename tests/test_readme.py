@@ -58,3 +58,20 @@ def test_inline_commands_in_the_readme_run():
         result = CliRunner().invoke(app, args)
         expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000") else 0
         assert result.exit_code == expected, (command, result.output)
+
+
+def test_the_readme_svg_pictures_come_from_commands_that_run(tmp_path, monkeypatch):
+    """Each docs/*.svg the README links is named with the command that made it; that command
+    still runs and writes an SVG. (The pictures' content is not diffed: train's holds a time.)"""
+    pictures = re.findall(r"\[`(docs/[\w-]+\.svg)`\]\(docs/[\w-]+\.svg\) \(`(tfm [^`]+)`\)",
+                          README.replace("\n", " "))
+    assert len(pictures) == 3
+    monkeypatch.chdir(README_PATH.parent)
+    for picture, command in pictures:
+        if "tiny-gpt2" in command:
+            pytest.importorskip("safetensors")
+        assert (README_PATH.parent / picture).stat().st_size > 10_000
+        out = tmp_path / Path(picture).name
+        result = CliRunner().invoke(app, shlex.split(command)[1:] + ["--svg", str(out)])
+        assert result.exit_code == 0, (command, result.output)
+        assert out.read_text().startswith("<svg")
