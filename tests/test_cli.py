@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli.cli import app
+from helpers import ok, run
+from tfmcli.cli import app  # noqa: F401
 from tfmcli.config import activation_shapes, param_shapes
 
 runner = CliRunner()
@@ -29,16 +30,6 @@ SEED_004_COMBINED = [
 def plain_env(monkeypatch):
     for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "TERM"):
         monkeypatch.delenv(name, raising=False)
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def ok(*args):
-    result = run(*args)
-    assert result.exit_code == 0, result.output
-    return result
 
 
 def ok_json(*args):

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 import tfmcli
 from tfmcli import io
-from tfmcli.cli import app
+from helpers import error_line, run
+from tfmcli.cli import app  # noqa: F401
 
 runner = CliRunner()
 
@@ -18,19 +19,6 @@ runner = CliRunner()
 def plain_env(monkeypatch):
     for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
         monkeypatch.delenv(name, raising=False)
-
-
-def run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def error_line(result, code):
-    """The single stderr line of a failed run (and that it is single, with the right code)."""
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def saved(tmp_path, *flags, name="run.npz"):
