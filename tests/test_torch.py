@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from tfmcli import reference  # noqa: E402  (after the skip: it needs torch to run)
 from tfmcli.reference import torch_sinusoidal  # noqa: E402
+from helpers import random_params  # noqa: E402
 
 TOL = 1e-9
 
@@ -91,25 +92,31 @@ def test_matches_torch_autograd(fields):
     assert float(dpattern.abs().max()) > 1e-4
 
 
-@pytest.mark.parametrize("norm, activation", [("pre", "gelu"), ("post", "relu")])
-def test_tokens_run_at_random_parameters_matches_torch(norm, activation):
-    """Padding, unscored last positions, and every gamma, beta and bias drawn O(1)."""
-    from helpers import random_params
-
-    cfg = tfmcli.Config(batch=3, seq_len=5, lengths=(5, 2, 4), norm=norm, activation=activation,
-                        layers=2)
-    params = random_params(tfmcli.init_params(cfg), seed=7)
-    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7], [6, 6, 0, 1]])
+def assert_matches_torch(params, inputs, cfg):
+    """Loss, logits and every parameter gradient (b_K aside: 0 in exact arithmetic) agree with
+    torch to TOL, and each gradient is big enough to say something. Returns tfm's gradients."""
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
     loss, logits, patterns, P = torch_run(params, inputs, cfg)
     floor = 1e-12 * max(float(P[name].grad.abs().max()) for name in P)
     assert abs(fwd.loss - loss.item()) / abs(loss.item()) <= TOL
     assert rel(fwd.acts["logits"], logits, floor) <= TOL
+    assert set(grads) == set(P)
     for name, leaf in P.items():
         if not name.endswith("attn.b_K"):
             assert rel(grads[name], leaf.grad, floor) <= TOL, name
-            assert float(leaf.grad.abs().max()) > 1e-6, name   # a gradient that says something
+            assert float(leaf.grad.abs().max()) > 1e-6, name
+    return grads
+
+
+@pytest.mark.parametrize("norm, activation", [("pre", "gelu"), ("post", "relu")])
+def test_tokens_run_at_random_parameters_matches_torch(norm, activation):
+    """Padding, unscored last positions, and every gamma, beta and bias drawn O(1)."""
+    cfg = tfmcli.Config(batch=3, seq_len=5, lengths=(5, 2, 4), norm=norm, activation=activation,
+                        layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=7)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7], [6, 6, 0, 1]])
+    assert_matches_torch(params, inputs, cfg)
 
 
 GPT2_LIKE = [
@@ -125,21 +132,9 @@ GPT2_LIKE = [
 @pytest.mark.parametrize("fields", GPT2_LIKE)
 def test_learned_positions_and_tied_head_match_torch_at_random_parameters(fields):
     """W_E's gradient sums its embedding and head parts; W_pos rows past T get none."""
-    from helpers import random_params
-
     cfg = tfmcli.Config(**fields)
     params = random_params(tfmcli.init_params(cfg), seed=5)
-    inputs = tfmcli.make_inputs(cfg)
-    fwd = tfmcli.forward(params, inputs, cfg)
-    grads = tfmcli.backward(params, fwd, cfg)
-    loss, logits, patterns, P = torch_run(params, inputs, cfg)
-    floor = 1e-12 * max(float(P[name].grad.abs().max()) for name in P)
-    assert abs(fwd.loss - loss.item()) / abs(loss.item()) <= TOL
-    assert rel(fwd.acts["logits"], logits, floor) <= TOL
-    assert set(grads) == set(P)
-    for name, leaf in P.items():
-        if not name.endswith("attn.b_K"):
-            assert rel(grads[name], leaf.grad, floor) <= TOL, name
+    grads = assert_matches_torch(params, tfmcli.make_inputs(cfg), cfg)
     if cfg.pe == "learned" and cfg.ctx > cfg.seq_len:
         assert np.all(grads["embed.W_pos"][cfg.seq_len:] == 0)
 

@@ -91,7 +91,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         The file cannot be read or does not describe a run.
     """
     fields, params, inputs, read_params = {}, None, None, None
-    weights_from = tokens_from = None
+    weights_from = tokens_from = tokenizer = None
     token_text = str
     folder = load is not None and Path(load).is_dir()
     if folder:
@@ -109,7 +109,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     if text is not None:
         if tokens is not None:
             raise ConfigError("text", "give the input as --text or as --tokens, not both")
-        if not folder or tokenizer is None:
+        if tokenizer is None:
             where = f"{load} has no tokenizer.json (or vocab.json + merges.txt)" if folder else \
                 "it needs --load DIR, a checkpoint folder with tokenizer.json"
             raise ConfigError("text", f"tfm cannot tokenize text here: {where}; --tokens "
