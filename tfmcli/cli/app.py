@@ -4,11 +4,13 @@ Errors never reach a user as tracebacks: bad options are usage errors (exit 2, o
 stderr naming the option), domain failures are ``TfmError`` (exit 1, one line).
 """
 
+import os
 import sys
 from typing import Annotated, Optional
 
 import numpy as np
 import typer
+from rich.console import Console
 from typer.core import TyperGroup
 
 import tfmcli
@@ -18,6 +20,17 @@ try:  # recent typer vendors click; older releases depend on it
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
+
+
+def _reader_left(console) -> None:
+    """Rich's reaction to a closed pipe is ``SystemExit(1)``; tfm's is the ``BrokenPipeError``
+    that ``OneLineErrors`` turns into a normal end (exit 0), for its own output and for the
+    help that Typer prints through rich."""
+    console.quiet = True
+    raise BrokenPipeError
+
+
+Console.on_broken_pipe = _reader_left
 
 
 class OneLineErrors(TyperGroup):
@@ -34,8 +47,9 @@ class OneLineErrors(TyperGroup):
             if message:  # (no message: `tfm` alone, which has just printed its help)
                 typer.echo(f"{where}: error: {message}", err=True)
             code = e.exit_code if message else 0
-        except BrokenPipeError:  # `tfm ... | head`: the reader left; nothing to report
-            sys.stderr.close()
+        except BrokenPipeError:  # `tfm ... | head`: the reader left; not an error
+            # Point stdout at /dev/null so that the interpreter's last flush cannot fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = 0
         except TfmError as e:
             typer.echo(f"tfm: error: {e}", err=True)

@@ -46,10 +46,10 @@ def emit(opts: Options, renderables, payload, arrays=None):
     """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
     if arrays is not None and opts.values.get("save") is not None:
         save_npz(opts.save, arrays)
-    if opts.json:
-        typer.echo(json.dumps(payload))
-        return
     console = make_console()
+    if opts.json:   # through the console: a closed pipe then ends the run like any output
+        console.out(json.dumps(payload), highlight=False)
+        return
     for item in renderables:
         console.print(item)
     if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is
