@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tfmcli.cli import app
+from helpers import error_line, run
 
 # One quick run of every command (and of the help), each writing more than one line.
 EVERY_COMMAND = [
@@ -35,3 +36,15 @@ def test_a_closed_pipe_is_a_normal_end(args):
         os.close(write_end)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stderr == b""
+
+
+@pytest.mark.parametrize("flag", ["--svg", "--save"])
+@pytest.mark.parametrize("command", ["forward", "train"])
+def test_an_output_path_that_cannot_be_written_stops_before_any_work(tmp_path, flag, command):
+    missing = tmp_path / "no-such-folder" / "out.file"
+    result = run(command, flag, missing, "--steps" if command == "train" else "--seed", 3)
+    assert "does not exist" in error_line(result, 2)
+    assert result.stdout == ""
+    result = run(command, flag, tmp_path, "--steps" if command == "train" else "--seed", 3)
+    assert "is a folder" in error_line(result, 2)
+    assert result.stdout == "" and os.listdir(tmp_path) == []

@@ -81,6 +81,20 @@ def bounded(low: int, high: Optional[int] = None):
     return check
 
 
+def writable(path: Optional[Path]):
+    """An output option's callback: the file must be creatable, checked before any work."""
+    if path is None:
+        return None
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a folder; give a file name")
+    if not folder.is_dir():
+        raise typer.BadParameter(f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"folder {folder} is not writable")
+    return path
+
+
 def _opt(*names, panel, **kwargs):
     return typer.Option(*names, rich_help_panel=panel, **kwargs)
 
@@ -117,8 +131,8 @@ RUN_OPTIONS = [
 ]
 OUTPUT_OPTIONS = [
     ("json", Annotated[bool, _opt("--json", panel=OUTPUT, help="Machine-readable JSON on stdout, no colour.")], False),
-    ("save", Annotated[Optional[Path], _opt("--save", panel=OUTPUT, metavar="FILE.npz", help="Save the run (npz layout in the README), atomically.")], None),
-    ("svg", Annotated[Optional[Path], _opt("--svg", panel=OUTPUT, metavar="FILE", help="Save exactly what was printed as an SVG.")], None),
+    ("save", Annotated[Optional[Path], _opt("--save", panel=OUTPUT, metavar="FILE.npz", callback=writable, help="Save the run (npz layout in the README), atomically.")], None),
+    ("svg", Annotated[Optional[Path], _opt("--svg", panel=OUTPUT, metavar="FILE", callback=writable, help="Save exactly what was printed as an SVG.")], None),
 ]
 MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS}
 # Config field -> the option a user types, for error messages.
