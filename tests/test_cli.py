@@ -261,7 +261,7 @@ def test_pe_labels_columns_with_sin_cos_and_wavelength():
 def test_attn_illustrated_prints_seed_002s_numbers():
     out = ok("attn", "--example", "illustrated").stdout
     for number in ("+1.9366", "+6.6831", "+1.5951", "+7.9640", "+0.0540", "+1.9997", "+7.7599",
-                   "+0.3584", "+0.0634", "+0.4683", "+0.9820"):
+                   "+0.3584", "+6.3379e-02", "+4.6831e-01", "+9.8201e-01"):
         assert number in out
     assert "unscaled (the note's code)" in out and "scaled by 1/sqrt(3)" in out
     data = ok_json("attn", "--example", "illustrated")

@@ -88,7 +88,7 @@ def test_an_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_save_into_a_missing_folder_is_one_line(tmp_path):
-    line = error_line(run("forward", "--save", tmp_path / "nope" / "run.npz"), 1)
+    line = error_line(run("forward", "--save", tmp_path / "nope" / "run.npz"), 2)
     assert "does not exist" in line and "nope" in line
 
 

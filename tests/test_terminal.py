@@ -1,14 +1,19 @@
 """What a person meets in a real terminal: closed pipes, output paths, wide tables, big masks,
 labels, legends and plain text (issue 10)."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tfmcli.cli import app
-from helpers import error_line, run
+from helpers import error_line, ok, run
+from test_render import grid_rows, render
+from tfmcli.render import grad_table, shape_trace, tensor_table
 
 # One quick run of every command (and of the help), each writing more than one line.
 EVERY_COMMAND = [
@@ -48,3 +53,60 @@ def test_an_output_path_that_cannot_be_written_stops_before_any_work(tmp_path, f
     result = run(command, flag, tmp_path, "--steps" if command == "train" else "--seed", 3)
     assert "is a folder" in error_line(result, 2)
     assert result.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_a_wide_tensor_wraps_in_column_blocks_and_keeps_every_number(monkeypatch):
+    """16 keys at 80 columns: two blocks of columns, each with every row label; no number cut."""
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["forward", "-T", "16", "--show", "blocks.0.attn.pattern"]
+    text = ok(*args).stdout
+    shown = text[text.index("blocks.0.attn.pattern[0, 0]"):text.index("loss =")]
+    pattern = np.array(json.loads(ok(*args, "--json").stdout)["show"]["blocks.0.attn.pattern"]
+                       ["values"])[0, 0]
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    assert "…" not in shown
+    assert "columns k0:1..k8:4 of 16" in shown and "columns k9:4..k15:6 of 16" in shown
+    lines = shown.splitlines()
+    for t in range(16):   # each query labels one line in each block
+        assert sum(line.lstrip().startswith(f"q{t}:") for line in lines) == 2
+    visible = np.tril(np.ones((16, 16), dtype=bool))
+    cells = [c for line in lines for c in line.split()[1:] if c[0] in "+-·"]
+    assert cells.count("·") == (~visible).sum()
+    assert sorted(float(c) for c in cells if c != "·") == sorted(pattern[visible].round(4))
+
+
+def test_one_notation_per_table():
+    """A table with one entry below 1e-3 writes every entry in scientific notation (never
+    `+1.000e-03` beside `+0.002`), as NumPy does for an array."""
+    text = render(tensor_table(np.array([[0.002, 0.5], [1e-3 * 0.999, 12.0]]), precision=3))
+    assert re.findall(r"[+-]\S+", text) == ["+2.000e-03", "+5.000e-01", "+9.990e-04", "+1.200e+01"]
+    text = render(tensor_table(np.array([0.002, 0.5, 12.0]), precision=3))
+    assert re.findall(r"[+-]\S+", text) == ["+0.002", "+0.500", "+12.000"]
+
+
+def test_rounding_noise_in_a_mean_shows_as_zero_and_norms_have_no_sign():
+    x = np.array([1.0, -1.0, 0.1, -0.1 + 1e-17])          # mean 2.5e-18: noise next to 1
+    y = np.array([1e-17, -3e-17])                          # everything tiny: a real mean
+    text = render(shape_trace({"x": x}))
+    assert grid_rows(text, ["x"])[0] == ["(4,)", "-1.0000", "≈0", "0.7106", "+1.0000"]
+    assert "≈0: zero to working precision" in text
+    text = render(shape_trace({"y": y}))
+    assert grid_rows(text, ["y"])[0][2] == "-1.0000e-17"  # not noise: the scale is 1e-17
+    assert "≈0" not in text
+    grads = render(grad_table({"W": np.array([[3.0, -4.0]])}))
+    assert grid_rows(grads, ["W"])[0][2:4] == ["5.0000", "4.0000"]   # a norm has no sign
+
+
+@pytest.mark.parametrize("command, name", [
+    ("forward", "blocks.0.attn.pattern"), ("forward", "blocks.0.attn.scores"),
+    ("backward", "dblocks.0.attn.pattern"), ("backward", "dblocks.0.attn.scores"),
+    ("backward", "blocks.0.attn.pattern"),
+])
+def test_every_attention_tensor_marks_its_hidden_cells_the_same_way(command, name):
+    """Row 1 has length 2: keys 2 and 3 are padding (8 cells) and the causal mask hides key 1
+    from query 0; those 9 cells, and only those, show `·`."""
+    text = ok(command, "-T", "4", "--lengths", "4,2", "--row", "1", "--show", name).stdout
+    table = text[text.rindex("attn."):]
+    cells = [c for line in table.splitlines()[3:7] for c in line.split()[1:]]   # title, keys, rule
+    assert len(cells) == 16
+    assert [i for i, c in enumerate(cells) if c == "·"] == [1, 2, 3, 6, 7, 10, 11, 14, 15]

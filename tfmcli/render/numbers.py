@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 
-def fmt(value: float, precision: int = 4) -> str:
+
+FIXED_RANGE = (1e-3, 1e5)   # |v| written in fixed point; outside it, scientific
+NOISE = 32                  # a value within NOISE ulps of a column's scale is zero (see below)
+
+
+def fmt(value: float, precision: int = 4, style: str | None = None, sign: bool = True) -> str:
     """Write one number the way every table in tfm writes it.
 
     Fixed point with an explicit sign when ``1e-3 <= |value| < 1e5``, scientific otherwise, so
@@ -18,6 +24,12 @@ def fmt(value: float, precision: int = 4) -> str:
     value : float
     precision : int
         Digits after the decimal point (of the mantissa, when scientific).
+    style : "fixed", "sci" or None
+        Force one notation, so that a whole column is written alike (see :func:`notation`);
+        None picks it per value.
+    sign : bool
+        Write the ``+`` of positive numbers; False for quantities that are never negative
+        (norms, maxima of absolute values), where it says nothing.
 
     Returns
     -------
@@ -38,11 +50,38 @@ def fmt(value: float, precision: int = 4) -> str:
         return "nan"
     if math.isinf(v):
         return "+inf" if v > 0 else "-inf"
+    plus = "+" if sign else ""
     if v == 0:
-        return f" {0:.{precision}f}"
-    if 1e-3 <= abs(v) < 1e5:
-        return f"{v:+.{precision}f}"
-    return f"{v:+.{precision}e}"
+        return f"{' ' if sign else ''}{0:.{precision}f}"
+    if style is None:
+        style = "fixed" if FIXED_RANGE[0] <= abs(v) < FIXED_RANGE[1] else "sci"
+    if style == "fixed":
+        return f"{v:{plus}.{precision}f}"
+    return f"{v:{plus}.{precision}e}"
+
+
+def notation(values) -> str:
+    """One notation for a column, as NumPy picks one for a whole array: "fixed" when every
+    finite non-zero value lies in the fixed-point range, else "sci". A column never mixes
+    ``+1.000e-03`` with ``+0.002``."""
+    size = np.abs(np.asarray(values, dtype=np.float64).reshape(-1))
+    size = size[np.isfinite(size) & (size != 0)]
+    if size.size == 0 or (size.min() >= FIXED_RANGE[0] and size.max() < FIXED_RANGE[1]):
+        return "fixed"
+    return "sci"
+
+
+def negligible(value: float, scale: float, eps: float) -> bool:
+    """Whether ``value`` is zero to working precision next to numbers of size ``scale``.
+
+    The mean of a layer norm's output is 0 in exact arithmetic; computed, it is rounding noise
+    such as ``-4.6e-18``. Anything within ``NOISE`` units of ``eps * scale`` is that noise (a
+    sum of n terms carries about log2(n) such units).
+    """
+    return value != 0 and abs(value) <= NOISE * eps * scale
+
+
+ZERO_TO_PRECISION = "≈0"
 
 
 def fmt_fixed(value: float, precision: int = 2) -> str:

@@ -10,11 +10,12 @@ import numpy as np
 from rich import box
 from rich.cells import cell_len
 from rich.columns import Columns
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tfmcli.render.numbers import fmt
+from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
 from tfmcli.summary import stats
 
 ELLIPSIS = "…"
@@ -35,18 +36,24 @@ def _table(title=None, caption=None) -> Table:
                  caption_justify="left", min_width=cell_len(title) if title else None)
 
 
-def _number(value: float, precision: int) -> Text:
+def l2_norm(array) -> float:
+    """sqrt of the sum of squares, accumulated in float64 without a float64 copy."""
+    flat = np.asarray(array).reshape(-1)
+    return float(np.sqrt(np.dot(flat, flat).astype(np.float64))) if flat.size else 0.0
+
+
+def _number(value: float, precision: int, style: str | None = None, sign: bool = True) -> Text:
     """A formatted number: negative red, -inf dim, nan and +inf yellow (all readable uncoloured)."""
-    text = fmt(value, precision)
+    text = fmt(value, precision, style, sign)
     if text == "-inf":
-        style = "dim"
+        colour = "dim"
     elif text in ("nan", "+inf"):
-        style = "yellow"
+        colour = "yellow"
     elif text.startswith("-"):
-        style = "red"
+        colour = "red"
     else:
-        style = ""
-    return Text(text, style=style)
+        colour = ""
+    return Text(text, style=colour)
 
 
 def _kept(n: int, limit: int, full: bool) -> list[int | None]:
@@ -57,25 +64,39 @@ def _kept(n: int, limit: int, full: bool) -> list[int | None]:
     return list(range(head)) + [None] + list(range(n - (limit - head), n))
 
 
-def _column_width(grid, rows, j, label, precision) -> int:
+def _column_width(grid, rows, j, label, precision, style) -> int:
     """The widest number of column ``j`` over ``rows``, or the longest word of its label.
 
     Labels wrap at their spaces, so ``"sin λ6.28"`` needs only as much room as ``"λ6.28"``.
     """
-    numbers = [len(fmt(grid[i, j], precision)) for i in rows]
+    numbers = [len(fmt(grid[i, j], precision, style)) for i in rows]
     return max(numbers + [len(word) for word in label.split()] + [1])
 
 
-def _fitting_cols(grid, rows, row_labels, col_labels, max_cols, width, precision) -> int:
+def _fitting_cols(grid, rows, row_labels, col_labels, max_cols, width, precision, style) -> int:
     """The largest column budget, at most ``max_cols`` (and at least 2), that fits ``width``."""
     label_width = max([len(row_labels[i]) for i in rows] + [1])
     for budget in range(max_cols, 2, -1):
         kept = _kept(grid.shape[1], budget, False)
-        widths = [1 if j is None else _column_width(grid, rows, j, col_labels[j], precision)
-                  for j in kept]
+        widths = [1 if j is None else
+                  _column_width(grid, rows, j, col_labels[j], precision, style) for j in kept]
         if label_width + sum(w + 1 for w in widths) <= width:  # + 1: the space before each
             return budget
     return min(max_cols, 2)
+
+
+def _column_blocks(cols: list, widths: dict, label_width: int, width: int) -> list[list]:
+    """``cols`` cut into runs that each fit ``width`` beside the row labels (at least one
+    column per run): a table too wide for the terminal wraps in blocks, like NumPy's."""
+    blocks, current, used = [], [], label_width
+    for j in cols:
+        need = widths.get(j, 1) + 1   # + 1: the space before each column
+        if current and used + need > width:
+            blocks.append(current)
+            current, used = [], label_width
+        current.append(j)
+        used += need
+    return blocks + [current]
 
 
 def _elision_note(kept_rows: list, kept_cols: list) -> str:
@@ -154,44 +175,69 @@ def tensor_table(
 
     shown_rows = _kept(rows, max_rows, full)
     data_rows = [i for i in shown_rows if i is not None]
+    hidden = np.zeros(grid.shape, dtype=bool) if mask is None else ~np.atleast_2d(mask)
+    style = notation(grid[~hidden])   # one notation for the whole table
     if width is not None and not full:
         max_cols = _fitting_cols(grid, data_rows, row_labels, col_labels, max_cols, width,
-                                 precision)
+                                 precision, style)
     shown_cols = _kept(cols, max_cols, full)
     note = _elision_note(shown_rows, shown_cols)
     if note:
         caption = note if caption is None else f"{caption}\n{note}"
-
-    table = _table(title, caption)
-    table.show_header = array.ndim > 0
-    if has_row_labels:
-        table.add_column("", style="dim", justify="right")
-    for j in shown_cols:
-        # Fixed widths: rich then never narrows a number to fit a label. If the whole table is
-        # too wide for the terminal, rich shortens cells with a visible "…", never silently.
-        label = ELLIPSIS if j is None else col_labels[j]
-        column_width = 1 if j is None else _column_width(grid, data_rows, j, label, precision)
-        table.add_column(label, justify="right", width=column_width, overflow="ellipsis")
-    hidden = np.zeros(grid.shape, dtype=bool) if mask is None else ~np.atleast_2d(mask)
+    # Fixed widths: rich then never narrows a number to fit a label.
+    widths = {j: _column_width(grid, data_rows, j, col_labels[j], precision, style)
+              for j in shown_cols if j is not None}
 
     def cell(i, j):
         if i is None or j is None:
             return Text(ELLIPSIS, style="dim")
         if hidden[i, j]:
             return Text("·", style="dim")
-        return _number(grid[i, j], precision)
+        return _number(grid[i, j], precision, style)
 
-    cells = [[cell(i, j) for j in shown_cols] for i in shown_rows]
-    for i, row in zip(shown_rows, cells):
-        label = ELLIPSIS if i is None else row_labels[i]
-        table.add_row(*([label] if has_row_labels else []), *row)
-    return table
+    def block_table(block, block_title, block_caption):
+        table = _table(block_title, block_caption)
+        table.show_header = array.ndim > 0
+        if has_row_labels:
+            table.add_column("", style="dim", justify="right")
+        for j in block:
+            label = ELLIPSIS if j is None else col_labels[j]
+            table.add_column(label, justify="right", width=widths.get(j, 1), overflow="ellipsis")
+        for i in shown_rows:
+            label = ELLIPSIS if i is None else row_labels[i]
+            table.add_row(*([label] if has_row_labels else []), *[cell(i, j) for j in block])
+        return table
+
+    blocks = [shown_cols]
+    if full and width is not None:
+        label_width = max([len(row_labels[i]) for i in data_rows] + [0]) if has_row_labels else 0
+        blocks = _column_blocks(shown_cols, widths, label_width, width)
+    if len(blocks) == 1:
+        return block_table(shown_cols, title, caption)
+    tables = []
+    for k, block in enumerate(blocks):
+        part = f"columns {col_labels[block[0]]}..{col_labels[block[-1]]} of {cols}"
+        tables.append(block_table(block, f"{title}, {part}" if title and k == 0 else part,
+                                  caption if k == len(blocks) - 1 else None))
+    return Group(*tables)
 
 
-def _stat_cells(summary: dict, precision: int) -> list[str]:
-    """min, mean, std, max of ``summary.stats``, formatted (a dash when there were none)."""
-    return [MISSING if summary[key] is None else fmt(summary[key], precision)
-            for key in ("min", "mean", "std", "max")]
+ZERO_NOTE = f"{ZERO_TO_PRECISION}: zero to working precision (rounding noise)"
+
+
+def _mean_cell(mean: float, scale: float, dtype) -> float | str:
+    """The mean, or ``≈0`` when it is rounding noise next to entries of size ``scale``."""
+    eps = float(np.finfo(dtype).eps) if np.dtype(dtype).kind == "f" else 0.0
+    return ZERO_TO_PRECISION if negligible(mean, scale, eps) else mean
+
+
+def _stat_cells(summary: dict, dtype) -> list:
+    """min, mean, std, max of ``summary.stats`` (a dash when there were none)."""
+    if summary["min"] is None:
+        return [MISSING] * 4
+    scale = max(abs(summary["min"]), abs(summary["max"]))
+    return [summary["min"], _mean_cell(summary["mean"], scale, dtype), summary["std"],
+            summary["max"]]
 
 
 def _non_finite_note(summary: dict) -> str:
@@ -200,11 +246,28 @@ def _non_finite_note(summary: dict) -> str:
     return ", ".join(text.format(summary[key]) for key, text in notes.items() if key in summary)
 
 
-def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row) -> None:
+def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row, *,
+             precision: int = 4, unsigned=()) -> None:
     """Add ``make_row(name, value)`` for each item; beyond ``max_rows``, the first and last
-    halves around a "… N more" row, and a caption saying how to see them all."""
+    halves around a "… N more" row, and a caption saying how to see them all.
+
+    ``make_row`` is called only for the rows shown. Its float cells are numbers, written with
+    one notation per column (:func:`notation`), without a ``+`` in the ``unsigned`` columns;
+    other cells are shown as they are.
+    """
     items = list(mapping.items())
     kept = _kept(len(items), max_rows or len(items), max_rows is None)
+    made = {i: make_row(*items[i]) for i in kept if i is not None}
+    styles = {}
+    for c in range(len(table.columns)):
+        numbers = [row[c] for row in made.values() if isinstance(row[c], float)]
+        styles[c] = notation(numbers)
+    for row in made.values():
+        for c, value in enumerate(row):
+            if isinstance(value, float):
+                row[c] = _number(value, precision, styles[c], sign=c not in unsigned)
+    if any(ZERO_TO_PRECISION in row for row in made.values()):
+        table.caption = ZERO_NOTE if table.caption is None else f"{table.caption}\n{ZERO_NOTE}"
     for i in kept:
         if i is None:
             shown = len(kept) - 1
@@ -213,7 +276,7 @@ def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row) -> 
             note = f"showing {shown} of {len(items)} rows; --full shows all"
             table.caption = note if table.caption is None else f"{table.caption}\n{note}"
         else:
-            table.add_row(*make_row(*items[i]))
+            table.add_row(*made[i])
 
 
 def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
@@ -247,9 +310,9 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
         note = _non_finite_note(summary)
         if note:
             footnotes.append(f"* {name}: {note}, left out of the statistics")
-        return [name + ("*" if note else ""), _shape(value), *_stat_cells(summary, precision)]
+        return [name + ("*" if note else ""), _shape(value), *_stat_cells(summary, value.dtype)]
 
-    add_rows(table, acts, max_rows, row)
+    add_rows(table, acts, max_rows, row, precision=precision, unsigned={4})
     if footnotes:
         table.caption = "\n".join(footnotes + ([table.caption] if table.caption else []))
     return table
@@ -293,13 +356,13 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
         table.add_column("check", no_wrap=True)
 
     def row(name, grad):
-        g = np.asarray(grad, dtype=np.float64)
-        cells = [name, _shape(g), fmt(np.sqrt((g * g).sum()), precision),
-                 fmt(np.abs(g).max() if g.size else 0.0, precision),
-                 fmt(g.mean() if g.size else 0.0, precision)]
+        g = np.asarray(grad)
+        largest = float(np.abs(g).max()) if g.size else 0.0
+        mean = float(g.mean(dtype=np.float64)) if g.size else 0.0
+        cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean, largest, g.dtype)]
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
 
-    add_rows(table, grads, max_rows, row)
+    add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3})
     return table
 
 
