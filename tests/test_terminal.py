@@ -110,3 +110,16 @@ def test_every_attention_tensor_marks_its_hidden_cells_the_same_way(command, nam
     cells = [c for line in table.splitlines()[3:7] for c in line.split()[1:]]   # title, keys, rule
     assert len(cells) == 16
     assert [i for i, c in enumerate(cells) if c == "·"] == [1, 2, 3, 6, 7, 10, 11, 14, 15]
+
+
+def test_gradcheck_says_how_many_entries_of_how_many_it_checked():
+    from math import prod
+    from tfmcli.config import Config, param_shapes
+    shapes = param_shapes(Config(d_model=32))
+    entries = sum(prod(s) for s in shapes.values())
+    checked = sum(min(32, prod(s)) for s in shapes.values())   # 32 sampled per tensor
+    assert f"checked {checked:,} of {entries:,} entries" in ok("gradcheck", "-d", 32).stdout
+    data = json.loads(ok("gradcheck", "-d", 32, "--json").stdout)
+    assert (data["checked"], data["entries"]) == (checked, entries)
+    assert [p["entries"] for p in data["params"]] == [prod(s) for s in shapes.values()]
+    assert "checked 626 of 626 entries" in ok("gradcheck").stdout   # small: every entry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,6 +50,16 @@ class GradcheckReport:
     @property
     def passed(self) -> bool:
         return not self.failed
+
+    @property
+    def checked(self) -> int:
+        """Entries compared with central differences, over every tensor checked."""
+        return sum(c.checked for c in self.params)
+
+    @property
+    def entries(self) -> int:
+        """Entries of the tensors checked (``checked`` is fewer when they were sampled)."""
+        return sum(math.prod(c.shape) for c in self.params)
 
     @property
     def worst(self) -> ParamCheck:

@@ -14,12 +14,22 @@ def default_max_entries(cfg) -> Optional[int]:
     return None if sizes.param_count(cfg) <= 5000 else 32
 
 
+def coverage(report) -> str:
+    """E.g. "checked 352 of 13,000 entries (at most 32 sampled per tensor)"."""
+    text = f"checked {report.checked:,} of {report.entries:,} entries"
+    if report.checked < report.entries:
+        most = max(c.checked for c in report.params)
+        text += f" (at most {most:,} sampled per tensor; --max-entries changes it)"
+    return text
+
+
 def verdict(report) -> Text:
     if report.passed:
         return Text(f"gradcheck passed: worst relative error {report.worst.rel_err:.2e} "
-                    f"({report.worst.name}) <= {report.tolerance:g}", style="bold green")
+                    f"({report.worst.name}) <= {report.tolerance:g}; {coverage(report)}",
+                    style="bold green")
     return Text(f"gradcheck FAILED for {', '.join(report.failed)} (tolerance "
-                f"{report.tolerance:g})", style="bold red")
+                f"{report.tolerance:g}); {coverage(report)}", style="bold red")
 
 
 def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):

@@ -43,8 +43,10 @@ def gradcheck(
                   f"max |analytic - numeric| / largest |gradient| of the tensor", style="dim"),
              verdict(report)]
     payload = {"passed": report.passed, "tolerance": report.tolerance, "step": report.step,
-               "dtype": report.dtype, "failed": report.failed,
+               "dtype": report.dtype, "failed": report.failed, "checked": report.checked,
+               "entries": report.entries,
                "params": [{"name": c.name, "shape": list(c.shape), "checked": c.checked,
+                           "entries": math.prod(c.shape),
                            "max_abs_err": c.max_abs_err, "rel_err": c.rel_err,
                            "passed": c.passed} for c in report.params]}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
