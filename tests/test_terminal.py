@@ -123,3 +123,16 @@ def test_gradcheck_says_how_many_entries_of_how_many_it_checked():
     assert (data["checked"], data["entries"]) == (checked, entries)
     assert [p["entries"] for p in data["params"]] == [prod(s) for s in shapes.values()]
     assert "checked 626 of 626 entries" in ok("gradcheck").stdout   # small: every entry
+
+
+@pytest.mark.parametrize("args", [a for a in EVERY_COMMAND if "--json" not in a], ids=" ".join)
+def test_piped_output_has_no_trailing_spaces(args):
+    text = run(*args).stdout
+    assert text.strip()
+    assert [line for line in text.splitlines() if line != line.rstrip()] == []
+
+
+def test_counts_carry_thousands_separators():
+    text = ok("forward", "-T", "200", "-B", "1").stdout
+    assert "masked: 39,800 (-inf)" in text            # 2 heads x 200 x 199 / 2 future keys
+    assert "over 200 positions" in text

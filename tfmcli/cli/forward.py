@@ -52,7 +52,7 @@ def forward(
              render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
              render.side_by_side(*maps), *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
-                  f"{fwd.scored} positions)", style="bold")]
+                  f"{fwd.scored:,} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
                "loss": fwd.loss,
                "activations": [{"name": name, **stats(value)} for name, value in fwd.acts.items()],

@@ -242,7 +242,7 @@ def _stat_cells(summary: dict, dtype) -> list:
 
 def _non_finite_note(summary: dict) -> str:
     """E.g. "masked: 24 (-inf)", from the counts in ``summary.stats``."""
-    notes = {"masked": "masked: {} (-inf)", "inf": "+inf: {}", "nan": "nan: {}"}
+    notes = {"masked": "masked: {:,} (-inf)", "inf": "+inf: {:,}", "nan": "nan: {:,}"}
     return ", ".join(text.format(summary[key]) for key, text in notes.items() if key in summary)
 
 
