@@ -13,6 +13,7 @@ import pytest
 from tfmcli.cli import app
 from helpers import error_line, ok, run
 from test_render import grid_rows, render
+from tfmcli.cli.options import PE, Activation, DType, Init, Norm
 from tfmcli.render import grad_table, shape_trace, tensor_table
 
 # One quick run of every command (and of the help), each writing more than one line.
@@ -136,3 +137,32 @@ def test_counts_carry_thousands_separators():
     text = ok("forward", "-T", "200", "-B", "1").stdout
     assert "masked: 39,800 (-inf)" in text            # 2 heads x 200 x 199 / 2 future keys
     assert "over 200 positions" in text
+
+
+@pytest.mark.parametrize("args", [[], ["--help"]])
+def test_the_top_help_shows_the_examples(args):
+    result = run(*args)
+    assert result.exit_code == 0
+    assert "Try: tfm forward --seed 1000;" in result.stdout
+
+
+@pytest.mark.parametrize("command", sorted(c.callback.__name__ for c in app.registered_commands))
+def test_help_at_80_columns_keeps_every_choice_whole_and_shows_no_bool(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = ok(command, "--help").stdout
+    assert "<bool>" not in text and "BOOLEAN" not in text   # flags take no value
+    words = set(re.findall(r"\w+", text))
+    for enum in (Norm, Activation, PE, Init, DType):
+        if f"--{enum.__name__.lower()}" in text or (enum is PE and "--pe " in text):
+            assert {member.value for member in enum} <= words, enum
+
+
+@pytest.mark.parametrize("no_color, escapes", [("1", False), ("", True)])
+def test_no_color_help_has_no_escape_codes_even_on_a_terminal(no_color, escapes):
+    env = {**os.environ, "NO_COLOR": no_color, "FORCE_COLOR": "1", "COLUMNS": "100"}
+    if not no_color:
+        del env["NO_COLOR"]
+    done = subprocess.run([sys.executable, "-m", "tfmcli", "forward", "--help"], env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0
+    assert (b"\x1b[" in done.stdout) == escapes

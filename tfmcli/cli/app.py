@@ -4,6 +4,7 @@ Errors never reach a user as tracebacks: bad options are usage errors (exit 2, o
 stderr naming the option), domain failures are ``TfmError`` (exit 1, one line).
 """
 
+import io
 import os
 import sys
 from typing import Annotated, Optional
@@ -33,10 +34,51 @@ def _reader_left(console) -> None:
 Console.on_broken_pipe = _reader_left
 
 
+class TrimmedLines(io.TextIOBase):
+    """Standard output for a pipe or a file: each line without the trailing spaces that rich
+    pads its layouts with (help included), so that piped text diffs and greps cleanly."""
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        if lines:
+            self.stream.write("\n".join(line.rstrip(" ") for line in lines) + "\n")
+        return len(text)
+
+    def flush(self):   # an unfinished line waits for its end, or for close_line
+        self.stream.flush()
+
+    def close_line(self):
+        """Write what is left of an unfinished last line, trimmed."""
+        if self.pending:
+            self.stream.write(self.pending.rstrip(" "))
+            self.pending = ""
+        self.stream.flush()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
 class OneLineErrors(TyperGroup):
     """Report every error as one line on stderr: usage errors exit 2, domain errors exit 1."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if os.environ.get("NO_COLOR"):   # help too: no escape codes at all, not even bold/dim
+            from typer import rich_utils
+            rich_utils.COLOR_SYSTEM = None
+        stdout = sys.stdout
+        if not stdout.isatty():
+            sys.stdout = TrimmedLines(stdout)
         try:
             with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
                 code = super().main(args=args, prog_name="tfm", complete_var=complete_var,
@@ -60,15 +102,21 @@ class OneLineErrors(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):
             typer.echo("tfm: interrupted", err=True)
             code = 130
+        finally:
+            if sys.stdout is not stdout:
+                try:
+                    sys.stdout.close_line()
+                except BrokenPipeError:
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+                sys.stdout = stdout
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
         return code
 
 
-app = typer.Typer(
+app = typer.Typer(   # the help is the root callback's docstring, examples included
     cls=OneLineErrors,
-    help="See, number by number, what a transformer does forward and backward.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -87,7 +135,7 @@ def root(version: Annotated[Optional[bool], typer.Option(
         "--version", callback=version_callback, is_eager=True, help="Print the version and exit.")] = None):
     """See, number by number, what a transformer does forward and backward.
 
-    Try: tfm forward --seed 1000 | tfm backward --layer ffn | tfm mask --len 7
+    Try: tfm forward --seed 1000;  tfm backward --layer ffn;  tfm mask --len 7
     """
 
 

@@ -14,7 +14,7 @@ from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
                                emit, execute, rows_limit, show_tensors)
 from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
 from tfmcli.io import run_arrays
 
@@ -31,7 +31,7 @@ def layer_of(name: str) -> str:
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def backward(
-    layer: Annotated[Layer, typer.Option("--layer", case_sensitive=False, help="Only this layer's parameters.")] = Layer.all,
+    layer: Annotated[Layer, choice("--layer", choices=Layer, help="Only this layer's parameters.")] = Layer.all,
     block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's parameters.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Add the central-difference error of each parameter.")] = False,
     show: Show = None,

@@ -9,7 +9,7 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
+from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
 from tfmcli.errors import TfmError
 from tfmcli.reference import FLOOR, TOLERANCE, MissingTorch, compare, import_torch, torch_run
 
@@ -19,7 +19,7 @@ Against = Enum("Against", {"torch": "torch"}, type=str)
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def check(
-    against: Annotated[Against, typer.Option("--against", case_sensitive=False, help="The independent implementation to compare with.")] = Against.torch,
+    against: Annotated[Against, choice("--against", choices=Against, help="The independent implementation to compare with.")] = Against.torch,
     tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative difference that passes (default 1e-9 for float64, 1e-4 for float32).")] = None,
     full: Full = False,
     opts: Options = None,

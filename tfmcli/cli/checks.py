@@ -26,10 +26,10 @@ def coverage(report) -> str:
 def verdict(report) -> Text:
     if report.passed:
         return Text(f"gradcheck passed: worst relative error {report.worst.rel_err:.2e} "
-                    f"({report.worst.name}) <= {report.tolerance:g}; {coverage(report)}",
+                    f"({report.worst.name}) <= {report.tolerance:g}\n{coverage(report)}",
                     style="bold green")
     return Text(f"gradcheck FAILED for {', '.join(report.failed)} (tolerance "
-                f"{report.tolerance:g}); {coverage(report)}", style="bold red")
+                f"{report.tolerance:g})\n{coverage(report)}", style="bold red")
 
 
 def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):

@@ -50,15 +50,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
     if opts.json:   # through the console: a closed pipe then ends the run like any output
         console.out(json.dumps(payload), highlight=False)
         return
-    if console.color_system is None:   # plain text: no line ends in padding spaces
-        with console.capture() as captured:
-            for item in renderables:
-                console.print(item)
-        plain = "\n".join(line.rstrip() for line in captured.get().split("\n"))
-        console.out(plain, highlight=False, end="")
-    else:
-        for item in renderables:
-            console.print(item)
+    for item in renderables:
+        console.print(item)
     if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is
         recorder = Console(record=True, file=io.StringIO(), width=console.width,
                            force_terminal=True, color_system="truecolor", highlight=False)

@@ -95,6 +95,18 @@ def writable(path: Optional[Path]):
     return path
 
 
+def choice(*names, choices, help, panel=None, **kwargs):
+    """An option taking one of an Enum's values. When the list of values is long, its metavar
+    is a word and the values go into the help text, so that --help never breaks a value
+    mid-word at 80 columns."""
+    values = [member.value for member in choices]
+    if len("|".join(values)) > 12:
+        kwargs["metavar"] = "NAME"
+        listed = ", ".join(values[:-1]) + " or " + values[-1]
+        help = f"{help.rstrip('.')}: {listed}."
+    return typer.Option(*names, rich_help_panel=panel, case_sensitive=False, help=help, **kwargs)
+
+
 def _opt(*names, panel, **kwargs):
     return typer.Option(*names, rich_help_panel=panel, **kwargs)
 
@@ -111,13 +123,13 @@ MODEL_OPTIONS = [
     ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, callback=bounded(1), help="FFN hidden width (default 4 x d) (>= 1).")], D.d_ff),
     ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
     ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
-    ("norm", Annotated[Norm, _opt("--norm", panel=MODEL, case_sensitive=False, help="Layer-norm position.")], Norm(D.norm)),
-    ("activation", Annotated[Activation, _opt("--activation", panel=MODEL, case_sensitive=False, help="FFN activation (gelu: tanh approximation).")], Activation(D.activation)),
+    ("norm", Annotated[Norm, choice("--norm", choices=Norm, panel=MODEL, help="Layer-norm position.")], Norm(D.norm)),
+    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
-    ("pe", Annotated[PE, _opt("--pe", panel=MODEL, case_sensitive=False, help="Positional encoding.")], PE(D.pe)),
-    ("init", Annotated[Init, _opt("--init", panel=MODEL, case_sensitive=False, help="Weight initialisation.")], Init(D.init)),
-    ("dtype", Annotated[DType, _opt("--dtype", panel=MODEL, case_sensitive=False, help="Floating-point type of every array.")], DType(D.dtype)),
+    ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
+    ("init", Annotated[Init, choice("--init", choices=Init, panel=MODEL, help="Weight initialisation.")], Init(D.init)),
+    ("dtype", Annotated[DType, choice("--dtype", choices=DType, panel=MODEL, help="Floating-point type of every array.")], DType(D.dtype)),
     ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm epsilon (> 0).")], D.eps),
     ("n_ctx", Annotated[Optional[int], _opt("--n-ctx", panel=MODEL, callback=bounded(1), help="Learned positions (rows of embed.W_pos; default T) (>= 1).")], D.n_ctx),
     ("tied_head", Annotated[bool, _opt("--tied-head/--untied-head", panel=MODEL, help="Head reuses the embedding: logits = h W_E^T (GPT-2).")], D.tied_head),

@@ -15,7 +15,7 @@ import tfmcli
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import describe, emit, position_labels, width
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import ConfigError
 from tfmcli.io import run_arrays
 from tfmcli.masks import combined_mask
@@ -39,7 +39,7 @@ TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
 @app.command()
 @with_options(TRAIN_MODEL_OPTIONS, TOKENS, OUTPUT_OPTIONS)
 def train(
-    task: Annotated[Task, typer.Option("--task", case_sensitive=False, help="What to learn: copy, reverse or sort the symbols before the separator.")] = Task.copy,
+    task: Annotated[Task, choice("--task", choices=Task, help="What to do with the symbols before the separator.")] = Task.copy,
     steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 1_000_000), help="Training steps (1..1000000).")] = 600,
     warmup: Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")] = 100,
     lr: Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")] = None,
