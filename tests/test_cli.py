@@ -52,7 +52,7 @@ def test_forward_prints_config_trace_maps_and_the_apis_loss():
     assert f"loss = {fwd.loss:.6f}" in out
     for name in ("blocks.0.attn.pattern", "ln_f.out", "probs", "parameters"):
         assert name in out
-    assert "block 0 head 1: attention pattern" in out
+    assert "attention patterns, batch row 0" in out and "block 0 head 1" in out
     assert "hidden by mask" in out  # the legend
     assert "\x1b" not in out        # not a terminal: plain text
 
@@ -123,13 +123,14 @@ def test_json_and_svg_together_is_a_usage_error(tmp_path):
     assert not (tmp_path / "x.svg").exists()
 
 
-def test_forward_heatmaps_are_capped_without_full():
+def test_forward_heatmaps_are_capped_to_a_screen_without_full(monkeypatch):
+    monkeypatch.setenv("LINES", "20")     # 2 rows of 2 maps (6 lines each) at 80 columns
+    maps = re.compile(r"block \d head \d")
     out = ok("forward", "-L", 3, "-H", 3).stdout
-    assert out.count("attention pattern") == 8
-    assert "showing 8 of 9 attention maps" in out
-    assert ok("forward", "-L", 3, "-H", 3, "--full").stdout.count("attention pattern") == 9
-    assert ok("forward", "-L", 3, "-H", 3, "--block", 2, "--head", 0).stdout.count(
-        "attention pattern") == 1
+    assert len(maps.findall(out)) == 4
+    assert "showing 4 of 9 attention maps" in out
+    assert len(maps.findall(ok("forward", "-L", 3, "-H", 3, "--full").stdout)) == 9
+    assert len(maps.findall(ok("forward", "-L", 3, "-H", 3, "--block", 2, "--head", 0).stdout)) == 1
 
 
 # ---------------------------------------------------------------- backward
@@ -252,7 +253,10 @@ def test_pe_json_matches_the_formula():
 
 def test_pe_labels_columns_with_sin_cos_and_wavelength():
     out = ok("pe", "--len", 4, "--d-model", 4).stdout
-    assert "sin λ6.28" in out and "cos λ628" in out
+    header = " ".join(out[out.index("values"):].split()[1:9])   # the table's wrapped labels
+    assert header == "sin cos sin cos λ6.28 λ6.28 λ628 λ628"
+    assert ("column j: sin for even j, cos for odd j; wavelength λ = 6.28 (j = 0, 1) up to 628"
+            in " ".join(out.split()))
 
 
 # ---------------------------------------------------------------- attn
@@ -353,9 +357,9 @@ def test_pe_too_wide_for_the_terminal_splits_sines_from_cosines():
 
 def test_long_sequences_show_fewer_maps_and_a_finer_legend():
     out = ok("forward", "-B", 1, "-T", 128, "-d", 8, "-H", 4).stdout
-    assert out.count("attention pattern") == 1
+    assert len(re.findall(r"block \d head \d", out)) == 1
     assert "showing 1 of 4 attention maps" in out
     assert "downsampled 128x128" in out
-    assert "the 99th percentile" in out
     legend = next(line for line in out.splitlines() if line.startswith("scale"))
-    assert len(set(re.findall(r"[+ ]\d\.\d+", legend))) == 5  # five distinct stops
+    assert len(set(re.findall(r"\d\.\d+", legend))) == 5  # five distinct stops
+    assert "] ≥" in legend    # the 99th percentile tops the scale; larger weights share it

@@ -196,41 +196,48 @@ def test_heatmap_hidden_cells_are_dots_and_a_computed_zero_is_a_number():
                           col_labels=[f"k{j}" for j in range(4)]))
     rows = grid_rows(text, ["q0", "q1", "q2", "q3"])
     assert rows == [
-        ["+1.00", "·", "·", "·"],
-        ["+0.50", "+0.50", "·", "·"],
-        ["+0.12", "+0.38", "+0.50", "·"],
-        ["+0.50", "0.00", "+0.25", "+0.25"],
+        ["1.00", "·", "·", "·"],         # no negative value: no "+" either
+        ["0.50", "0.50", "·", "·"],
+        ["0.12", "0.38", "0.50", "·"],
+        ["0.50", "0.00", "0.25", "0.25"],
     ]
     assert sum(row.count("·") for row in rows) == 6
     assert text.splitlines()[0].split() == ["k0", "k1", "k2", "k3"]
 
 
+def coloured_text(renderable) -> str:
+    """What a colour terminal shows, escape codes removed."""
+    return ANSI.sub("", render_colour(renderable))
+
+
 def test_heatmap_legend_has_the_scale_ends_and_the_mask_symbol():
-    text = render(heatmap(causal_pattern(), mask=causal_mask(4)))
+    text = coloured_text(heatmap(causal_pattern(), mask=causal_mask(4)))
     legend = text.splitlines()[-1]
-    assert legend.split()[:2] == ["scale", "0.00"]  # vmin: lowest visible value
-    assert "+1.00" in legend and "+0.50" in legend
+    assert legend.startswith("scale [  ] 0.00  [░░] 0.25")  # vmin: lowest visible value
+    assert "[██] 1.00" in legend and "0.50" in legend
     assert legend.endswith("· hidden by mask")
+    # without colour the cells print their values: the legend only explains the dots
+    assert render(heatmap(causal_pattern(), mask=causal_mask(4))).splitlines()[-1] == \
+        "· hidden by mask"
 
 
 def test_heatmap_legend_ends_ignore_hidden_and_infinite_cells():
     matrix = np.array([[-0.25, 9.0], [0.75, -np.inf]])
-    text = render(heatmap(matrix, mask=[[True, False], [True, True]]))
-    legend = text.splitlines()[-1]
-    assert legend.split()[1] == "-0.25" and "+0.75" in legend and "+9.00" not in legend
+    text = coloured_text(heatmap(matrix, mask=[[True, False], [True, True]]))
+    legend = text[text.index("scale"):]    # (it wraps: the grid is narrow)
+    assert legend.startswith("scale [  ] -0.25") and "[██] +0.75" in legend and "9.00" not in legend
     assert grid_rows(text, ["0", "1"]) == [["-0.25", "·"], ["+0.75", "-inf"]]
 
 
 def test_heatmap_explicit_scale_and_no_legend():
-    text = render(heatmap(np.eye(2), vmin=-2.0, vmax=3.0))
-    assert text.splitlines()[-1].split()[1] == "-2.00" and "+3.00" in text.splitlines()[-1]
-    assert "scale" not in render(heatmap(np.eye(2), legend=False))
+    legend = coloured_text(heatmap(np.eye(2), vmin=-2.0, vmax=3.0)).splitlines()[-1]
+    assert legend.startswith("scale [  ] -2.00") and legend.endswith("[██] +3.00")
+    assert "scale" not in coloured_text(heatmap(np.eye(2), legend=False))
 
 
 def test_heatmap_diverging_legend_is_centred_on_zero():
-    legend = render(heatmap(np.array([[-0.5, 2.0]]), diverging=True)).splitlines()[-1]
-    assert legend.split() == ["scale", "-█", "-2.00", "-▒", "-1.00", "0.00",
-                              "+▒", "+1.00", "+█", "+2.00"]
+    legend = coloured_text(heatmap(np.array([[-0.5, 2.0]]), diverging=True)).splitlines()[-1]
+    assert legend == "scale [-█] -2.00  [-▒] -1.00  [  ] 0.00  [+▒] +1.00  [+█] +2.00"
 
 
 def test_heatmap_shades_step_through_the_scale_without_values():
@@ -281,7 +288,9 @@ def test_heatmap_colour_uses_backgrounds_and_hidden_cells_have_none():
     before_dots = re.findall(r"\x1b\[([0-9;]*)m\s*·", coloured)
     assert len(before_dots) == 7  # 6 cells and the legend
     assert not any("48;2" in codes for codes in before_dots)
-    assert ANSI.sub("", coloured) == plain
+    # the same grid; only the colour scale's line is left out without colour
+    assert ANSI.sub("", coloured).replace(
+        "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00   ", "") == plain
 
 
 def test_heatmap_refuses_bad_shapes():
@@ -304,8 +313,8 @@ def test_heatmap_never_wider_than_width(rows, cols, width):
 
 def test_colour_legend_sequential_stops_and_shades():
     text = render(colour_legend(0.0, 1.0)).rstrip("\n")
-    assert text == "scale      0.00 ░░ +0.25 ▒▒ +0.50 ▓▓ +0.75 ██ +1.00"
-    assert render(colour_legend(2.0, 2.0)).split() == ["scale", "+2.00"]
+    assert text == "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"
+    assert render(colour_legend(2.0, 2.0)).strip() == "scale [  ] 2.00"
 
 
 # ---------------------------------------------------------------- shape_trace

@@ -12,7 +12,8 @@ import pytest
 
 from tfmcli.cli import app
 from helpers import error_line, ok, run
-from test_render import grid_rows, render
+from test_render import grid_rows, render, render_colour
+from tfmcli.render.colours import Legend
 from tfmcli.cli.options import PE, Activation, DType, Init, Norm
 from tfmcli.render import grad_table, shape_trace, tensor_table
 
@@ -166,3 +167,51 @@ def test_no_color_help_has_no_escape_codes_even_on_a_terminal(no_color, escapes)
                           capture_output=True, timeout=60)
     assert done.returncode == 0
     assert (b"\x1b[" in done.stdout) == escapes
+
+
+def test_a_big_padding_mask_keeps_one_line_per_row_and_never_averages(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    text = ok("mask", "--len", "60", "--lengths", "60,45").stdout
+    assert "mean" not in text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("padding"))
+    row0, row1 = lines[start + 2], lines[start + 3]
+    assert row0.startswith("row 0 ") and row1.startswith("row 1 ")
+    assert row0[6:] == "●" * 60
+    assert row1[6:] == "●" * 45 + "·" * 15          # one character per key: 60 fit in 100
+    text = ok("mask", "--len", "1000", "--lengths", "1000,450").stdout   # 11 keys a character
+    row1 = next(line for line in text.splitlines() if line.startswith("row 1 "))[6:]
+    assert row1 == "●" * 40 + "◐" + "·" * (len(row1) - 41)   # keys 440..450 hold the end
+    assert "11 keys per character: ● all may attend, ◐ some, · none" in text
+
+
+def test_attention_maps_share_a_grid_and_one_legend(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "140")
+    text = ok("forward", "-d", 8, "-H", 8).stdout
+    assert len(text.splitlines()) < 70                  # 95 when each map was stacked
+    titles = [line for line in text.splitlines() if "block 0 head" in line]
+    assert [line.split()[3::4] for line in titles] == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+    assert text.count("hidden by mask") == 1
+    # cells print their values and there is no colour: the legend has no shades to explain
+    assert "scale" not in text
+
+
+def test_the_legend_puts_each_swatch_before_its_value():
+    text = render(Legend(0.0, 1.0))
+    assert text.strip() == "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"
+    text = render(Legend(0.0, 0.58, clipped=True, hidden=True))
+    assert text.strip().endswith("[██] ≥0.58   · hidden by mask")
+    assert render(Legend(0.0, 1.0, values_shown=True, hidden=True)).strip() == "· hidden by mask"
+    coloured = render_colour(Legend(0.0, 1.0, values_shown=True))   # colour: swatches shown
+    assert "[██] 1.00" in re.sub(r"\x1b\[[0-9;]*m", "", coloured)
+
+
+def test_pe_labels_its_columns_readably_and_red_means_negative_everywhere(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    text = ok("pe").stdout
+    header = text.splitlines()[3].split()
+    assert header == [str(j) for j in range(0, 16, 2)]     # 8 of 16 columns, by index
+    assert "column j: sin for even j, cos for odd j" in text
+    from tfmcli.render.colours import colour_at
+    red, blue = colour_at(0.0, diverging=True), colour_at(1.0, diverging=True)
+    assert red[0] > red[2] and blue[2] > blue[0]            # -1 red, +1 blue, as in the tables

@@ -84,7 +84,7 @@ def test_tokens_with_load_use_the_files_weights_and_the_new_tokens(tmp_path):
 
 def test_views_label_tokens_and_targets():
     out = ok("forward", "--tokens", "3,1,4,1,5", "--tokens", "2,7", "--head", "0").stdout
-    assert "       k0:3   k1:1   k2:4   k3:1   k4:5" in out
+    assert "      k0:3  k1:1  k2:4  k3:1  k4:5" in out
     assert "row 0 tokens   3 1 4 1 5" in out
     assert "row 0 targets  1 4 1 5 —" in out
     assert "tokens from    --tokens" in out

@@ -111,7 +111,7 @@ def test_saved_training_run_reloads_to_the_same_numbers(tmp_path):
 def test_train_prints_the_curve_predictions_and_maps():
     out = ok("train", "--steps", 40, "--task", "sort").stdout
     for needle in ("training loss", "learning rate", "held-out predictions",
-                   "block 0 head 1: attention pattern", "held-out token accuracy",
+                   "block 0 head 1", "attention patterns, batch row 0", "held-out token accuracy",
                    "peak 0.01768 at step 100"):
         assert needle in out
     assert "q8:10" in out   # the separator's row, labelled with its token

@@ -42,6 +42,15 @@ def width() -> int:
     return make_console().width
 
 
+PIPED_HEIGHT = 50   # "a screenful" when the output is not a terminal
+
+
+def height() -> int:
+    """Lines of the terminal ($LINES if set), or PIPED_HEIGHT when stdout is not one."""
+    console = make_console()
+    return console.height if console.is_terminal or os.environ.get("LINES") else PIPED_HEIGHT
+
+
 def emit(opts: Options, renderables, payload, arrays=None):
     """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
     if arrays is not None and opts.values.get("save") is not None:

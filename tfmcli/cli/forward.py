@@ -11,7 +11,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, describe, emit,
                                execute, position_labels, rows_limit, show_tensors,
-                               width)
+                               height, width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.io import run_arrays
 from tfmcli.masks import combined_mask
@@ -42,15 +42,17 @@ def forward(
     shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0, run)
     pairs = [(b, h) for b in (range(cfg.layers) if block is None else [block])
              for h in (range(cfg.heads) if head is None else [head])]
-    picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full)
+    labels = position_labels(run, row, "q")
+    picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
+                                  max(len(label) for label in labels))
     patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
     mask = combined_mask(inputs.lengths, cfg.seq_len, cfg.causal)[row]
     maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),
-                                 row_labels=position_labels(run, row, "q"),
+                                 row_labels=labels,
                                  col_labels=position_labels(run, row, "k"))
     parts = [render.config_panel(describe(cfg, run, row), title="tfm forward"),
              render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
-             render.side_by_side(*maps), *shown,
+             *maps, *shown,
              Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
                   f"{fwd.scored:,} positions)", style="bold")]
     payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),

@@ -1,5 +1,7 @@
 """tfm mask: the causal grid, the padding rows and each row's combined mask."""
 
+import math
+
 from typing import Annotated, Optional
 
 import numpy as np
@@ -15,17 +17,19 @@ from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 from tfmcli.render.maps import MAX_MAPS
 
 
-MAX_GRID = 40  # beyond this, a mask is drawn as a downsampled heatmap, not one cell per entry
+MAX_GRID = 40   # beyond this, a mask is drawn one character per group of keys
+MAX_LINES = 40  # and a square mask groups its queries too, so that it stays about square
 
 
-def mask_view(grid, title, additive_form, row_labels, col_labels):
-    """A mask as a grid of symbols, or, when it is big, as a heatmap fitted to the terminal."""
+def mask_view(grid, title, additive_form, row_labels, col_labels, square=True):
+    """A mask as a grid of symbols; when it is big, one character per group of keys that fits
+    the terminal (and, for a square mask, one line per group of queries)."""
     if max(grid.shape) <= MAX_GRID:
         return render.mask_grid(grid, title=title, additive=additive_form,
                                 row_labels=row_labels, col_labels=col_labels)
-    return render.heatmap(grid.astype(float), title=title, mask=grid, row_labels=row_labels,
-                          col_labels=col_labels, width=width(), vmin=0.0, vmax=1.0,
-                          legend=False, show_values=False)
+    row_group = math.ceil(grid.shape[0] / MAX_LINES) if square else 1
+    return render.mask_overview(grid, title=title, width=width(), row_labels=row_labels,
+                                col_labels=col_labels, row_group=row_group)
 
 
 @app.command()
@@ -52,7 +56,7 @@ def mask(
     grids = [mask_view(causal_grid, "causal (look-ahead)" if causal else "no causal mask",
                        additive_form, queries, keys),
              mask_view(pad, f"padding, lengths {list(rows)}", additive_form,
-                       [f"row {b}" for b in range(len(rows))], keys)]
+                       [f"row {b}" for b in range(len(rows))], keys, square=False)]
     grids += [mask_view(combined[b], f"combined, row {b} (length {n})", additive_form, queries, keys)
               for b, n in enumerate(rows[:MAX_MAPS])]
     if len(rows) > MAX_MAPS:

@@ -36,8 +36,12 @@ def pe(
                   "λ = wavelength in positions = 2π·10000^(2i/d)", style="bold")]
     if 2 * d_model + 8 <= width():  # every column fits: the matrix as it is
         parts.append(render.heatmap(matrix, title=f"positional encoding ({length} x {d_model})",
-                                    row_labels=rows, col_labels=col_labels, width=width(),
-                                    vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
+                                    row_labels=rows, col_labels=[str(j) for j in range(d_model)],
+                                    width=width(), vmin=-1.0, vmax=1.0, diverging=True,
+                                    precision=precision))
+        parts.append(Text(f"column j: sin for even j, cos for odd j; wavelength λ = "
+                          f"{waves[0]:.3g} (j = 0, 1) up to {waves[-1]:.3g} (j = {d_model - 1})",
+                          style="dim"))
     else:  # the sine and cosine columns apart, so that shrinking never averages a sin with a cos
         for kind, first in (("sin", 0), ("cos", 1)):
             parts.append(render.heatmap(
@@ -46,6 +50,6 @@ def pe(
                 row_labels=rows, col_labels=col_labels[first::2], width=width(),
                 vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
     if length * d_model <= 256:
-        parts.append(render.tensor_table(matrix, title="values", precision=precision,
+        parts.append(render.tensor_table(matrix, title="values", precision=precision, row_labels=rows,
                                          col_labels=col_labels, width=width()))
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})

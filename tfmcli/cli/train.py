@@ -14,7 +14,7 @@ from rich.text import Text
 import tfmcli
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import describe, emit, position_labels, width
+from tfmcli.cli.common import describe, emit, height, position_labels, width
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import ConfigError
 from tfmcli.io import run_arrays
@@ -93,12 +93,13 @@ def train(
              prediction_table(held_out, predictions, length, symbols)]
     patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h]
                 for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
-                                                  for h in range(cfg.heads)], T, width(), False)}
+                                                  for h in range(cfg.heads)], T, width(), False,
+                                                 height())}
     mask = combined_mask(shown.lengths, T, True)[0]
     maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
                                  row_labels=position_labels(run, 0, "q"),
                                  col_labels=position_labels(run, 0, "k"))
-    parts += [render.side_by_side(*maps),
+    parts += [*maps,
               Text(f"held-out token accuracy {accuracy:.1%} over {int((held_out.targets != IGNORE).sum()):,} "
                    f"answer tokens of {HELD_OUT:,} examples; {steps:,} steps in {seconds:.1f} s",
                    style="bold")]

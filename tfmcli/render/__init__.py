@@ -10,7 +10,7 @@ from tfmcli.render.colours import colour_legend
 from tfmcli.render.heatmap import heatmap
 from tfmcli.render.lens import lens_table
 from tfmcli.render.maps import attention_maps, maps_that_fit
-from tfmcli.render.masks import mask_grid, mask_legend
+from tfmcli.render.masks import mask_grid, mask_legend, mask_overview
 from tfmcli.render.numbers import fmt
 from tfmcli.render.plot import curve
 from tfmcli.render.tokens import token_line
@@ -19,6 +19,6 @@ from tfmcli.render.tables import (config_panel, grad_table, record_table, shape_
 
 __all__ = [
     "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap", "lens_table",
-    "maps_that_fit", "mask_grid", "mask_legend", "record_table", "shape_list", "shape_trace", "side_by_side",
+    "maps_that_fit", "mask_grid", "mask_legend", "mask_overview", "record_table", "shape_list", "shape_trace", "side_by_side",
     "tensor_table", "token_line",
 ]

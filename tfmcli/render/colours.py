@@ -15,9 +15,10 @@ from rich.text import Text
 from tfmcli.render.numbers import fmt
 
 # Anchor colours, low to high, interpolated linearly in between. Sequential: viridis (dark
-# purple -> yellow, readable on dark and light terminals). Diverging: blue - white (0) - red.
+# purple -> yellow, readable on dark and light terminals). Diverging: red (negative) - white (0) -
+# blue (positive): red means negative everywhere in tfm, as in the tables of numbers.
 SEQUENTIAL = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
-DIVERGING = [(33, 102, 172), (103, 169, 207), (247, 247, 247), (239, 138, 98), (178, 24, 43)]
+DIVERGING = [(178, 24, 43), (239, 138, 98), (247, 247, 247), (103, 169, 207), (33, 102, 172)]
 
 SHADES = " ░▒▓█"  # five levels, from the bottom of the scale to the top
 LEGEND_STOPS = 5
@@ -90,31 +91,68 @@ def legend_stops(vmin: float, vmax: float, diverging: bool) -> list[float]:
     return list(np.linspace(vmin, vmax, LEGEND_STOPS))
 
 
-def colour_legend(vmin: float, vmax: float, *, diverging: bool = False, precision: int = 2) -> Text:
-    """One line: a swatch and its value at a few stops from ``vmin`` to ``vmax``.
+def colour_legend(vmin: float, vmax: float, *, diverging: bool = False, precision: int = 2,
+                  clipped: bool = False) -> Text:
+    """One line: each swatch in brackets, then the value it stands for, from ``vmin`` to ``vmax``.
 
     Each swatch is the colour of that value and carries the shade characters a heatmap uses
-    without colour, so the legend reads in both.
+    without colour, so the legend reads in both; the brackets show where a blank swatch is.
 
     Parameters
     ----------
     vmin, vmax : float
         The ends of the scale.
     diverging : bool
-        Blue (negative) - white (0) - red (positive) instead of the sequential scale.
+        Red (negative) - white (0) - blue (positive) instead of the sequential scale.
     precision : int
-        Digits of the labels (formatted with :func:`fmt`).
+        Digits of the labels (formatted with :func:`fmt`; unsigned when the scale is).
+    clipped : bool
+        Values above ``vmax`` exist and take the top swatch: its label reads ``≥vmax``.
 
     Returns
     -------
     rich.text.Text
-        Uncoloured: ``"scale      0.00 ░░ +0.25 ▒▒ +0.50 ▓▓ +0.75 ██ +1.00"``.
+        Uncoloured: ``"scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"``.
     """
+    signed = diverging or vmin < 0
+    stops = legend_stops(vmin, vmax, diverging)
     legend = Text()
-    legend.append("scale ", style="dim")
-    for value in legend_stops(vmin, vmax, diverging):
+    legend.append("scale", style="dim")
+    for k, value in enumerate(stops):
         position = scale_position(value, vmin, vmax, diverging)
-        legend.append(" ")
+        legend.append(" " if k == 0 else "  ")
+        legend.append("[", style="dim")
         legend.append(shade_at(position, diverging), style=block_style(position, diverging))
-        legend.append(" " + fmt(value, precision))
+        legend.append("]", style="dim")
+        top = clipped and k == len(stops) - 1
+        legend.append((" ≥" if top else " ") + fmt(value, precision, sign=signed).strip())
     return legend
+
+
+class Legend:
+    """The key under one or more heatmaps: the colour scale and the hidden-cell symbol.
+
+    When the cells print their values and the console has no colour, the swatches stand for
+    nothing on the screen and are left out (only the hidden-cell symbol is explained).
+    """
+
+    def __init__(self, vmin, vmax, *, diverging=False, precision=2, clipped=False,
+                 hidden=False, values_shown=False):
+        self.scale = colour_legend(vmin, vmax, diverging=diverging, precision=precision,
+                                   clipped=clipped)
+        self.hidden, self.values_shown = hidden, values_shown
+
+    def text(self, colour: bool) -> Text:
+        key = Text()
+        if colour or not self.values_shown:
+            key.append_text(self.scale)
+        if self.hidden:
+            key.append("   " if key else "")
+            key.append("·", style="dim")
+            key.append(" hidden by mask")
+        return key
+
+    def __rich_console__(self, console, options):
+        key = self.text(colour=console.color_system is not None)
+        if key:
+            yield key

@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.constrain import Constrain
 from rich.text import Text
 
-from tfmcli.render.colours import block_style, cell_style, colour_legend, scale_position, shade_at
+from tfmcli.render.colours import Legend, block_style, cell_style, scale_position, shade_at
 from tfmcli.render.numbers import fmt_fixed
 
 HIDDEN = "·"
@@ -78,14 +78,11 @@ def heatmap(
     visible = _visible(mask, matrix.shape)
     row_labels = _labels(row_labels, rows, "row_labels")
     col_labels = _labels(col_labels, cols, "col_labels")
+    clipped = _beyond(matrix, visible, vmax)
     vmin, vmax = _scale_ends(matrix, visible, vmin, vmax, diverging)
     label_width = max(len(label) for label in row_labels) if rows else 0
 
-    # Two characters per column must fit; rows are averaged in blocks as wide as the columns'
-    # (two characters are about as wide as one line is tall), and there are at most ``width``.
-    max_cols = max(1, (width - label_width - 1) // SHADE_WIDTH)
-    col_block = math.ceil(cols / max_cols)
-    row_block = max(col_block, math.ceil(rows / width))
+    row_block, col_block = _blocks(rows, cols, label_width, width)
     caption = None
     if row_block > 1 or col_block > 1:
         matrix, visible = _block_mean(matrix, visible, row_block, col_block)
@@ -93,7 +90,8 @@ def heatmap(
         caption = (f"downsampled {rows}x{cols} -> {matrix.shape[0]}x{matrix.shape[1]}, "
                    f"block mean of up to {row_block}x{col_block} visible cells")
 
-    texts = [[fmt_fixed(v, precision) for v in row] for row in matrix]
+    signed = diverging or bool((matrix[visible] < 0).any())   # probabilities need no "+"
+    texts = [[fmt_fixed(v, precision, signed) for v in row] for row in matrix]
     value_width = max([len(t) for row in texts for t in row] + [len(c) for c in col_labels],
                       default=1)
     values_fit = caption is None and label_width + 1 + cols * (value_width + 2) <= width
@@ -120,18 +118,41 @@ def heatmap(
     if caption:
         lines.append(Text(caption, style="dim italic"))
     if legend:
-        lines.append(_legend(vmin, vmax, diverging, precision, with_mask=mask is not None))
+        lines.append(Legend(vmin, vmax, diverging=diverging, precision=precision,
+                            clipped=clipped, hidden=mask is not None,
+                            values_shown=texts is not None))
     # Title, caption and legend wrap at ``width``; grid lines are never wider unless forced.
-    return Constrain(Group(*lines), max(width, grid_width))
+    return Constrain(Group(*lines), max(width, grid_width) if legend or caption else grid_width)
 
 
-def _legend(vmin, vmax, diverging, precision, with_mask: bool) -> Text:
-    key = colour_legend(vmin, vmax, diverging=diverging, precision=precision)
-    if with_mask:
-        key.append("   ")
-        key.append(HIDDEN, style=HIDDEN_STYLE)
-        key.append(" hidden by mask")
-    return key
+def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2) -> bool:
+    """Whether :func:`heatmap` prints the values of ``matrix`` in its cells at ``width`` (they
+    fit without downsampling), rather than shades."""
+    rows, cols = np.shape(matrix)
+    label_width = max((len(str(label)) for label in row_labels), default=0)
+    if _blocks(rows, cols, label_width, width) != (1, 1):
+        return False
+    signed = bool((np.asarray(matrix) < 0).any())
+    value_width = max([len(fmt_fixed(v, precision, signed)) for v in np.ravel(matrix)] +
+                      [len(str(c)) for c in col_labels], default=1)
+    return label_width + 1 + cols * (value_width + 2) <= width
+
+
+def _blocks(rows: int, cols: int, label_width: int, width: int) -> tuple[int, int]:
+    """How many rows and columns each drawn cell averages. Two characters per column must fit;
+    rows are averaged in blocks as wide as the columns' (two characters are about as wide as
+    one line is tall), and there are at most ``width`` of them."""
+    max_cols = max(1, (width - label_width - 1) // SHADE_WIDTH)
+    col_block = math.ceil(cols / max_cols)
+    return max(col_block, math.ceil(rows / width)), col_block
+
+
+def _beyond(matrix, visible, vmax) -> bool:
+    """Whether visible values exceed a given top of the scale (by more than rounding)."""
+    if vmax is None:
+        return False
+    shown = matrix[visible & np.isfinite(matrix)]
+    return bool(shown.size) and float(shown.max()) > vmax + 1e-9 * max(abs(vmax), 1e-300)
 
 
 def _visible(mask, shape) -> np.ndarray:

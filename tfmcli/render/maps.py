@@ -1,38 +1,53 @@
-"""Layout decisions for attention maps: how many fit a screen, and the colour scale they share."""
+"""Layout decisions for attention maps: how many fit a screen, side by side in a grid, and the
+one colour scale (and legend) they share."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+from rich.columns import Columns
 from rich.text import Text
 
-from tfmcli.render.heatmap import heatmap
+from tfmcli.render.colours import Legend
+from tfmcli.render.heatmap import SHADE_WIDTH, heatmap, shows_values
 
-MAX_MAPS = 8
-SCREEN_ROWS = 80
+MAX_MAPS = 8     # combined masks drawn by tfm mask
+GAP = 3          # columns between two maps of a grid
+VALUE_CELL = 7   # " +0.25 " : a cell that prints its value
 
 
-def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool) -> list:
-    """About a screenful of (block, head) pairs: eight small maps, or a single long one.
+def _map_size(seq_len: int, width: int, label_width: int) -> tuple[int, int]:
+    """About how many columns and lines one (T, T) map takes at ``width``: values when they
+    fit, else two-character shades, downsampled to the width."""
+    if label_width + 1 + seq_len * VALUE_CELL <= width:
+        return label_width + 1 + seq_len * VALUE_CELL, seq_len + 2
+    cells = min(seq_len, (width - label_width - 1) // SHADE_WIDTH)
+    return label_width + 1 + cells * SHADE_WIDTH, math.ceil(seq_len / math.ceil(seq_len / cells)) + 2
 
-    A map is drawn at most (width - 6) / 2 rows tall: downsampled to fit the width, it stays
-    square.
-    """
+
+def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool, height: int = 40,
+                  label_width: int = 6) -> list:
+    """The (block, head) pairs whose maps fit a screen of ``width`` x ``height`` in a grid
+    (at least one); all of them with ``full``."""
     if full:
         return pairs
-    map_rows = min(seq_len, (width - 6) // 2) + 4
-    return pairs[:max(1, min(MAX_MAPS, SCREEN_ROWS // map_rows))]
+    map_width, map_height = _map_size(seq_len, width, label_width)
+    per_row = max(1, (width + GAP) // (map_width + GAP))
+    grid_rows = max(1, (height - 4) // (map_height + 1))   # 4: heading, legend and notes
+    return pairs[:per_row * grid_rows]
 
 
 def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
                    row_labels=None, col_labels=None) -> list:
-    """Heatmaps of attention patterns ((block, head) -> (T, T)) of one batch row, one scale.
+    """Heatmaps of attention patterns ((block, head) -> (T, T)) of one batch row: a heading,
+    the maps side by side in a grid that fits ``width``, and one legend for all.
 
     One colour scale for all maps, comparable across heads: 0 to the 99th percentile of the
-    weights shown (higher ones saturate), so that a long sequence, whose weights are mostly near
-    1/T beside a few near 1, still shows its structure. ``total`` is how many maps there were
-    to choose from, for the note saying how to see the rest.
+    weights shown (higher ones take the top colour, which the legend marks ``≥``), so that a
+    long sequence, whose weights are mostly near 1/T beside a few near 1, still shows its
+    structure. ``total`` is how many maps there were to choose from, for the note saying how
+    to see the rest.
     """
     T = mask.shape[0]
     row_labels = row_labels or [f"q{t}" for t in range(T)]
@@ -40,14 +55,16 @@ def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
     values = list(patterns.values())
     vmax = float(np.quantile(np.concatenate([p[mask] for p in values]), 0.99))
     digits = max(2, 1 - math.floor(math.log10(vmax / 4)))  # legend stops vmax/4 apart differ
-    maps = [heatmap(pattern, title=f"block {b} head {h}: attention pattern, batch row {row}",
-                    row_labels=row_labels, col_labels=col_labels, mask=mask, width=width,
-                    vmin=0.0, vmax=vmax, precision=digits)
+    clipped = any(float(p[mask].max()) > vmax * (1 + 1e-9) for p in values)
+    maps = [heatmap(pattern, title=f"block {b} head {h}", row_labels=row_labels,
+                    col_labels=col_labels, mask=mask, width=width, vmin=0.0, vmax=vmax,
+                    precision=digits, legend=False)
             for (b, h), pattern in patterns.items()]
-    if any(p.max() > vmax for p in values):
-        maps.append(Text(f"colour scale 0..{vmax:.{digits}f}, the 99th percentile of the "
-                         f"weights shown; larger weights take the top colour", style="dim"))
+    parts = [Text(f"attention patterns, batch row {row}: queries down, keys across", style="bold"),
+             Columns(maps, padding=(1, GAP)),
+             Legend(0.0, vmax, precision=digits, clipped=clipped, hidden=True,
+                    values_shown=shows_values(values[0], row_labels, col_labels, width, digits))]
     if total > len(patterns):
-        maps.append(Text(f"showing {len(patterns)} of {total} attention maps; "
-                         f"pick with --block/--head, or --full for all", style="dim"))
-    return maps
+        parts.append(Text(f"showing {len(patterns)} of {total} attention maps; "
+                          f"pick with --block/--head, or --full for all", style="dim"))
+    return parts

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from rich import box
 from rich.cells import cell_len
 from rich.table import Table
+from rich.console import Group
 from rich.text import Text
 
-ATTEND, HIDDEN = "●", "·"
+ATTEND, HIDDEN, SOME = "●", "·", "◐"
 ATTEND_ADDITIVE, HIDDEN_ADDITIVE = "0", "-inf"
 ATTEND_STYLE, HIDDEN_STYLE = "green", "dim"
 
@@ -49,6 +52,61 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
                  for on in row]
         table.add_row(str(label), *cells)
     return table
+
+
+def mask_overview(mask, *, title: str, width: int, row_labels=None, col_labels=None,
+                  row_group: int = 1) -> Group:
+    """A mask too big for one labelled cell per entry: one character per group of keys that
+    fits ``width`` and one line per group of ``row_group`` rows, with ``●`` when every entry
+    of the group may attend, ``·`` when none may and ``◐`` when some may. Nothing is averaged:
+    a mask is true or false.
+
+    Parameters
+    ----------
+    mask : (R, C) bool array_like
+    title : str
+    width : int
+        Columns available, row labels included.
+    row_labels, col_labels : sequence of str, optional
+        Default to the indices; a line is labelled with its group's first row, and every few
+        characters with their group's first key.
+    row_group : int
+        Rows per line (1: every row its own line, as a padding mask needs).
+    """
+    mask = np.asarray(mask, dtype=bool)
+    rows, cols = mask.shape
+    row_labels = [str(i) for i in range(rows)] if row_labels is None else list(row_labels)
+    col_labels = [str(j) for j in range(cols)] if col_labels is None else list(col_labels)
+    label_width = max(len(label) for label in row_labels[::row_group])
+    key_group = math.ceil(cols / max(1, width - label_width - 1))
+    lines_count, chars = math.ceil(rows / row_group), math.ceil(cols / key_group)
+    lines = [Text(title, style="bold")]
+    header = [" "] * (label_width + 1 + chars)
+    step = max(len(label) for label in col_labels[::key_group]) + 1
+    for c in range(0, chars, step):
+        label = col_labels[c * key_group]
+        start = label_width + 1 + c
+        if start + len(label) <= len(header):
+            header[start:start + len(label)] = label
+    lines.append(Text("".join(header).rstrip(), style="dim"))
+    for i in range(lines_count):
+        line = Text(row_labels[i * row_group].rjust(label_width) + " ", style="dim")
+        block_rows = mask[i * row_group:(i + 1) * row_group]
+        for c in range(chars):
+            group = block_rows[:, c * key_group:(c + 1) * key_group]
+            if group.all():
+                line.append(ATTEND, style=ATTEND_STYLE)
+            elif group.any():
+                line.append(SOME, style=ATTEND_STYLE)
+            else:
+                line.append(HIDDEN, style=HIDDEN_STYLE)
+        lines.append(line)
+    if key_group > 1 or row_group > 1:
+        parts = ([f"{row_group} rows per line"] if row_group > 1 else []) + \
+                ([f"{key_group} keys per character"] if key_group > 1 else [])
+        lines.append(Text(f"{' and '.join(parts)}: {ATTEND} all may attend, {SOME} some, "
+                          f"{HIDDEN} none", style="dim italic"))
+    return Group(*lines)
 
 
 def mask_legend(additive: bool = False) -> Text:

@@ -84,7 +84,7 @@ def negligible(value: float, scale: float, eps: float) -> bool:
 ZERO_TO_PRECISION = "≈0"
 
 
-def fmt_fixed(value: float, precision: int = 2) -> str:
+def fmt_fixed(value: float, precision: int = 2, sign: bool = True) -> str:
     """Like :func:`fmt` but always fixed point: the short form used inside heatmap cells.
 
     A heatmap is a picture, so its cells stay narrow; a tiny non-zero value prints as ``+0.00``
@@ -92,5 +92,5 @@ def fmt_fixed(value: float, precision: int = 2) -> str:
     """
     v = float(value)
     if math.isnan(v) or math.isinf(v) or v == 0:
-        return fmt(v, precision)
-    return f"{v:+.{precision}f}"
+        return fmt(v, precision, sign=sign)
+    return f"{v:{'+' if sign else ''}.{precision}f}"
