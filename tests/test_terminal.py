@@ -215,3 +215,26 @@ def test_pe_labels_its_columns_readably_and_red_means_negative_everywhere(monkey
     from tfmcli.render.colours import colour_at
     red, blue = colour_at(0.0, diverging=True), colour_at(1.0, diverging=True)
     assert red[0] > red[2] and blue[2] > blue[0]            # -1 red, +1 blue, as in the tables
+
+
+def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
+    """A deep model's trace shows 40 of its rows: 40 statistics, none for the JSON payload
+    that is not printed; --json computes each activation's once and draws nothing."""
+    import tfmcli.cli.forward as forward_cli
+    import tfmcli.render.tables as tables
+    from tfmcli.summary import stats
+    calls = {"table": 0, "json": 0}
+
+    def counting(where):
+        def count(array):
+            calls[where] += 1
+            return stats(array)
+        return count
+
+    monkeypatch.setattr(tables, "stats", counting("table"))
+    monkeypatch.setattr(forward_cli, "stats", counting("json"))
+    ok("forward", "-L", 4)                    # 4 + 14 x 4 + 3 = 63 activations
+    assert calls == {"table": 40, "json": 0}
+    calls.update(table=0)
+    data = json.loads(ok("forward", "-L", 4, "--json").stdout)
+    assert calls == {"table": 0, "json": len(data["activations"])} and calls["json"] > 40

@@ -5,21 +5,51 @@ from __future__ import annotations
 import numpy as np
 
 
+CHUNK = 1 << 20   # entries per pass of the sum of squares: an 8 MiB float64 buffer, reused
+
+
+def _sum_of_squares(flat, mean: float, where) -> float:
+    """sum((x - mean)^2) over ``flat`` (where ``where``), in float64, a chunk at a time, so
+    that a large tensor costs no copy of itself."""
+    buffer = np.empty(min(flat.size, CHUNK))
+    total = 0.0
+    for start in range(0, flat.size, CHUNK):
+        part = buffer[:min(CHUNK, flat.size - start)]
+        np.subtract(flat[start:start + CHUNK], mean, out=part, dtype=np.float64)
+        if where is not None:
+            np.copyto(part, 0.0, where=~where[start:start + CHUNK])
+        total += float(np.dot(part, part))
+    return total
+
+
 def stats(array: np.ndarray) -> dict:
     """Shape; min / mean / std / max over the finite entries (None if there are none); and,
     when present, how many entries are -inf (``masked``: a hidden attention score), +inf
     (``inf``) or NaN (``nan``)."""
     array = np.asarray(array)
     floating = array.dtype.kind == "f"
-    finite = array[np.isfinite(array)] if floating else array.reshape(-1)
     out = {"shape": list(array.shape)}
-    if finite.size:
-        finite = finite.astype(np.float64)
-        out.update(min=float(finite.min()), mean=float(finite.mean()),
-                   std=float(finite.std()), max=float(finite.max()))
+    flat = array.reshape(-1)
+    where, n = None, flat.size
+    if floating and n:
+        ends = (flat.min(), flat.max())   # a NaN or an infinity shows in one of these
+        if not np.isfinite(ends).all():
+            where = np.isfinite(flat)
+            n = int(np.count_nonzero(where))
+    if n:   # reductions over the finite entries in place, accumulated in float64
+        if where is None:
+            low, high = flat.min(), flat.max()
+            total = np.sum(flat, dtype=np.float64)
+        else:
+            low = np.min(flat, where=where, initial=np.inf)
+            high = np.max(flat, where=where, initial=-np.inf)
+            total = np.sum(flat, dtype=np.float64, where=where)
+        mean = float(total) / n
+        out.update(min=float(low), mean=mean,
+                   std=float(np.sqrt(_sum_of_squares(flat, mean, where) / n)), max=float(high))
     else:
         out.update(min=None, mean=None, std=None, max=None)
-    if floating:
+    if where is not None:   # (all finite otherwise: nothing to count)
         for key, count in (("masked", np.isneginf(array).sum()), ("inf", np.isposinf(array).sum()),
                            ("nan", np.isnan(array).sum())):
             if count:

@@ -69,22 +69,23 @@ def backward(
     # --show: a parameter's gradient by its name, an activation's by its name (or 'd' + name)
     shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head, run,
                                      gradient=True)
-    parts = [render.config_panel(describe(cfg, run, row), title="tfm backward"),
-             render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
-                               max_rows=rows_limit(full)),
-             *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold")]
-    if report is not None:
-        parts.append(verdict(report))
-    payload = {"config": json.loads(cfg.to_json()), "loss": fwd.loss,
-               "gradients": [grad_row(n, grads[n], checks) for n in names], "show": shown_json}
+    def parts():   # drawn only without --json
+        return [render.config_panel(describe(cfg, run, row), title="tfm backward"),
+                render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
+                                  max_rows=rows_limit(full)),
+                *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold"),
+                *([verdict(report)] if report is not None else [])]
+    payload = lambda: {   # noqa: E731  (computed only for --json)
+        "config": json.loads(cfg.to_json()), "loss": fwd.loss,
+        "gradients": [grad_row(n, grads[n], checks) for n in names], "show": shown_json}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
     if report is not None and not report.passed:
         raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")
 
 
 def grad_row(name, g, checks):
-    row = {"name": name, "shape": list(g.shape), "l2": float(np.sqrt((g.astype(np.float64) ** 2).sum())),
-           "max_abs": float(np.abs(g).max()), "mean": float(g.mean())}
+    row = {"name": name, "shape": list(g.shape), "l2": render.l2_norm(g),
+           "max_abs": float(np.abs(g).max()), "mean": float(g.mean(dtype=np.float64))}
     if checks and name in checks:
         row.update(rel_err=checks[name].rel_err, passed=checks[name].passed)
     return row

@@ -52,13 +52,19 @@ def height() -> int:
 
 
 def emit(opts: Options, renderables, payload, arrays=None):
-    """Save, then print: JSON when --json, else the renderables (recorded for --svg)."""
+    """Save, then print: JSON when --json, else the renderables (recorded for --svg).
+
+    ``payload`` and ``renderables`` may be functions that return them, so that what only JSON
+    needs (statistics of every activation, say) is computed only for --json, and the view
+    only without it: nothing is computed twice, nothing for what is not shown."""
     if arrays is not None and opts.values.get("save") is not None:
         save_npz(opts.save, arrays)
     console = make_console()
     if opts.json:   # through the console: a closed pipe then ends the run like any output
-        console.out(json.dumps(payload), highlight=False)
+        console.out(json.dumps(payload() if callable(payload) else payload), highlight=False)
         return
+    if callable(renderables):
+        renderables = renderables()
     for item in renderables:
         console.print(item)
     if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is

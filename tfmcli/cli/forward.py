@@ -42,21 +42,24 @@ def forward(
     shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0, run)
     pairs = [(b, h) for b in (range(cfg.layers) if block is None else [block])
              for h in (range(cfg.heads) if head is None else [head])]
-    labels = position_labels(run, row, "q")
-    picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
-                                  max(len(label) for label in labels))
-    patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
-    mask = combined_mask(inputs.lengths, cfg.seq_len, cfg.causal)[row]
-    maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),
-                                 row_labels=labels,
-                                 col_labels=position_labels(run, row, "k"))
-    parts = [render.config_panel(describe(cfg, run, row), title="tfm forward"),
-             render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
-             *maps, *shown,
-             Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
-                  f"{fwd.scored:,} positions)", style="bold")]
-    payload = {"config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
-               "loss": fwd.loss,
-               "activations": [{"name": name, **stats(value)} for name, value in fwd.acts.items()],
-               "show": shown_json}
+
+    def parts():   # drawn only without --json
+        labels = position_labels(run, row, "q")
+        picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
+                                      max(len(label) for label in labels))
+        patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
+        mask = combined_mask(inputs.lengths, cfg.seq_len, cfg.causal)[row]
+        maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),
+                                     row_labels=labels, col_labels=position_labels(run, row, "k"))
+        return [render.config_panel(describe(cfg, run, row), title="tfm forward"),
+                render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
+                *maps, *shown,
+                Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
+                     f"{fwd.scored:,} positions)", style="bold")]
+
+    payload = lambda: {   # noqa: E731  (computed only for --json)
+        "config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
+        "loss": fwd.loss,
+        "activations": [{"name": name, **stats(value)} for name, value in fwd.acts.items()],
+        "show": shown_json}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))

@@ -14,11 +14,11 @@ from tfmcli.render.masks import mask_grid, mask_legend, mask_overview
 from tfmcli.render.numbers import fmt
 from tfmcli.render.plot import curve
 from tfmcli.render.tokens import token_line
-from tfmcli.render.tables import (config_panel, grad_table, record_table, shape_list,
+from tfmcli.render.tables import (config_panel, grad_table, l2_norm, record_table, shape_list,
                                   shape_trace, side_by_side, tensor_table)
 
 __all__ = [
-    "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap", "lens_table",
+    "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap", "l2_norm", "lens_table",
     "maps_that_fit", "mask_grid", "mask_legend", "mask_overview", "record_table", "shape_list", "shape_trace", "side_by_side",
     "tensor_table", "token_line",
 ]
