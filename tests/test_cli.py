@@ -363,3 +363,29 @@ def test_long_sequences_show_fewer_maps_and_a_finer_legend():
     legend = next(line for line in out.splitlines() if line.startswith("scale"))
     assert len(set(re.findall(r"\d\.\d+", legend))) == 5  # five distinct stops
     assert "] ≥" in legend    # the 99th percentile tops the scale; larger weights share it
+
+
+def test_backward_json_rows_have_exactly_their_keys_and_values():
+    data = json.loads(ok("backward", "--json", "--layer", "head").stdout)
+    rows = {row["name"]: row for row in data["gradients"]}
+    assert list(rows) == ["head.W_U", "head.b_U"]
+    _, _, _, _, grads = api_run(seed=1000)
+    for name, row in rows.items():
+        assert set(row) == {"name", "shape", "l2", "max_abs", "mean"}
+        g = grads[name]
+        assert row["shape"] == list(g.shape)
+        assert row["l2"] == pytest.approx(np.linalg.norm(g), rel=1e-12)
+        assert row["max_abs"] == np.abs(g).max() and row["mean"] == pytest.approx(g.mean(), abs=1e-17)
+    checked = json.loads(ok("backward", "--json", "--layer", "head", "--check").stdout)
+    assert set(checked["gradients"][0]) == {"name", "shape", "l2", "max_abs", "mean", "rel_err",
+                                            "passed"}
+
+
+def test_gradcheck_uses_its_step():
+    """Central differences err by O(h^2): h = 1e-2 is far worse than h = 1e-4, and the JSON
+    says which h was used."""
+    coarse = json.loads(ok("gradcheck", "--step", "1e-2", "--tol", "1", "--json").stdout)
+    fine = json.loads(ok("gradcheck", "--step", "1e-4", "--json").stdout)
+    assert (coarse["step"], fine["step"]) == (1e-2, 1e-4)
+    worst = lambda data: max(p["max_abs_err"] for p in data["params"])  # noqa: E731
+    assert worst(coarse) > 100 * worst(fine)

@@ -83,6 +83,31 @@ def test_gradcheck_every_parameter(fields):
     assert report.worst.rel_err <= 1e-6, report.worst
 
 
+@pytest.mark.parametrize("fields", GRID)
+def test_gradcheck_every_parameter_at_random_parameters(fields):
+    """The same grid away from initial weights: every gamma drawn in [0.5, 1.5], every beta and
+    bias from N(0, 0.5), so that a missing gamma factor or a dropped bias term shows."""
+    from helpers import random_params
+
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=11)
+    report = tfmcli.gradcheck(params, tfmcli.make_inputs(cfg), cfg, max_entries=24)
+    assert report.passed, report.failed
+    assert report.worst.rel_err <= 1e-6, report.worst
+
+
+@pytest.mark.parametrize("factor, expected", [(2.0, 0.5), (0.5, 0.5), (4.0, 0.75), (0.25, 0.75)])
+def test_gradcheck_relative_error_either_way_round(monkeypatch, factor, expected):
+    """|a - n| / max(|a|, |n|): an analytic gradient `factor` times the true one gives the same
+    error whether it is too big or too small (2x and 0.5x: 0.5; 4x and 0.25x: 0.75)."""
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    right = ops.cross_entropy_backward
+    monkeypatch.setattr(ops, "cross_entropy_backward", lambda cache: factor * right(cache))
+    report = tfmcli.gradcheck(params, inputs, cfg, names=["head.b_U"])
+    assert report.worst.rel_err == pytest.approx(expected, rel=1e-4)
+
+
 def test_gradcheck_catches_a_wrong_gradient(monkeypatch):
     """The check itself can fail: a backward whose dlogits is twice too big is caught."""
     cfg = tfmcli.Config()

@@ -109,6 +109,15 @@ def assert_matches_torch(params, inputs, cfg):
     return grads
 
 
+@pytest.mark.parametrize("fields", CONFIGS)
+def test_matches_torch_autograd_at_random_parameters(fields):
+    """The whole grid again at random O(1) parameters, gammas, betas and biases included: at
+    initial weights a gamma is 1 and a bias 0, and a mistake in their terms hides."""
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    assert_matches_torch(params, tfmcli.make_inputs(cfg), cfg)
+
+
 @pytest.mark.parametrize("norm, activation", [("pre", "gelu"), ("post", "relu")])
 def test_tokens_run_at_random_parameters_matches_torch(norm, activation):
     """Padding, unscored last positions, and every gamma, beta and bias drawn O(1)."""

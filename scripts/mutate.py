@@ -1,0 +1,134 @@
+"""Mutation testing: plant one small bug at a time in the engine, run the fast tests, count
+how many bugs they catch.
+
+    python scripts/mutate.py              # 40 mutants drawn with seed 0 (about 10 minutes)
+    python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
+
+A mutant swaps one operator (+ and -, * and /, < and <=, > and >=), changes one number (n to
+n + 1, 0.5 to 0.25...) or drops one unary minus, inside a function of an engine module. It is
+"killed" when the tests fail (or hang past the timeout) and "survives" when they pass: each
+survivor is a bug the suite would not notice, or an equivalent program. The engine files are
+restored after each mutant, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ["tfmcli/ops.py", "tfmcli/model.py", "tfmcli/optim.py", "tfmcli/gradcheck.py",
+           "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py"]
+TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
+         "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py"]
+SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+        ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+
+
+def sites(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """Every mutable node inside a function, in walk order, with what the mutation does."""
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.Lambda)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.BinOp) and type(node.op) in SWAP:
+                found.append((node, "op"))
+            elif isinstance(node, ast.Compare) and type(node.ops[0]) in SWAP:
+                found.append((node, "compare"))
+            elif (isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                  and not isinstance(node.value, bool)):
+                found.append((node, "number"))
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+                found.append((node, "negation"))
+    unique, seen = [], set()
+    for node, kind in found:   # nested functions are walked twice
+        if id(node) not in seen:
+            seen.add(id(node))
+            unique.append((node, kind))
+    return unique
+
+
+def mutate(source: str, index: int) -> tuple[str, str]:
+    """The source with site ``index`` mutated, and a one-line description of the change."""
+    tree = ast.parse(source)
+    node, kind = sites(tree)[index]
+    line = node.lineno
+    if kind == "op":
+        old = type(node.op).__name__
+        node.op = SWAP[type(node.op)]()
+        what = f"{old} -> {type(node.op).__name__}"
+    elif kind == "compare":
+        old = type(node.ops[0]).__name__
+        node.ops[0] = SWAP[type(node.ops[0])]()
+        what = f"{old} -> {type(node.ops[0]).__name__}"
+    elif kind == "number":
+        old = node.value
+        node.value = old / 2 if isinstance(old, float) and old not in (0.0, 1.0) else old + 1
+        what = f"{old!r} -> {node.value!r}"
+    else:
+        parent = next(p for p in ast.walk(tree) for child in ast.iter_child_nodes(p)
+                      if child is node)
+        for field, value in ast.iter_fields(parent):
+            if value is node:
+                setattr(parent, field, node.operand)
+            elif isinstance(value, list):
+                setattr(parent, field, [node.operand if v is node else v for v in value])
+        what = "unary minus dropped"
+    return ast.unparse(tree), f"line {line}: {what}"
+
+
+def run_tests(timeout: float) -> bool:
+    """True when the tests pass (the mutant survives)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                               *TESTS], cwd=ROOT, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=40, help="mutants to draw (0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
+    args = parser.parse_args()
+
+    originals = {path: (ROOT / path).read_text() for path in TARGETS}
+    mutants = [(path, i) for path, source in originals.items()
+               for i in range(len(sites(ast.parse(source))))]
+    if args.sample:
+        mutants = sorted(random.Random(args.seed).sample(mutants, min(args.sample, len(mutants))))
+    if not run_tests(args.timeout):
+        sys.exit("the tests fail before any mutation; fix them first")
+    survivors, start = [], time.time()
+    try:
+        for k, (path, index) in enumerate(mutants, 1):
+            source, what = mutate(originals[path], index)
+            (ROOT / path).write_text(source)
+            try:
+                survived = run_tests(args.timeout)
+            finally:
+                (ROOT / path).write_text(originals[path])
+            print(f"[{k}/{len(mutants)}] {'SURVIVED' if survived else 'killed  '} "
+                  f"{path} {what}", flush=True)
+            if survived:
+                survivors.append(f"{path} {what}")
+    finally:
+        for path, source in originals.items():
+            (ROOT / path).write_text(source)
+    killed = len(mutants) - len(survivors)
+    print(f"\nkilled {killed} of {len(mutants)} mutants ({killed / len(mutants):.0%}) "
+          f"in {time.time() - start:.0f} s; survivors:")
+    for line in survivors:
+        print("  " + line)
+
+
+if __name__ == "__main__":
+    main()
