@@ -220,8 +220,8 @@ def test_pe_labels_its_columns_readably_and_red_means_negative_everywhere(monkey
 def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
     """A deep model's trace shows 40 of its rows: 40 statistics, none for the JSON payload
     that is not printed; --json computes each activation's once and draws nothing."""
-    import tfmcli.cli.forward as forward_cli
     import tfmcli.render.tables as tables
+    import tfmcli.summary as summary
     from tfmcli.summary import stats
     calls = {"table": 0, "json": 0}
 
@@ -232,9 +232,17 @@ def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
         return count
 
     monkeypatch.setattr(tables, "stats", counting("table"))
-    monkeypatch.setattr(forward_cli, "stats", counting("json"))
+    monkeypatch.setattr(summary, "stats", counting("json"))   # what forward's JSON imports
     ok("forward", "-L", 4)                    # 4 + 14 x 4 + 3 = 63 activations
     assert calls == {"table": 40, "json": 0}
     calls.update(table=0)
     data = json.loads(ok("forward", "-L", 4, "--json").stdout)
     assert calls == {"table": 0, "json": len(data["activations"])} and calls["json"] > 40
+
+
+def test_the_api_names_are_what_they_were_whatever_was_imported_first():
+    code = ("import tfmcli.gradcheck, tfmcli.model, tfmcli.sources, tfmcli, inspect; "
+            "print(all(inspect.isfunction(getattr(tfmcli, n)) for n in "
+            "('gradcheck', 'forward', 'backward', 'init_params', 'load', 'make_inputs')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr

@@ -8,16 +8,40 @@
 >>> grads = tfmcli.backward(params, fwd, cfg)
 """
 
-from tfmcli import config, io, masks, ops, positional  # noqa: F401  (tfmcli.io.save_npz, ...)
+import importlib
+
 from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
+# Not lazy: `gradcheck` is also a submodule's name, and importing the submodule would rebind
+# tfmcli.gradcheck to the module; imported here, the function wins.
 from tfmcli.gradcheck import GradcheckReport, gradcheck
-from tfmcli.init import init_params
-from tfmcli.sources import load
-from tfmcli.model import (IGNORE, Forward, Gradients, Inputs, backward, forward, inputs_from_tokens,
-                          make_inputs)
 
 __version__ = "0.1.0"
+
+# The rest of the API is imported on first use (PEP 562), so that `tfm --help` and `tfm mask`
+# start without loading the model, the sources or the gradient check.
+_LAZY = {
+    "init_params": "tfmcli.init", "load": "tfmcli.sources",
+    "IGNORE": "tfmcli.model", "Forward": "tfmcli.model", "Gradients": "tfmcli.model",
+    "Inputs": "tfmcli.model", "backward": "tfmcli.model", "forward": "tfmcli.model",
+    "inputs_from_tokens": "tfmcli.model", "make_inputs": "tfmcli.model",
+}
+_SUBMODULES = {"config", "io", "masks", "ops", "positional"}   # tfmcli.io.save_npz, ...
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"tfmcli.{name}")
+    else:
+        raise AttributeError(f"module 'tfmcli' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY, *_SUBMODULES])
 
 __all__ = [
     "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "IGNORE", "Inputs",

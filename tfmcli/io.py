@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfmcli.config import Config
 from tfmcli.errors import TfmError
-from tfmcli.model import Forward, Gradients, Inputs
+if TYPE_CHECKING:   # (imported for the annotations only: saving needs no model code)
+    from tfmcli.model import Forward, Gradients, Inputs
 
 def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = None,
                grads: Gradients | None = None) -> dict[str, np.ndarray]:
@@ -48,6 +49,8 @@ def atomic_write(path: str | os.PathLike):
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise TfmError(f"cannot write {path}: folder {folder} does not exist")
+    import tempfile   # here: only a run that saves pays for importing it
+
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

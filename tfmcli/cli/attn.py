@@ -14,8 +14,6 @@ from tfmcli.cli.common import (Precision, Row, check_indices, describe, emit, ex
                                position_labels, width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
-from tfmcli.io import jsonable, run_arrays
-from tfmcli.steps import explain_query, illustrated_steps, model_head_steps
 
 
 @app.command()
@@ -33,6 +31,9 @@ def attn(
 
     Example: tfm attn --example illustrated
     """
+    from tfmcli.io import jsonable, run_arrays
+    from tfmcli.steps import illustrated_steps, model_head_steps   # (here: --help does not load the engine)
+
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
                                  f"illustrated", param_hint="'--example'")
@@ -94,6 +95,8 @@ def render_steps(steps, precision, queries=None, keys=None):
 
 def explain_one_query(opts, run, fwd, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens."""
+    from tfmcli.steps import explain_query   # (here: --help does not load the engine)
+
     cfg = run.cfg
     x = explain_query(fwd, cfg, block, head, row, t)
     labels = position_labels(run, row)

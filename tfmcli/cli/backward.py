@@ -13,10 +13,8 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
                                emit, execute, rows_limit, show_tensors)
-from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
-from tfmcli.io import run_arrays
 
 Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln2", "ffn", "ln_f",
                                                "head", "all")}, type=str)
@@ -45,6 +43,9 @@ def backward(
 
     Example: tfm backward --layer ffn --check --show dlogits
     """
+    from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
+    from tfmcli.io import run_arrays   # (here: --help does not load the engine)
+
     layer = layer.value
     names = []
 

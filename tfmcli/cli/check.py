@@ -11,7 +11,6 @@ from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
 from tfmcli.errors import TfmError
-from tfmcli.reference import FLOOR, TOLERANCE, MissingTorch, compare, import_torch, torch_run
 
 Against = Enum("Against", {"torch": "torch"}, type=str)
 
@@ -28,6 +27,8 @@ def check(
 
     Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
     """
+    from tfmcli.reference import FLOOR, TOLERANCE, MissingTorch, compare, import_torch, torch_run   # (here: --help does not load the engine)
+
     if tol is not None and not tol > 0:
         raise typer.BadParameter(f"{tol} is not allowed (allowed: a positive number)",
                                  param_hint="'--tol'")

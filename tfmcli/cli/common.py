@@ -16,9 +16,6 @@ from tfmcli import config as sizes
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
 from tfmcli.errors import TfmError
-from tfmcli.io import jsonable, save_npz, save_text
-from tfmcli.masks import combined_mask
-from tfmcli.model import first_nonfinite
 
 Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
 Row = Annotated[int, typer.Option("--row", callback=bounded(0), help="Batch row to show.")]
@@ -57,6 +54,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
     ``payload`` and ``renderables`` may be functions that return them, so that what only JSON
     needs (statistics of every activation, say) is computed only for --json, and the view
     only without it: nothing is computed twice, nothing for what is not shown."""
+    from tfmcli.io import save_npz, save_text   # (here: --help does not load the engine)
+
     if arrays is not None and opts.values.get("save") is not None:
         save_npz(opts.save, arrays)
     console = make_console()
@@ -112,6 +111,8 @@ def execute(opts: Options, with_grads: bool, validate=None):
     anything is computed. Returns ``(run, fwd, grads)`` (``grads`` None without
     ``with_grads``).
     """
+    from tfmcli.model import first_nonfinite
+
     run = opts.run()
     cfg = run.cfg
     if validate is not None:
@@ -175,6 +176,9 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     labels queries and keys and shows the cells its mask hides as ``·``. With ``gradient``,
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
+    from tfmcli.io import jsonable
+    from tfmcli.masks import combined_mask   # (here: --help does not load the engine)
+
     prefix = "d" if gradient else ""
     cfg = run.cfg
     activations = sizes.activation_shapes(cfg)

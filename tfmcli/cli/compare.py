@@ -8,7 +8,6 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import describe, emit, execute
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
-from tfmcli.compare import GROUPS, gradient_norms, reading
 
 DEFAULTS = {"batch": 4, "seq_len": 16, "d_model": 32, "heads": 4, "vocab": 32, "layers": 6}
 COMPARE_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
@@ -23,6 +22,8 @@ def compare(opts: Options = None):
 
     Example: tfm compare --layers 6
     """
+    from tfmcli.compare import GROUPS, gradient_norms, reading   # (here: --help does not load the engine)
+
     results = {}
     for norm in ("pre", "post"):
         opts.values["norm"] = norm

@@ -13,9 +13,6 @@ from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, 
                                execute, position_labels, rows_limit, show_tensors,
                                height, width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
-from tfmcli.io import run_arrays
-from tfmcli.masks import combined_mask
-from tfmcli.summary import stats
 
 
 @app.command()
@@ -33,6 +30,10 @@ def forward(
 
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
+    from tfmcli.io import run_arrays
+    from tfmcli.masks import combined_mask
+    from tfmcli.summary import stats   # (here: --help does not load the engine)
+
     def validate(cfg):
         check_indices(cfg, row, head, block)
         check_show(cfg, show)

@@ -8,11 +8,9 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
-from tfmcli.io import run_arrays
 
 
 @app.command()
@@ -28,6 +26,9 @@ def gradcheck(
 
     Example: tfm gradcheck --norm post --activation gelu --lengths 4,2 -L 2
     """
+    from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
+    from tfmcli.io import run_arrays   # (here: --help does not load the engine)
+
     for flag, value in (("--step", step), ("--tol", tol)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise typer.BadParameter(f"{value} is not allowed (allowed: a positive number)",

@@ -12,8 +12,6 @@ from tfmcli.cli.common import (Full, Precision, Row, check_indices, describe, em
                                position_labels, rows_limit, width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.cli.shapes import human
-from tfmcli.kv import decode
-from tfmcli.masks import causal_mask
 
 
 @app.command()
@@ -30,6 +28,9 @@ def kv(
 
     Example: tfm kv --tokens 3,1,4,1,5,9,2,6 -L 2
     """
+    from tfmcli.kv import decode
+    from tfmcli.masks import causal_mask   # (here: --help does not load the engine)
+
     def validate(cfg):
         check_indices(cfg, row, head, block)
         if not cfg.causal:

@@ -9,8 +9,6 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Row, check_indices, describe, emit, execute, width
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
-from tfmcli.io import run_arrays
-from tfmcli.lens import logit_lens
 
 
 @app.command()
@@ -25,6 +23,9 @@ def lens(
 
     Example: tfm lens --tokens 3,1,4,1,5 -L 3
     """
+    from tfmcli.io import run_arrays
+    from tfmcli.lens import logit_lens   # (here: --help does not load the engine)
+
     run, fwd, _ = execute(opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row))
     cfg = run.cfg
     rows = logit_lens(run.params, fwd, cfg, row, top)

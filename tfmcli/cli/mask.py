@@ -12,11 +12,9 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import emit, width
 from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, parse_lengths, with_options
-from tfmcli.io import jsonable
-from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
-from tfmcli.render.maps import MAX_MAPS
 
 
+MAX_MAPS = 8    # combined masks drawn (--json has all)
 MAX_GRID = 40   # beyond this, a mask is drawn one character per group of keys
 MAX_LINES = 40  # and a square mask groups its queries too, so that it stays about square
 
@@ -24,6 +22,7 @@ MAX_LINES = 40  # and a square mask groups its queries too, so that it stays abo
 def mask_view(grid, title, additive_form, row_labels, col_labels, square=True):
     """A mask as a grid of symbols; when it is big, one character per group of keys that fits
     the terminal (and, for a square mask, one line per group of queries)."""
+
     if max(grid.shape) <= MAX_GRID:
         return render.mask_grid(grid, title=title, additive=additive_form,
                                 row_labels=row_labels, col_labels=col_labels)
@@ -45,6 +44,9 @@ def mask(
 
     Example: tfm mask --len 7 --lengths 4,2,6
     """
+    from tfmcli.io import jsonable
+    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask   # (here: --help does not load the engine)
+
     rows = parse_lengths(lengths) or (length,)
     bad = [n for n in rows if not 1 <= n <= length]
     if bad:

@@ -18,7 +18,6 @@ import typer
 
 from tfmcli.config import Config, memory_estimate
 from tfmcli.errors import ConfigError
-from tfmcli.sources import MissingExtra, Run, parse_tokens, resolve
 
 
 class Norm(str, Enum):
@@ -192,12 +191,14 @@ class Options:
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
 
-    def run(self) -> Run:
+    def run(self):
         """The run these options describe (sources.resolve), parameters not yet drawn.
 
         Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
         has available, unless --force.
         """
+        from tfmcli.sources import MissingExtra, parse_tokens, resolve   # (at run time: --help skips it)
+
         explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
         try:
             tokens = parse_tokens(self.values.get("tokens"))

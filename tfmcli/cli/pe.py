@@ -9,8 +9,6 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Precision, emit, width
 from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, with_options
-from tfmcli.io import jsonable
-from tfmcli.positional import sinusoidal, wavelengths
 
 
 @app.command()
@@ -25,6 +23,9 @@ def pe(
 
     Example: tfm pe --len 16 --d-model 8
     """
+    from tfmcli.io import jsonable
+    from tfmcli.positional import sinusoidal, wavelengths   # (here: --help does not load the engine)
+
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
                                  f"20,000,000", param_hint="'--len' / '--d-model'")

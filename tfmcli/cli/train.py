@@ -17,13 +17,7 @@ from tfmcli.cli.app import app
 from tfmcli.cli.common import describe, emit, height, position_labels, width
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import ConfigError
-from tfmcli.io import run_arrays
-from tfmcli.masks import combined_mask
-from tfmcli.model import IGNORE
-from tfmcli.optim import warmup_lr
-from tfmcli.sources import Run, parse_tokens
 from tfmcli.tasks import TASKS, make_batch
-from tfmcli.train import evaluate, train as train_model
 
 Task = Enum("Task", {name: name for name in TASKS}, type=str)
 HELD_OUT = 256      # held-out examples for the final accuracy
@@ -51,6 +45,12 @@ def train(
 
     Example: tfm train --task reverse --save reverse.npz
     """
+    from tfmcli.io import run_arrays
+    from tfmcli.masks import combined_mask
+    from tfmcli.model import IGNORE
+    from tfmcli.sources import Run, parse_tokens
+    from tfmcli.train import evaluate   # (here: --help does not load the engine)
+
     if lr is not None and not (np.isfinite(lr) and lr > 0):
         raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
                                  param_hint="'--lr'")
@@ -113,6 +113,8 @@ def train(
 
 def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
     """train() with a live progress bar (loss and accuracy) on a terminal."""
+    from tfmcli.train import train as train_model   # (here: --help does not load the engine)
+
     rng = np.random.default_rng([cfg.seed, 1])
     kwargs = dict(steps=steps, n=n, symbols=symbols, warmup=warmup, lr=lr)
     console = Console(stderr=True)
@@ -134,6 +136,8 @@ def task_line(task, n, symbols):
 
 
 def schedule_line(cfg, warmup, lr):
+    from tfmcli.optim import warmup_lr   # (here: --help does not load the engine)
+
     if lr is not None:
         return f"Adam (0.9, 0.98, 1e-9), constant lr {lr:g}"
     peak = warmup_lr(warmup, cfg.d_model, warmup)
@@ -143,6 +147,8 @@ def schedule_line(cfg, warmup, lr):
 
 def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
     """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
+    from tfmcli.model import IGNORE   # (here: --help does not load the engine)
+
     table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
     for header in ("prompt", "answer", "predicted", "right"):
         table.add_column(header, justify="left" if header != "right" else "right")

@@ -6,16 +6,25 @@ fixed-point twin) so that columns align, and every colour has a text stand-in so
 still reads when the console strips colours (NO_COLOR, or stdout not a terminal).
 """
 
-from tfmcli.render.colours import colour_legend
-from tfmcli.render.heatmap import heatmap
-from tfmcli.render.lens import lens_table
-from tfmcli.render.maps import attention_maps, maps_that_fit
-from tfmcli.render.masks import mask_grid, mask_legend, mask_overview
-from tfmcli.render.numbers import fmt
-from tfmcli.render.plot import curve
-from tfmcli.render.tokens import token_line
-from tfmcli.render.tables import (config_panel, grad_table, l2_norm, record_table, shape_list,
-                                  shape_trace, side_by_side, tensor_table)
+import importlib
+
+_WHERE = {   # name -> the module that defines it; each is imported on first use (PEP 562)
+    "colour_legend": "colours", "heatmap": "heatmap", "lens_table": "lens",
+    "attention_maps": "maps", "maps_that_fit": "maps", "mask_grid": "masks",
+    "mask_legend": "masks", "mask_overview": "masks", "fmt": "numbers", "curve": "plot",
+    "token_line": "tokens", "config_panel": "tables", "grad_table": "tables",
+    "l2_norm": "tables", "record_table": "tables", "shape_list": "tables",
+    "shape_trace": "tables", "side_by_side": "tables", "tensor_table": "tables",
+}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'tfmcli.render' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tfmcli.render.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "attention_maps", "colour_legend", "config_panel", "curve", "fmt", "grad_table", "heatmap", "l2_norm", "lens_table",

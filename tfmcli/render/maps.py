@@ -12,7 +12,6 @@ from rich.text import Text
 from tfmcli.render.colours import Legend
 from tfmcli.render.heatmap import SHADE_WIDTH, heatmap, shows_values
 
-MAX_MAPS = 8     # combined masks drawn by tfm mask
 GAP = 3          # columns between two maps of a grid
 VALUE_CELL = 7   # " +0.25 " : a cell that prints its value
 
