@@ -105,7 +105,11 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])
     v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
     q, k, v = (ops.split_heads(t, H) for t in (q, k, v))                 # (B, H, T, d_head)
-    context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], 1.0 / math.sqrt(cfg.d_head))
+    scale = 1.0 / math.sqrt(cfg.d_head)
+    if caches["fast"]:   # mask: the additive 0 / -inf form, (B, 1, T, T)
+        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale)
+    else:
+        context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale)
     context = ops.merge_heads(context)                                  # (B, T, d)
     out, co = ops.linear_forward(context, P[p + "attn.W_O"], P[p + "attn.b_O"])
     acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v, p + "attn.scores": scores,
@@ -117,7 +121,8 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
 def _mha_backward(dout, p, cfg, caches, grads, dacts):
     cq, ck, cv, ca, co = caches[p + "attn"]
     dcontext, grads[p + "attn.W_O"], grads[p + "attn.b_O"] = ops.linear_backward(dout, co)
-    dq, dk, dv, dpattern, dscores = ops.attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
+    attention_backward = ops.attention_backward_fast if caches["fast"] else ops.attention_backward
+    dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
     dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
                   p + "attn.scores": dscores, p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
     dx = 0
@@ -229,7 +234,7 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
 # ---------------------------------------------------------------- the model
 
 
-def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
+def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> Forward:
     """Run the model on ``inputs``; returns the loss and every named activation.
 
     Parameters
@@ -237,10 +242,14 @@ def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
     params : dict name -> ndarray, as made by ``init_params``
     inputs : Inputs with tokens (B, T), targets (B, T), lengths (B,)
     cfg : Config
+    fast : bool
+        Attention and the embedding gradient through the fast path (``ops.*_fast``: fewer
+        passes and fresh arrays), equal to the reference path (False) to rounding. The
+        backward follows the forward's choice.
     """
     B, T = inputs.tokens.shape
     acts: OrderedDict[str, np.ndarray] = OrderedDict()
-    caches: dict = {}
+    caches: dict = {"fast": fast}
     x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
     acts["embed"] = x
     pe = positions(params, cfg, T)                                                 # (T, d)
@@ -248,6 +257,8 @@ def forward(params: dict, inputs: Inputs, cfg: Config) -> Forward:
         acts["pe"] = pe
         x = x + pe
     mask = combined_mask(inputs.lengths, T, cfg.causal)                            # (B, T, T)
+    if fast:
+        mask = ops.additive_mask(mask[:, None], cfg.np_dtype)                      # (B, 1, T, T)
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, mask, acts, caches)
     if cfg.norm == "pre":
@@ -283,7 +294,8 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     if cfg.pe == "learned":   # rows past T were not used: their gradient is 0
         grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])
         grads["embed.W_pos"][:dx.shape[1]] = dacts["pe"]
-    grads["embed.W_E"] = ops.embedding_backward(dx, caches["embed"])
+    embedding_backward = ops.embedding_backward_fast if caches["fast"] else ops.embedding_backward
+    grads["embed.W_E"] = embedding_backward(dx, caches["embed"])
     if cfg.tied_head:         # W_E is used twice, as the embedding and as the head: both count
         grads["embed.W_E"] += dW_U.T
     ordered_grads = {name: grads[name] for name in params}

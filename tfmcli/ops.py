@@ -186,6 +186,60 @@ def attention_backward(dcontext, cache):
     return dq, dk, dv, dpattern, dscores
 
 
+# The fast path: the same attention with fewer passes over the (B, H, T, T) arrays and fewer
+# fresh ones (each a new mapping the kernel must fault in). Equal to the functions above to
+# rounding (tests/test_fast.py holds it to 1e-12 relative); those stay the reference a reader
+# checks the formulas against.
+
+
+def additive_mask(mask, dtype):
+    """The bool mask (True = may attend) as the 0 / -inf added to the scores."""
+    bias = np.zeros(mask.shape, dtype=dtype)
+    bias[~mask] = -np.inf
+    return bias
+
+
+def attention_forward_fast(q, k, v, bias, scale):
+    """attention_forward with the scale folded into q, the mask added (``bias``: 0 / -inf,
+    broadcastable to (B, H, T, T)) and the softmax computed in place: two (B, H, T, T) arrays
+    (the masked scores and the pattern) instead of five."""
+    scores = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, T, T), scaled
+    scores += bias                                            # -inf where hidden
+    pattern = scores - scores.max(axis=-1, keepdims=True)
+    np.exp(pattern, out=pattern)
+    pattern /= pattern.sum(axis=-1, keepdims=True)
+    context = pattern @ v                                     # (B, H, T, d_head)
+    return context, scores, AttentionCache(q, k, v, pattern, scale)
+
+
+def attention_backward_fast(dcontext, cache):
+    """attention_backward with the softmax backward in one scratch array and the scale folded
+    into k and q."""
+    q, k, v, pattern, scale = cache
+    dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
+    dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
+    dscores = dpattern * pattern
+    rows = dscores.sum(axis=-1, keepdims=True)                # sum(dpattern * p) per row
+    np.subtract(dpattern, rows, out=dscores)
+    dscores *= pattern                                        # p * (dpattern - rows)
+    dq = dscores @ (k * scale)
+    dk = dscores.swapaxes(-1, -2) @ (q * scale)
+    return dq, dk, dv, dpattern, dscores
+
+
+def embedding_backward_fast(dout, cache):
+    """embedding_backward by sorting the tokens and summing each token's rows with reduceat,
+    instead of np.add.at's element-by-element scatter."""
+    tokens = cache.tokens.reshape(-1)
+    rows = dout.reshape(-1, dout.shape[-1])
+    order = np.argsort(tokens, kind="stable")
+    ranked = tokens[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    dW_E = np.zeros((cache.vocab, rows.shape[1]), dtype=dout.dtype)
+    dW_E[ranked[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    return dW_E
+
+
 # ---------------------------------------------------------------- loss
 
 

@@ -1,0 +1,180 @@
+"""tfm's speed, measured honestly: the engine against NumPy's own matmul rate and PyTorch eager,
+and the command line's start-up against the bare imports it cannot avoid.
+
+    python benchmarks/bench.py            # the block of issue 11, both dtypes, start-up
+    python benchmarks/bench.py --quick    # a smaller block, fewer repeats
+
+Every engine figure is the median of several forward + backward runs. tfm and torch run on the
+same parameters and inputs, alternately in one process, with a pause between calls so that
+neither inherits the other's spinning BLAS threads, both on the same number of threads. The
+script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for itself (they slow NumPy's BLAS on
+some machines) and prints the BLAS kernel in use (threadpoolctl). The torch column is skipped
+when torch is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(name in os.environ for name in OVERRIDES):   # before NumPy loads its BLAS
+    env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import tfmcli  # noqa: E402
+from tfmcli.config import Config, flops  # noqa: E402
+
+PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
+
+
+def blas_kernel() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown (pip install threadpoolctl)"
+    infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} "
+                     f"({i.get('num_threads')} threads)" for i in infos) or "none found"
+
+
+def median_time(run, repeats: int) -> float:
+    run()   # warm-up: first-touch page faults, BLAS thread start
+    times = []
+    for _ in range(repeats):
+        time.sleep(PAUSE)
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rate(dtype, n: int = 2048, repeats: int = 5) -> float:
+    """NumPy's own large-matmul rate on this machine, FLOP/s."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+    return 2 * n ** 3 / median_time(lambda: a @ b, repeats)
+
+
+def torch_step(params, inputs, cfg):
+    """One forward + backward of the same model in PyTorch eager, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    F = torch.nn.functional
+    dtype = getattr(torch, cfg.dtype)
+    P = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in params.items()}
+    tokens, targets = torch.as_tensor(inputs.tokens), torch.as_tensor(inputs.targets)
+    B, T = tokens.shape
+    d, H = cfg.d_model, cfg.heads
+    pe = torch.tensor(tfmcli.positional.sinusoidal(T, d), dtype=dtype)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    act = F.gelu if cfg.activation == "gelu" else F.relu
+
+    def step():
+        x = P["embed.W_E"][tokens] + pe
+        for i in range(cfg.layers):
+            p = f"blocks.{i}."
+            h = F.layer_norm(x, (d,), P[p + "ln1.gamma"], P[p + "ln1.beta"], cfg.eps)
+            q, k, v = ((h @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"])
+                       .view(B, T, H, d // H).transpose(1, 2) for w in "QKV")
+            scores = (q @ k.transpose(-1, -2)) / (d // H) ** 0.5
+            pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+            context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
+            x = x + context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
+            h = F.layer_norm(x, (d,), P[p + "ln2.gamma"], P[p + "ln2.beta"], cfg.eps)
+            x = x + act(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]) @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
+        x = F.layer_norm(x, (d,), P["ln_f.gamma"], P["ln_f.beta"], cfg.eps)
+        logits = x @ P["head.W_U"] + P["head.b_U"]
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(-1), ignore_index=-100)
+        for leaf in P.values():
+            leaf.grad = None
+        loss.backward()
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    return step
+
+
+def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str]]:
+    rows = []
+    for dtype in ("float32", "float64"):
+        cfg = Config(**fields, dtype=dtype)
+        params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+        work = sum(flops(cfg))
+        peak = matmul_rate(cfg.np_dtype)
+
+        def tfm_step():
+            tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)
+
+        step = torch_step(params, inputs, cfg) if torch_wanted else None
+        tfm_times, torch_times = [], []
+        for _ in range(repeats):   # alternately, so that both see the same machine
+            tfm_times.append(median_time(tfm_step, 1))
+            if step is not None:
+                torch_times.append(median_time(step, 1))
+        ours = statistics.median(tfm_times)
+        theirs = statistics.median(torch_times) if torch_times else None
+        rate = work / ours
+        rows.append([f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
+                     f"d_ff={cfg.ff} V={cfg.vocab}", dtype, f"{ours * 1e3:.0f}",
+                     "—" if theirs is None else f"{theirs * 1e3:.0f}",
+                     "—" if theirs is None else f"{ours / theirs:.2f}",
+                     f"{rate / 1e9:.1f}", f"{rate / peak:.0%} of {peak / 1e9:.0f}"])
+    return rows
+
+
+def startup_rows(repeats: int) -> list[list[str]]:
+    env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
+    tfm = os.path.join(os.path.dirname(sys.executable), "tfm")
+
+    def timed(cmd):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env, check=True)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    floor = timed([sys.executable, "-c", "import numpy, typer, rich"])
+    rows = [["python -c 'import numpy, typer, rich'", "", f"{floor * 1e3:.0f}", "", "1.00", "", ""]]
+    for args in (["mask", "--len", "7"], ["--help"]):
+        took = timed([tfm, *args])
+        rows.append([f"tfm {' '.join(args)}", "", f"{took * 1e3:.0f}", "", f"{took / floor:.2f}",
+                     "", ""])
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller block, fewer repeats")
+    parser.add_argument("--no-torch", action="store_true", help="leave the torch column out")
+    args = parser.parse_args()
+    fields = dict(batch=2, seq_len=512, d_model=512, heads=8, d_ff=2048, vocab=512,
+                  causal=True, norm="pre", layers=1)
+    if args.quick:
+        fields.update(seq_len=128, d_model=256, d_ff=1024)
+    repeats = 3 if args.quick else 7
+    console = Console()
+    console.print(f"BLAS: {blas_kernel()}")
+    table = Table(title="tfm forward + backward (one block, head and loss) and start-up",
+                  caption="ratio: tfm time / torch time for the engine, / the import floor "
+                          "for start-up; matmul peak: NumPy's own 2048^3 matmul, same run")
+    for header in ("config", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s",
+                   "fraction of matmul peak (GFLOP/s)"):
+        table.add_column(header, justify="left" if header == "config" else "right")
+    for row in engine_rows(fields, repeats, not args.no_torch) + startup_rows(11):
+        table.add_row(*row)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

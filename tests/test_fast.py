@@ -1,0 +1,81 @@
+"""The fast path (ops.*_fast, the model's default) equals the reference path (fast=False), the
+plain formulas, to 1e-12 relative in float64: every activation, every activation gradient and
+every parameter gradient, on random configs with causal and padding masks and at random O(1)
+parameters."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import tfmcli
+from tfmcli import ops
+from helpers import random_params
+
+TOL = 1e-12
+
+
+def rel(a, b, floor: float = 0.0) -> float:
+    """max |a - b| / max(max |b|, floor); infinities must match exactly."""
+    a, b = np.asarray(a), np.asarray(b)
+    same_inf = np.isinf(a) & (a == b)
+    assert (np.isinf(a) == np.isinf(b)).all()      # -inf exactly where the mask hides
+    diff = np.where(same_inf, 0.0, np.abs(np.where(same_inf, 0, a) - np.where(same_inf, 0, b)))
+    scale = np.abs(np.where(np.isinf(b), 0, b)).max() if b.size else 0.0
+    return float(diff.max() / max(scale, floor, 1e-300)) if b.size else 0.0
+
+
+def assert_paths_agree(cfg, params, inputs):
+    fast = tfmcli.forward(params, inputs, cfg)
+    slow = tfmcli.forward(params, inputs, cfg, fast=False)
+    assert abs(fast.loss - slow.loss) <= TOL * abs(slow.loss)
+    assert list(fast.acts) == list(slow.acts)
+    for name in slow.acts:
+        assert rel(fast.acts[name], slow.acts[name]) <= TOL, name
+    g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
+    # b_K's exact gradient is 0 (softmax ignores a constant per row): both paths hold rounding
+    # noise there, so each gradient is measured against the largest of all
+    floor = max(float(np.abs(g).max()) for g in g_slow.values())
+    for name in g_slow:
+        assert rel(g_fast[name], g_slow[name], floor) <= TOL, name
+    for name in g_slow.acts:
+        assert rel(g_fast.acts[name], g_slow.acts[name]) <= TOL, name
+
+
+@settings(max_examples=40, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 7), H=st.sampled_from([1, 2, 3]),
+       norm=st.sampled_from(["pre", "post"]), activation=st.sampled_from(["relu", "gelu"]),
+       causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none"]),
+       tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000))
+def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
+                                        seed):
+    rng = np.random.default_rng(seed)
+    lengths = tuple(int(n) for n in rng.integers(1, T + 1, B)) if pad else None
+    cfg = tfmcli.Config(batch=B, seq_len=T, d_model=2 * H * 2, heads=H, vocab=9, norm=norm,
+                        activation=activation, causal=causal, lengths=lengths, pe=pe,
+                        tied_head=tied, head_bias=not tied, layers=layers, seed=seed)
+    params = random_params(tfmcli.init_params(cfg), seed=seed)
+    assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
+
+
+def test_fast_path_at_a_bigger_size_with_repeated_tokens():
+    cfg = tfmcli.Config(batch=2, seq_len=64, d_model=32, heads=4, vocab=5, lengths=(64, 37))
+    params = random_params(tfmcli.init_params(cfg), seed=1)
+    assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
+
+
+def test_fast_embedding_backward_sums_repeated_tokens():
+    tokens = np.array([[3, 1, 3], [0, 3, 1]])
+    dout = np.random.default_rng(0).normal(size=(2, 3, 4))
+    cache = ops.EmbeddingCache(tokens, 6)
+    np.testing.assert_allclose(ops.embedding_backward_fast(dout, cache),
+                               ops.embedding_backward(dout, cache), rtol=1e-15, atol=0)
+    assert not ops.embedding_backward_fast(dout, cache)[[2, 4, 5]].any()   # unused rows: 0
+
+
+def test_fast_attention_keeps_every_hidden_weight_exactly_zero():
+    cfg = tfmcli.Config(lengths=(4, 2))
+    fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
+    pattern = fwd.acts["blocks.0.attn.pattern"]
+    assert (pattern[1][..., 2:] == 0).all() and (np.triu(pattern[0, 0], 1) == 0).all()
+    with pytest.raises(AssertionError):   # the comparison itself can fail
+        assert rel(pattern * 1.001, pattern) <= TOL
