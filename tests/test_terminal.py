@@ -241,8 +241,13 @@ def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
 
 
 def test_the_api_names_are_what_they_were_whatever_was_imported_first():
-    code = ("import tfmcli.gradcheck, tfmcli.model, tfmcli.sources, tfmcli, inspect; "
+    """Names imported on first use must not be shadowed by a submodule of the same name."""
+    code = ("import pkgutil, importlib, inspect, tfmcli, tfmcli.render as r; "
+            "[importlib.import_module(m.name) for p in (tfmcli, r) "
+            " for m in pkgutil.iter_modules(p.__path__, p.__name__ + '.') "
+            " if not m.name.endswith('__main__')]; "
             "print(all(inspect.isfunction(getattr(tfmcli, n)) for n in "
-            "('gradcheck', 'forward', 'backward', 'init_params', 'load', 'make_inputs')))")
+            "('gradcheck', 'forward', 'backward', 'init_params', 'load', 'make_inputs')) and "
+            "all(inspect.isfunction(getattr(r, n)) for n in r.__all__))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr

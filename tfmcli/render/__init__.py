@@ -8,8 +8,12 @@ still reads when the console strips colours (NO_COLOR, or stdout not a terminal)
 
 import importlib
 
+# Not lazy: `heatmap` is also a submodule's name, and importing the submodule would rebind
+# render.heatmap to the module; imported here, the function wins.
+from tfmcli.render.heatmap import heatmap  # noqa: E402
+
 _WHERE = {   # name -> the module that defines it; each is imported on first use (PEP 562)
-    "colour_legend": "colours", "heatmap": "heatmap", "lens_table": "lens",
+    "colour_legend": "colours", "lens_table": "lens",
     "attention_maps": "maps", "maps_that_fit": "maps", "mask_grid": "masks",
     "mask_legend": "masks", "mask_overview": "masks", "fmt": "numbers", "curve": "plot",
     "token_line": "tokens", "config_panel": "tables", "grad_table": "tables",
