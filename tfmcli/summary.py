@@ -31,14 +31,13 @@ def stats(array: np.ndarray) -> dict:
     out = {"shape": list(array.shape)}
     flat = array.reshape(-1)
     where, n = None, flat.size
-    if floating and n:
-        ends = (flat.min(), flat.max())   # a NaN or an infinity shows in one of these
-        if not np.isfinite(ends).all():
+    if n:
+        low, high = flat.min(), flat.max()   # a NaN or an infinity shows in one of these
+        if floating and not (np.isfinite(low) and np.isfinite(high)):
             where = np.isfinite(flat)
             n = int(np.count_nonzero(where))
     if n:   # reductions over the finite entries in place, accumulated in float64
         if where is None:
-            low, high = flat.min(), flat.max()
             total = np.sum(flat, dtype=np.float64)
         else:
             low = np.min(flat, where=where, initial=np.inf)

@@ -32,7 +32,7 @@ def attn(
     Example: tfm attn --example illustrated
     """
     from tfmcli.io import jsonable, run_arrays
-    from tfmcli.steps import illustrated_steps, model_head_steps   # (here: --help does not load the engine)
+    from tfmcli.steps import illustrated_steps, model_head_steps
 
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
@@ -95,7 +95,7 @@ def render_steps(steps, precision, queries=None, keys=None):
 
 def explain_one_query(opts, run, fwd, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens."""
-    from tfmcli.steps import explain_query   # (here: --help does not load the engine)
+    from tfmcli.steps import explain_query
 
     cfg = run.cfg
     x = explain_query(fwd, cfg, block, head, row, t)

@@ -44,7 +44,7 @@ def backward(
     Example: tfm backward --layer ffn --check --show dlogits
     """
     from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
-    from tfmcli.io import run_arrays   # (here: --help does not load the engine)
+    from tfmcli.io import run_arrays
 
     layer = layer.value
     names = []

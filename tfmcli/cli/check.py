@@ -27,7 +27,8 @@ def check(
 
     Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
     """
-    from tfmcli.reference import FLOOR, TOLERANCE, MissingTorch, compare, import_torch, torch_run   # (here: --help does not load the engine)
+    from tfmcli.reference import (FLOOR, TOLERANCE, MissingTorch, compare, import_torch,
+                                  torch_run)
 
     if tol is not None and not tol > 0:
         raise typer.BadParameter(f"{tol} is not allowed (allowed: a positive number)",

@@ -54,7 +54,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
     ``payload`` and ``renderables`` may be functions that return them, so that what only JSON
     needs (statistics of every activation, say) is computed only for --json, and the view
     only without it: nothing is computed twice, nothing for what is not shown."""
-    from tfmcli.io import save_npz, save_text   # (here: --help does not load the engine)
+    from tfmcli.io import save_npz, save_text
 
     if arrays is not None and opts.values.get("save") is not None:
         save_npz(opts.save, arrays)
@@ -177,7 +177,7 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
     from tfmcli.io import jsonable
-    from tfmcli.masks import combined_mask   # (here: --help does not load the engine)
+    from tfmcli.masks import combined_mask
 
     prefix = "d" if gradient else ""
     cfg = run.cfg

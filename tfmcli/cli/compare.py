@@ -22,7 +22,7 @@ def compare(opts: Options = None):
 
     Example: tfm compare --layers 6
     """
-    from tfmcli.compare import GROUPS, gradient_norms, reading   # (here: --help does not load the engine)
+    from tfmcli.compare import GROUPS, gradient_norms, reading
 
     results = {}
     for norm in ("pre", "post"):

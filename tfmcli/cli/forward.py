@@ -32,7 +32,7 @@ def forward(
     """
     from tfmcli.io import run_arrays
     from tfmcli.masks import combined_mask
-    from tfmcli.summary import stats   # (here: --help does not load the engine)
+    from tfmcli.summary import stats
 
     def validate(cfg):
         check_indices(cfg, row, head, block)

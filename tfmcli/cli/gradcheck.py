@@ -27,7 +27,7 @@ def gradcheck(
     Example: tfm gradcheck --norm post --activation gelu --lengths 4,2 -L 2
     """
     from tfmcli.cli.checks import default_max_entries, run_gradcheck, verdict
-    from tfmcli.io import run_arrays   # (here: --help does not load the engine)
+    from tfmcli.io import run_arrays
 
     for flag, value in (("--step", step), ("--tol", tol)):
         if value is not None and not (math.isfinite(value) and value > 0):

@@ -29,7 +29,7 @@ def kv(
     Example: tfm kv --tokens 3,1,4,1,5,9,2,6 -L 2
     """
     from tfmcli.kv import decode
-    from tfmcli.masks import causal_mask   # (here: --help does not load the engine)
+    from tfmcli.masks import causal_mask
 
     def validate(cfg):
         check_indices(cfg, row, head, block)

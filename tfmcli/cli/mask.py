@@ -22,7 +22,6 @@ MAX_LINES = 40  # and a square mask groups its queries too, so that it stays abo
 def mask_view(grid, title, additive_form, row_labels, col_labels, square=True):
     """A mask as a grid of symbols; when it is big, one character per group of keys that fits
     the terminal (and, for a square mask, one line per group of queries)."""
-
     if max(grid.shape) <= MAX_GRID:
         return render.mask_grid(grid, title=title, additive=additive_form,
                                 row_labels=row_labels, col_labels=col_labels)
@@ -45,7 +44,7 @@ def mask(
     Example: tfm mask --len 7 --lengths 4,2,6
     """
     from tfmcli.io import jsonable
-    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask   # (here: --help does not load the engine)
+    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
 
     rows = parse_lengths(lengths) or (length,)
     bad = [n for n in rows if not 1 <= n <= length]

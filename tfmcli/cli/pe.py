@@ -24,7 +24,7 @@ def pe(
     Example: tfm pe --len 16 --d-model 8
     """
     from tfmcli.io import jsonable
-    from tfmcli.positional import sinusoidal, wavelengths   # (here: --help does not load the engine)
+    from tfmcli.positional import sinusoidal, wavelengths
 
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "

@@ -49,7 +49,7 @@ def train(
     from tfmcli.masks import combined_mask
     from tfmcli.model import IGNORE
     from tfmcli.sources import Run, parse_tokens
-    from tfmcli.train import evaluate   # (here: --help does not load the engine)
+    from tfmcli.train import evaluate
 
     if lr is not None and not (np.isfinite(lr) and lr > 0):
         raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
@@ -113,7 +113,7 @@ def train(
 
 def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
     """train() with a live progress bar (loss and accuracy) on a terminal."""
-    from tfmcli.train import train as train_model   # (here: --help does not load the engine)
+    from tfmcli.train import train as train_model
 
     rng = np.random.default_rng([cfg.seed, 1])
     kwargs = dict(steps=steps, n=n, symbols=symbols, warmup=warmup, lr=lr)
@@ -136,7 +136,7 @@ def task_line(task, n, symbols):
 
 
 def schedule_line(cfg, warmup, lr):
-    from tfmcli.optim import warmup_lr   # (here: --help does not load the engine)
+    from tfmcli.optim import warmup_lr
 
     if lr is not None:
         return f"Adam (0.9, 0.98, 1e-9), constant lr {lr:g}"
@@ -147,7 +147,7 @@ def schedule_line(cfg, warmup, lr):
 
 def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
     """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
-    from tfmcli.model import IGNORE   # (here: --help does not load the engine)
+    from tfmcli.model import IGNORE
 
     table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
     for header in ("prompt", "answer", "predicted", "right"):

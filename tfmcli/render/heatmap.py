@@ -90,11 +90,8 @@ def heatmap(
         caption = (f"downsampled {rows}x{cols} -> {matrix.shape[0]}x{matrix.shape[1]}, "
                    f"block mean of up to {row_block}x{col_block} visible cells")
 
-    signed = diverging or bool((matrix[visible] < 0).any())   # probabilities need no "+"
-    texts = [[fmt_fixed(v, precision, signed) for v in row] for row in matrix]
-    value_width = max([len(t) for row in texts for t in row] + [len(c) for c in col_labels],
-                      default=1)
-    values_fit = caption is None and label_width + 1 + cols * (value_width + 2) <= width
+    texts, value_width = _cell_texts(matrix, visible, col_labels, precision, diverging)
+    values_fit = caption is None and _values_fit(cols, label_width, value_width, width)
     if not (values_fit if show_values is None else show_values):
         texts = None  # cells are two-character shades
     cell_width = SHADE_WIDTH if texts is None else value_width + 2  # a space either side
@@ -125,17 +122,32 @@ def heatmap(
     return Constrain(Group(*lines), max(width, grid_width) if legend or caption else grid_width)
 
 
-def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2) -> bool:
+def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
+                 mask=None, diverging: bool = False) -> bool:
     """Whether :func:`heatmap` prints the values of ``matrix`` in its cells at ``width`` (they
     fit without downsampling), rather than shades."""
-    rows, cols = np.shape(matrix)
+    matrix = np.asarray(matrix, dtype=np.float64)
+    rows, cols = matrix.shape
     label_width = max((len(str(label)) for label in row_labels), default=0)
     if _blocks(rows, cols, label_width, width) != (1, 1):
         return False
-    signed = bool((np.asarray(matrix) < 0).any())
-    value_width = max([len(fmt_fixed(v, precision, signed)) for v in np.ravel(matrix)] +
-                      [len(str(c)) for c in col_labels], default=1)
-    return label_width + 1 + cols * (value_width + 2) <= width
+    _, value_width = _cell_texts(matrix, _visible(mask, matrix.shape), [str(c) for c in col_labels],
+                                 precision, diverging)
+    return _values_fit(cols, label_width, value_width, width)
+
+
+def _cell_texts(matrix, visible, col_labels, precision, diverging):
+    """Each cell's value as text (signed only when some visible value is negative, or on a
+    diverging scale: probabilities need no "+"), and the width a column of them needs."""
+    signed = diverging or bool((matrix[visible] < 0).any())
+    texts = [[fmt_fixed(v, precision, signed) for v in row] for row in matrix]
+    value_width = max([len(t) for row in texts for t in row] + [len(c) for c in col_labels],
+                      default=1)
+    return texts, value_width
+
+
+def _values_fit(cols: int, label_width: int, value_width: int, width: int) -> bool:
+    return label_width + 1 + cols * (value_width + 2) <= width   # a space either side of each
 
 
 def _blocks(rows: int, cols: int, label_width: int, width: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from rich.columns import Columns
 from rich.text import Text
 
 from tfmcli.render.colours import Legend
-from tfmcli.render.heatmap import SHADE_WIDTH, heatmap, shows_values
+from tfmcli.render.heatmap import SHADE_WIDTH, _beyond, heatmap, shows_values
 
 GAP = 3          # columns between two maps of a grid
 VALUE_CELL = 7   # " +0.25 " : a cell that prints its value
@@ -54,15 +54,16 @@ def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
     values = list(patterns.values())
     vmax = float(np.quantile(np.concatenate([p[mask] for p in values]), 0.99))
     digits = max(2, 1 - math.floor(math.log10(vmax / 4)))  # legend stops vmax/4 apart differ
-    clipped = any(float(p[mask].max()) > vmax * (1 + 1e-9) for p in values)
+    clipped = any(_beyond(p, mask, vmax) for p in values)
     maps = [heatmap(pattern, title=f"block {b} head {h}", row_labels=row_labels,
                     col_labels=col_labels, mask=mask, width=width, vmin=0.0, vmax=vmax,
                     precision=digits, legend=False)
             for (b, h), pattern in patterns.items()]
+    values_shown = shows_values(values[0], row_labels, col_labels, width, digits, mask)
     parts = [Text(f"attention patterns, batch row {row}: queries down, keys across", style="bold"),
              Columns(maps, padding=(1, GAP)),
              Legend(0.0, vmax, precision=digits, clipped=clipped, hidden=True,
-                    values_shown=shows_values(values[0], row_labels, col_labels, width, digits))]
+                    values_shown=values_shown)]
     if total > len(patterns):
         parts.append(Text(f"showing {len(patterns)} of {total} attention maps; "
                           f"pick with --block/--head, or --full for all", style="dim"))
