@@ -3,6 +3,8 @@ plain formulas, to 1e-12 relative in float64: every activation, every activation
 every parameter gradient, on random configs with causal and padding masks and at random O(1)
 parameters."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -45,16 +47,19 @@ def assert_paths_agree(cfg, params, inputs):
 @given(B=st.integers(1, 3), T=st.integers(1, 7), H=st.sampled_from([1, 2, 3]),
        norm=st.sampled_from(["pre", "post"]), activation=st.sampled_from(["relu", "gelu"]),
        causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none"]),
-       tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000))
+       tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
+       block=st.sampled_from([1, 2, 3, 128]))
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
-                                        seed):
+                                        seed, block):
+    """Small query blocks, so that keys are skipped at these small sizes too."""
     rng = np.random.default_rng(seed)
     lengths = tuple(int(n) for n in rng.integers(1, T + 1, B)) if pad else None
     cfg = tfmcli.Config(batch=B, seq_len=T, d_model=2 * H * 2, heads=H, vocab=9, norm=norm,
                         activation=activation, causal=causal, lengths=lengths, pe=pe,
                         tied_head=tied, head_bias=not tied, layers=layers, seed=seed)
     params = random_params(tfmcli.init_params(cfg), seed=seed)
-    assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
+    with mock.patch.object(ops, "QUERY_BLOCK", block):
+        assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
 
 
 def test_fast_path_at_a_bigger_size_with_repeated_tokens():
@@ -79,3 +84,24 @@ def test_fast_attention_keeps_every_hidden_weight_exactly_zero():
     assert (pattern[1][..., 2:] == 0).all() and (np.triu(pattern[0, 0], 1) == 0).all()
     with pytest.raises(AssertionError):   # the comparison itself can fail
         assert rel(pattern * 1.001, pattern) <= TOL
+
+
+def test_key_blocks_end_at_the_last_key_any_query_of_the_block_may_see():
+    causal = tfmcli.masks.combined_mask([8], 8)
+    assert ops.key_blocks(causal, 3) == ((0, 3, 3), (3, 6, 6), (6, 8, 8))
+    padded = tfmcli.masks.combined_mask([3, 5], 8, causal=False)
+    assert ops.key_blocks(padded, 4) == ((0, 4, 5), (4, 8, 5))      # keys 5..7: no row sees them
+    both = tfmcli.masks.combined_mask([2, 6], 8)
+    assert ops.key_blocks(both, 2) == ((0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 6))
+
+
+def test_skipped_keys_hold_the_same_scores_weights_and_gradients_as_the_reference():
+    """Causal, T 8, blocks of 3 queries: the upper triangle past each block is skipped."""
+    cfg = tfmcli.Config(seq_len=8, lengths=(8, 5), d_model=8, heads=2)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    with mock.patch.object(ops, "QUERY_BLOCK", 3):
+        assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
+        fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    assert fwd.caches["blocks.0.attn"][3].blocks == ((0, 3, 3), (3, 6, 6), (6, 8, 8))
+    scores = fwd.acts["blocks.0.attn.scores"]
+    assert np.isneginf(scores[0, :, 0, 3:]).all() and np.isfinite(scores[0, :, 2, :3]).all()

@@ -106,7 +106,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
     q, k, v = (ops.split_heads(t, H) for t in (q, k, v))                 # (B, H, T, d_head)
     scale = 1.0 / math.sqrt(cfg.d_head)
-    if caches["fast"]:   # mask: the additive 0 / -inf form, (B, 1, T, T)
+    if caches["fast"]:   # mask: an ops.AttentionMask
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale)
     else:
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale)
@@ -258,7 +258,8 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
         x = x + pe
     mask = combined_mask(inputs.lengths, T, cfg.causal)                            # (B, T, T)
     if fast:
-        mask = ops.additive_mask(mask[:, None], cfg.np_dtype)                      # (B, 1, T, T)
+        mask = ops.AttentionMask(ops.additive_mask(mask[:, None], cfg.np_dtype),   # (B, 1, T, T)
+                                 ops.key_blocks(mask))
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, mask, acts, caches)
     if cfg.norm == "pre":

@@ -159,6 +159,7 @@ class AttentionCache(NamedTuple):
     v: np.ndarray
     pattern: np.ndarray  # (B, H, T, T)
     scale: float
+    blocks: tuple = ()   # the fast path's query blocks (see key_blocks); the reference: none
 
 
 def attention_forward(q, k, v, mask, scale):
@@ -177,7 +178,7 @@ def attention_forward(q, k, v, mask, scale):
 
 def attention_backward(dcontext, cache):
     """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T)."""
-    q, k, v, pattern, scale = cache
+    q, k, v, pattern, scale, _ = cache
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
     dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
     dscores = softmax_backward(dpattern, pattern)             # 0 on hidden keys
@@ -186,10 +187,18 @@ def attention_backward(dcontext, cache):
     return dq, dk, dv, dpattern, dscores
 
 
-# The fast path: the same attention with fewer passes over the (B, H, T, T) arrays and fewer
-# fresh ones (each a new mapping the kernel must fault in). Equal to the functions above to
-# rounding (tests/test_fast.py holds it to 1e-12 relative); those stay the reference a reader
-# checks the formulas against.
+# The fast path: the same attention with fewer passes over the (B, H, T, T) arrays, fewer fresh
+# ones, and no work on keys a whole block of queries cannot see (the causal upper triangle, keys
+# past every row's length). Equal to the functions above to rounding (tests/test_fast.py holds
+# it to 1e-12 relative); those stay the reference a reader checks the formulas against.
+
+QUERY_BLOCK = 128   # query rows per block: big enough for BLAS, small enough to skip ~40% at T 512
+
+
+class AttentionMask(NamedTuple):
+    """The mask as the fast path takes it."""
+    bias: np.ndarray  # (B, 1, T, T): 0 where a query may attend, -inf where the key is hidden
+    blocks: tuple     # ((first row, end row, key end), ...): see key_blocks
 
 
 def additive_mask(mask, dtype):
@@ -199,31 +208,60 @@ def additive_mask(mask, dtype):
     return bias
 
 
-def attention_forward_fast(q, k, v, bias, scale):
-    """attention_forward with the scale folded into q, the mask added (``bias``: 0 / -inf,
-    broadcastable to (B, H, T, T)) and the softmax computed in place: two (B, H, T, T) arrays
-    (the masked scores and the pattern) instead of five."""
-    scores = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, T, T), scaled
-    scores += bias                                            # -inf where hidden
-    pattern = scores - scores.max(axis=-1, keepdims=True)
-    np.exp(pattern, out=pattern)
-    pattern /= pattern.sum(axis=-1, keepdims=True)
-    context = pattern @ v                                     # (B, H, T, d_head)
-    return context, scores, AttentionCache(q, k, v, pattern, scale)
+def key_blocks(mask, block=None):
+    """Split the queries of ``mask`` (bool, (B, T, T)) into blocks of ``block`` rows, each with
+    the number of leading keys any of its queries may see in any batch row: every key past it is
+    hidden from the whole block, so its score is -inf, its weight 0, and no product need touch it.
+    """
+    block = block or QUERY_BLOCK
+    seen = mask.any(axis=0)                                   # (T, T): visible in some row
+    T = seen.shape[-1]
+    ends = np.where(seen.any(axis=-1), T - seen[:, ::-1].argmax(axis=-1), 0)  # per query
+    return tuple((r, min(r + block, T), int(ends[r:r + block].max()))
+                 for r in range(0, T, block))
+
+
+def attention_forward_fast(q, k, v, mask, scale):
+    """attention_forward block by block over the queries (``mask``: an AttentionMask), each
+    block only over the keys it may see; the scale folded into q, the mask added, the softmax
+    computed in place. Two (B, H, T, T) arrays (the masked scores and the pattern) instead of
+    five."""
+    B, H, T, _ = q.shape
+    scores = np.empty((B, H, T, T), dtype=q.dtype)
+    pattern = np.zeros((B, H, T, T), dtype=q.dtype)
+    context = np.empty_like(q)                                # (B, H, T, d_head)
+    q_scaled = q * scale
+    for r0, r1, end in mask.blocks:
+        s = scores[..., r0:r1, :end]                          # this block's visible part
+        np.matmul(q_scaled[..., r0:r1, :], k[..., :end, :].swapaxes(-1, -2), out=s)
+        s += mask.bias[..., r0:r1, :end]                      # -inf where hidden
+        scores[..., r0:r1, end:] = -np.inf
+        p = pattern[..., r0:r1, :end]
+        np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
+        np.exp(p, out=p)
+        p /= p.sum(axis=-1, keepdims=True)
+        np.matmul(p, v[..., :end, :], out=context[..., r0:r1, :])
+    return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks)
 
 
 def attention_backward_fast(dcontext, cache):
-    """attention_backward with the softmax backward in one scratch array and the scale folded
-    into k and q."""
-    q, k, v, pattern, scale = cache
+    """attention_backward over the same blocks, the softmax backward in place and the scale
+    folded into k and q. dpattern is computed whole: it is not 0 where the weight is."""
+    q, k, v, pattern, scale, blocks = cache
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
-    dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
-    dscores = dpattern * pattern
-    rows = dscores.sum(axis=-1, keepdims=True)                # sum(dpattern * p) per row
-    np.subtract(dpattern, rows, out=dscores)
-    dscores *= pattern                                        # p * (dpattern - rows)
-    dq = dscores @ (k * scale)
-    dk = dscores.swapaxes(-1, -2) @ (q * scale)
+    dscores = np.zeros_like(pattern)
+    dq, dk, dv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
+    k_scaled, q_scaled = k * scale, q * scale
+    for r0, r1, end in blocks:
+        p, dp = pattern[..., r0:r1, :end], dpattern[..., r0:r1, :end]
+        ds = dscores[..., r0:r1, :end]
+        np.multiply(dp, p, out=ds)
+        rows = ds.sum(axis=-1, keepdims=True)                 # sum(dpattern * p) per row
+        np.subtract(dp, rows, out=ds)
+        ds *= p                                               # p * (dpattern - rows)
+        dv[..., :end, :] += p.swapaxes(-1, -2) @ dcontext[..., r0:r1, :]
+        np.matmul(ds, k_scaled[..., :end, :], out=dq[..., r0:r1, :])
+        dk[..., :end, :] += ds.swapaxes(-1, -2) @ q_scaled[..., r0:r1, :]
     return dq, dk, dv, dpattern, dscores
 
 
