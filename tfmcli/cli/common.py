@@ -111,8 +111,10 @@ def execute(opts: Options, with_grads: bool, validate=None):
     anything is computed. Returns ``(run, fwd, grads)`` (``grads`` None without
     ``with_grads``).
     """
+    from tfmcli.memory import keep_freed_memory
     from tfmcli.model import first_nonfinite
 
+    keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
     run = opts.run()
     cfg = run.cfg
     if validate is not None:

@@ -47,6 +47,7 @@ def train(
     """
     from tfmcli.io import run_arrays
     from tfmcli.masks import combined_mask
+    from tfmcli.memory import keep_freed_memory
     from tfmcli.model import IGNORE
     from tfmcli.sources import Run, parse_tokens
     from tfmcli.train import evaluate
@@ -65,6 +66,7 @@ def train(
             raise typer.BadParameter(f"id {bad[0]} is outside 0..{symbols} (the symbols and the "
                                      f"separator {symbols})", param_hint="'--tokens'")
 
+    keep_freed_memory()   # each step's arrays reuse the memory of the step before
     params = tfmcli.init_params(cfg)
     started = time.perf_counter()
     history = run_training(params, cfg, task.value, steps, length, symbols, warmup, lr, opts.json)
