@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from rich.table import Table  # noqa: E402
 
 import tfmcli  # noqa: E402
 from tfmcli.config import Config, flops  # noqa: E402
+from tfmcli.memory import keep_freed_memory  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
 
@@ -46,22 +48,20 @@ def blas_kernel() -> str:
                      f"({i.get('num_threads')} threads)" for i in infos) or "none found"
 
 
-def median_time(run, repeats: int) -> float:
-    run()   # warm-up: first-touch page faults, BLAS thread start
-    times = []
-    for _ in range(repeats):
-        time.sleep(PAUSE)
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(run) -> tuple[float, int]:
+    """(seconds, minor page faults) of one call, after a pause that lets BLAS threads sleep."""
+    time.sleep(PAUSE)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
-def matmul_rate(dtype, n: int = 2048, repeats: int = 5) -> float:
-    """NumPy's own large-matmul rate on this machine, FLOP/s."""
+def matmul(dtype, n: int = 2048):
+    """One n^3 product: NumPy's own large-matmul rate is 2 n^3 over its time."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
-    return 2 * n ** 3 / median_time(lambda: a @ b, repeats)
+    return (lambda: a @ b), 2 * n ** 3
 
 
 def torch_step(params, inputs, cfg):
@@ -105,53 +105,80 @@ def torch_step(params, inputs, cfg):
 
 
 def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str]]:
+    """Per dtype: rounds of (NumPy's matmul, tfm's fast path, tfm's reference path, torch), one
+    timed call of each per round, so that all four see the same machine; medians over rounds."""
     rows = []
     for dtype in ("float32", "float64"):
         cfg = Config(**fields, dtype=dtype)
         params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
-        work = sum(flops(cfg))
-        peak = matmul_rate(cfg.np_dtype)
-
-        step = torch_step(params, inputs, cfg) if torch_wanted else None
+        product, product_flop = matmul(cfg.np_dtype)
+        runs = {"peak": product}
         for fast in (True, False):   # the fast path (the default), then the reference formulas
-            def tfm_step():
-                tfmcli.backward(params, tfmcli.forward(params, inputs, cfg, fast=fast), cfg)
-
-            tfm_times, torch_times = [], []
-            for _ in range(repeats):   # alternately, so that both see the same machine
-                tfm_times.append(median_time(tfm_step, 1))
-                if step is not None:
-                    torch_times.append(median_time(step, 1))
-            ours = statistics.median(tfm_times)
-            theirs = statistics.median(torch_times) if torch_times else None
+            runs[fast] = (lambda fast=fast: tfmcli.backward(
+                params, tfmcli.forward(params, inputs, cfg, fast=fast), cfg))
+        step = torch_step(params, inputs, cfg) if torch_wanted else None
+        if step is not None:
+            runs["torch"] = step
+        for run in runs.values():    # warm-up: BLAS threads start, first-touch page faults
+            run()
+        samples = {key: [] for key in runs}
+        for _ in range(repeats):
+            for key, run in runs.items():
+                samples[key].append(timed(run))
+        took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
+        peak = product_flop / took["peak"]
+        work = sum(flops(cfg))
+        for fast in (True, False):
+            ours, theirs = took[fast], took.get("torch")
+            faults = statistics.median(f for _, f in samples[fast])
             rate = work / ours
             rows.append([f"B{cfg.batch} T{cfg.seq_len} d{cfg.d_model} H{cfg.heads} "
                          f"F{cfg.ff} V{cfg.vocab}" + ("" if fast else " (reference)"),
                          dtype, f"{ours * 1e3:.0f}",
                          "—" if theirs is None else f"{theirs * 1e3:.0f}",
                          "—" if theirs is None else f"{ours / theirs:.2f}",
-                         f"{rate / 1e9:.1f}", f"{rate / peak:.0%} of {peak / 1e9:.0f}"])
+                         f"{rate / 1e9:.1f}", f"{rate / peak:.0%} of {peak / 1e9:.0f}",
+                         f"{faults:,.0f}"])
     return rows
 
 
-def startup_rows(repeats: int) -> list[list[str]]:
+def command_time(args: list[str], repeats: int) -> float:
+    """Median wall time of the command ``args``, output discarded, without the BLAS overrides."""
     env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
-    tfm = os.path.join(os.path.dirname(sys.executable), "tfm")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(args, stdout=subprocess.DEVNULL, env=env, check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
-    def timed(cmd):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env, check=True)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
 
-    floor = timed([sys.executable, "-c", "import numpy, typer, rich"])
-    rows = [["import numpy, typer, rich", "", f"{floor * 1e3:.0f}", "", "1.00", "", ""]]
+def tfm(*args: str) -> list[str]:
+    return [os.path.join(os.path.dirname(sys.executable), "tfm"), *args]
+
+
+def startup_rows(repeats: int) -> list[list[str]]:
+    floor = command_time([sys.executable, "-c", "import numpy, typer, rich"], repeats)
+    rows = [["import numpy, typer, rich", "", f"{floor * 1e3:.0f}", "", "1.00", "", "", ""]]
     for args in (["mask", "--len", "7"], ["--help"]):
-        took = timed([tfm, *args])
+        took = command_time(tfm(*args), repeats)
         rows.append([f"tfm {' '.join(args)}", "", f"{took * 1e3:.0f}", "", f"{took / floor:.2f}",
-                     "", ""])
+                     "", "", ""])
+    return rows
+
+
+GPT2_SMALL = ("-d", "768", "-H", "12", "-L", "12", "-V", "50257", "--pe", "learned",
+              "--n-ctx", "1024", "--tied-head", "--no-head-bias", "--activation", "gelu")
+
+
+def command_rows(repeats: int) -> list[list[str]]:
+    """Whole commands a learner waits for, wall time (start-up, init and rendering included)."""
+    rows = []
+    for label, args in (("tfm train (the defaults)", ["train"]),
+                        ("tfm backward, GPT-2 small's shape, 32 tokens",
+                         ["backward", *GPT2_SMALL, "-B", "1", "-T", "32"])):
+        took = command_time(tfm(*args), repeats)
+        rows.append([label, "float64", f"{took * 1e3:,.0f}", "", "", "", "", ""])
     return rows
 
 
@@ -164,17 +191,24 @@ def main():
                   causal=True, norm="pre", layers=1)
     if args.quick:
         fields.update(seq_len=128, d_model=256, d_ff=1024)
-    repeats = 3 if args.quick else 7
-    console = Console(width=max(Console().width, 112))
+    repeats = 3 if args.quick else 9
+    kept = keep_freed_memory()   # as the commands that run the model do
+    console = Console(width=max(Console().width, 120))
     console.print(f"BLAS: {blas_kernel()}")
-    table = Table(title="tfm forward + backward (one block, head and loss) and start-up",
+    console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
+    table = Table(title="tfm forward + backward (one block, head and loss), commands, start-up",
                   caption="ratio: tfm / torch (engine) or tfm / the import floor (start-up); "
-                          "peak: NumPy's own 2048^3 matmul rate, GFLOP/s, same run; "
+                          "peak: NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same "
+                          "rounds; faults: minor page faults per tfm step; "
                           "(reference): forward(..., fast=False)")
-    for header in ("config", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak"):
-        table.add_column(header, justify="left" if header == "config" else "right",
+    for header in ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak",
+                   "faults"):
+        table.add_column(header, justify="left" if header == "what" else "right",
                          no_wrap=True)
-    for row in engine_rows(fields, repeats, not args.no_torch) + startup_rows(11):
+    rows = engine_rows(fields, repeats, not args.no_torch)
+    if not args.quick:
+        rows += command_rows(3)
+    for row in rows + startup_rows(11):
         table.add_row(*row)
     console.print(table)
 
