@@ -105,3 +105,15 @@ def test_skipped_keys_hold_the_same_scores_weights_and_gradients_as_the_referenc
     assert fwd.caches["blocks.0.attn"][3].blocks == ((0, 3, 3), (3, 6, 6), (6, 8, 8))
     scores = fwd.acts["blocks.0.attn.scores"]
     assert np.isneginf(scores[0, :, 0, 3:]).all() and np.isfinite(scores[0, :, 2, :3]).all()
+
+
+def test_the_positional_table_and_the_mask_are_made_once_and_cannot_be_changed():
+    cfg = tfmcli.Config(lengths=(4, 2))
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    first, second = (tfmcli.forward(params, inputs, cfg) for _ in range(2))
+    assert first.acts["pe"] is second.acts["pe"]
+    np.testing.assert_array_equal(first.acts["pe"], tfmcli.positional.sinusoidal(cfg.seq_len, cfg.d_model))
+    with pytest.raises(ValueError):   # shared by every forward: read-only
+        first.acts["pe"][0, 0] = 1.0
+    masks = {id(f.caches["blocks.0.attn"][3].blocks) for f in (first, second)}
+    assert len(masks) == 1

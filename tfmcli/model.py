@@ -8,6 +8,7 @@ gradient of every named activation alongside.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -174,10 +175,27 @@ def positions(params: dict, cfg: Config, T: int):
     Sinusoidal: the fixed table; learned: the first T rows of ``embed.W_pos`` (a view).
     """
     if cfg.pe == "sinusoidal":
-        return sinusoidal(T, cfg.d_model, cfg.np_dtype)
+        return _sinusoidal_table(T, cfg.d_model, cfg.dtype)
     if cfg.pe == "learned":
         return params["embed.W_pos"][:T]
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def _sinusoidal_table(T: int, d: int, dtype: str):
+    """The table, made once per size for every forward after it (read-only: it is shared)."""
+    table = sinusoidal(T, d, np.dtype(dtype))
+    table.flags.writeable = False
+    return table
+
+
+@functools.lru_cache(maxsize=8)
+def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int) -> ops.AttentionMask:
+    """The fast path's mask, made once per lengths, size and query block (read-only: shared)."""
+    mask = combined_mask(lengths, T, causal)                                       # (B, T, T)
+    bias = ops.additive_mask(mask[:, None], np.dtype(dtype))                      # (B, 1, T, T)
+    bias.flags.writeable = False
+    return ops.AttentionMask(bias, ops.key_blocks(mask, block))
 
 
 def head_weights(params: dict, cfg: Config):
@@ -256,10 +274,11 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     if pe is not None:
         acts["pe"] = pe
         x = x + pe
-    mask = combined_mask(inputs.lengths, T, cfg.causal)                            # (B, T, T)
     if fast:
-        mask = ops.AttentionMask(ops.additive_mask(mask[:, None], cfg.np_dtype),   # (B, 1, T, T)
-                                 ops.key_blocks(mask))
+        mask = _fast_mask(tuple(inputs.lengths.tolist()), T, cfg.causal, cfg.dtype,
+                          ops.QUERY_BLOCK)
+    else:
+        mask = combined_mask(inputs.lengths, T, cfg.causal)                        # (B, T, T)
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, mask, acts, caches)
     if cfg.norm == "pre":
