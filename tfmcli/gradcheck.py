@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from tfmcli.config import Config
-from tfmcli.model import Inputs, backward, forward
+
+if TYPE_CHECKING:   # the model is imported when a check runs: `import tfmcli` stays light
+    from tfmcli.model import Inputs
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
 FLOOR = 1e-3  # errors are measured against at least this fraction of the largest gradient
@@ -96,6 +98,8 @@ def gradcheck(
     progress : callable(done, total), optional
         Called after every entry, for a progress bar.
     """
+    from tfmcli.model import backward, forward
+
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg)
     analytic = backward(params, fwd, cfg)

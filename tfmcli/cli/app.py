@@ -4,6 +4,7 @@ Errors never reach a user as tracebacks: bad options are usage errors (exit 2, o
 stderr naming the option), domain failures are ``TfmError`` (exit 1, one line).
 """
 
+import importlib
 import io
 import os
 import sys
@@ -115,7 +116,31 @@ class OneLineErrors(TyperGroup):
         return code
 
 
-app = typer.Typer(   # the help is the root callback's docstring, examples included
+# Every command, in the order of --help. Command NAME lives in tfmcli/cli/NAME.py, whose
+# @app.command() registers it when the module is imported.
+COMMANDS = ("forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "train", "kv",
+            "lens", "check", "compare")
+
+
+class LazyCommands(typer.Typer):
+    """A Typer app that imports the command modules when its commands are first asked for: all
+    of them, or only those ``wanted`` (``main`` asks for the one being run)."""
+
+    wanted = COMMANDS
+
+    @property
+    def registered_commands(self):
+        wanted, self.wanted = self.wanted, ()   # first, so that each module's @app.command()
+        for name in wanted:                     # reaches the list without recursing here
+            importlib.import_module(f"tfmcli.cli.{name}")
+        return self._registered
+
+    @registered_commands.setter
+    def registered_commands(self, value):
+        self._registered = value
+
+
+app = LazyCommands(   # the help is the root callback's docstring, examples included
     cls=OneLineErrors,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -141,9 +166,11 @@ def root(version: Annotated[Optional[bool], typer.Option(
 
 
 def main():
-    """The `tfm` entry point. Typer builds a Click command for every registered command, about
-    40 ms for all of them; a run of one command builds only that one."""
-    commands = {c.callback.__name__: c for c in app.registered_commands}
-    if len(sys.argv) > 1 and sys.argv[1] in commands:
-        app.registered_commands = [commands[sys.argv[1]]]
+    """The `tfm` entry point. A run of one command imports that command's module and builds
+    only its Click command (importing all twelve and building them takes ~60 ms); the help
+    and a mistyped name see every command."""
+    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
+        app.wanted = (sys.argv[1],)
+        app.registered_commands = [c for c in app.registered_commands
+                                   if c.callback.__name__ == sys.argv[1]]
     app()

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from rich import box
 from rich.cells import cell_len
-from rich.table import Table
 from rich.console import Group
 from rich.text import Text
 
@@ -17,7 +15,7 @@ ATTEND_STYLE, HIDDEN_STYLE = "green", "dim"
 
 
 def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_labels=None,
-              col_labels=None) -> Table:
+              col_labels=None) -> Group:
     """A boolean mask as a grid: ``●`` may attend, ``·`` hidden (or ``0`` / ``-inf``).
 
     Parameters
@@ -25,6 +23,7 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
     mask : (R, C) bool array_like
         True = may attend; rows are queries (or batch rows, for a padding mask), columns keys.
     title : str, optional
+        Centred above the grid, or sticking out of it when longer (the grid never widens).
     additive : bool
         Show the 0 / -inf form that is added to the scores instead of the symbols.
     row_labels, col_labels : sequence of str, optional
@@ -32,7 +31,9 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
 
     Returns
     -------
-    rich.table.Table
+    rich.console.Group
+        Lines of text: a grid of fixed-width characters needs no table layout (which took most
+        of ``tfm mask``'s time).
     """
     mask = np.asarray(mask)
     if mask.ndim != 2:
@@ -42,16 +43,20 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
     col_labels = [str(j) for j in range(cols)] if col_labels is None else list(col_labels)
     attend, hidden = (ATTEND_ADDITIVE, HIDDEN_ADDITIVE) if additive else (ATTEND, HIDDEN)
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0),
-                  header_style="dim", min_width=cell_len(title) if title else None)
-    table.add_column("", style="dim", justify="right")
-    for label in col_labels:
-        table.add_column(str(label), justify="right")
+    label_width = max(map(cell_len, row_labels), default=0)
+    widths = [max(cell_len(label), cell_len(attend), cell_len(hidden)) for label in col_labels]
+    grid_width = label_width + sum(width + 1 for width in widths)
+    lines = [Text(title.center(grid_width).rstrip(), style="italic")] if title else []
+    lines.append(Text(" " * label_width + "".join(" " + label.rjust(width) for label, width
+                                                  in zip(col_labels, widths)), style="dim"))
+    lines.append(Text("─" * grid_width))
     for label, row in zip(row_labels, mask.astype(bool)):
-        cells = [Text(attend, style=ATTEND_STYLE) if on else Text(hidden, style=HIDDEN_STYLE)
-                 for on in row]
-        table.add_row(str(label), *cells)
-    return table
+        line = Text(label.rjust(label_width), style="dim")
+        for on, width in zip(row, widths):
+            line.append(" " + (attend if on else hidden).rjust(width),
+                        style=ATTEND_STYLE if on else HIDDEN_STYLE)
+        lines.append(line)
+    return Group(*lines)
 
 
 def mask_overview(mask, *, title: str, width: int, row_labels=None, col_labels=None,
