@@ -10,7 +10,6 @@
 
 import importlib
 
-from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 # Not lazy: `gradcheck` is also a submodule's name, and importing the submodule would rebind
 # tfmcli.gradcheck to the module; imported here, the function wins.
@@ -18,10 +17,10 @@ from tfmcli.gradcheck import GradcheckReport, gradcheck
 
 __version__ = "0.1.0"
 
-# The rest of the API is imported on first use (PEP 562), so that `tfm --help` and `tfm mask`
-# start without loading the model, the sources or the gradient check.
+# The rest of the API is imported on first use (PEP 562), so that `tfm --help` starts without
+# NumPy and `tfm mask` without the model, the sources or the gradient check.
 _LAZY = {
-    "init_params": "tfmcli.init", "load": "tfmcli.sources",
+    "Config": "tfmcli.config", "init_params": "tfmcli.init", "load": "tfmcli.sources",
     "IGNORE": "tfmcli.model", "Forward": "tfmcli.model", "Gradients": "tfmcli.model",
     "Inputs": "tfmcli.model", "backward": "tfmcli.model", "forward": "tfmcli.model",
     "inputs_from_tokens": "tfmcli.model", "make_inputs": "tfmcli.model",

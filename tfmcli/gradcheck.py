@@ -7,11 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
-from tfmcli.config import Config
-
-if TYPE_CHECKING:   # the model is imported when a check runs: `import tfmcli` stays light
+if TYPE_CHECKING:   # NumPy and the model load when a check runs: `import tfmcli` stays light
+    from tfmcli.config import Config
     from tfmcli.model import Inputs
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
@@ -98,6 +95,8 @@ def gradcheck(
     progress : callable(done, total), optional
         Called after every entry, for a progress bar.
     """
+    import numpy as np
+
     from tfmcli.model import backward, forward
 
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance

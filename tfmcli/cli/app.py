@@ -10,10 +10,10 @@ import os
 import sys
 from typing import Annotated, Optional
 
-import numpy as np
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
+from typer.models import CommandInfo
 
 import tfmcli
 from tfmcli.errors import TfmError
@@ -81,9 +81,8 @@ class OneLineErrors(TyperGroup):
         if not stdout.isatty():
             sys.stdout = TrimmedLines(stdout)
         try:
-            with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
-                code = super().main(args=args, prog_name="tfm", complete_var=complete_var,
-                                    standalone_mode=False, **extra)
+            code = super().main(args=args, prog_name="tfm", complete_var=complete_var,
+                                standalone_mode=False, **extra)
         except ClickException as e:
             where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"
             message = e.format_message().replace("Value error, ", "")  # typer's validator prefix
@@ -115,18 +114,37 @@ class OneLineErrors(TyperGroup):
             sys.exit(code)
         return code
 
+    def invoke(self, ctx):
+        import numpy as np   # here, once a command runs: the help and --version never load it
 
-# Every command, in the order of --help. Command NAME lives in tfmcli/cli/NAME.py, whose
-# @app.command() registers it when the module is imported.
-COMMANDS = ("forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "train", "kv",
-            "lens", "check", "compare")
+        with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
+            return super().invoke(ctx)
+
+
+# Every command, in the order of --help, with the first paragraph of its docstring (the line
+# the help lists; tests/test_terminal.py holds the two equal). Command NAME lives in
+# tfmcli/cli/NAME.py, whose @app.command() registers it when the module is imported.
+COMMANDS = {
+    "forward": "Run the forward pass: config, shape trace of every activation, attention maps, loss.",
+    "backward": "Forward + hand-written backward: a gradient table per parameter (and --check).",
+    "gradcheck": "Check every parameter's gradient against central differences; exit 1 if any fails.",
+    "shapes": "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.",
+    "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
+    "mask": "The causal grid, the padding rows and each row's combined mask (True = may attend).",
+    "pe": "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + wavelength.",
+    "train": "Train a small model with Adam and the hand-written backward, then show what it learned.",
+    "kv": "Decode batch row --row one token at a time with a KV cache; each step against the full pass.",
+    "lens": "The logit lens: after each block, the next tokens the model would predict there.",
+    "check": "Proof on demand: run the model in PyTorch autograd and compare every number; exit 1 if any differs.",
+    "compare": "Pre-LN against Post-LN: the same seed and sizes, gradient norms per block, side by side.",
+}
 
 
 class LazyCommands(typer.Typer):
     """A Typer app that imports the command modules when its commands are first asked for: all
     of them, or only those ``wanted`` (``main`` asks for the one being run)."""
 
-    wanted = COMMANDS
+    wanted = tuple(COMMANDS)
 
     @property
     def registered_commands(self):
@@ -165,12 +183,22 @@ def root(version: Annotated[Optional[bool], typer.Option(
 
 
 
+def _listed_only():
+    """Stands in for a command whose name and summary are all that is needed."""
+
+
 def main():
     """The `tfm` entry point. A run of one command imports that command's module and builds
-    only its Click command (importing all twelve and building them takes ~60 ms); the help
-    and a mistyped name see every command."""
-    if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-        app.wanted = (sys.argv[1],)
+    only its Click command (importing all twelve and building them takes ~60 ms, and loads
+    NumPy). ``tfm``, ``tfm --help``, ``--version`` and a mistyped name need only the names and
+    summaries of the commands: stand-ins carry them, and nothing else is imported."""
+    name = sys.argv[1] if len(sys.argv) > 1 else None
+    if name in COMMANDS:
+        app.wanted = (name,)
         app.registered_commands = [c for c in app.registered_commands
-                                   if c.callback.__name__ == sys.argv[1]]
+                                   if c.callback.__name__ == name]
+    else:
+        app.wanted = ()
+        app.registered_commands = [CommandInfo(name, help=summary, callback=_listed_only)
+                                   for name, summary in COMMANDS.items()]
     app()

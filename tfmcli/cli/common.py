@@ -32,7 +32,7 @@ def rows_limit(full: bool):
 def make_console(**kwargs) -> Console:
     """The console everything prints to: no escape codes at all when NO_COLOR is set."""
     plain = bool(os.environ.get("NO_COLOR"))
-    return Console(highlight=False, color_system=None if plain else "auto", **kwargs)
+    return Console(highlight=False, emoji=False, color_system=None if plain else "auto", **kwargs)
 
 
 def width() -> int:

@@ -1,0 +1,66 @@
+"""Start-up: a run loads what it runs. `tfm --help` lists the commands from their names and
+summaries alone (no NumPy, no command module); a command imports its own module only. Times are
+the benchmark's business (benchmarks/bench.py); these tests check what is imported."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+from tfmcli.cli import app
+from tfmcli.cli.app import COMMANDS
+
+LOADED = """
+import json, sys
+sys.argv = ["tfm", *json.loads(sys.argv[1])]
+from tfmcli.cli import {entry}
+try:
+    {entry}()
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m == "numpy" or m.startswith("tfmcli"))),
+      file=sys.stderr)
+"""
+
+
+def run_and_list_modules(args, entry="main"):
+    """(stdout, the numpy and tfmcli modules imported) of a run of `tfm ARGS`."""
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1"}
+    done = subprocess.run([sys.executable, "-c", LOADED.format(entry=entry), json.dumps(args)],
+                          capture_output=True, text=True, env=env, check=True)
+    return done.stdout, set(json.loads(done.stderr.splitlines()[-1]))
+
+
+def test_the_summaries_the_help_lists_are_the_commands_docstrings():
+    commands = app.registered_commands   # every command module imported
+    assert [c.callback.__name__ for c in commands] == list(COMMANDS)
+    for command in commands:
+        first_paragraph = inspect.getdoc(command.callback).split("\n\n")[0]
+        assert COMMANDS[command.callback.__name__] == first_paragraph
+
+
+def test_the_help_loads_neither_numpy_nor_a_command_and_reads_as_with_every_command():
+    listed, loaded = run_and_list_modules(["--help"])
+    assert "numpy" not in loaded
+    assert not {f"tfmcli.cli.{name}" for name in COMMANDS} & loaded
+    full, loaded_by_app = run_and_list_modules(["--help"], entry="app")   # the real commands
+    assert {f"tfmcli.cli.{name}" for name in COMMANDS} <= loaded_by_app
+    assert listed == full
+    assert all(name in listed for name in COMMANDS)
+
+
+def test_a_command_loads_its_own_module_and_not_the_model():
+    out, loaded = run_and_list_modules(["mask", "--len", "3"])
+    assert out.count("●") == 1 + 6 + 3 + 6
+    commands = {m.rsplit(".", 1)[1] for m in loaded if m.rsplit(".", 1)[0] == "tfmcli.cli"}
+    assert commands & set(COMMANDS) == {"mask"}
+    assert "tfmcli.model" not in loaded and "tfmcli.gradcheck" in loaded   # the API's function
+
+
+def test_a_mistyped_command_still_gets_its_suggestion():
+    env = {**os.environ, "NO_COLOR": "1"}
+    done = subprocess.run([sys.executable, "-m", "tfmcli", "forwad"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "tfm: error: No such command 'forwad'. Did you mean 'forward'?"
