@@ -158,13 +158,18 @@ def tfm(*args: str) -> list[str]:
 
 
 def startup_rows(repeats: int) -> list[list[str]]:
-    floor = command_time([sys.executable, "-c", "import numpy, typer, rich"], repeats)
-    rows = [["import numpy, typer, rich", "", f"{floor * 1e3:.0f}", "", "1.00", "", "", ""]]
-    for args in (["mask", "--len", "7"], ["--help"]):
-        took = command_time(tfm(*args), repeats)
-        rows.append([f"tfm {' '.join(args)}", "", f"{took * 1e3:.0f}", "", f"{took / floor:.2f}",
-                     "", "", ""])
-    return rows
+    """The import floor and two commands, alternately (this machine's start-up time drifts by
+    20% from minute to minute), medians over rounds."""
+    commands = {"import numpy, typer, rich": [sys.executable, "-c", "import numpy, typer, rich"],
+                "tfm mask --len 7": tfm("mask", "--len", "7"), "tfm --help": tfm("--help")}
+    samples = {label: [] for label in commands}
+    for _ in range(repeats):
+        for label, args in commands.items():
+            samples[label].append(command_time(args, 1))
+    took = {label: statistics.median(times) for label, times in samples.items()}
+    floor = took["import numpy, typer, rich"]
+    return [[label, "", f"{t * 1e3:.0f}", "", f"{t / floor:.2f}", "", "", ""]
+            for label, t in took.items()]
 
 
 GPT2_SMALL = ("-d", "768", "-H", "12", "-L", "12", "-V", "50257", "--pe", "learned",
@@ -208,7 +213,7 @@ def main():
     rows = engine_rows(fields, repeats, not args.no_torch)
     if not args.quick:
         rows += command_rows(3)
-    for row in rows + startup_rows(11):
+    for row in rows + startup_rows(21):
         table.add_row(*row)
     console.print(table)
 

@@ -117,3 +117,26 @@ def test_the_positional_table_and_the_mask_are_made_once_and_cannot_be_changed()
         first.acts["pe"][0, 0] = 1.0
     masks = {id(f.caches["blocks.0.attn"][3].blocks) for f in (first, second)}
     assert len(masks) == 1
+
+
+@pytest.mark.parametrize("backward", [ops.embedding_backward, ops.embedding_backward_fast])
+def test_the_embedding_gradient_adds_into_a_tied_heads_gradient_in_place(backward):
+    rng = np.random.default_rng(2)
+    tokens, dout = np.array([[3, 1, 3], [0, 3, 1]]), rng.normal(size=(2, 3, 4))
+    cache = ops.EmbeddingCache(tokens, 6)
+    head = rng.normal(size=(6, 4))
+    into = head.copy()
+    assert backward(dout, cache, out=into) is into
+    np.testing.assert_allclose(into, head + ops.embedding_backward(dout, cache), rtol=1e-15)
+
+
+def test_a_transposed_weight_gradient_is_the_transpose():
+    rng = np.random.default_rng(3)
+    x, W, dout = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5)), rng.normal(size=(2, 3, 5))
+    _, cache = ops.linear_forward(x, W, np.zeros(5))
+    dx, dW, db = ops.linear_backward(dout, cache)
+    dx_t, dW_t, db_t = ops.linear_backward(dout, cache, transposed=True)
+    assert dW_t.shape == (5, 4) and dW_t.flags.c_contiguous
+    np.testing.assert_allclose(dW_t, dW.T, rtol=1e-14)
+    np.testing.assert_array_equal(dx_t, dx)
+    np.testing.assert_array_equal(db_t, db)

@@ -299,7 +299,8 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
     dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
     dacts["logits"] = dlogits
-    dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"])                  # dW_U (d, V)
+    # tied, W_U is the view W_E.T: its gradient comes as (V, d), W_E's shape, to join W_E's
+    dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"], transposed=cfg.tied_head)
     if not cfg.tied_head:
         grads["head.W_U"] = dW_U
     if cfg.head_bias:
@@ -315,9 +316,10 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
         grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])
         grads["embed.W_pos"][:dx.shape[1]] = dacts["pe"]
     embedding_backward = ops.embedding_backward_fast if caches["fast"] else ops.embedding_backward
-    grads["embed.W_E"] = embedding_backward(dx, caches["embed"])
-    if cfg.tied_head:         # W_E is used twice, as the embedding and as the head: both count
-        grads["embed.W_E"] += dW_U.T
+    # Tied, W_E is used twice, as the embedding and as the head: both count. The embedding's
+    # rows are added to the head's (V, d) gradient in place, with no second (V, d) array.
+    grads["embed.W_E"] = embedding_backward(dx, caches["embed"],
+                                            out=dW_U if cfg.tied_head else None)
     ordered_grads = {name: grads[name] for name in params}
     ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)
     return Gradients(ordered_grads, ordered_dacts)

@@ -25,9 +25,10 @@ def embedding_forward(tokens, W_E):
     return W_E[tokens], EmbeddingCache(tokens, W_E.shape[0])
 
 
-def embedding_backward(dout, cache):
-    """dout: (B, T, d) -> dW_E: (V, d); rows of repeated tokens accumulate."""
-    dW_E = np.zeros((cache.vocab, dout.shape[-1]), dtype=dout.dtype)
+def embedding_backward(dout, cache, out=None):
+    """dout: (B, T, d) -> dW_E: (V, d); rows of repeated tokens accumulate. Given ``out``
+    ((V, d): a tied head's gradient), the rows are added to it in place and it is returned."""
+    dW_E = np.zeros((cache.vocab, dout.shape[-1]), dtype=dout.dtype) if out is None else out
     np.add.at(dW_E, cache.tokens.reshape(-1), dout.reshape(-1, dout.shape[-1]))
     return dW_E
 
@@ -45,12 +46,17 @@ def linear_forward(x, W, b):
     return x @ W + b, LinearCache(x, W)
 
 
-def linear_backward(dout, cache):
-    """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,)."""
+def linear_backward(dout, cache, transposed=False):
+    """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
+
+    ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
+    head's W is the view W_E.T, and its gradient joins W_E's).
+    """
     x, W = cache
     d_in, d_out = W.shape
     dx = dout @ W.T
-    dW = x.reshape(-1, d_in).T @ dout.reshape(-1, d_out)
+    x2d, dout2d = x.reshape(-1, d_in), dout.reshape(-1, d_out)
+    dW = dout2d.T @ x2d if transposed else x2d.T @ dout2d
     db = dout.reshape(-1, d_out).sum(axis=0)
     return dx, dW, db
 
@@ -265,7 +271,7 @@ def attention_backward_fast(dcontext, cache):
     return dq, dk, dv, dpattern, dscores
 
 
-def embedding_backward_fast(dout, cache):
+def embedding_backward_fast(dout, cache, out=None):
     """embedding_backward by sorting the tokens and summing each token's rows with reduceat,
     instead of np.add.at's element-by-element scatter."""
     tokens = cache.tokens.reshape(-1)
@@ -273,8 +279,8 @@ def embedding_backward_fast(dout, cache):
     order = np.argsort(tokens, kind="stable")
     ranked = tokens[order]
     starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-    dW_E = np.zeros((cache.vocab, rows.shape[1]), dtype=dout.dtype)
-    dW_E[ranked[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    dW_E = np.zeros((cache.vocab, rows.shape[1]), dtype=dout.dtype) if out is None else out
+    dW_E[ranked[starts]] += np.add.reduceat(rows[order], starts, axis=0)   # each row once
     return dW_E
 
 
