@@ -64,3 +64,12 @@ def test_a_mistyped_command_still_gets_its_suggestion():
                           text=True, env=env)
     assert done.returncode == 2
     assert done.stderr.strip() == "tfm: error: No such command 'forwad'. Did you mean 'forward'?"
+
+
+def test_the_modules_the_readme_names_are_attributes_of_a_bare_import_tfmcli():
+    """`import tfmcli` then `tfmcli.optim.adam_step`, as the README's Python API writes it."""
+    code = ("import inspect, tfmcli; print(all(inspect.ismodule(getattr(tfmcli, n)) for n in "
+            "('config', 'io', 'kv', 'memory', 'ops', 'optim', 'tasks', 'train')), "
+            "inspect.isfunction(tfmcli.gradcheck))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True"], done.stderr

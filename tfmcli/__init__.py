@@ -25,7 +25,10 @@ _LAZY = {
     "Inputs": "tfmcli.model", "backward": "tfmcli.model", "forward": "tfmcli.model",
     "inputs_from_tokens": "tfmcli.model", "make_inputs": "tfmcli.model",
 }
-_SUBMODULES = {"config", "io", "masks", "ops", "positional"}   # tfmcli.io.save_npz, ...
+_SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
+    "config", "init", "io", "kv", "lens", "masks", "memory", "model", "ops", "optim",
+    "positional", "sources", "summary", "tasks", "train",
+}
 
 
 def __getattr__(name):
