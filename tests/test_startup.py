@@ -73,3 +73,11 @@ def test_the_modules_the_readme_names_are_attributes_of_a_bare_import_tfmcli():
             "inspect.isfunction(tfmcli.gradcheck))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_shell_completion_still_completes_a_commands_options():
+    env = {**os.environ, "_TFM_COMPLETE": "complete_bash", "COMP_WORDS": "tfm forward --se",
+           "COMP_CWORD": "2"}
+    done = subprocess.run([sys.executable, "-m", "tfmcli"], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0 and "--seed" in done.stdout.split()

@@ -122,7 +122,7 @@ class OneLineErrors(TyperGroup):
 
 
 # Every command, in the order of --help, with the first paragraph of its docstring (the line
-# the help lists; tests/test_terminal.py holds the two equal). Command NAME lives in
+# the help lists; tests/test_startup.py holds the two equal). Command NAME lives in
 # tfmcli/cli/NAME.py, whose @app.command() registers it when the module is imported.
 COMMANDS = {
     "forward": "Run the forward pass: config, shape trace of every activation, attention maps, loss.",
@@ -191,13 +191,14 @@ def main():
     """The `tfm` entry point. A run of one command imports that command's module and builds
     only its Click command (importing all twelve and building them takes ~60 ms, and loads
     NumPy). ``tfm``, ``tfm --help``, ``--version`` and a mistyped name need only the names and
-    summaries of the commands: stand-ins carry them, and nothing else is imported."""
+    summaries of the commands: stand-ins carry them, and nothing else is imported. Shell
+    completion (``_TFM_COMPLETE`` set, the words in ``COMP_WORDS``) sees every command."""
     name = sys.argv[1] if len(sys.argv) > 1 else None
     if name in COMMANDS:
         app.wanted = (name,)
         app.registered_commands = [c for c in app.registered_commands
                                    if c.callback.__name__ == name]
-    else:
+    elif "_TFM_COMPLETE" not in os.environ:
         app.wanted = ()
         app.registered_commands = [CommandInfo(name, help=summary, callback=_listed_only)
                                    for name, summary in COMMANDS.items()]
