@@ -112,7 +112,8 @@ def test_the_positional_table_and_the_mask_are_made_once_and_cannot_be_changed()
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
     first, second = (tfmcli.forward(params, inputs, cfg) for _ in range(2))
     assert first.acts["pe"] is second.acts["pe"]
-    np.testing.assert_array_equal(first.acts["pe"], tfmcli.positional.sinusoidal(cfg.seq_len, cfg.d_model))
+    table = tfmcli.positional.sinusoidal(cfg.seq_len, cfg.d_model)
+    np.testing.assert_array_equal(first.acts["pe"], table)
     with pytest.raises(ValueError):   # shared by every forward: read-only
         first.acts["pe"][0, 0] = 1.0
     masks = {id(f.caches["blocks.0.attn"][3].blocks) for f in (first, second)}

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from tfmcli.gradcheck import ParamCheck
 from tfmcli.masks import additive, causal_mask
-from tfmcli.render import (colour_legend, config_panel, fmt, grad_table, heatmap, mask_grid,
+from tfmcli.render import (mask_overview, colour_legend, config_panel, fmt, grad_table, heatmap, mask_grid,
                            mask_legend, shape_trace, tensor_table)
 from tfmcli.render.heatmap import _block_mean
 
@@ -383,6 +383,20 @@ def test_mask_grid_additive_and_labels():
                                                    ["0", "0", "0"]]
     with pytest.raises(ValueError, match="2-D"):
         mask_grid(np.ones(3, dtype=bool))
+
+
+def test_mask_symbols_are_green_or_dim_and_only_the_labels_dim():
+    """The row label is dim; a visible key's symbol is green and not dimmed with it."""
+    console = Console(file=io.StringIO(), width=80, color_system="truecolor", force_terminal=True)
+    for view in (mask_grid(causal_mask(3), row_labels=["q0", "q1", "q2"]),
+                 mask_overview(causal_mask(50), title="causal", width=30)):
+        segments = [seg for seg in console.render(view) if seg.text.strip()]
+        attend = [seg for seg in segments if set(seg.text.strip()) <= {"●", "◐"}]
+        hidden = [seg for seg in segments if set(seg.text.strip()) == {"·"}]
+        labels = [seg for seg in segments if seg.text.strip() in ("q0", "q1", "q2", "0", "2")]
+        assert attend and hidden and labels
+        assert all(seg.style.color.name == "green" and not seg.style.dim for seg in attend)
+        assert all(seg.style.dim for seg in hidden + labels)
 
 
 def test_mask_legend_says_which_symbol_is_which():

@@ -57,7 +57,7 @@ def linear_backward(dout, cache, transposed=False):
     dx = dout @ W.T
     x2d, dout2d = x.reshape(-1, d_in), dout.reshape(-1, d_out)
     dW = dout2d.T @ x2d if transposed else x2d.T @ dout2d
-    db = dout.reshape(-1, d_out).sum(axis=0)
+    db = dout2d.sum(axis=0)
     return dx, dW, db
 
 
@@ -214,12 +214,11 @@ def additive_mask(mask, dtype):
     return bias
 
 
-def key_blocks(mask, block=None):
+def key_blocks(mask, block):
     """Split the queries of ``mask`` (bool, (B, T, T)) into blocks of ``block`` rows, each with
     the number of leading keys any of its queries may see in any batch row: every key past it is
     hidden from the whole block, so its score is -inf, its weight 0, and no product need touch it.
     """
-    block = block or QUERY_BLOCK
     seen = mask.any(axis=0)                                   # (T, T): visible in some row
     T = seen.shape[-1]
     ends = np.where(seen.any(axis=-1), T - seen[:, ::-1].argmax(axis=-1), 0)  # per query

@@ -182,7 +182,6 @@ def root(version: Annotated[Optional[bool], typer.Option(
     """
 
 
-
 def _listed_only():
     """Stands in for a command whose name and summary are all that is needed."""
 

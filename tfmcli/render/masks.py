@@ -51,7 +51,8 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
                                                   in zip(col_labels, widths)), style="dim"))
     lines.append(Text("─" * grid_width))
     for label, row in zip(row_labels, mask.astype(bool)):
-        line = Text(label.rjust(label_width), style="dim")
+        line = Text()   # the label dim, not the whole line (a Text's style is its base)
+        line.append(label.rjust(label_width), style="dim")
         for on, width in zip(row, widths):
             line.append(" " + (attend if on else hidden).rjust(width),
                         style=ATTEND_STYLE if on else HIDDEN_STYLE)
@@ -95,7 +96,8 @@ def mask_overview(mask, *, title: str, width: int, row_labels=None, col_labels=N
             header[start:start + len(label)] = label
     lines.append(Text("".join(header).rstrip(), style="dim"))
     for i in range(lines_count):
-        line = Text(row_labels[i * row_group].rjust(label_width) + " ", style="dim")
+        line = Text()   # the label dim, not the whole line (a Text's style is its base)
+        line.append(row_labels[i * row_group].rjust(label_width) + " ", style="dim")
         block_rows = mask[i * row_group:(i + 1) * row_group]
         for c in range(chars):
             group = block_rows[:, c * key_group:(c + 1) * key_group]
