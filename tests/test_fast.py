@@ -95,6 +95,26 @@ def test_key_blocks_end_at_the_last_key_any_query_of_the_block_may_see():
     assert ops.key_blocks(both, 2) == ((0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 6))
 
 
+def test_the_mask_is_added_only_from_the_first_key_a_block_hides():
+    causal = tfmcli.masks.combined_mask([8], 8)
+    blocks = ops.key_blocks(causal, 3)
+    assert ops.hidden_from(causal, blocks) == (1, 4, 7)         # each block's diagonal square
+    padded = tfmcli.masks.combined_mask([3, 5], 8, causal=False)
+    assert ops.hidden_from(padded, ops.key_blocks(padded, 4)) == (3, 3)   # row 0's padding
+    full = tfmcli.masks.combined_mask([8, 8], 8, causal=False)
+    assert ops.hidden_from(full, ops.key_blocks(full, 4)) == (8, 8)       # nothing to add
+
+
+def test_a_query_that_sees_one_key_has_a_score_gradient_of_exactly_zero():
+    """Its weight is 1 whatever its score: dscores = p (dpattern - sum(dpattern p)) is 0, and
+    the fast path gets exactly 0, not rounding noise (causal: query 0 sees key 0 alone)."""
+    cfg = tfmcli.Config(seq_len=6, d_model=8, heads=2)
+    params = random_params(tfmcli.init_params(cfg), seed=4)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    dscores = tfmcli.backward(params, fwd, cfg).acts["blocks.0.attn.scores"]
+    assert (dscores[:, :, 0, :] == 0).all() and (dscores[:, :, 1, :2] != 0).all()
+
+
 def test_skipped_keys_hold_the_same_scores_weights_and_gradients_as_the_reference():
     """Causal, T 8, blocks of 3 queries: the upper triangle past each block is skipped."""
     cfg = tfmcli.Config(seq_len=8, lengths=(8, 5), d_model=8, heads=2)

@@ -195,7 +195,8 @@ def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int) -> 
     mask = combined_mask(lengths, T, causal)                                       # (B, T, T)
     bias = ops.additive_mask(mask[:, None], np.dtype(dtype))                      # (B, 1, T, T)
     bias.flags.writeable = False
-    return ops.AttentionMask(bias, ops.key_blocks(mask, block))
+    blocks = ops.key_blocks(mask, block)
+    return ops.AttentionMask(bias, blocks, ops.hidden_from(mask, blocks))
 
 
 def head_weights(params: dict, cfg: Config):

@@ -205,6 +205,7 @@ class AttentionMask(NamedTuple):
     """The mask as the fast path takes it."""
     bias: np.ndarray  # (B, 1, T, T): 0 where a query may attend, -inf where the key is hidden
     blocks: tuple     # ((first row, end row, key end), ...): see key_blocks
+    hidden_from: tuple = ()   # per block, the first key it hides from some query: see key_blocks
 
 
 def additive_mask(mask, dtype):
@@ -226,21 +227,34 @@ def key_blocks(mask, block):
                  for r in range(0, T, block))
 
 
+def hidden_from(mask, blocks):
+    """Per block of ``key_blocks``, the first of its keys (up to its end) hidden from some query
+    of the block in some batch row: the mask adds 0 to every score before it, so only the keys
+    from there on need the add (causal: the block's diagonal square)."""
+    hides = ~mask.all(axis=0)                                 # (T, T): hidden in some row
+    firsts = []
+    for r0, r1, end in blocks:
+        columns = np.flatnonzero(hides[r0:r1, :end].any(axis=0))
+        firsts.append(int(columns[0]) if columns.size else end)
+    return tuple(firsts)
+
+
 def attention_forward_fast(q, k, v, mask, scale):
     """attention_forward block by block over the queries (``mask``: an AttentionMask), each
-    block only over the keys it may see; the scale folded into q, the mask added, the softmax
-    computed in place. Two (B, H, T, T) arrays (the masked scores and the pattern) instead of
-    five."""
+    block only over the keys it may see; the scale folded into q, the mask added only where it
+    hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
+    and the pattern) instead of five, each written once."""
     B, H, T, _ = q.shape
     scores = np.empty((B, H, T, T), dtype=q.dtype)
-    pattern = np.zeros((B, H, T, T), dtype=q.dtype)
+    pattern = np.empty((B, H, T, T), dtype=q.dtype)
     context = np.empty_like(q)                                # (B, H, T, d_head)
     q_scaled = q * scale
-    for r0, r1, end in mask.blocks:
+    for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
         s = scores[..., r0:r1, :end]                          # this block's visible part
         np.matmul(q_scaled[..., r0:r1, :], k[..., :end, :].swapaxes(-1, -2), out=s)
-        s += mask.bias[..., r0:r1, :end]                      # -inf where hidden
+        s[..., first:] += mask.bias[..., r0:r1, first:end]    # -inf where hidden
         scores[..., r0:r1, end:] = -np.inf
+        pattern[..., r0:r1, end:] = 0.0
         p = pattern[..., r0:r1, :end]
         np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
         np.exp(p, out=p)
@@ -250,18 +264,19 @@ def attention_forward_fast(q, k, v, mask, scale):
 
 
 def attention_backward_fast(dcontext, cache):
-    """attention_backward over the same blocks, the softmax backward in place and the scale
-    folded into k and q. dpattern is computed whole: it is not 0 where the weight is."""
+    """attention_backward over the same blocks, the softmax backward in place, each row's
+    sum(dpattern * pattern) in one pass with no product array (einsum), and the scale folded
+    into k and q. dpattern is computed whole: it is not 0 where the weight is."""
     q, k, v, pattern, scale, blocks = cache
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
-    dscores = np.zeros_like(pattern)
+    dscores = np.empty_like(pattern)
     dq, dk, dv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
     k_scaled, q_scaled = k * scale, q * scale
     for r0, r1, end in blocks:
         p, dp = pattern[..., r0:r1, :end], dpattern[..., r0:r1, :end]
         ds = dscores[..., r0:r1, :end]
-        np.multiply(dp, p, out=ds)
-        rows = ds.sum(axis=-1, keepdims=True)                 # sum(dpattern * p) per row
+        dscores[..., r0:r1, end:] = 0.0
+        rows = np.einsum("...ij,...ij->...i", dp, p)[..., None]   # sum(dpattern * p) per row
         np.subtract(dp, rows, out=ds)
         ds *= p                                               # p * (dpattern - rows)
         dv[..., :end, :] += p.swapaxes(-1, -2) @ dcontext[..., r0:r1, :]
