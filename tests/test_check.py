@@ -32,14 +32,15 @@ def test_check_passes_on_any_model(args):
 
 
 def test_check_catches_a_wrong_gamma_gradient(monkeypatch):
-    """At initial weights gamma is 1; a doubled dgamma still shows, since check compares it."""
-    right = ops.layer_norm_backward
+    """At initial weights gamma is 1; a doubled dgamma still shows, since check compares it.
+    (The model runs the fast path by default, so that is where the mistake is planted.)"""
+    right = ops.layer_norm_backward_fast
 
     def wrong(dout, cache):
         dx, dgamma, dbeta = right(dout, cache)
         return dx, 2 * dgamma, dbeta
 
-    monkeypatch.setattr(ops, "layer_norm_backward", wrong)
+    monkeypatch.setattr(ops, "layer_norm_backward_fast", wrong)
     result = run("check", "--against", "torch")
     line = error_line(result, 1)
     assert "differ beyond 1e-09" in line and "grad blocks.0.ln1.gamma" in line

@@ -155,13 +155,15 @@ def _ffn_backward(dout, p, cfg, caches, grads, dacts):
 
 
 def _ln_forward(x, P, name, cfg, acts, caches):
-    out, caches[name] = ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+    layer_norm = ops.layer_norm_forward_fast if caches["fast"] else ops.layer_norm_forward
+    out, caches[name] = layer_norm(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
     acts[name + ".out"] = out
     return out
 
 
 def _ln_backward(dout, name, caches, grads, dacts):
-    dx, grads[name + ".gamma"], grads[name + ".beta"] = ops.layer_norm_backward(dout, caches[name])
+    layer_norm = ops.layer_norm_backward_fast if caches["fast"] else ops.layer_norm_backward
+    dx, grads[name + ".gamma"], grads[name + ".beta"] = layer_norm(dout, caches[name])
     dacts[name + ".out"] = dout
     return dx
 

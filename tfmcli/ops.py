@@ -246,6 +246,16 @@ def hidden_from(mask, blocks):
     return tuple(firsts)
 
 
+def row_dot(a, b):
+    """sum(a * b, axis=-1, keepdims=True) in one pass with no product array (einsum). einsum
+    does not report overflow to np.errstate, so a result that is not finite is made again the
+    plain way, which does (and gives the same inf or nan)."""
+    out = np.einsum("...i,...i->...", a, b)[..., None]
+    if not np.isfinite(out).all():
+        out = (a * b).sum(axis=-1, keepdims=True)
+    return out
+
+
 def attention_forward_fast(q, k, v, mask, scale):
     """attention_forward block by block over the queries (``mask``: an AttentionMask), each
     block only over the keys it may see; the scale folded into q, the mask added only where it
@@ -272,7 +282,7 @@ def attention_forward_fast(q, k, v, mask, scale):
 
 def attention_backward_fast(dcontext, cache):
     """attention_backward over the same blocks, the softmax backward in place, each row's
-    sum(dpattern * pattern) in one pass with no product array (einsum), and the scale folded
+    sum(dpattern * pattern) as a row dot product (no product array), and the scale folded
     into k and q. dpattern is computed whole: it is not 0 where the weight is."""
     q, k, v, pattern, scale, blocks = cache
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
@@ -283,13 +293,43 @@ def attention_backward_fast(dcontext, cache):
         p, dp = pattern[..., r0:r1, :end], dpattern[..., r0:r1, :end]
         ds = dscores[..., r0:r1, :end]
         dscores[..., r0:r1, end:] = 0.0
-        rows = np.einsum("...ij,...ij->...i", dp, p)[..., None]   # sum(dpattern * p) per row
+        rows = row_dot(dp, p)                                 # sum(dpattern * p) per row
         np.subtract(dp, rows, out=ds)
         ds *= p                                               # p * (dpattern - rows)
         dv[..., :end, :] += p.swapaxes(-1, -2) @ dcontext[..., r0:r1, :]
         np.matmul(ds, k_scaled[..., :end, :], out=dq[..., r0:r1, :])
         dk[..., :end, :] += ds.swapaxes(-1, -2) @ q_scaled[..., r0:r1, :]
     return dq, dk, dv, dpattern, dscores
+
+
+def layer_norm_forward_fast(x, gamma, beta, eps):
+    """layer_norm_forward with fewer passes: the variance as a row dot product (no squares
+    array), xhat made in place from x - mean, beta added in place."""
+    C = x.shape[-1]
+    xhat = x - x.mean(axis=-1, keepdims=True)                  # x - mean, made xhat below
+    var = row_dot(xhat, xhat) / C
+    rstd = 1.0 / np.sqrt(var + eps)                            # (..., 1)
+    xhat *= rstd
+    out = xhat * gamma
+    out += beta
+    return out, LayerNormCache(xhat, rstd, gamma)
+
+
+def layer_norm_backward_fast(dout, cache):
+    """layer_norm_backward with the row mean of dxhat * xhat as a dot product and
+    dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array."""
+    xhat, rstd, gamma = cache
+    C = xhat.shape[-1]
+    dgamma = (dout * xhat).reshape(-1, C).sum(axis=0)
+    dbeta = dout.reshape(-1, C).sum(axis=0)
+    dxhat = dout * gamma
+    mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
+    mean_dxhat_xhat = row_dot(dxhat, xhat) / C
+    dx = xhat * mean_dxhat_xhat
+    dx += mean_dxhat
+    np.subtract(dxhat, dx, out=dx)
+    dx *= rstd
+    return dx, dgamma, dbeta
 
 
 def embedding_backward_fast(dout, cache, out=None):
