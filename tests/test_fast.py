@@ -72,9 +72,23 @@ def test_fast_embedding_backward_sums_repeated_tokens():
     tokens = np.array([[3, 1, 3], [0, 3, 1]])
     dout = np.random.default_rng(0).normal(size=(2, 3, 4))
     cache = ops.EmbeddingCache(tokens, 6)
-    np.testing.assert_allclose(ops.embedding_backward_fast(dout, cache),
-                               ops.embedding_backward(dout, cache), rtol=1e-15, atol=0)
+    np.testing.assert_array_equal(ops.embedding_backward_fast(dout, cache),
+                                  ops.embedding_backward(dout, cache))
     assert not ops.embedding_backward_fast(dout, cache)[[2, 4, 5]].any()   # unused rows: 0
+
+
+@pytest.mark.parametrize("vocab, rows, width", [(50, 400, 64),   # rounds: tokens repeat ~8 times
+                                                (3, 400, 4)])    # many repeats: np.add.at
+def test_fast_embedding_backward_is_np_add_at_bit_for_bit(vocab, rows, width):
+    """Each token's rows are added in their order, onto a tied head's gradient too."""
+    rng = np.random.default_rng(vocab)
+    tokens, dout = rng.integers(0, vocab, (2, rows // 2)), rng.normal(size=(2, rows // 2, width))
+    cache = ops.EmbeddingCache(tokens, vocab)
+    head = rng.normal(size=(vocab, width))
+    np.testing.assert_array_equal(ops.embedding_backward_fast(dout, cache),
+                                  ops.embedding_backward(dout, cache))
+    np.testing.assert_array_equal(ops.embedding_backward_fast(dout, cache, out=head.copy()),
+                                  ops.embedding_backward(dout, cache, out=head.copy()))
 
 
 def test_fast_attention_keeps_every_hidden_weight_exactly_zero():
