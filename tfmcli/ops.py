@@ -283,11 +283,14 @@ def attention_forward_fast(q, k, v, mask, scale):
 def attention_backward_fast(dcontext, cache):
     """attention_backward over the same blocks, the softmax backward in place, each row's
     sum(dpattern * pattern) as a row dot product (no product array), and the scale folded
-    into k and q. dpattern is computed whole: it is not 0 where the weight is."""
+    into k and q. dv and dk go by blocks of keys, each from the queries that may see it, so
+    each is written once rather than summed over query blocks. dpattern is computed whole: it
+    is not 0 where the weight is."""
     q, k, v, pattern, scale, blocks = cache
+    T = q.shape[-2]
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
     dscores = np.empty_like(pattern)
-    dq, dk, dv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     k_scaled, q_scaled = k * scale, q * scale
     for r0, r1, end in blocks:
         p, dp = pattern[..., r0:r1, :end], dpattern[..., r0:r1, :end]
@@ -296,9 +299,14 @@ def attention_backward_fast(dcontext, cache):
         rows = row_dot(dp, p)                                 # sum(dpattern * p) per row
         np.subtract(dp, rows, out=ds)
         ds *= p                                               # p * (dpattern - rows)
-        dv[..., :end, :] += p.swapaxes(-1, -2) @ dcontext[..., r0:r1, :]
         np.matmul(ds, k_scaled[..., :end, :], out=dq[..., r0:r1, :])
-        dk[..., :end, :] += ds.swapaxes(-1, -2) @ q_scaled[..., r0:r1, :]
+    for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any of them
+        first = next((r0 for r0, _, end in blocks if end > c0), T)
+        seen_by = slice(first, T)   # a later row that cannot see a key has weight 0 there
+        np.matmul(pattern[..., seen_by, c0:c1].swapaxes(-1, -2), dcontext[..., seen_by, :],
+                  out=dv[..., c0:c1, :])
+        np.matmul(dscores[..., seen_by, c0:c1].swapaxes(-1, -2), q_scaled[..., seen_by, :],
+                  out=dk[..., c0:c1, :])
     return dq, dk, dv, dpattern, dscores
 
 
