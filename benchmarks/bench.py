@@ -6,7 +6,8 @@ and the command line's start-up against the bare imports it cannot avoid.
 
 Every engine figure is the median of several forward + backward runs. tfm and torch run on the
 same parameters and inputs, alternately in one process, with a pause between calls so that
-neither inherits the other's spinning BLAS threads, both on the same number of threads. The
+neither inherits the other's spinning BLAS threads, both on the same number of threads; a
+ratio is the median of the ratios of calls made side by side in one round. The
 script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for itself (they slow NumPy's BLAS on
 some machines) and prints the BLAS kernel in use (threadpoolctl). The torch column is skipped
 when torch is not installed.
@@ -131,15 +132,23 @@ def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str
         for fast in (True, False):
             ours, theirs = took[fast], took.get("torch")
             faults = statistics.median(f for _, f in samples[fast])
-            rate = work / ours
+            # ratios per round, of calls made a second apart, then their median: this machine's
+            # speed drifts by 20% from minute to minute, and a pair shares its minute
+            ratio = None if theirs is None else paired(samples[fast], samples["torch"])
+            share = paired(samples["peak"], samples[fast]) * work / product_flop
             rows.append([f"B{cfg.batch} T{cfg.seq_len} d{cfg.d_model} H{cfg.heads} "
                          f"F{cfg.ff} V{cfg.vocab}" + ("" if fast else " (reference)"),
                          dtype, f"{ours * 1e3:.0f}",
                          "—" if theirs is None else f"{theirs * 1e3:.0f}",
-                         "—" if theirs is None else f"{ours / theirs:.2f}",
-                         f"{rate / 1e9:.1f}", f"{rate / peak:.0%} of {peak / 1e9:.0f}",
+                         "—" if ratio is None else f"{ratio:.2f}",
+                         f"{work / ours / 1e9:.1f}", f"{share:.0%} of {peak / 1e9:.0f}",
                          f"{faults:,.0f}"])
     return rows
+
+
+def paired(top: list, bottom: list) -> float:
+    """The median over rounds of top's time / bottom's time in the same round."""
+    return statistics.median(t / b for (t, _), (b, _) in zip(top, bottom))
 
 
 def command_time(args: list[str], repeats: int) -> float:
@@ -159,17 +168,17 @@ def tfm(*args: str) -> list[str]:
 
 def startup_rows(repeats: int) -> list[list[str]]:
     """The import floor and two commands, alternately (this machine's start-up time drifts by
-    20% from minute to minute), medians over rounds."""
+    20% from minute to minute): medians over rounds, and the median of each round's ratio."""
     commands = {"import numpy, typer, rich": [sys.executable, "-c", "import numpy, typer, rich"],
                 "tfm mask --len 7": tfm("mask", "--len", "7"), "tfm --help": tfm("--help")}
     samples = {label: [] for label in commands}
     for _ in range(repeats):
         for label, args in commands.items():
             samples[label].append(command_time(args, 1))
-    took = {label: statistics.median(times) for label, times in samples.items()}
-    floor = took["import numpy, typer, rich"]
-    return [[label, "", f"{t * 1e3:.0f}", "", f"{t / floor:.2f}", "", "", ""]
-            for label, t in took.items()]
+    floor = samples["import numpy, typer, rich"]
+    return [[label, "", f"{statistics.median(times) * 1e3:.0f}", "",
+             f"{statistics.median(t / f for t, f in zip(times, floor)):.2f}", "", "", ""]
+            for label, times in samples.items()]
 
 
 GPT2_SMALL = ("-d", "768", "-H", "12", "-L", "12", "-V", "50257", "--pe", "learned",
@@ -196,15 +205,16 @@ def main():
                   causal=True, norm="pre", layers=1)
     if args.quick:
         fields.update(seq_len=128, d_model=256, d_ff=1024)
-    repeats = 3 if args.quick else 9
+    repeats = 3 if args.quick else 15
     kept = keep_freed_memory()   # as the commands that run the model do
     console = Console(width=max(Console().width, 120))
     console.print(f"BLAS: {blas_kernel()}")
     console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
     table = Table(title="tfm forward + backward (one block, head and loss), commands, start-up",
-                  caption="ratio: tfm / torch (engine) or tfm / the import floor (start-up); "
-                          "peak: NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same "
-                          "rounds; faults: minor page faults per tfm step; "
+                  caption="ratio: tfm / torch (engine: the median over rounds of each round's "
+                          "ratio) or tfm / the import floor (start-up); peak: NumPy's own "
+                          "2048^3 matmul rate in GFLOP/s, timed in the same rounds (of peak: "
+                          "also per round); faults: minor page faults per tfm step; "
                           "(reference): forward(..., fast=False)")
     for header in ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak",
                    "faults"):
