@@ -273,6 +273,17 @@ def test_first_nonfinite_names_the_first_bad_array():
     assert first_nonfinite({"x.attn.scores": np.array([np.inf])}) == "x.attn.scores"
 
 
+@pytest.mark.parametrize("scores, bad", [
+    ([-np.inf, 1.0, np.inf], True),       # +inf among allowed -infs: the sum is NaN
+    ([-np.inf, np.nan], True),
+    ([-np.inf, -np.inf, 2.0], False),     # only the allowed -inf: the sum is -inf
+    ([1e308, 1e308, -np.inf], False),     # finite values whose sum overflows: looked at closely
+])
+def test_first_nonfinite_tells_a_hidden_score_from_a_bad_one(scores, bad):
+    arrays = {"blocks.0.attn.scores": np.array(scores), "huge": np.array([1e308, 1e308])}
+    assert first_nonfinite(arrays) == ("blocks.0.attn.scores" if bad else None)
+
+
 # ---------------------------------------------------------------- determinism and dtype
 
 

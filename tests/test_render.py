@@ -403,3 +403,17 @@ def test_mask_legend_says_which_symbol_is_which():
     assert render(mask_legend()).strip() == "● may attend   · hidden"
     text = render(mask_legend(additive=True))
     assert "0 may attend" in text and "-inf hidden" in text
+
+
+@pytest.mark.parametrize("values, counts", [
+    ([-np.inf, 1.0, 3.0, -np.inf], {"masked": 2}),                     # masked scores
+    ([-np.inf, 1.0, np.inf, 3.0], {"masked": 1, "inf": 1}),
+    ([np.nan, 1.0, -np.inf, np.inf, 3.0, np.nan], {"masked": 1, "inf": 1, "nan": 2}),
+    ([np.inf, 1.0, 3.0], {"inf": 1}),
+    ([1.0, 3.0], {}),
+])
+def test_stats_count_what_is_not_finite_and_summarise_the_rest(values, counts):
+    from tfmcli.summary import stats
+    out = stats(np.array(values).reshape(1, -1))
+    assert {k: out[k] for k in ("masked", "inf", "nan") if k in out} == counts
+    assert (out["min"], out["mean"], out["std"], out["max"]) == (1.0, 2.0, 1.0, 3.0)

@@ -126,11 +126,13 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
     dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
                   p + "attn.scores": dscores, p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
-    dx = 0
+    dx_parts = []   # x feeds q, k and v: its gradient is the sum of the three
     for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv)):
         dx_part, grads[p + f"attn.W_{name}"], grads[p + f"attn.b_{name}"] = ops.linear_backward(
             ops.merge_heads(dh), cache)
-        dx = dx + dx_part
+        dx_parts.append(dx_part)
+    dx = dx_parts[0] + dx_parts[1]
+    dx += dx_parts[2]
     return dx
 
 
@@ -336,7 +338,15 @@ def first_nonfinite(arrays: dict) -> str | None:
     (logit gap above ~745 in float64, ~88 in float32), whose true size is beyond float range.
     """
     for name, value in arrays.items():
-        if name.endswith("attn.scores") or name == "probs":
+        neginf_allowed = name.endswith("attn.scores") or name == "probs"
+        # First one pass with no temporary array: a NaN or a +inf makes the sum NaN or +inf,
+        # so a finite sum (or -inf, where -inf is allowed) clears the array. Any other sum
+        # (including finite values whose sum overflows) gets the entry-by-entry look.
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = value.sum()
+        if np.isfinite(total) or (neginf_allowed and total == -np.inf):
+            continue
+        if neginf_allowed:
             value = np.where(np.isneginf(value), 0.0, value)
         if not np.all(np.isfinite(value)):
             return name

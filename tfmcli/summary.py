@@ -36,6 +36,7 @@ def stats(array: np.ndarray) -> dict:
         if floating and not (np.isfinite(low) and np.isfinite(high)):
             where = np.isfinite(flat)
             n = int(np.count_nonzero(where))
+            counts = _nonfinite_counts(flat, low, high, flat.size - n)
     if n:   # reductions over the finite entries in place, accumulated in float64
         if where is None:
             total = np.sum(flat, dtype=np.float64)
@@ -49,8 +50,16 @@ def stats(array: np.ndarray) -> dict:
     else:
         out.update(min=None, mean=None, std=None, max=None)
     if where is not None:   # (all finite otherwise: nothing to count)
-        for key, count in (("masked", np.isneginf(array).sum()), ("inf", np.isposinf(array).sum()),
-                           ("nan", np.isnan(array).sum())):
-            if count:
-                out[key] = int(count)
+        out.update((key, count) for key, count in counts.items() if count)
     return out
+
+
+def _nonfinite_counts(flat, low, high, nonfinite: int) -> dict:
+    """How many entries are -inf, +inf and NaN, given the array's plain min and max and the
+    number of entries that are not finite. min and max pass a NaN on, and a max below +inf
+    means none is +inf: the usual case (masked scores: only -inf) needs no further pass."""
+    if np.isnan(low):
+        return {"masked": int(np.isneginf(flat).sum()), "inf": int(np.isposinf(flat).sum()),
+                "nan": int(np.isnan(flat).sum())}
+    inf = int(np.isposinf(flat).sum()) if high == np.inf else 0
+    return {"masked": nonfinite - inf, "inf": inf, "nan": 0}
