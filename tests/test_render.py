@@ -417,3 +417,27 @@ def test_stats_count_what_is_not_finite_and_summarise_the_rest(values, counts):
     out = stats(np.array(values).reshape(1, -1))
     assert {k: out[k] for k in ("masked", "inf", "nan") if k in out} == counts
     assert (out["min"], out["mean"], out["std"], out["max"]) == (1.0, 2.0, 1.0, 3.0)
+
+
+@pytest.mark.parametrize("width", [20, 40, 60, 80, 90, 140])
+@pytest.mark.parametrize("colour", [False, True])
+def test_grids_side_by_side_lay_out_as_rich_columns_do(width, colour):
+    """The same bytes as Columns(blocks, padding=(0, 3)): as many to a row as fit, columns as
+    wide as their widest block, short blocks padded; a block wider than the width wraps."""
+    from rich.columns import Columns
+    from rich.text import Text
+
+    blocks = [mask_grid(np.tril(np.ones((n, n), dtype=bool)), title=f"causal {n}")
+              for n in (3, 7, 2, 12)] + [Text("a note under the grids", style="dim")]
+
+    def out(renderable):
+        console = Console(file=io.StringIO(), width=width, force_terminal=colour,
+                          color_system="truecolor" if colour else None)
+        console.print(renderable)
+        return console.file.getvalue()
+
+    from tfmcli.render import grids_side_by_side
+    laid_out = out(grids_side_by_side(*blocks))
+    assert laid_out == out(Columns(blocks, padding=(0, 3)))
+    titles_in_first_line = sum(f"causal {n}" in laid_out.splitlines()[0] for n in (3, 7, 2, 12))
+    assert titles_in_first_line == {20: 1, 40: 1, 60: 2, 80: 3, 90: 4, 140: 4}[width]

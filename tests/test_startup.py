@@ -56,6 +56,8 @@ def test_a_command_loads_its_own_module_and_not_the_model():
     commands = {m.rsplit(".", 1)[1] for m in loaded if m.rsplit(".", 1)[0] == "tfmcli.cli"}
     assert commands & set(COMMANDS) == {"mask"}
     assert "tfmcli.model" not in loaded and "tfmcli.gradcheck" in loaded   # the API's function
+    # side by side without rich's table (a tenth of the start-up), JSON only for --json
+    assert not {"rich.table", "rich.columns", "json"} & loaded
 
 
 def test_a_mistyped_command_still_gets_its_suggestion():

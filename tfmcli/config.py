@@ -8,7 +8,6 @@ not fit in memory before allocating anything.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -159,6 +158,8 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
+        import json   # here, not at the top: a command that writes no JSON starts sooner
+
         fields = dataclasses.asdict(self)
         if fields["lengths"] is not None:
             fields["lengths"] = list(fields["lengths"])
@@ -167,6 +168,8 @@ class Config:
     @classmethod
     def fields_from_json(cls, text: str) -> dict:
         """The fields ``to_json`` wrote, unvalidated; ValueError if they are not such fields."""
+        import json
+
         fields = json.loads(text)
         if not isinstance(fields, dict):
             raise ValueError("not a JSON object")

@@ -2,7 +2,6 @@
 and checking the options that name a row, head, block or tensor of it."""
 
 import io
-import json
 import math
 import os
 from typing import Annotated, List, Optional
@@ -60,6 +59,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
         save_npz(opts.save, arrays)
     console = make_console()
     if opts.json:   # through the console: a closed pipe then ends the run like any output
+        import json   # here, not at the top: a command without --json starts sooner
+
         console.out(json.dumps(payload() if callable(payload) else payload), highlight=False)
         return
     if callable(renderables):

@@ -63,7 +63,7 @@ def mask(
     if len(rows) > MAX_MAPS:
         grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(rows)} rows "
                           f"(--json has all)", style="dim"))
-    parts = [render.mask_legend(additive_form), render.side_by_side(*grids)]
+    parts = [render.mask_legend(additive_form), render.grids_side_by_side(*grids)]
     payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
     if additive_form:
         payload["additive"] = jsonable(additive(combined))

@@ -133,3 +133,69 @@ def mask_legend(additive: bool = False) -> Text:
                              (HIDDEN_ADDITIVE, HIDDEN_STYLE), " hidden (softmax weight 0)")
     return Text.assemble((ATTEND, ATTEND_STYLE), " may attend   ", (HIDDEN, HIDDEN_STYLE),
                          " hidden")
+
+
+def grids_side_by_side(*blocks) -> "SideBySide":
+    """Mask grids (or other blocks of text lines) next to each other when the terminal is wide
+    enough, else stacked: ``side_by_side`` for lines of text, without rich's table."""
+    return SideBySide(*blocks)
+
+
+class SideBySide:
+    """Blocks of text lines (mask grids, a Group of Text lines or a Text) next to each other,
+    laid out as rich's ``Columns(blocks, padding=(0, gap))`` lays them out: as many to a row
+    as fit the width, each column as wide as its widest block, shorter blocks padded with
+    blank lines. Drawn here from the lines themselves, with no table (rich's table module is
+    a tenth of ``tfm mask``'s start-up); a block wider than the width goes to Columns, which
+    wraps it."""
+
+    def __init__(self, *blocks, gap: int = 3):
+        self.blocks, self.gap = blocks, gap
+
+    def __rich_console__(self, console, options):
+        blocks = [_lines(block) for block in self.blocks]
+        widths = [max((line.cell_len for line in lines), default=0) for lines in blocks]
+        if not blocks:
+            return
+        if max(widths) > options.max_width:
+            from rich.columns import Columns
+            yield Columns(list(self.blocks), padding=(0, self.gap))
+            return
+        count = _columns_that_fit(widths, options.max_width, self.gap)
+        column_widths = [max(widths[c::count]) for c in range(count)]
+        for start in range(0, len(blocks), count):
+            row = blocks[start:start + count] + [[]] * (count - len(blocks[start:start + count]))
+            for i in range(max(map(len, row))):
+                line = Text()
+                for c, (lines, column_width) in enumerate(zip(row, column_widths)):
+                    part = lines[i].copy() if i < len(lines) else Text()
+                    part.pad_right(column_width - part.cell_len)   # in its own base style
+                    line.append_text(part)
+                    if c < count - 1:
+                        line.append(" " * self.gap)
+                yield line
+
+
+def _lines(block) -> list:
+    """A block's lines of Text: a Group's renderables, or a Text split at its newlines."""
+    if isinstance(block, Text):
+        return block.split("\n")
+    return list(block.renderables)
+
+
+def _columns_that_fit(widths: list, max_width: int, gap: int) -> int:
+    """How many blocks to a row, found as rich's Columns finds it: from all of them down,
+    laying the blocks out row by row and dropping a column whenever the widest of each
+    column, with the gaps, passes the width."""
+    count = len(widths)
+    while count > 1:
+        column_widths: dict = {}
+        for index, width in enumerate(widths + [0] * (-len(widths) % count)):
+            column = index % count
+            column_widths[column] = max(column_widths.get(column, 0), width)
+            if sum(column_widths.values()) + gap * (len(column_widths) - 1) > max_width:
+                count = len(column_widths) - 1
+                break
+        else:
+            break
+    return count
