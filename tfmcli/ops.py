@@ -1,8 +1,9 @@
 """Primitives as forward/backward pairs.
 
 Each ``*_forward`` returns ``(out, cache)``; the cache is a NamedTuple holding exactly what the
-matching ``*_backward`` needs, and nothing is ever modified in place. Weights multiply on the
-right: ``x @ W`` with ``W`` of shape ``(d_in, d_out)``.
+matching ``*_backward`` needs. No argument is ever modified in place (but an ``out=`` given
+for that), and no array is changed once returned. Weights multiply on the right: ``x @ W``
+with ``W`` of shape ``(d_in, d_out)``.
 """
 
 from __future__ import annotations
