@@ -266,8 +266,8 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     inputs : Inputs with tokens (B, T), targets (B, T), lengths (B,)
     cfg : Config
     fast : bool
-        Attention and the embedding gradient through the fast path (``ops.*_fast``: fewer
-        passes and fresh arrays), equal to the reference path (False) to rounding. The
+        Attention, layer norm and the embedding gradient through the fast path (``ops.*_fast``:
+        fewer passes and fresh arrays), equal to the reference path (False) to rounding. The
         backward follows the forward's choice.
     """
     B, T = inputs.tokens.shape

@@ -30,7 +30,7 @@ def stats(array: np.ndarray) -> dict:
     floating = array.dtype.kind == "f"
     out = {"shape": list(array.shape)}
     flat = array.reshape(-1)
-    where, n = None, flat.size
+    where, n, counts = None, flat.size, {}
     if n:
         low, high = flat.min(), flat.max()   # a NaN or an infinity shows in one of these
         if floating and not (np.isfinite(low) and np.isfinite(high)):
@@ -49,8 +49,7 @@ def stats(array: np.ndarray) -> dict:
                    std=float(np.sqrt(_sum_of_squares(flat, mean, where) / n)), max=float(high))
     else:
         out.update(min=None, mean=None, std=None, max=None)
-    if where is not None:   # (all finite otherwise: nothing to count)
-        out.update((key, count) for key, count in counts.items() if count)
+    out.update((key, count) for key, count in counts.items() if count)
     return out
 
 

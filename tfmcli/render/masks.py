@@ -153,10 +153,10 @@ class SideBySide:
         self.blocks, self.gap = blocks, gap
 
     def __rich_console__(self, console, options):
+        if not self.blocks:
+            return
         blocks = [_lines(block) for block in self.blocks]
         widths = [max((line.cell_len for line in lines), default=0) for lines in blocks]
-        if not blocks:
-            return
         if max(widths) > options.max_width:
             from rich.columns import Columns
             yield Columns(list(self.blocks), padding=(0, self.gap))
