@@ -8,6 +8,7 @@ gradient of every named activation alongside.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections import OrderedDict
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import ops
+from tfmcli import ops, parallel
 from tfmcli.config import Config
 from tfmcli.masks import combined_mask, padding_mask
 from tfmcli.positional import sinusoidal
@@ -267,9 +268,20 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     cfg : Config
     fast : bool
         Attention, layer norm and the embedding gradient through the fast path (``ops.*_fast``:
-        fewer passes and fresh arrays), equal to the reference path (False) to rounding. The
-        backward follows the forward's choice.
+        fewer passes and fresh arrays), and the heavy operations in parts on the machine's cores
+        (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding. The backward follows the forward's choice.
     """
+    with _engine(fast):
+        return _forward(params, inputs, cfg, fast)
+
+
+def _engine(fast: bool):
+    """The fast path cuts its heavy operations into parts on the machine's cores
+    (``tfmcli.parallel``); the reference path is plain NumPy (parallel.one_piece)."""
+    return contextlib.nullcontext() if fast else parallel.one_piece()
+
+
+def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     B, T = inputs.tokens.shape
     acts: OrderedDict[str, np.ndarray] = OrderedDict()
     caches: dict = {"fast": fast}
@@ -298,6 +310,11 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
 
 def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation."""
+    with _engine(fwd.caches["fast"]):
+        return _backward(params, fwd, cfg)
+
+
+def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     caches = fwd.caches
     grads: dict[str, np.ndarray] = {}
     dacts: dict[str, np.ndarray] = {}

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli import parallel
+
 # ---------------------------------------------------------------- embedding
 
 
@@ -46,11 +48,13 @@ def linear_forward(x, W, b):
     """x: (..., d_in) @ W: (d_in, d_out) + b: (d_out,) -> (..., d_out).
 
     The rows go to BLAS as one (rows, d_in) matrix, not one matrix per leading index (faster,
-    and the same numbers), and b is added in place.
+    and the same numbers), in parts on the machine's cores (``parallel.matmul``), and b is
+    added in place.
     """
     d_in, d_out = W.shape
-    out = x.reshape(-1, d_in) @ W                              # (rows, d_out)
-    out += b
+    x2d = x.reshape(-1, d_in)                                  # (rows, d_in)
+    out = np.empty((x2d.shape[0], d_out), dtype=np.result_type(x2d, W))
+    parallel.matmul(x2d, W, out, add=b)
     return out.reshape(*x.shape[:-1], d_out), LinearCache(x, W)
 
 
@@ -58,15 +62,25 @@ def linear_backward(dout, cache, transposed=False):
     """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
 
     ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
-    head's W is the view W_E.T, and its gradient joins W_E's).
+    head's W is the view W_E.T, and its gradient joins W_E's). Each product in parts on the
+    machine's cores (``parallel.matmul``), db in parts of its columns.
     """
     x, W = cache
     d_in, d_out = W.shape
     x2d, dout2d = x.reshape(-1, d_in), dout.reshape(-1, d_out)   # (rows, d_in), (rows, d_out)
-    dx = (dout2d @ W.T).reshape(x.shape)
-    dW = dout2d.T @ x2d if transposed else x2d.T @ dout2d
-    db = dout2d.sum(axis=0)
-    return dx, dW, db
+    dtype = np.result_type(dout2d, W)
+    dx = np.empty((x2d.shape[0], d_in), dtype=dtype)
+    parallel.matmul(dout2d, W.T, dx)
+    if transposed:
+        dW = np.empty((d_out, d_in), dtype=dtype)
+        parallel.matmul(dout2d.T, x2d, dW)
+    else:
+        dW = np.empty((d_in, d_out), dtype=dtype)
+        parallel.matmul(x2d.T, dout2d, dW)
+    db = np.empty(d_out, dtype=dout2d.dtype)
+    parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
+                 dout2d.size * parallel.PASS)
+    return dx.reshape(x.shape), dW, db
 
 
 # ---------------------------------------------------------------- layer norm
@@ -261,23 +275,28 @@ def attention_forward_fast(q, k, v, mask, scale):
     """attention_forward block by block over the queries (``mask``: an AttentionMask), each
     block only over the keys it may see; the scale folded into q, the mask added only where it
     hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
-    and the pattern) instead of five, each written once."""
-    B, H, T, _ = q.shape
+    and the pattern) instead of five, each written once. The heads go in parts on the
+    machine's cores (``parallel``)."""
+    B, H, T, dh = q.shape
     scores = np.empty((B, H, T, T), dtype=q.dtype)
     pattern = np.empty((B, H, T, T), dtype=q.dtype)
     context = np.empty_like(q)                                # (B, H, T, d_head)
     q_scaled = q * scale
-    for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
-        s = scores[..., r0:r1, :end]                          # this block's visible part
-        np.matmul(q_scaled[..., r0:r1, :], k[..., :end, :].swapaxes(-1, -2), out=s)
-        s[..., first:] += mask.bias[..., r0:r1, first:end]    # -inf where hidden
-        scores[..., r0:r1, end:] = -np.inf
-        pattern[..., r0:r1, end:] = 0.0
-        p = pattern[..., r0:r1, :end]
-        np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
-        np.exp(p, out=p)
-        p /= p.sum(axis=-1, keepdims=True)
-        np.matmul(p, v[..., :end, :], out=context[..., r0:r1, :])
+
+    def part(h):                                              # h: a slice of the heads
+        for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
+            s = scores[:, h, r0:r1, :end]                     # this block's visible part
+            np.matmul(q_scaled[:, h, r0:r1], k[:, h, :end].swapaxes(-1, -2), out=s)
+            s[..., first:] += mask.bias[..., r0:r1, first:end]   # -inf where hidden
+            scores[:, h, r0:r1, end:] = -np.inf
+            pattern[:, h, r0:r1, end:] = 0.0
+            p = pattern[:, h, r0:r1, :end]
+            np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
+            np.exp(p, out=p)
+            p /= p.sum(axis=-1, keepdims=True)
+            np.matmul(p, v[:, h, :end], out=context[:, h, r0:r1])
+
+    parallel.run(part, H, B * H * T * T * dh)
     return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks)
 
 
@@ -286,59 +305,87 @@ def attention_backward_fast(dcontext, cache):
     sum(dpattern * pattern) as a row dot product (no product array), and the scale folded
     into k and q. dv and dk go by blocks of keys, each from the queries that may see it, so
     each is written once rather than summed over query blocks. dpattern is computed whole: it
-    is not 0 where the weight is."""
+    is not 0 where the weight is. The heads go in parts on the machine's cores
+    (``parallel``)."""
     q, k, v, pattern, scale, blocks = cache
-    T = q.shape[-2]
-    dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
-    dscores = np.empty_like(pattern)
+    B, H, T, dh = q.shape
+    dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     k_scaled, q_scaled = k * scale, q * scale
-    for r0, r1, end in blocks:
-        p, dp = pattern[..., r0:r1, :end], dpattern[..., r0:r1, :end]
-        ds = dscores[..., r0:r1, :end]
-        dscores[..., r0:r1, end:] = 0.0
-        rows = row_dot(dp, p)                                 # sum(dpattern * p) per row
-        np.subtract(dp, rows, out=ds)
-        ds *= p                                               # p * (dpattern - rows)
-        np.matmul(ds, k_scaled[..., :end, :], out=dq[..., r0:r1, :])
-    for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any of them
-        first = next((r0 for r0, _, end in blocks if end > c0), T)
-        seen_by = slice(first, T)   # a later row that cannot see a key has weight 0 there
-        np.matmul(pattern[..., seen_by, c0:c1].swapaxes(-1, -2), dcontext[..., seen_by, :],
-                  out=dv[..., c0:c1, :])
-        np.matmul(dscores[..., seen_by, c0:c1].swapaxes(-1, -2), q_scaled[..., seen_by, :],
-                  out=dk[..., c0:c1, :])
+
+    def part(h):                                              # h: a slice of the heads
+        np.matmul(dcontext[:, h], v[:, h].swapaxes(-1, -2), out=dpattern[:, h])
+        for r0, r1, end in blocks:
+            p, dp = pattern[:, h, r0:r1, :end], dpattern[:, h, r0:r1, :end]
+            ds = dscores[:, h, r0:r1, :end]
+            dscores[:, h, r0:r1, end:] = 0.0
+            rows = row_dot(dp, p)                             # sum(dpattern * p) per row
+            np.subtract(dp, rows, out=ds)
+            ds *= p                                           # p * (dpattern - rows)
+            np.matmul(ds, k_scaled[:, h, :end], out=dq[:, h, r0:r1])
+        for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any
+            first = next((r0 for r0, _, end in blocks if end > c0), T)
+            seen_by = slice(first, T)   # a later row that cannot see a key has weight 0 there
+            np.matmul(pattern[:, h, seen_by, c0:c1].swapaxes(-1, -2), dcontext[:, h, seen_by],
+                      out=dv[:, h, c0:c1])
+            np.matmul(dscores[:, h, seen_by, c0:c1].swapaxes(-1, -2), q_scaled[:, h, seen_by],
+                      out=dk[:, h, c0:c1])
+
+    parallel.run(part, H, B * H * T * T * dh)
     return dq, dk, dv, dpattern, dscores
 
 
 def layer_norm_forward_fast(x, gamma, beta, eps):
     """layer_norm_forward with fewer passes: the variance as a row dot product (no squares
-    array), xhat made in place from x - mean, beta added in place."""
+    array), xhat made in place from x - mean, beta added in place; in parts of rows on the
+    machine's cores (``parallel``)."""
     C = x.shape[-1]
-    xhat = x - x.mean(axis=-1, keepdims=True)                  # x - mean, made xhat below
-    var = row_dot(xhat, xhat) / C
-    rstd = 1.0 / np.sqrt(var + eps)                            # (..., 1)
-    xhat *= rstd
-    out = xhat * gamma
-    out += beta
-    return out, LayerNormCache(xhat, rstd, gamma)
+    x2d = x.reshape(-1, C)
+    xhat, out = np.empty_like(x2d), np.empty_like(x2d)        # (rows, C)
+    rstd = np.empty((x2d.shape[0], 1), dtype=x.dtype)
+
+    def part(r):
+        xc = xhat[r]                                          # x - mean, made xhat below
+        np.subtract(x2d[r], x2d[r].mean(axis=-1, keepdims=True), out=xc)
+        var = row_dot(xc, xc) / C
+        np.divide(1.0, np.sqrt(var + eps), out=rstd[r])
+        xc *= rstd[r]
+        np.multiply(xc, gamma, out=out[r])
+        out[r] += beta
+
+    parallel.run(part, x2d.shape[0], x2d.size * 6 * parallel.PASS)   # six passes
+    shape = x.shape[:-1]
+    return out.reshape(x.shape), LayerNormCache(xhat.reshape(x.shape), rstd.reshape(*shape, 1),
+                                                gamma)
 
 
 def layer_norm_backward_fast(dout, cache):
     """layer_norm_backward with the row mean of dxhat * xhat as a dot product and
-    dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array."""
+    dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array; dx in
+    parts of rows, dgamma and dbeta (sums over the rows) in parts of columns (``parallel``)."""
     xhat, rstd, gamma = cache
     C = xhat.shape[-1]
-    dgamma = (dout * xhat).reshape(-1, C).sum(axis=0)
-    dbeta = dout.reshape(-1, C).sum(axis=0)
-    dxhat = dout * gamma
-    mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
-    mean_dxhat_xhat = row_dot(dxhat, xhat) / C
-    dx = xhat * mean_dxhat_xhat
-    dx += mean_dxhat
-    np.subtract(dxhat, dx, out=dx)
-    dx *= rstd
-    return dx, dgamma, dbeta
+    xhat2d, dout2d, rstd2d = xhat.reshape(-1, C), dout.reshape(-1, C), rstd.reshape(-1, 1)
+    dgamma, dbeta = np.empty(C, dtype=dout.dtype), np.empty(C, dtype=dout.dtype)
+    dx = np.empty_like(dout2d)
+
+    def sums(c):
+        np.sum(dout2d[:, c] * xhat2d[:, c], axis=0, out=dgamma[c])
+        np.sum(dout2d[:, c], axis=0, out=dbeta[c])
+
+    def rows(r):
+        dxhat = dout2d[r] * gamma
+        mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
+        mean_dxhat_xhat = row_dot(dxhat, xhat2d[r]) / C
+        d = dx[r]
+        np.multiply(xhat2d[r], mean_dxhat_xhat, out=d)
+        d += mean_dxhat
+        np.subtract(dxhat, d, out=d)
+        d *= rstd2d[r]
+
+    parallel.run(sums, C, dout2d.size * 3 * parallel.PASS)                # three passes
+    parallel.run(rows, dout2d.shape[0], dout2d.size * 7 * parallel.PASS)  # seven
+    return dx.reshape(dout.shape), dgamma, dbeta
 
 
 def embedding_backward_fast(dout, cache, out=None):

@@ -1,0 +1,280 @@
+"""tfmcli.parallel: work cut into parts that cover it once, run at once in threads with BLAS held
+to one thread and restored after, errors and np.errstate carried across; and the operations
+that use it give the numbers they give in one piece: exactly where the parts are heads or rows
+of element-wise work, to rounding where BLAS products are cut (BLAS tiles a part as it likes,
+as it does for its own thread count)."""
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import tfmcli
+from tfmcli import ops, parallel
+from helpers import random_params
+from test_fast import TOL, rel
+
+
+class FakeBlas:
+    """(get, set) as parallel.blas_threads gives them, counting what was set."""
+
+    def __init__(self, threads):
+        self.threads, self.log = threads, []
+
+    def get(self):
+        return self.threads
+
+    def set(self, n):
+        self.log.append(n)
+        self.threads = n
+
+
+@pytest.fixture
+def blas(monkeypatch):
+    """BLAS with 3 threads, and sharing from the smallest work and the thinnest product: every
+    operation is cut."""
+    fake = FakeBlas(3)
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
+    monkeypatch.setattr(parallel, "SMALL", 1)
+    monkeypatch.setattr(parallel, "THIN", 1)
+    return fake
+
+
+def serial(part, n, work, multiple=1):
+    part(slice(0, n))
+
+
+def record_parts(n, work, multiple=1):
+    seen = []
+    lock = threading.Lock()
+
+    def part(s):
+        with lock:
+            seen.append((s.start, s.stop, threading.current_thread().name))
+
+    parallel.run(part, n, work, multiple)
+    return sorted(seen)
+
+
+def test_parts_cover_the_range_once_cut_on_multiples(blas):
+    parts = record_parts(1000, 10 ** 9, multiple=64)
+    assert [(a, b) for a, b, _ in parts] == [(0, 320), (320, 640), (640, 1000)]
+    caller = threading.current_thread().name                 # the first part here, the rest
+    assert [name == caller for _, _, name in parts] == [True, False, False]   # in tfm's pool
+    assert blas.log == [1, 3]                                 # held to one, then given back
+    assert blas.threads == 3
+
+
+def test_no_more_parts_than_multiples_work_or_threads(blas, monkeypatch):
+    assert [(a, b) for a, b, _ in record_parts(100, 10 ** 9, multiple=64)] == [(0, 100)]
+    assert [(a, b) for a, b, _ in record_parts(2, 10 ** 9)] == [(0, 1), (1, 2)]
+    monkeypatch.setattr(parallel, "SMALL", 1000)
+    assert [(a, b) for a, b, _ in record_parts(10, 2999)] == [(0, 5), (5, 10)]
+    assert [(a, b) for a, b, _ in record_parts(10, 999)] == [(0, 10)]
+    assert blas.log == [1, 3, 1, 3]                            # one part: BLAS left alone
+
+
+def test_one_blas_thread_or_none_found_means_one_part(monkeypatch):
+    monkeypatch.setattr(parallel, "SMALL", 1)
+    held = FakeBlas(1)                                         # the user holds BLAS to one
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (held.get, held.set))
+    assert record_parts(10, 10 ** 9) == [(0, 10, threading.current_thread().name)]
+    monkeypatch.setattr(parallel, "blas_threads", lambda: None)
+    assert record_parts(10, 10 ** 9) == [(0, 10, threading.current_thread().name)]
+    assert held.log == []
+
+
+def test_an_error_in_a_part_is_raised_and_blas_given_back(blas):
+    def part(s):
+        if s.start > 0:
+            raise ValueError(f"part at {s.start}")
+
+    with pytest.raises(ValueError, match="part at 3"):
+        parallel.run(part, 9, 10 ** 9)
+    assert blas.threads == 3
+
+
+def test_a_part_runs_under_the_callers_errstate(blas):
+    """The CLI stops a run that overflows (np.errstate(over="raise")): a part in another
+    thread must raise too, and under "ignore" must not."""
+    x = np.array([1.0, 1.0, 1.0, 1.0, 1e308, 1e308])   # overflows in the last part only
+
+    def part(s):
+        x[s] * 10.0
+
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        parallel.run(part, 6, 10 ** 9)
+    with np.errstate(over="ignore"):
+        parallel.run(part, 6, 10 ** 9)
+
+
+def test_numpys_own_openblas_is_found_and_held():
+    """NumPy's wheels bundle OpenBLAS (the README's install): tfm must find it, or it runs on
+    one core without saying so."""
+    deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    if "openblas" not in deps.get("name", "") or not deps.get("found"):
+        pytest.skip(f"NumPy's BLAS here is {deps.get('name')}")
+    control = parallel.blas_threads()
+    assert control is not None
+    get, set_ = control
+    before = get()
+    set_(1)
+    try:
+        assert get() == 1
+    finally:
+        set_(before)
+    assert get() == before
+
+
+def test_one_piece_cuts_nothing_and_leaves_blas_alone(blas, monkeypatch):
+    cut = count_cuts(monkeypatch)
+    with parallel.one_piece():
+        assert [(a, b) for a, b, _ in record_parts(9, 10 ** 9)] == [(0, 9)]
+    assert blas.log == [] and cut == []
+    assert [(a, b) for a, b, _ in record_parts(9, 10 ** 9)] == [(0, 3), (3, 6), (6, 9)]
+
+
+def test_the_reference_path_is_plain_numpy(blas, monkeypatch):
+    """forward(..., fast=False) and its backward: one piece, BLAS left as it is."""
+    cut = count_cuts(monkeypatch)
+    cfg = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11)
+    fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg, fast=False)
+    tfmcli.backward(tfmcli.init_params(cfg), fwd, cfg)
+    assert blas.log == [] and cut == []
+
+
+# ---------------------------------------------------------------- the operations, cut
+
+
+def count_cuts(monkeypatch):
+    """A list that gets the slices of every run that was cut into parts."""
+    cuts = []
+    real = parallel._run_parts
+
+    def counting(part, slices):
+        cuts.append(slices)
+        real(part, slices)
+
+    monkeypatch.setattr(parallel, "_run_parts", counting)
+    return cuts
+
+
+def rng_arrays(seed, *shapes, dtype="float64"):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_attention_in_parts_of_heads_is_exactly_attention_in_one(blas, monkeypatch, dtype):
+    B, H, T, dh = 2, 5, 9, 4
+    q, k, v, dctx = rng_arrays(1, *[(B, H, T, dh)] * 4, dtype=dtype)
+    cfg = tfmcli.Config(batch=B, seq_len=T, d_model=H * dh, heads=H, causal=True,
+                        lengths=(9, 4))
+    from tfmcli.model import _fast_mask
+    mask = _fast_mask(cfg.lengths, T, True, dtype, 2)
+    cut = ops.attention_forward_fast(q, k, v, mask, 0.5)
+    cut_back = ops.attention_backward_fast(dctx, cut[2])
+    assert blas.log == [1, 3, 1, 3]
+    monkeypatch.setattr(parallel, "run", serial)
+    whole = ops.attention_forward_fast(q, k, v, mask, 0.5)
+    whole_back = ops.attention_backward_fast(dctx, whole[2])
+    for a, b in [*zip(cut[:2], whole[:2]), (cut[2].pattern, whole[2].pattern),
+                 *zip(cut_back, whole_back)]:
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_in_parts_is_exactly_layer_norm_in_one(blas, monkeypatch, dtype):
+    x, dout = rng_arrays(2, (3, 7, 10), (3, 7, 10), dtype=dtype)
+    gamma, beta = rng_arrays(3, (10,), (10,), dtype=dtype)
+    out, cache = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
+    back = ops.layer_norm_backward_fast(dout, cache)
+    assert blas.log == [1, 3] * 3
+    monkeypatch.setattr(parallel, "run", serial)
+    out1, cache1 = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
+    back1 = ops.layer_norm_backward_fast(dout, cache1)
+    for a, b in [(out, out1), *zip(cache, cache1), *zip(back, back1)]:
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows, d_in, d_out", [(7, 5, 4), (4, 6, 11), (130, 9, 70)])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_in_parts_equals_linear_in_one(blas, monkeypatch, rows, d_in, d_out, transposed,
+                                              bias):
+    """Every product in parts of its left operand's rows, db in parts of its columns; with a
+    bias and with the number 0.0 a head without one has."""
+    monkeypatch.setattr(parallel, "BLAS_TILE", 2)
+    x, W, b, dout = rng_arrays(4, (rows, d_in), (d_in, d_out), (d_out,), (rows, d_out))
+    b = b if bias else 0.0
+    cut = count_cuts(monkeypatch)
+    out, cache = ops.linear_forward(x, W, b)
+    back = ops.linear_backward(dout, cache, transposed)
+    assert len(cut) == 4                                       # x W, dout W^T, dW, db
+    monkeypatch.setattr(parallel, "run", serial)
+    out1, cache1 = ops.linear_forward(x, W, b)
+    back1 = ops.linear_backward(dout, cache1, transposed)
+    np.testing.assert_allclose(out, x @ W + b, rtol=1e-13)
+    np.testing.assert_allclose(back[1], dout.T @ x if transposed else x.T @ dout, rtol=1e-12)
+    for a, b_ in [(out, out1), *zip(back, back1)]:
+        assert rel(a, b_) <= TOL
+
+
+@pytest.mark.parametrize("norm, activation, tied", [("pre", "relu", False), ("post", "gelu", True)])
+def test_a_model_in_parts_equals_the_model_in_one(blas, monkeypatch, norm, activation, tied):
+    """At random O(1) parameters, with padding: every activation and gradient."""
+    cfg = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11, norm=norm,
+                        activation=activation, causal=True, lengths=(6, 3), tied_head=tied,
+                        head_bias=not tied, layers=2, seed=3)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    cut = count_cuts(monkeypatch)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    assert len(cut) > 20
+    monkeypatch.setattr(parallel, "run", serial)
+    fwd1 = tfmcli.forward(params, inputs, cfg)
+    grads1 = tfmcli.backward(params, fwd1, cfg)
+    assert abs(fwd.loss - fwd1.loss) <= TOL * abs(fwd1.loss)
+    floor = max(float(np.abs(g).max()) for g in grads1.values())
+    for name in fwd1.acts:
+        assert rel(fwd.acts[name], fwd1.acts[name]) <= TOL, name
+    for name in grads1:
+        assert rel(grads[name], grads1[name], floor) <= TOL, name
+    for name in grads1.acts:
+        assert rel(grads.acts[name], grads1.acts[name]) <= TOL, name
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_makes_its_own_threads(blas):
+    """A child made by fork has none of its parent's threads: parts sent to the parent's pool
+    would never run, and the child would wait for ever (it is killed after 20 s here)."""
+    record_parts(10, 10 ** 9)                                  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:                                               # the child
+        signal.alarm(20)
+        try:
+            code = 0 if len(record_parts(10, 10 ** 9)) == 3 else 1
+        finally:
+            os._exit(locals().get("code", 2))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_thin_product_stays_whole(blas, monkeypatch):
+    """A product with a side under THIN (32 rows, or a gradient summed over 32 rows) runs on
+    BLAS's own threads, which ran those faster than parts did."""
+    monkeypatch.setattr(parallel, "THIN", 256)
+    cut = count_cuts(monkeypatch)
+    a, b, thin_a, thin_b = rng_arrays(5, (256, 300), (300, 256), (32, 300), (300, 32))
+    for left, right in [(thin_a, b), (a, thin_b), (b.T, thin_a.T)]:   # few rows, columns, or K
+        out = np.empty((left.shape[0], right.shape[1]))
+        parallel.matmul(left, right, out, add=1.0)
+        np.testing.assert_allclose(out, left @ right + 1.0, rtol=1e-13)
+    assert cut == []
+    out = np.empty((256, 256))
+    parallel.matmul(a, b, out, add=1.0)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 64), (64, 128), (128, 256)]]
+    np.testing.assert_allclose(out, a @ b + 1.0, rtol=1e-13)
