@@ -278,3 +278,45 @@ def test_a_thin_product_stays_whole(blas, monkeypatch):
     parallel.matmul(a, b, out, add=1.0)
     assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 64), (64, 128), (128, 256)]]
     np.testing.assert_allclose(out, a @ b + 1.0, rtol=1e-13)
+
+
+def test_together_runs_one_task_per_core_when_they_match(monkeypatch):
+    monkeypatch.setattr(parallel, "SMALL", 1)
+    fake = FakeBlas(2)
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
+    ran = []
+    tasks = [lambda: ran.append(("a", threading.current_thread().name)),
+             lambda: ran.append(("b", threading.current_thread().name))]
+    parallel.together(tasks, 10 ** 9)
+    assert sorted(task for task, _ in ran) == ["a", "b"]
+    assert len({name for _, name in ran}) == 2               # two threads
+    assert fake.log == [1, 2]
+    ran.clear()
+    parallel.together(tasks + [lambda: ran.append(("c", threading.current_thread().name))],
+                      10 ** 9)                               # three tasks, two cores: in turn
+    assert ran == [(t, threading.current_thread().name) for t in "abc"]
+    assert fake.log == [1, 2]
+    with pytest.raises(ZeroDivisionError):
+        parallel.together([lambda: None, lambda: 1 / 0], 10 ** 9)
+    assert fake.threads == 2
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_linear_backward_on_two_cores_makes_dx_and_dW_at_once(monkeypatch, transposed):
+    """Each product whole, one per thread: the same numbers as one after the other."""
+    monkeypatch.setattr(parallel, "SMALL", 1)
+    monkeypatch.setattr(parallel, "THIN", 1)
+    fake = FakeBlas(2)
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
+    x, W, dout = rng_arrays(6, (40, 9), (9, 13), (40, 13))
+    cache = ops.LinearCache(x, W)
+    threads = []
+    real_matmul = parallel.matmul
+    monkeypatch.setattr(parallel, "matmul", lambda *a, **k: (
+        threads.append(threading.current_thread().name), real_matmul(*a, **k)))
+    back = ops.linear_backward(dout, cache, transposed)
+    assert len(set(threads)) == 2 and fake.log == [1, 2]
+    with parallel.one_piece():
+        whole = ops.linear_backward(dout, cache, transposed)
+    for a, b in zip(back, whole):
+        np.testing.assert_array_equal(a, b)

@@ -62,24 +62,33 @@ def linear_backward(dout, cache, transposed=False):
     """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
 
     ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
-    head's W is the view W_E.T, and its gradient joins W_E's). Each product in parts on the
-    machine's cores (``parallel.matmul``), db in parts of its columns.
+    head's W is the view W_E.T, and its gradient joins W_E's). On two cores dx and dW (with db)
+    are made at once, one on each; else each product in parts (``parallel``).
     """
     x, W = cache
     d_in, d_out = W.shape
     x2d, dout2d = x.reshape(-1, d_in), dout.reshape(-1, d_out)   # (rows, d_in), (rows, d_out)
     dtype = np.result_type(dout2d, W)
     dx = np.empty((x2d.shape[0], d_in), dtype=dtype)
-    parallel.matmul(dout2d, W.T, dx)
-    if transposed:
-        dW = np.empty((d_out, d_in), dtype=dtype)
-        parallel.matmul(dout2d.T, x2d, dW)
-    else:
-        dW = np.empty((d_in, d_out), dtype=dtype)
-        parallel.matmul(x2d.T, dout2d, dW)
+    dW = np.empty((d_out, d_in) if transposed else (d_in, d_out), dtype=dtype)
     db = np.empty(d_out, dtype=dout2d.dtype)
-    parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
-                 dout2d.size * parallel.PASS)
+
+    def input_gradient():
+        parallel.matmul(dout2d, W.T, dx)
+
+    def weight_gradient():
+        if transposed:
+            parallel.matmul(dout2d.T, x2d, dW)
+        else:
+            parallel.matmul(x2d.T, dout2d, dW)
+        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
+                     dout2d.size * parallel.PASS)
+
+    if parallel.thin(x2d.shape, W.shape):   # BLAS's own threads run these faster
+        input_gradient()
+        weight_gradient()
+    else:
+        parallel.together([input_gradient, weight_gradient], dout2d.size * d_in)
     return dx.reshape(x.shape), dW, db
 
 

@@ -28,8 +28,8 @@ import os
 
 import numpy as np
 
-SMALL = 1 << 23   # multiply-adds a part needs for sharing to pay: a hand-off costs about 0.1 ms,
-                  # and 2^23 take about 0.2 ms on one core
+SMALL = 1 << 25   # multiply-adds a part needs for sharing to pay: a hand-off costs 0.1-0.5 ms
+                  # (threads woken and the GIL passed), and 2^25 take about 0.8 ms on one core
 PASS = 16         # an element-wise pass over one entry takes about as long as 16 multiply-adds
 THIN = 256        # a matrix product with a side shorter than this is not cut (see matmul)
 BLAS_TILE = 64    # a product's rows or columns are cut on multiples of this: no part ends in
@@ -130,20 +130,53 @@ def _run_parts(part, slices):
         future.result()
 
 
+def together(tasks, work: int) -> None:
+    """Call every one of ``tasks`` (each about ``work`` multiply-adds) once: at once, one per
+    core, with BLAS held to one thread, when there are exactly as many BLAS threads as tasks;
+    else one after another, each free to cut its own work into parts (``run``). Two whole
+    products on two cores beat each product cut in two: a cut product packs its shared operand
+    once per part."""
+    control = blas_threads() if work >= SMALL and not _one_piece.get() else None
+    threads = control[0]() if control is not None else 1
+    if threads != len(tasks):
+        for task in tasks:
+            task()
+        return
+    control[1](1)
+    try:
+        _run_parts(lambda one: tasks[one.start](), [slice(i, i + 1) for i in range(threads)])
+    finally:
+        control[1](threads)
+
+
+def thin(*shapes) -> bool:
+    """Whether a matrix product of these operand shapes has a side under ``THIN``."""
+    return min(min(shape) for shape in shapes) < THIN
+
+
 def matmul(a, b, out, add=None) -> None:
     """``out = a @ b`` (+ ``add``, a row vector or a number, if given) for 2-D arrays, in parts
-    of a's rows (``run``). A thin product (a side under ``THIN``) stays whole, on BLAS's own
-    threads, which ran those faster than parts did (GPT-2's shapes on 32 tokens: 32 rows, or a
-    weight gradient summed over 32 rows)."""
+    of a's rows or of b's columns, whichever are more: each part packs the operand it shares
+    whole, so that one should be the smaller (``run``). A thin product (a side under ``THIN``)
+    stays whole, on BLAS's own threads, which ran those faster than parts did (GPT-2's shapes
+    on 32 tokens: 32 rows, or a weight gradient summed over 32 rows)."""
     m, k = a.shape
     n = b.shape[1]
+    add = None if add is None else np.broadcast_to(add, (n,))
 
     def rows(r):
         np.matmul(a[r], b, out=out[r])
         if add is not None:
             out[r] += add
 
-    if min(m, k, n) < THIN:
+    def columns(c):
+        np.matmul(a, b[:, c], out=out[:, c])
+        if add is not None:
+            out[:, c] += add[c]
+
+    if thin(a.shape, b.shape):
         rows(slice(0, m))
-    else:
+    elif m >= n:
         run(rows, m, m * k * n, BLAS_TILE)
+    else:
+        run(columns, n, m * k * n, BLAS_TILE)
