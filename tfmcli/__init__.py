@@ -27,7 +27,7 @@ _LAZY = {
 }
 _SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
     "config", "init", "io", "kv", "lens", "masks", "memory", "model", "ops", "optim",
-    "positional", "sources", "summary", "tasks", "train",
+    "parallel", "positional", "sources", "summary", "tasks", "train",
 }
 
 
