@@ -191,7 +191,7 @@ def test_layer_norm_in_parts_is_exactly_layer_norm_in_one(blas, monkeypatch, dty
     gamma, beta = rng_arrays(3, (10,), (10,), dtype=dtype)
     out, cache = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
     back = ops.layer_norm_backward_fast(dout, cache)
-    assert blas.log == [1, 3] * 3
+    assert blas.log == [1, 3] * 2                 # the forward's rows, the backward's rows
     monkeypatch.setattr(parallel, "run", serial)
     out1, cache1 = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
     back1 = ops.layer_norm_backward_fast(dout, cache1)

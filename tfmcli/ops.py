@@ -375,16 +375,14 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
 def layer_norm_backward_fast(dout, cache):
     """layer_norm_backward with the row mean of dxhat * xhat as a dot product and
     dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array; dx in
-    parts of rows, dgamma and dbeta (sums over the rows) in parts of columns (``parallel``)."""
+    parts of rows on the machine's cores (``parallel``). dgamma and dbeta stay whole: two quick
+    passes, which took three times as long cut in parts as a hand-off costs."""
     xhat, rstd, gamma = cache
     C = xhat.shape[-1]
     xhat2d, dout2d, rstd2d = xhat.reshape(-1, C), dout.reshape(-1, C), rstd.reshape(-1, 1)
-    dgamma, dbeta = np.empty(C, dtype=dout.dtype), np.empty(C, dtype=dout.dtype)
+    dgamma = (dout2d * xhat2d).sum(axis=0)
+    dbeta = dout2d.sum(axis=0)
     dx = np.empty_like(dout2d)
-
-    def sums(c):
-        np.sum(dout2d[:, c] * xhat2d[:, c], axis=0, out=dgamma[c])
-        np.sum(dout2d[:, c], axis=0, out=dbeta[c])
 
     def rows(r):
         dxhat = dout2d[r] * gamma
@@ -396,8 +394,7 @@ def layer_norm_backward_fast(dout, cache):
         np.subtract(dxhat, d, out=d)
         d *= rstd2d[r]
 
-    parallel.run(sums, C, dout2d.size * 3 * parallel.PASS)                # three passes
-    parallel.run(rows, dout2d.shape[0], dout2d.size * 7 * parallel.PASS)  # seven
+    parallel.run(rows, dout2d.shape[0], dout2d.size * 7 * parallel.PASS)   # seven passes
     return dx.reshape(dout.shape), dgamma, dbeta
 
 
