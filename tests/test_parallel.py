@@ -153,9 +153,9 @@ def count_cuts(monkeypatch):
     cuts = []
     real = parallel._run_parts
 
-    def counting(part, slices):
-        cuts.append(slices)
-        real(part, slices)
+    def counting(part, pieces):
+        cuts.append(pieces)
+        real(part, pieces)
 
     monkeypatch.setattr(parallel, "_run_parts", counting)
     return cuts
@@ -287,7 +287,7 @@ def test_together_runs_one_task_per_core_when_they_match(monkeypatch):
     ran = []
     tasks = [lambda: ran.append(("a", threading.current_thread().name)),
              lambda: ran.append(("b", threading.current_thread().name))]
-    parallel.together(tasks, 10 ** 9)
+    parallel.together(tasks, parallel.SMALL)                 # each task at least SMALL
     assert sorted(task for task, _ in ran) == ["a", "b"]
     assert len({name for _, name in ran}) == 2               # two threads
     assert fake.log == [1, 2]
@@ -320,3 +320,17 @@ def test_linear_backward_on_two_cores_makes_dx_and_dW_at_once(monkeypatch, trans
         whole = ops.linear_backward(dout, cache, transposed)
     for a, b in zip(back, whole):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_product_is_cut_only_into_parts_of_SMALL_multiply_adds(blas, monkeypatch):
+    """With tfm's own thresholds: 512^3 (4 parts' worth) is cut in three, one per thread;
+    256^3 (half a part's worth) stays whole."""
+    monkeypatch.setattr(parallel, "SMALL", 1 << 25)
+    monkeypatch.setattr(parallel, "THIN", 256)
+    cut = count_cuts(monkeypatch)
+    for n in (256, 512):
+        a, b = rng_arrays(7, (n, n), (n, n))
+        out = np.empty((n, n))
+        parallel.matmul(a, b, out)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 128), (128, 320), (320, 512)]]

@@ -116,14 +116,15 @@ def run(part, n: int, work: int, multiple: int = 1) -> None:
         control[1](threads)
 
 
-def _run_parts(part, slices):
-    """The first slice here, the others in the pool, all at once; their errors raised here."""
+def _run_parts(part, pieces):
+    """``part(piece)`` for every piece at once: the first here, the others in the pool; their
+    errors raised here."""
     from concurrent.futures import wait
 
     errors = np.geterr()
-    futures = [_pool(os.getpid()).submit(_part_with, errors, part, s) for s in slices[1:]]
+    futures = [_pool(os.getpid()).submit(_part_with, errors, part, p) for p in pieces[1:]]
     try:
-        part(slices[0])
+        part(pieces[0])
     finally:
         wait(futures)
     for future in futures:
@@ -144,7 +145,7 @@ def together(tasks, work: int) -> None:
         return
     control[1](1)
     try:
-        _run_parts(lambda one: tasks[one.start](), [slice(i, i + 1) for i in range(threads)])
+        _run_parts(lambda i: tasks[i](), list(range(threads)))
     finally:
         control[1](threads)
 
