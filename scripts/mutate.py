@@ -23,9 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["tfmcli/ops.py", "tfmcli/model.py", "tfmcli/optim.py", "tfmcli/gradcheck.py",
-           "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py"]
+           "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py", "tfmcli/parallel.py"]
 TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
-         "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py"]
+         "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py",
+         "tests/test_fast.py", "tests/test_parallel.py"]
 SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
         ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 

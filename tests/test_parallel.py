@@ -334,3 +334,14 @@ def test_a_product_is_cut_only_into_parts_of_SMALL_multiply_adds(blas, monkeypat
         parallel.matmul(a, b, out)
         np.testing.assert_allclose(out, a @ b, rtol=1e-12)
     assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 128), (128, 320), (320, 512)]]
+
+
+def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
+    """B H T T d_head multiply-adds a product: (1, 2, 512, 128) is 2^26, two parts' worth."""
+    monkeypatch.setattr(parallel, "SMALL", 1 << 25)
+    cut = count_cuts(monkeypatch)
+    from tfmcli.model import _fast_mask
+    for T, dh in [(512, 128), (512, 64)]:
+        q, k, v = rng_arrays(8, *[(1, 2, T, dh)] * 3)
+        ops.attention_forward_fast(q, k, v, _fast_mask((T,), T, True, "float64", 128), 0.1)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]]
