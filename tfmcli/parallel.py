@@ -5,9 +5,9 @@ matrix product on every core, then keeps its helper threads spinning for about 0
 another product follows, so a second thread of element-wise work finds no free core. So the
 heavy operations of the fast path (``ops``: linear layers, attention, layer norm) cut their
 work into parts along an axis whose parts are independent (rows, heads, columns: never the axis
-of a sum) and run the parts at once, one per core, in threads of tfm's own, each product on one
-BLAS thread. BLAS's helpers are not woken, and attention's softmax and layer norm get every
-core too.
+of a sum; ``run``), or make independent products at once (a linear layer's dx and dW;
+``together``), one per core, in threads of tfm's own, each product on one BLAS thread. BLAS's
+helpers are not woken, and attention's softmax and layer norm get every core too.
 
 Every number of a part is computed as it is in one piece, in the same order, with one
 exception: BLAS blocks a product by its shape, so a product cut in two can round differently
@@ -95,11 +95,11 @@ def run(part, n: int, work: int, multiple: int = 1) -> None:
     """Call ``part(slice)`` on slices of ``range(n)`` that together cover it once.
 
     ``work``: about how many multiply-adds the whole is (an element-wise pass over an entry
-    counts ``PASS``); a part must have ``SMALL`` of them for sharing to pay. ``multiple``: every cut between parts falls on a
-    multiple of it (a matrix product's rows or columns: see ``BLAS_TILE``). Shared, the slices
-    run at once, one per BLAS thread the caller had, each in its own thread (the first in the
-    caller's), under the caller's ``np.errstate``, with BLAS held to one thread until all are
-    done. An error in a part is raised here.
+    counts ``PASS``); a part must have ``SMALL`` of them for sharing to pay. ``multiple``: every
+    cut between parts falls on a multiple of it (a matrix product's rows or columns: see
+    ``BLAS_TILE``). Shared, the slices run at once, one per BLAS thread the caller had, each in
+    its own thread (the first in the caller's), under the caller's ``np.errstate``, with BLAS
+    held to one thread until all are done. An error in a part is raised here.
     """
     most = min(n // multiple, work // SMALL)   # parts each of at least SMALL, cut on multiples
     control = blas_threads() if most > 1 and not _one_piece.get() else None
