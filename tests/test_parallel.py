@@ -153,9 +153,9 @@ def count_cuts(monkeypatch):
     cuts = []
     real = parallel._run_parts
 
-    def counting(part, pieces):
+    def counting(part, pieces, threads):
         cuts.append(pieces)
-        real(part, pieces)
+        real(part, pieces, threads)
 
     monkeypatch.setattr(parallel, "_run_parts", counting)
     return cuts

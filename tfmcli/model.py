@@ -269,7 +269,8 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     fast : bool
         Attention, layer norm and the embedding gradient through the fast path (``ops.*_fast``:
         fewer passes and fresh arrays), and the heavy operations in parts on the machine's cores
-        (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding. The backward follows the forward's choice.
+        (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding.
+        The backward follows the forward's choice.
     """
     with _engine(fast):
         return _forward(params, inputs, cfg, fast)

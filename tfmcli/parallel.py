@@ -102,33 +102,13 @@ def run(part, n: int, work: int, multiple: int = 1) -> None:
     held to one thread until all are done. An error in a part is raised here.
     """
     most = min(n // multiple, work // SMALL)   # parts each of at least SMALL, cut on multiples
-    control = blas_threads() if most > 1 and not _one_piece.get() else None
-    threads = control[0]() if control is not None else 1
+    threads = _threads(most > 1)
     count = min(threads, most)
     if count <= 1:
         part(slice(0, n))
         return
     cuts = [i * (n // multiple) // count * multiple for i in range(count)] + [n]
-    control[1](1)
-    try:
-        _run_parts(part, [slice(a, b) for a, b in zip(cuts, cuts[1:])])
-    finally:
-        control[1](threads)
-
-
-def _run_parts(part, pieces):
-    """``part(piece)`` for every piece at once: the first here, the others in the pool; their
-    errors raised here."""
-    from concurrent.futures import wait
-
-    errors = np.geterr()
-    futures = [_pool(os.getpid()).submit(_part_with, errors, part, p) for p in pieces[1:]]
-    try:
-        part(pieces[0])
-    finally:
-        wait(futures)
-    for future in futures:
-        future.result()
+    _run_parts(part, [slice(a, b) for a, b in zip(cuts, cuts[1:])], threads)
 
 
 def together(tasks, work: int) -> None:
@@ -137,17 +117,40 @@ def together(tasks, work: int) -> None:
     else one after another, each free to cut its own work into parts (``run``). Two whole
     products on two cores beat each product cut in two: a cut product packs its shared operand
     once per part."""
-    control = blas_threads() if work >= SMALL and not _one_piece.get() else None
-    threads = control[0]() if control is not None else 1
+    threads = _threads(work >= SMALL)
     if threads != len(tasks):
         for task in tasks:
             task()
         return
-    control[1](1)
+    _run_parts(lambda i: tasks[i](), list(range(threads)), threads)
+
+
+def _threads(worth_sharing: bool) -> int:
+    """The BLAS threads work may be shared over: 1 when it is not worth sharing, inside
+    ``one_piece``, or without an OpenBLAS whose threads tfm can hold."""
+    control = blas_threads() if worth_sharing and not _one_piece.get() else None
+    return control[0]() if control is not None else 1
+
+
+def _run_parts(part, pieces, threads: int):
+    """``part(piece)`` for every piece at once: the first here, the others in the pool, with
+    BLAS held to one thread until all are done, then given back its ``threads``. The parts'
+    errors are raised here."""
+    from concurrent.futures import wait
+
+    set_threads = blas_threads()[1]
+    errors = np.geterr()
+    set_threads(1)
     try:
-        _run_parts(lambda i: tasks[i](), list(range(threads)))
+        futures = [_pool(os.getpid()).submit(_part_with, errors, part, p) for p in pieces[1:]]
+        try:
+            part(pieces[0])
+        finally:
+            wait(futures)
     finally:
-        control[1](threads)
+        set_threads(threads)
+    for future in futures:
+        future.result()
 
 
 def thin(*shapes) -> bool:

@@ -14,9 +14,9 @@ from tfmcli.render.heatmap import heatmap  # noqa: E402
 
 _WHERE = {   # name -> the module that defines it; each is imported on first use (PEP 562)
     "colour_legend": "colours", "lens_table": "lens",
-    "attention_maps": "maps", "maps_that_fit": "maps", "grids_side_by_side": "masks", "mask_grid": "masks",
-    "mask_legend": "masks", "mask_overview": "masks", "fmt": "numbers", "curve": "plot",
-    "token_line": "tokens", "config_panel": "tables", "grad_table": "tables",
+    "attention_maps": "maps", "maps_that_fit": "maps", "grids_side_by_side": "masks",
+    "mask_grid": "masks", "mask_legend": "masks", "mask_overview": "masks", "fmt": "numbers",
+    "curve": "plot", "token_line": "tokens", "config_panel": "tables", "grad_table": "tables",
     "l2_norm": "tables", "record_table": "tables", "shape_list": "tables",
     "shape_trace": "tables", "side_by_side": "tables", "tensor_table": "tables",
 }
