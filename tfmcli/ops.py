@@ -297,17 +297,18 @@ def attention_forward_fast(q, k, v, mask, scale):
     q_scaled = q * scale
 
     def part(h):                                              # h: a slice of the heads
-        for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
-            s = scores[:, h, r0:r1, :end]                     # this block's visible part
-            np.matmul(q_scaled[:, h, r0:r1], k[:, h, :end].swapaxes(-1, -2), out=s)
-            s[..., first:] += mask.bias[..., r0:r1, first:end]   # -inf where hidden
-            scores[:, h, r0:r1, end:] = -np.inf
-            pattern[:, h, r0:r1, end:] = 0.0
-            p = pattern[:, h, r0:r1, :end]
-            np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
-            np.exp(p, out=p)
-            p /= p.sum(axis=-1, keepdims=True)
-            np.matmul(p, v[:, h, :end], out=context[:, h, r0:r1])
+        for b in range(B):   # one sequence at a time: a block stays in cache over its passes
+            for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
+                s = scores[b, h, r0:r1, :end]                 # this block's visible part
+                np.matmul(q_scaled[b, h, r0:r1], k[b, h, :end].swapaxes(-1, -2), out=s)
+                s[..., first:] += mask.bias[b, :, r0:r1, first:end]   # -inf where hidden
+                scores[b, h, r0:r1, end:] = -np.inf
+                pattern[b, h, r0:r1, end:] = 0.0
+                p = pattern[b, h, r0:r1, :end]
+                np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
+                np.exp(p, out=p)
+                p /= p.sum(axis=-1, keepdims=True)
+                np.matmul(p, v[b, h, :end], out=context[b, h, r0:r1])
 
     parallel.run(part, H, B * H * T * T * dh)
     return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks)
@@ -327,22 +328,23 @@ def attention_backward_fast(dcontext, cache):
     k_scaled, q_scaled = k * scale, q * scale
 
     def part(h):                                              # h: a slice of the heads
-        np.matmul(dcontext[:, h], v[:, h].swapaxes(-1, -2), out=dpattern[:, h])
-        for r0, r1, end in blocks:
-            p, dp = pattern[:, h, r0:r1, :end], dpattern[:, h, r0:r1, :end]
-            ds = dscores[:, h, r0:r1, :end]
-            dscores[:, h, r0:r1, end:] = 0.0
-            rows = row_dot(dp, p)                             # sum(dpattern * p) per row
-            np.subtract(dp, rows, out=ds)
-            ds *= p                                           # p * (dpattern - rows)
-            np.matmul(ds, k_scaled[:, h, :end], out=dq[:, h, r0:r1])
-        for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any
-            first = next((r0 for r0, _, end in blocks if end > c0), T)
-            seen_by = slice(first, T)   # a later row that cannot see a key has weight 0 there
-            np.matmul(pattern[:, h, seen_by, c0:c1].swapaxes(-1, -2), dcontext[:, h, seen_by],
-                      out=dv[:, h, c0:c1])
-            np.matmul(dscores[:, h, seen_by, c0:c1].swapaxes(-1, -2), q_scaled[:, h, seen_by],
-                      out=dk[:, h, c0:c1])
+        for b in range(B):   # one sequence at a time: its arrays stay in cache over the passes
+            np.matmul(dcontext[b, h], v[b, h].swapaxes(-1, -2), out=dpattern[b, h])
+            for r0, r1, end in blocks:
+                p, dp = pattern[b, h, r0:r1, :end], dpattern[b, h, r0:r1, :end]
+                ds = dscores[b, h, r0:r1, :end]
+                dscores[b, h, r0:r1, end:] = 0.0
+                rows = row_dot(dp, p)                         # sum(dpattern * p) per row
+                np.subtract(dp, rows, out=ds)
+                ds *= p                                       # p * (dpattern - rows)
+                np.matmul(ds, k_scaled[b, h, :end], out=dq[b, h, r0:r1])
+            for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any
+                first = next((r0 for r0, _, end in blocks if end > c0), T)
+                seen_by = slice(first, T)   # a later row that cannot see a key: weight 0 there
+                np.matmul(pattern[b, h, seen_by, c0:c1].swapaxes(-1, -2),
+                          dcontext[b, h, seen_by], out=dv[b, h, c0:c1])
+                np.matmul(dscores[b, h, seen_by, c0:c1].swapaxes(-1, -2),
+                          q_scaled[b, h, seen_by], out=dk[b, h, c0:c1])
 
     parallel.run(part, H, B * H * T * T * dh)
     return dq, dk, dv, dpattern, dscores
