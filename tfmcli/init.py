@@ -39,5 +39,5 @@ def init_params(cfg: Config) -> dict[str, np.ndarray]:
             value = np.ones(shape)
         else:
             value = np.zeros(shape)
-        params[name] = value.astype(cfg.dtype)
+        params[name] = value.astype(cfg.dtype, copy=False)   # no second copy in float64
     return params

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
-from tfmcli.summary import stats
+from tfmcli.summary import max_abs, stats, sum_of_squares
 
 ELLIPSIS = "…"
 MISSING = "—"
@@ -39,7 +39,9 @@ def _table(title=None, caption=None) -> Table:
 def l2_norm(array) -> float:
     """sqrt of the sum of squares, accumulated in float64 without a float64 copy."""
     flat = np.asarray(array).reshape(-1)
-    return float(np.sqrt(np.dot(flat, flat).astype(np.float64))) if flat.size else 0.0
+    if flat.dtype == np.float64:
+        return float(np.sqrt(np.dot(flat, flat)))
+    return float(np.sqrt(sum_of_squares(flat))) if flat.size else 0.0
 
 
 def _number(value: float, precision: int, style: str | None = None, sign: bool = True) -> Text:
@@ -357,7 +359,7 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
 
     def row(name, grad):
         g = np.asarray(grad)
-        largest = float(np.abs(g).max()) if g.size else 0.0
+        largest = max_abs(g)
         mean = float(g.mean(dtype=np.float64)) if g.size else 0.0
         cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean, largest, g.dtype)]
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
