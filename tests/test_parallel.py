@@ -167,22 +167,36 @@ def rng_arrays(seed, *shapes, dtype="float64"):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_attention_in_parts_of_heads_is_exactly_attention_in_one(blas, monkeypatch, dtype):
-    B, H, T, dh = 2, 5, 9, 4
+@pytest.mark.parametrize("cache_bytes", [ops.CACHE_BYTES, 1])   # 1: a sequence at a time
+def test_attention_in_parts_of_heads_is_exactly_attention_in_one(blas, monkeypatch, dtype,
+                                                                  cache_bytes):
+    B, H, T, dh = 3, 5, 9, 4
     q, k, v, dctx = rng_arrays(1, *[(B, H, T, dh)] * 4, dtype=dtype)
     cfg = tfmcli.Config(batch=B, seq_len=T, d_model=H * dh, heads=H, causal=True,
-                        lengths=(9, 4))
+                        lengths=(9, 4, 6))
     from tfmcli.model import _fast_mask
     mask = _fast_mask(cfg.lengths, T, True, dtype, 2)
+    monkeypatch.setattr(ops, "CACHE_BYTES", cache_bytes)
     cut = ops.attention_forward_fast(q, k, v, mask, 0.5)
     cut_back = ops.attention_backward_fast(dctx, cut[2])
     assert blas.log == [1, 3, 1, 3]
     monkeypatch.setattr(parallel, "run", serial)
+    monkeypatch.setattr(ops, "CACHE_BYTES", 1 << 40)                # the whole batch at once
     whole = ops.attention_forward_fast(q, k, v, mask, 0.5)
     whole_back = ops.attention_backward_fast(dctx, whole[2])
     for a, b in [*zip(cut[:2], whole[:2]), (cut[2].pattern, whole[2].pattern),
                  *zip(cut_back, whole_back)]:
         np.testing.assert_array_equal(a, b)
+
+
+def test_attention_takes_as_many_sequences_at_once_as_stay_in_cache():
+    """A sequence at a time where its block of scores alone fills the cache (the bench's
+    block: 4 heads x 128 queries x 512 keys, 1 MiB in float32), the whole batch where
+    sequences are short (tfm train's: 32 sequences of 16 tokens, 2 heads)."""
+    assert ops._sequences(2, 4, 512, 4) == [slice(0, 1), slice(1, 2)]
+    assert ops._sequences(3, 4, 512, 8) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert ops._sequences(5, 4, 256, 4) == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert ops._sequences(32, 2, 16, 8) == [slice(0, 256)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

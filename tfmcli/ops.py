@@ -234,6 +234,16 @@ def attention_backward(dcontext, cache):
 # it to 1e-12 relative); those stay the reference a reader checks the formulas against.
 
 QUERY_BLOCK = 128   # query rows per block: big enough for BLAS, small enough to skip ~40% at T 512
+CACHE_BYTES = 1 << 20   # a block of scores this size stays in a core's cache (L2) over its passes
+
+
+def _sequences(B, heads, T, itemsize):
+    """Slices of the batch whose block of scores (``heads`` heads, a query block's rows, T keys)
+    fits in CACHE_BYTES: one sequence at a time at T 512, the whole batch when sequences are
+    short (then each slice costs its own dozen NumPy calls: ``tfm train`` took 1.3x as long
+    one sequence at a time)."""
+    per = max(1, CACHE_BYTES // (heads * min(QUERY_BLOCK, T) * T * itemsize))
+    return [slice(b, b + per) for b in range(0, B, per)]
 
 
 class AttentionMask(NamedTuple):
@@ -289,7 +299,8 @@ def attention_forward_fast(q, k, v, mask, scale):
     block only over the keys it may see; the scale folded into q, the mask added only where it
     hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
     and the pattern) instead of five, each written once. The heads go in parts on the
-    machine's cores (``parallel``)."""
+    machine's cores (``parallel``), and each part takes as many sequences at a time as keep a
+    block in cache over its passes (``_sequences``)."""
     B, H, T, dh = q.shape
     scores = np.empty((B, H, T, T), dtype=q.dtype)
     pattern = np.empty((B, H, T, T), dtype=q.dtype)
@@ -297,7 +308,7 @@ def attention_forward_fast(q, k, v, mask, scale):
     q_scaled = q * scale
 
     def part(h):                                              # h: a slice of the heads
-        for b in range(B):   # one sequence at a time: a block stays in cache over its passes
+        for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
             for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
                 s = scores[b, h, r0:r1, :end]                 # this block's visible part
                 np.matmul(q_scaled[b, h, r0:r1], k[b, h, :end].swapaxes(-1, -2), out=s)
@@ -320,7 +331,7 @@ def attention_backward_fast(dcontext, cache):
     into k and q. dv and dk go by blocks of keys, each from the queries that may see it, so
     each is written once rather than summed over query blocks. dpattern is computed whole: it
     is not 0 where the weight is. The heads go in parts on the machine's cores
-    (``parallel``)."""
+    (``parallel``), a few sequences at a time (``_sequences``)."""
     q, k, v, pattern, scale, blocks = cache
     B, H, T, dh = q.shape
     dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
@@ -328,7 +339,7 @@ def attention_backward_fast(dcontext, cache):
     k_scaled, q_scaled = k * scale, q * scale
 
     def part(h):                                              # h: a slice of the heads
-        for b in range(B):   # one sequence at a time: its arrays stay in cache over the passes
+        for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
             np.matmul(dcontext[b, h], v[b, h].swapaxes(-1, -2), out=dpattern[b, h])
             for r0, r1, end in blocks:
                 p, dp = pattern[b, h, r0:r1, :end], dpattern[b, h, r0:r1, :end]
