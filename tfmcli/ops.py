@@ -62,7 +62,7 @@ def linear_backward(dout, cache, transposed=False):
     """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
 
     ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
-    head's W is the view W_E.T, and its gradient joins W_E's). On two cores dx and dW (with db)
+    head's W is the view W_E.T, and its gradient joins W_E's). On two cores dx (with db) and dW
     are made at once, one on each; else each product in parts (``parallel``).
     """
     x, W = cache
@@ -73,16 +73,16 @@ def linear_backward(dout, cache, transposed=False):
     dW = np.empty((d_out, d_in) if transposed else (d_in, d_out), dtype=dtype)
     db = np.empty(d_out, dtype=dout2d.dtype)
 
-    def input_gradient():
+    def input_gradient():   # and db: dW's product (x transposed) is the slower of the two
         parallel.matmul(dout2d, W.T, dx)
+        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
+                     dout2d.size * parallel.PASS)
 
     def weight_gradient():
         if transposed:
             parallel.matmul(dout2d.T, x2d, dW)
         else:
             parallel.matmul(x2d.T, dout2d, dW)
-        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
-                     dout2d.size * parallel.PASS)
 
     if parallel.thin(x2d.shape, W.shape):   # BLAS's own threads run these faster
         input_gradient()
