@@ -23,6 +23,14 @@ def sum_of_squares(flat, mean: float = 0.0, where=None) -> float:
     return total
 
 
+def l2_norm(array) -> float:
+    """sqrt of the sum of squares, accumulated in float64 without a float64 copy."""
+    flat = np.asarray(array).reshape(-1)
+    if flat.dtype == np.float64:   # BLAS's dot adds float64 in float64: one pass, no buffer
+        return float(np.sqrt(np.dot(flat, flat)))
+    return float(np.sqrt(sum_of_squares(flat)))
+
+
 def max_abs(array) -> float:
     """max |x| from the max and the min: no array of absolute values (GPT-2's embedding
     gradient is 300 MB). NaN if there is one; 0.0 for an empty array."""

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
-from tfmcli.summary import max_abs, stats, sum_of_squares
+from tfmcli.summary import l2_norm, max_abs, stats
 
 ELLIPSIS = "…"
 MISSING = "—"
@@ -34,14 +34,6 @@ def _table(title=None, caption=None) -> Table:
     return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
                  padding=(0, 0), header_style="dim", caption_style="dim italic",
                  caption_justify="left", min_width=cell_len(title) if title else None)
-
-
-def l2_norm(array) -> float:
-    """sqrt of the sum of squares, accumulated in float64 without a float64 copy."""
-    flat = np.asarray(array).reshape(-1)
-    if flat.dtype == np.float64:
-        return float(np.sqrt(np.dot(flat, flat)))
-    return float(np.sqrt(sum_of_squares(flat))) if flat.size else 0.0
 
 
 def _number(value: float, precision: int, style: str | None = None, sign: bool = True) -> Text:
