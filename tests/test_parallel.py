@@ -42,27 +42,32 @@ def blas(monkeypatch):
     return fake
 
 
-def serial(part, n, work, multiple=1):
+def serial(part, n, work, multiple=1, busy=0):
     part(slice(0, n))
 
 
-def record_parts(n, work, multiple=1):
+def record_parts(n, work, multiple=1, at_once=1):
+    """The (start, stop, thread) of every part of a run; with ``at_once``, each part waits
+    until that many have begun (a part that never gets a thread of its own breaks the wait)."""
     seen = []
     lock = threading.Lock()
+    together = threading.Barrier(at_once, timeout=10)
 
     def part(s):
         with lock:
             seen.append((s.start, s.stop, threading.current_thread().name))
+        together.wait()
 
     parallel.run(part, n, work, multiple)
     return sorted(seen)
 
 
 def test_parts_cover_the_range_once_cut_on_multiples(blas):
-    parts = record_parts(1000, 10 ** 9, multiple=64)
+    parts = record_parts(1000, 10 ** 9, multiple=64, at_once=3)   # all three at once
     assert [(a, b) for a, b, _ in parts] == [(0, 320), (320, 640), (640, 1000)]
     caller = threading.current_thread().name                 # the first part here, the rest
-    assert [name == caller for _, _, name in parts] == [True, False, False]   # in tfm's pool
+    assert [name == caller for _, _, name in parts] == [True, False, False]   # in tfm's own
+    assert all(name.startswith("tfm") for _, _, name in parts[1:])
     assert blas.log == [1, 3]                                 # held to one, then given back
     assert blas.threads == 3
 
@@ -218,15 +223,16 @@ def test_layer_norm_in_parts_is_exactly_layer_norm_in_one(blas, monkeypatch, dty
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_in_parts_equals_linear_in_one(blas, monkeypatch, rows, d_in, d_out, transposed,
                                               bias):
-    """Every product in parts of its left operand's rows, db in parts of its columns; with a
-    bias and with the number 0.0 a head without one has."""
+    """The forward's product in parts of rows or columns, dx in one part fewer (dW is made whole
+    on another thread meanwhile), db in parts of its columns; with a bias and with the number
+    0.0 a head without one has."""
     monkeypatch.setattr(parallel, "BLAS_TILE", 2)
     x, W, b, dout = rng_arrays(4, (rows, d_in), (d_in, d_out), (d_out,), (rows, d_out))
     b = b if bias else 0.0
     cut = count_cuts(monkeypatch)
     out, cache = ops.linear_forward(x, W, b)
     back = ops.linear_backward(dout, cache, transposed)
-    assert len(cut) == 4                                       # x W, dout W^T, dW, db
+    assert [len(pieces) for pieces in cut] == [3, 2, 3]        # x W; dx (dW whole); db
     monkeypatch.setattr(parallel, "run", serial)
     out1, cache1 = ops.linear_forward(x, W, b)
     back1 = ops.linear_backward(dout, cache1, transposed)
@@ -294,30 +300,9 @@ def test_a_thin_product_stays_whole(blas, monkeypatch):
     np.testing.assert_allclose(out, a @ b + 1.0, rtol=1e-13)
 
 
-def test_together_runs_one_task_per_core_when_they_match(monkeypatch):
-    monkeypatch.setattr(parallel, "SMALL", 1)
-    fake = FakeBlas(2)
-    monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
-    ran = []
-    tasks = [lambda: ran.append(("a", threading.current_thread().name)),
-             lambda: ran.append(("b", threading.current_thread().name))]
-    parallel.together(tasks, parallel.SMALL)                 # each task at least SMALL
-    assert sorted(task for task, _ in ran) == ["a", "b"]
-    assert len({name for _, name in ran}) == 2               # two threads
-    assert fake.log == [1, 2]
-    ran.clear()
-    parallel.together(tasks + [lambda: ran.append(("c", threading.current_thread().name))],
-                      10 ** 9)                               # three tasks, two cores: in turn
-    assert ran == [(t, threading.current_thread().name) for t in "abc"]
-    assert fake.log == [1, 2]
-    with pytest.raises(ZeroDivisionError):
-        parallel.together([lambda: None, lambda: 1 / 0], 10 ** 9)
-    assert fake.threads == 2
-
-
 @pytest.mark.parametrize("transposed", [False, True])
 def test_linear_backward_on_two_cores_makes_dx_and_dW_at_once(monkeypatch, transposed):
-    """Each product whole, one per thread: the same numbers as one after the other."""
+    """Each product whole, one per thread, at once: the same numbers as one after the other."""
     monkeypatch.setattr(parallel, "SMALL", 1)
     monkeypatch.setattr(parallel, "THIN", 1)
     fake = FakeBlas(2)
@@ -325,15 +310,134 @@ def test_linear_backward_on_two_cores_makes_dx_and_dW_at_once(monkeypatch, trans
     x, W, dout = rng_arrays(6, (40, 9), (9, 13), (40, 13))
     cache = ops.LinearCache(x, W)
     threads = []
+    both = threading.Barrier(2, timeout=10)                   # neither ends before both began
     real_matmul = parallel.matmul
-    monkeypatch.setattr(parallel, "matmul", lambda *a, **k: (
-        threads.append(threading.current_thread().name), real_matmul(*a, **k)))
+
+    def matmul(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        both.wait()
+        real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(parallel, "matmul", matmul)
     back = ops.linear_backward(dout, cache, transposed)
     assert len(set(threads)) == 2 and fake.log == [1, 2]
+    monkeypatch.setattr(parallel, "matmul", real_matmul)
     with parallel.one_piece():
         whole = ops.linear_backward(dout, cache, transposed)
     for a, b in zip(back, whole):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- work done later
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    fake = FakeBlas(2)
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
+    monkeypatch.setattr(parallel, "SMALL", 1)
+    return fake
+
+
+class Blocker:
+    """A task that says when it has begun, then waits to be let go."""
+
+    def __init__(self):
+        self.began, self.go, self.thread = threading.Event(), threading.Event(), None
+
+    def __call__(self):
+        self.thread = threading.current_thread().name
+        self.began.set()
+        assert self.go.wait(10)
+
+
+def test_a_task_given_later_runs_in_another_thread_while_the_caller_goes_on(two_cores):
+    task = Blocker()
+    with parallel.deferred():
+        assert parallel.later(task, 10 ** 9)
+        assert task.began.wait(10)          # begun while the caller is still in the scope
+        assert two_cores.log == [1]         # BLAS held to one thread meanwhile
+        task.go.set()
+    assert task.thread.startswith("tfm")
+    assert two_cores.log == [1, 2]
+
+
+def test_later_hands_nothing_over_outside_a_scope_on_one_core_or_for_small_work(two_cores,
+                                                                                monkeypatch):
+    ran = []
+    assert not parallel.later(lambda: ran.append(1), 10 ** 9)        # no scope
+    with parallel.deferred():
+        assert not parallel.later(lambda: ran.append(1), 0)          # less than SMALL
+        with parallel.one_piece():
+            assert not parallel.later(lambda: ran.append(1), 10 ** 9)
+    two_cores.threads = 1
+    with parallel.deferred():
+        assert not parallel.later(lambda: ran.append(1), 10 ** 9)    # BLAS on one thread
+    assert ran == [] and two_cores.log == []
+
+
+def test_the_outermost_scope_waits_for_its_tasks(two_cores):
+    task = Blocker()
+    with parallel.deferred():
+        with parallel.deferred():
+            parallel.later(task, 10 ** 9)
+        assert task.began.wait(10)
+        assert not task.go.is_set()         # the inner scope ended without waiting
+        task.go.set()
+    assert task.thread.startswith("tfm") and two_cores.log == [1, 2]
+
+
+def test_the_caller_runs_what_no_thread_has_begun(two_cores):
+    """tfm's one thread (two cores) busy: a part of a run, and a task left at the scope's end,
+    are run by the caller rather than waited for."""
+    busy, parts = Blocker(), []
+    with parallel.deferred():
+        parallel.later(busy, 10 ** 9)
+        assert busy.began.wait(10)
+        parallel.run(lambda s: parts.append((s.start, threading.current_thread().name)), 4,
+                     10 ** 9)
+        left = []
+        parallel.later(lambda: (left.append(threading.current_thread().name), busy.go.set()),
+                       10 ** 9)
+    caller = threading.current_thread().name
+    assert sorted(parts) == [(0, caller), (2, caller)]
+    assert left == [caller]
+
+
+def test_a_task_given_later_is_one_part(two_cores):
+    parts = []
+    with parallel.deferred():
+        parallel.later(lambda: parallel.run(lambda s: parts.append((s.start, s.stop)), 8,
+                                            10 ** 9), 10 ** 9)
+    assert parts == [(0, 8)]
+
+
+def test_an_error_in_a_task_given_later_is_raised_at_the_scope_end(two_cores):
+    x = np.array([1e308])
+    with pytest.raises(FloatingPointError), np.errstate(over="raise"), parallel.deferred():
+        parallel.later(lambda: x * 10.0, 10 ** 9)           # raises under the caller's errstate
+    with np.errstate(over="ignore"), parallel.deferred():
+        parallel.later(lambda: x * 10.0, 10 ** 9)
+    with pytest.raises(ZeroDivisionError), parallel.deferred():
+        parallel.later(lambda: 1 / 0, 10 ** 9)
+    assert two_cores.threads == 2
+
+
+def test_the_models_backward_hands_every_weight_gradient_over_once(two_cores, monkeypatch):
+    """A block has six weight matrices and the head one: seven tasks given later in one scope,
+    BLAS held to one thread from the first to the end of the backward."""
+    monkeypatch.setattr(parallel, "THIN", 1)
+    cfg = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11, seed=3)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    handed = []
+    real_later = parallel.later
+    monkeypatch.setattr(parallel, "later", lambda task, work: handed.append(
+        parallel._deferred.get()) or real_later(task, work))
+    two_cores.log.clear()
+    tfmcli.backward(params, fwd, cfg)
+    assert len(handed) == 7 and all(scope is handed[0] for scope in handed)
+    assert two_cores.log == [1, 2]
 
 
 def test_a_product_is_cut_only_into_parts_of_SMALL_multiply_adds(blas, monkeypatch):

@@ -319,19 +319,11 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     caches = fwd.caches
     grads: dict[str, np.ndarray] = {}
     dacts: dict[str, np.ndarray] = {}
-    dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
-    dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
-    dacts["logits"] = dlogits
-    # tied, W_U is the view W_E.T: its gradient comes as (V, d), W_E's shape, to join W_E's
-    dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"], transposed=cfg.tied_head)
-    if not cfg.tied_head:
-        grads["head.W_U"] = dW_U
-    if cfg.head_bias:
-        grads["head.b_U"] = db_U
-    if cfg.norm == "pre":
-        dx = _ln_backward(dx, "ln_f", caches, grads, dacts)
-    for i in reversed(range(cfg.layers)):
-        dx = _block_backward(dx, i, cfg, caches, grads, dacts)
+    # The weight gradients are made on another core while the chain of input gradients goes
+    # on (parallel.deferred); every one is made by the scope's end, before the embedding's
+    # rows are added to the tied head's.
+    with parallel.deferred():
+        dx, dW_U = _head_and_blocks_backward(caches, cfg, grads, dacts)
     dacts["embed"] = dx
     if cfg.pe != "none":
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
@@ -346,6 +338,24 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     ordered_grads = {name: grads[name] for name in params}
     ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)
     return Gradients(ordered_grads, ordered_dacts)
+
+
+def _head_and_blocks_backward(caches, cfg, grads, dacts):
+    """From the loss down to the embedding's output: its gradient, and the head's dW_U."""
+    dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
+    dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
+    dacts["logits"] = dlogits
+    # tied, W_U is the view W_E.T: its gradient comes as (V, d), W_E's shape, to join W_E's
+    dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"], transposed=cfg.tied_head)
+    if not cfg.tied_head:
+        grads["head.W_U"] = dW_U
+    if cfg.head_bias:
+        grads["head.b_U"] = db_U
+    if cfg.norm == "pre":
+        dx = _ln_backward(dx, "ln_f", caches, grads, dacts)
+    for i in reversed(range(cfg.layers)):
+        dx = _block_backward(dx, i, cfg, caches, grads, dacts)
+    return dx, dW_U
 
 
 def first_nonfinite(arrays: dict) -> str | None:

@@ -62,8 +62,9 @@ def linear_backward(dout, cache, transposed=False):
     """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
 
     ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
-    head's W is the view W_E.T, and its gradient joins W_E's). On two cores dx (with db) and dW
-    are made at once, one on each; else each product in parts (``parallel``).
+    head's W is the view W_E.T, and its gradient joins W_E's). On two cores dW is made on the
+    other core (``parallel.later``) while dx and db are made here: within the model's backward
+    (a ``parallel.deferred`` scope) dW is waited for at the backward's end, not here.
     """
     x, W = cache
     d_in, d_out = W.shape
@@ -72,11 +73,7 @@ def linear_backward(dout, cache, transposed=False):
     dx = np.empty((x2d.shape[0], d_in), dtype=dtype)
     dW = np.empty((d_out, d_in) if transposed else (d_in, d_out), dtype=dtype)
     db = np.empty(d_out, dtype=dout2d.dtype)
-
-    def input_gradient():   # and db: dW's product (x transposed) is the slower of the two
-        parallel.matmul(dout2d, W.T, dx)
-        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
-                     dout2d.size * parallel.PASS)
+    work = dout2d.size * d_in                                  # multiply-adds of each product
 
     def weight_gradient():
         if transposed:
@@ -84,11 +81,14 @@ def linear_backward(dout, cache, transposed=False):
         else:
             parallel.matmul(x2d.T, dout2d, dW)
 
-    if parallel.thin(x2d.shape, W.shape):   # BLAS's own threads run these faster
-        input_gradient()
-        weight_gradient()
-    else:
-        parallel.together([input_gradient, weight_gradient], dout2d.size * d_in)
+    with parallel.deferred():
+        if not parallel.thin(x2d.shape, W.shape) and parallel.later(weight_gradient, work):
+            parallel.matmul(dout2d, W.T, dx, busy=1)   # on two cores: dx whole, dW on the other
+        else:   # thin (BLAS's own threads run those faster), or one core: in turn
+            weight_gradient()
+            parallel.matmul(dout2d, W.T, dx)
+        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
+                     dout2d.size * parallel.PASS)
     return dx.reshape(x.shape), dW, db
 
 

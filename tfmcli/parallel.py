@@ -5,9 +5,11 @@ matrix product on every core, then keeps its helper threads spinning for about 0
 another product follows, so a second thread of element-wise work finds no free core. So the
 heavy operations of the fast path (``ops``: linear layers, attention, layer norm) cut their
 work into parts along an axis whose parts are independent (rows, heads, columns: never the axis
-of a sum; ``run``), or make independent products at once (a linear layer's dx and dW;
-``together``), one per core, in threads of tfm's own, each product on one BLAS thread. BLAS's
-helpers are not woken, and attention's softmax and layer norm get every core too.
+of a sum; ``run``), one per core, in threads of tfm's own, each product on one BLAS thread.
+BLAS's helpers are not woken, and attention's softmax and layer norm get every core too. Work
+off the critical path (a linear layer's dW, which nothing reads before the backward ends) is
+done ``later``, on another core, while the caller goes on: it fills the time the caller spends
+on one core, and a part of a ``run`` goes before it.
 
 Every number of a part is computed as it is in one piece, in the same order, with one
 exception: BLAS blocks a product by its shape, so a product cut in two can round differently
@@ -21,10 +23,12 @@ is not an OpenBLAS whose threads tfm can hold.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
 import os
+import threading
 
 import numpy as np
 
@@ -63,16 +67,9 @@ def blas_threads():
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _pool(pid: int):
-    """The threads the parts run in, made on first use. One per process: a child made by fork
-    has none of its parent's threads, so it makes its own (``pid``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="tfm")
-
-
 _one_piece = contextvars.ContextVar("tfm_one_piece", default=False)
+_whole = contextvars.ContextVar("tfm_whole", default=False)      # in a task run later
+_deferred = contextvars.ContextVar("tfm_deferred", default=None)  # the scope's tasks
 
 
 @contextlib.contextmanager
@@ -86,24 +83,22 @@ def one_piece():
         _one_piece.reset(token)
 
 
-def _part_with(errors, part, where):
-    with np.errstate(**errors):   # the caller's: an overflow is raised in a part as in one piece
-        part(where)
-
-
-def run(part, n: int, work: int, multiple: int = 1) -> None:
+def run(part, n: int, work: int, multiple: int = 1, busy: int = 0) -> None:
     """Call ``part(slice)`` on slices of ``range(n)`` that together cover it once.
 
     ``work``: about how many multiply-adds the whole is (an element-wise pass over an entry
     counts ``PASS``); a part must have ``SMALL`` of them for sharing to pay. ``multiple``: every
     cut between parts falls on a multiple of it (a matrix product's rows or columns: see
-    ``BLAS_TILE``). Shared, the slices run at once, one per BLAS thread the caller had, each in
+    ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task given ``later`` (one
+    part fewer each). Shared, the slices run at once, one per BLAS thread the caller had, each in
     its own thread (the first in the caller's), under the caller's ``np.errstate``, with BLAS
-    held to one thread until all are done. An error in a part is raised here.
+    held to one thread until all are done. A part no other thread has started when the
+    caller's own is done (the others are busy with work ``later``) is run by the caller. An
+    error in a part is raised here.
     """
     most = min(n // multiple, work // SMALL)   # parts each of at least SMALL, cut on multiples
     threads = _threads(most > 1)
-    count = min(threads, most)
+    count = min(threads - busy, most)
     if count <= 1:
         part(slice(0, n))
         return
@@ -111,46 +106,167 @@ def run(part, n: int, work: int, multiple: int = 1) -> None:
     _run_parts(part, [slice(a, b) for a, b in zip(cuts, cuts[1:])], threads)
 
 
-def together(tasks, work: int) -> None:
-    """Call every one of ``tasks`` (each about ``work`` multiply-adds) once: at once, one per
-    core, with BLAS held to one thread, when there are exactly as many BLAS threads as tasks;
-    else one after another, each free to cut its own work into parts (``run``). Two whole
-    products on two cores beat each product cut in two: a cut product packs its shared operand
-    once per part."""
-    threads = _threads(work >= SMALL)
-    if threads != len(tasks):
-        for task in tasks:
-            task()
+@contextlib.contextmanager
+def deferred():
+    """A scope for work that may be done ``later``: by its end every such task is done (the
+    ones no other thread has started, here), and an error in one is raised. Nested, the
+    outermost scope is the one that waits. The model's backward is one: the weight gradients
+    are made on the other core while the chain of input gradients goes on, and fill the time
+    it spends on one core (layer norm, the activation, sums)."""
+    if _deferred.get() is not None:
+        yield
         return
-    _run_parts(lambda i: tasks[i](), list(range(threads)), threads)
+    tasks = []
+    token = _deferred.set(tasks)
+    try:
+        yield
+    finally:
+        _deferred.reset(token)
+        for task in tasks:   # in the order given; the ones not started yet, here
+            if task.take():
+                task.run()
+        for task in tasks:
+            task.done.wait()
+        if tasks:
+            _let_go()
+    for task in tasks:
+        if task.error is not None:
+            raise task.error
+
+
+def later(task, work: int) -> bool:
+    """Hand ``task()`` (about ``work`` multiply-adds) to another of tfm's threads, to be done
+    while the caller goes on and before the ``deferred`` scope around ends; False (and the task
+    not run) outside such a scope or when sharing does not pay (``run``): then the caller runs
+    it. From the first task to the scope's end BLAS is held to one thread. A task runs whole:
+    it is itself a core's part (every ``run`` in it is one part). Nothing may read what it
+    writes before the scope ends."""
+    tasks = _deferred.get()
+    threads = _threads(work >= SMALL)
+    if tasks is None or threads < 2:
+        return False
+    if not tasks:
+        _hold(threads)
+    tasks.append(_Task(task, whole=True))
+    _queue(os.getpid()).put(tasks[-1], threads - 1, urgent=False)
+    return True
 
 
 def _threads(worth_sharing: bool) -> int:
     """The BLAS threads work may be shared over: 1 when it is not worth sharing, inside
-    ``one_piece``, or without an OpenBLAS whose threads tfm can hold."""
-    control = blas_threads() if worth_sharing and not _one_piece.get() else None
-    return control[0]() if control is not None else 1
+    ``one_piece`` or a task run ``later``, or without an OpenBLAS whose threads tfm can hold;
+    while tfm holds BLAS to one thread, the threads it had."""
+    if not worth_sharing or _one_piece.get() or _whole.get():
+        return 1
+    control = blas_threads()
+    if control is None:
+        return 1
+    return _held[1] if _held[0] else control[0]()
+
+
+_lock = threading.Lock()
+_held = [0, 1]   # how many hold BLAS to one thread, and the threads it is given back at the end
+
+
+def _hold(threads: int) -> None:
+    """BLAS to one thread, until every ``_hold`` has its ``_let_go``."""
+    with _lock:
+        if _held[0] == 0:
+            blas_threads()[1](1)
+            _held[1] = threads
+        _held[0] += 1
+
+
+def _let_go() -> None:
+    with _lock:
+        _held[0] -= 1
+        if _held[0] == 0:
+            blas_threads()[1](_held[1])
+
+
+class _Task:
+    """A call made once, by whichever thread takes it first, under its caller's np.errstate
+    (an overflow is raised in another thread as it is in one piece); its error kept."""
+
+    def __init__(self, call, whole: bool):
+        self.call, self.whole, self.errors = call, whole, np.geterr()
+        self.taken, self.error, self.done = False, None, threading.Event()
+
+    def take(self) -> bool:
+        with _lock:
+            free, self.taken = not self.taken, True
+        return free
+
+    def run(self) -> None:
+        token = _whole.set(self.whole)
+        try:
+            with np.errstate(**self.errors):
+                self.call()
+        except BaseException as error:  # noqa: BLE001 (raised by the thread that waits)
+            self.error = error
+        finally:
+            _whole.reset(token)
+            self.done.set()
+
+
+class _Queue:
+    """Tasks for tfm's threads: a part of a ``run`` before any task for ``later``. The threads
+    are made as they are first needed, one per BLAS thread but the caller's."""
+
+    def __init__(self):
+        self.urgent, self.later = collections.deque(), collections.deque()
+        self.ready = threading.Condition()
+        self.threads = 0
+
+    def put(self, task: _Task, threads: int, urgent: bool) -> None:
+        with self.ready:
+            (self.urgent if urgent else self.later).append(task)
+            while self.threads < threads:
+                threading.Thread(target=self._serve, name=f"tfm_{self.threads}",
+                                 daemon=True).start()
+                self.threads += 1
+            self.ready.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self.ready:
+                while not self.urgent and not self.later:
+                    self.ready.wait()
+                task = (self.urgent or self.later).popleft()
+            if task.take():
+                task.run()
+
+
+@functools.lru_cache(maxsize=1)
+def _queue(pid: int) -> _Queue:
+    """One per process: a child made by fork has none of its parent's threads, so it makes its
+    own (``pid``)."""
+    return _Queue()
 
 
 def _run_parts(part, pieces, threads: int):
-    """``part(piece)`` for every piece at once: the first here, the others in the pool, with
-    BLAS held to one thread until all are done, then given back its ``threads``. The parts'
-    errors are raised here."""
-    from concurrent.futures import wait
-
-    set_threads = blas_threads()[1]
-    errors = np.geterr()
-    set_threads(1)
+    """``part(piece)`` for every piece at once: the first here, the others in tfm's threads (or
+    here, if none has started one by the time the first is done), with BLAS held to one thread
+    until all are done. The parts' errors are raised here."""
+    _hold(threads)
     try:
-        futures = [_pool(os.getpid()).submit(_part_with, errors, part, p) for p in pieces[1:]]
+        tasks = [_Task(functools.partial(part, piece), whole=False) for piece in pieces[1:]]
+        queue = _queue(os.getpid())
+        for task in tasks:
+            queue.put(task, threads - 1, urgent=True)
         try:
             part(pieces[0])
         finally:
-            wait(futures)
+            for task in tasks:
+                if task.take():
+                    task.run()
+            for task in tasks:
+                task.done.wait()
     finally:
-        set_threads(threads)
-    for future in futures:
-        future.result()
+        _let_go()
+    for task in tasks:
+        if task.error is not None:
+            raise task.error
 
 
 def thin(*shapes) -> bool:
@@ -158,12 +274,12 @@ def thin(*shapes) -> bool:
     return min(min(shape) for shape in shapes) < THIN
 
 
-def matmul(a, b, out, add=None) -> None:
+def matmul(a, b, out, add=None, busy: int = 0) -> None:
     """``out = a @ b`` (+ ``add``, a row vector or a number, if given) for 2-D arrays, in parts
     of a's rows or of b's columns, whichever are more: each part packs the operand it shares
     whole, so that one should be the smaller (``run``). A thin product (a side under ``THIN``)
     stays whole, on BLAS's own threads, which ran those faster than parts did (GPT-2's shapes
-    on 32 tokens: 32 rows, or a weight gradient summed over 32 rows)."""
+    on 32 tokens: 32 rows, or a weight gradient summed over 32 rows). ``busy``: see ``run``."""
     m, k = a.shape
     n = b.shape[1]
     add = None if add is None else np.broadcast_to(add, (n,))
@@ -181,6 +297,6 @@ def matmul(a, b, out, add=None) -> None:
     if thin(a.shape, b.shape):
         rows(slice(0, m))
     elif m >= n:
-        run(rows, m, m * k * n, BLAS_TILE)
+        run(rows, m, m * k * n, BLAS_TILE, busy)
     else:
-        run(columns, n, m * k * n, BLAS_TILE)
+        run(columns, n, m * k * n, BLAS_TILE, busy)
