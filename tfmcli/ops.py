@@ -85,8 +85,8 @@ def linear_backward(dout, cache, transposed=False):
         if not parallel.thin(x2d.shape, W.shape) and parallel.later(weight_gradient, work):
             parallel.matmul(dout2d, W.T, dx, busy=1)   # on two cores: dx whole, dW on the other
         else:   # thin (BLAS's own threads run those faster), or one core: in turn
-            weight_gradient()
             parallel.matmul(dout2d, W.T, dx)
+            weight_gradient()
         parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
                      dout2d.size * parallel.PASS)
     return dx.reshape(x.shape), dW, db
