@@ -333,10 +333,14 @@ def test_linear_backward_on_two_cores_makes_dx_and_dW_at_once(monkeypatch, trans
 
 @pytest.fixture
 def two_cores(monkeypatch):
+    """BLAS with 2 threads, so tfm one thread of its own (a queue of its own: one made by
+    tests before with more threads would have more), and sharing from the smallest work."""
     fake = FakeBlas(2)
     monkeypatch.setattr(parallel, "blas_threads", lambda: (fake.get, fake.set))
     monkeypatch.setattr(parallel, "SMALL", 1)
-    return fake
+    parallel._queue.cache_clear()
+    yield fake
+    parallel._queue.cache_clear()
 
 
 class Blocker:
@@ -402,6 +406,19 @@ def test_the_caller_runs_what_no_thread_has_begun(two_cores):
     caller = threading.current_thread().name
     assert sorted(parts) == [(0, caller), (2, caller)]
     assert left == [caller]
+
+
+def test_after_an_error_what_no_thread_has_begun_is_dropped(two_cores):
+    """An error in the scope (or in the caller's own part of a run) is raised at once: the
+    tasks left are not run first."""
+    busy, ran = Blocker(), []
+    with pytest.raises(KeyError), parallel.deferred():
+        parallel.later(busy, 10 ** 9)
+        assert busy.began.wait(10)
+        parallel.later(lambda: ran.append("task"), 10 ** 9)
+        threading.Timer(0.5, busy.go.set).start()             # long after the drop
+        raise KeyError("in the scope")
+    assert ran == [] and two_cores.log == [1, 2]
 
 
 def test_a_task_given_later_is_one_part(two_cores):

@@ -118,20 +118,18 @@ def deferred():
         return
     tasks = []
     token = _deferred.set(tasks)
+    failed = True
     try:
         yield
+        failed = False
     finally:
         _deferred.reset(token)
-        for task in tasks:   # in the order given; the ones not started yet, here
-            if task.take():
-                task.run()
-        for task in tasks:
-            task.done.wait()
-        if tasks:
-            _let_go()
-    for task in tasks:
-        if task.error is not None:
-            raise task.error
+        try:
+            _finish(tasks, run_left=not failed)
+        finally:
+            if tasks:
+                _let_go()
+    _raise_first(tasks)
 
 
 def later(task, work: int) -> bool:
@@ -254,16 +252,31 @@ def _run_parts(part, pieces, threads: int):
         queue = _queue(os.getpid())
         for task in tasks:
             queue.put(task, threads - 1, urgent=True)
+        failed = True
         try:
             part(pieces[0])
+            failed = False
         finally:
-            for task in tasks:
-                if task.take():
-                    task.run()
-            for task in tasks:
-                task.done.wait()
+            _finish(tasks, run_left=not failed)
     finally:
         _let_go()
+    _raise_first(tasks)
+
+
+def _finish(tasks, run_left: bool) -> None:
+    """Every one of ``tasks`` done: those no thread has begun run here (after an error, they
+    are dropped), the others waited for."""
+    for task in tasks:
+        if task.take():
+            if run_left:
+                task.run()
+            else:
+                task.done.set()
+    for task in tasks:
+        task.done.wait()
+
+
+def _raise_first(tasks) -> None:
     for task in tasks:
         if task.error is not None:
             raise task.error
