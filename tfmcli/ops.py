@@ -84,7 +84,7 @@ def linear_backward(dout, cache, transposed=False):
     with parallel.deferred():
         if not parallel.thin(x2d.shape, W.shape) and parallel.later(weight_gradient, work):
             parallel.matmul(dout2d, W.T, dx, busy=1)   # on two cores: dx whole, dW on the other
-        else:   # thin (BLAS's own threads run those faster), or one core: in turn
+        else:   # thin (BLAS's own threads run those faster), small, or one core: in turn
             parallel.matmul(dout2d, W.T, dx)
             weight_gradient()
         parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
