@@ -408,6 +408,27 @@ def test_the_caller_runs_what_no_thread_has_begun(two_cores):
     assert left == [caller]
 
 
+def test_tfms_thread_takes_a_part_of_a_run_before_a_task_given_later(two_cores):
+    """The caller's run waits on its other part; a queued dW must not go first."""
+    busy, order = Blocker(), []
+    second_began = threading.Event()
+
+    def part(s):
+        if s.start == 0:          # the caller's: frees tfm's thread, then needs the other part
+            busy.go.set()
+            assert second_began.wait(5), "the part waited behind the task given later"
+        else:
+            order.append("part")
+            second_began.set()
+
+    with parallel.deferred():
+        parallel.later(busy, 10 ** 9)
+        assert busy.began.wait(10)
+        parallel.later(lambda: order.append("task"), 10 ** 9)     # queued first
+        parallel.run(part, 2, 10 ** 9)
+    assert order[0] == "part"
+
+
 def test_after_an_error_what_no_thread_has_begun_is_dropped(two_cores):
     """An error in the scope (or in the caller's own part of a run) is raised at once: the
     tasks left are not run first."""
