@@ -366,8 +366,7 @@ def test_a_task_given_later_runs_in_another_thread_while_the_caller_goes_on(two_
     assert two_cores.log == [1, 2]
 
 
-def test_later_hands_nothing_over_outside_a_scope_on_one_core_or_for_small_work(two_cores,
-                                                                                monkeypatch):
+def test_later_hands_nothing_over_outside_a_scope_on_one_core_or_for_small_work(two_cores):
     ran = []
     assert not parallel.later(lambda: ran.append(1), 10 ** 9)        # no scope
     with parallel.deferred():
@@ -440,6 +439,20 @@ def test_after_an_error_what_no_thread_has_begun_is_dropped(two_cores):
         threading.Timer(0.5, busy.go.set).start()             # long after the drop
         raise KeyError("in the scope")
     assert ran == [] and two_cores.log == [1, 2]
+
+    def part(s):
+        if s.start == 0:
+            raise KeyError("in the caller's part")
+        ran.append("part")
+
+    busy = Blocker()
+    with parallel.deferred():
+        parallel.later(busy, 10 ** 9)
+        assert busy.began.wait(10)
+        with pytest.raises(KeyError):
+            parallel.run(part, 2, 10 ** 9)                    # the other part: not begun
+        busy.go.set()
+    assert ran == []
 
 
 def test_a_task_given_later_is_one_part(two_cores):
