@@ -3,6 +3,7 @@ and the command line's start-up against the bare imports it cannot avoid.
 
     python benchmarks/bench.py            # the block of issue 11, both dtypes, start-up
     python benchmarks/bench.py --quick    # a smaller block, fewer repeats
+    python benchmarks/bench.py --where    # where a step's time goes, operation by operation
 
 Every engine figure is the median of several forward + backward runs. tfm and torch run on the
 same parameters and inputs, alternately in one process, with a pause between calls so that
@@ -196,10 +197,78 @@ def command_rows(repeats: int) -> list[list[str]]:
     return rows
 
 
+# The operations the model calls, each timed on the calling thread inside a step by --where.
+TIMED_OPS = ("embedding_forward", "layer_norm_forward_fast", "linear_forward",
+             "attention_forward_fast", "relu_forward", "gelu_forward", "cross_entropy_forward",
+             "cross_entropy_dprobs", "cross_entropy_backward", "linear_backward", "relu_backward",
+             "gelu_backward", "layer_norm_backward_fast", "attention_backward_fast",
+             "embedding_backward_fast")
+
+
+def timing(function, name: str, spent: dict):
+    """``function``, adding the seconds each call takes to ``spent[name]``."""
+    def call(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+    return call
+
+
+def where_rows(fields: dict, repeats: int) -> list[list[str]]:
+    """Per dtype: the forward, the backward and each operation, in ms per step (medians over
+    rounds), timed on the calling thread. A linear layer's backward counts dx: its dW is made
+    on tfm's other thread meanwhile, and what the backward waits for it is in "the rest"."""
+    from tfmcli import ops
+
+    rows = []
+    for dtype in ("float32", "float64"):
+        cfg = Config(**fields, dtype=dtype)
+        params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+        spent = dict.fromkeys(TIMED_OPS, 0.0)
+        real = {name: getattr(ops, name) for name in TIMED_OPS}
+        activations = dict(ops.ACTIVATIONS)
+
+        for name in TIMED_OPS:
+            setattr(ops, name, timing(real[name], name, spent))
+        ops.ACTIVATIONS.update({key: (getattr(ops, f"{key}_forward"),
+                                      getattr(ops, f"{key}_backward")) for key in activations})
+        samples = {key: [] for key in ("step", "forward", "backward", *TIMED_OPS, "rest")}
+        try:
+            for round_ in range(repeats + 1):    # the first round warms up
+                spent.update(dict.fromkeys(spent, 0.0))
+                time.sleep(PAUSE)
+                start = time.perf_counter()
+                fwd = tfmcli.forward(params, inputs, cfg)
+                middle = time.perf_counter()
+                tfmcli.backward(params, fwd, cfg)
+                end = time.perf_counter()
+                if round_:
+                    times = {"step": end - start, "forward": middle - start,
+                             "backward": end - middle, **spent,
+                             "rest": end - start - sum(spent.values())}
+                    for key, value in times.items():
+                        samples[key].append(value)
+        finally:
+            for name in TIMED_OPS:
+                setattr(ops, name, real[name])
+            ops.ACTIVATIONS.update(activations)
+        step = statistics.median(samples["step"])
+        for key, values in samples.items():
+            took = statistics.median(values)
+            if key in TIMED_OPS and took == 0.0:
+                continue
+            rows.append([key, dtype, f"{took * 1e3:.1f}", f"{took / step:.0%}"])
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller block, fewer repeats")
     parser.add_argument("--no-torch", action="store_true", help="leave the torch column out")
+    parser.add_argument("--where", action="store_true",
+                        help="where a step's time goes, operation by operation")
     args = parser.parse_args()
     fields = dict(batch=2, seq_len=512, d_model=512, heads=8, d_ff=2048, vocab=512,
                   causal=True, norm="pre", layers=1)
@@ -210,6 +279,17 @@ def main():
     console = Console(width=max(Console().width, 120))
     console.print(f"BLAS: {blas_kernel()}")
     console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
+    if args.where:
+        table = Table(title="where a step's time goes (forward + backward of the block)",
+                      caption="ms per step on the calling thread, medians over rounds; a "
+                              "linear backward counts dx (its dW is made on tfm's other thread "
+                              "meanwhile); the rest: sums, Python, waiting for the other thread")
+        for header in ("what", "dtype", "ms", "of the step"):
+            table.add_column(header, justify="left" if header == "what" else "right")
+        for row in where_rows(fields, repeats):
+            table.add_row(*row)
+        console.print(table)
+        return
     table = Table(title="tfm forward + backward (one block, head and loss), commands, start-up",
                   caption="ratio: tfm / torch (engine: the median over rounds of each round's "
                           "ratio) or tfm / the import floor (start-up); peak: NumPy's own "
