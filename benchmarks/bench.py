@@ -17,6 +17,7 @@ when torch is not installed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import statistics
@@ -25,7 +26,8 @@ import sys
 import time
 
 OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(name in os.environ for name in OVERRIDES):   # before NumPy loads its BLAS
+if __name__ == "__main__" and any(name in os.environ for name in OVERRIDES):
+    # before NumPy loads its BLAS; imported (by a test), the module leaves the process alone
     env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
@@ -197,6 +199,8 @@ def command_rows(repeats: int) -> list[list[str]]:
     return rows
 
 
+HALF = "half the batch, one core"   # a --where row: see one_core_half
+
 # The operations the model calls, each timed on the calling thread inside a step by --where.
 TIMED_OPS = ("embedding_forward", "layer_norm_forward_fast", "linear_forward",
              "attention_forward_fast", "relu_forward", "gelu_forward", "cross_entropy_forward",
@@ -216,16 +220,41 @@ def timing(function, name: str, spent: dict):
     return call
 
 
+def one_core_half(params, inputs, cfg):
+    """A step on the first half of the batch with tfm and BLAS on one core, or None when tfm
+    cannot hold NumPy's BLAS. Two cores scale perfectly when the whole step takes as long."""
+    from tfmcli import parallel
+
+    control = parallel.blas_threads()
+    if control is None or cfg.batch < 2:
+        return None
+    half = cfg.batch // 2
+    cfg_half = dataclasses.replace(cfg, batch=half, lengths=cfg.lengths and cfg.lengths[:half])
+    inputs_half = tfmcli.Inputs(*(array[:half] for array in inputs))
+    get, set_ = control
+
+    def step():
+        threads = get()
+        set_(1)   # BLAS on one thread: tfm cuts nothing either (parallel._threads)
+        try:
+            tfmcli.backward(params, tfmcli.forward(params, inputs_half, cfg_half), cfg_half)
+        finally:
+            set_(threads)
+    return step
+
+
 def where_rows(fields: dict, repeats: int) -> list[list[str]]:
     """Per dtype: the forward, the backward and each operation, in ms per step (medians over
     rounds), timed on the calling thread. A linear layer's backward counts dx: its dW is made
-    on tfm's other thread meanwhile, and what the backward waits for it is in "the rest"."""
+    on tfm's other thread meanwhile, and what the backward waits for it is in "the rest".
+    In the same rounds, half the batch on one core: how near the step is to perfect scaling."""
     from tfmcli import ops
 
     rows = []
     for dtype in ("float32", "float64"):
         cfg = Config(**fields, dtype=dtype)
         params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+        half = one_core_half(params, inputs, cfg)
         spent = dict.fromkeys(TIMED_OPS, 0.0)
         real = {name: getattr(ops, name) for name in TIMED_OPS}
         activations = dict(ops.ACTIVATIONS)
@@ -234,9 +263,12 @@ def where_rows(fields: dict, repeats: int) -> list[list[str]]:
             setattr(ops, name, timing(real[name], name, spent))
         ops.ACTIVATIONS.update({key: (getattr(ops, f"{key}_forward"),
                                       getattr(ops, f"{key}_backward")) for key in activations})
-        samples = {key: [] for key in ("step", "forward", "backward", *TIMED_OPS, "rest")}
+        samples = {key: [] for key in ("step", "forward", "backward", *TIMED_OPS, "rest",
+                                       HALF)}
         try:
             for round_ in range(repeats + 1):    # the first round warms up
+                if half is not None:
+                    samples[HALF].append(timed(half)[0])
                 spent.update(dict.fromkeys(spent, 0.0))
                 time.sleep(PAUSE)
                 start = time.perf_counter()
@@ -255,7 +287,10 @@ def where_rows(fields: dict, repeats: int) -> list[list[str]]:
                 setattr(ops, name, real[name])
             ops.ACTIVATIONS.update(activations)
         step = statistics.median(samples["step"])
+        samples[HALF] = samples[HALF][1:]   # after the warm-up round
         for key, values in samples.items():
+            if not values:
+                continue
             took = statistics.median(values)
             if key in TIMED_OPS and took == 0.0:
                 continue
@@ -283,7 +318,10 @@ def main():
         table = Table(title="where a step's time goes (forward + backward of the block)",
                       caption="ms per step on the calling thread, medians over rounds; a "
                               "linear backward counts dx (its dW is made on tfm's other thread "
-                              "meanwhile); the rest: sums, Python, waiting for the other thread")
+                              "meanwhile); the rest: sums, Python, waiting for the other "
+                              "thread; half the batch, one core: the step on B/2 sequences "
+                              "with tfm and BLAS on one thread (at 100% of the step, two cores "
+                              "would scale perfectly)")
         for header in ("what", "dtype", "ms", "of the step"):
             table.add_column(header, justify="left" if header == "what" else "right")
         for row in where_rows(fields, repeats):

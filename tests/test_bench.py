@@ -1,10 +1,15 @@
 """benchmarks/bench.py --where: the table of where a step's time goes names every operation
-the model calls, and no operation takes longer than the step it is part of. (Timings
-themselves are the benchmark's business, never a test's.)"""
+the model calls, and no operation takes longer than the step it is part of; its step on half
+the batch runs on one core. (Timings themselves are the benchmark's business, never a
+test's.)"""
 
+import importlib.util
 import os
 import subprocess
 import sys
+
+import tfmcli
+from tfmcli import parallel
 
 BENCH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench.py")
 
@@ -22,5 +27,51 @@ def test_where_times_every_operation_of_a_step_inside_it():
                            "attention_forward_fast", "relu_forward", "cross_entropy_forward",
                            "cross_entropy_dprobs", "cross_entropy_backward", "linear_backward",
                            "relu_backward", "layer_norm_backward_fast",
-                           "attention_backward_fast", "embedding_backward_fast", "rest"}
-        assert max(took for what, took in ms.items() if what != "step") <= ms["step"]
+                           "attention_backward_fast", "embedding_backward_fast", "rest",
+                           "half the batch, one core"}
+        assert max(took for what, took in ms.items()
+                   if what not in ("step", "half the batch, one core")) <= ms["step"]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_half_the_batch_is_a_step_on_one_thread_and_blas_given_back(monkeypatch):
+    bench = load_bench()
+    threads = [2]
+    log = []
+
+    def set_threads(n):
+        log.append(n)
+        threads[0] = n
+
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (lambda: threads[0], set_threads))
+    cfg = tfmcli.Config(batch=4, seq_len=6, d_model=8, heads=2, vocab=11, lengths=(6, 5, 4, 3))
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    seen = []
+    forward = tfmcli.forward
+
+    def watched(params, inputs, cfg):
+        seen.append((inputs.tokens.tolist(), cfg.batch, cfg.lengths, parallel._threads(True)))
+        return forward(params, inputs, cfg)
+
+    monkeypatch.setattr(tfmcli, "forward", watched)
+    bench.one_core_half(params, inputs, cfg)()
+    # the first two sequences, their lengths, and nothing shared: tfm's parts follow BLAS
+    assert seen == [(inputs.tokens[:2].tolist(), 2, (6, 5), 1)]
+    assert log == [1, 2]
+
+
+def test_no_half_of_one_sequence_or_without_a_blas_tfm_can_hold(monkeypatch):
+    bench = load_bench()
+    cfg = tfmcli.Config(batch=1, seq_len=4, d_model=8, heads=2, vocab=11)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    monkeypatch.setattr(parallel, "blas_threads", lambda: (lambda: 2, lambda n: None))
+    assert bench.one_core_half(params, inputs, cfg) is None
+    monkeypatch.setattr(parallel, "blas_threads", lambda: None)
+    cfg = tfmcli.Config(batch=2, seq_len=4, d_model=8, heads=2, vocab=11)
+    assert bench.one_core_half(params, inputs, cfg) is None
