@@ -431,6 +431,17 @@ def test_l2_norm_of_float32_adds_in_float64():
     assert l2_norm(np.zeros((0, 3), np.float32)) == 0.0
 
 
+def test_gradient_mean_of_float32_adds_in_float64():
+    """NumPy's own mean of these 2^21 float32 entries (summed in float32) is off in the
+    seventh digit, which `backward --json` writes; tfm's is the float64 sum's."""
+    from tfmcli.summary import mean
+    g = (np.random.default_rng(0).standard_normal(1 << 21) + 1.0).astype(np.float32)
+    exact = math.fsum(g.astype(np.float64)) / g.size
+    assert mean(g.reshape(1024, -1)) == pytest.approx(exact, rel=1e-12)
+    assert abs(float(g.mean()) - exact) > 1e-9 * abs(exact)   # float32's own mean is not it
+    assert mean(np.zeros((0, 3), np.float32)) == 0.0
+
+
 @pytest.mark.parametrize("values", [
     [3.0, -7.5, 2.0], [-1.0, 6.0], [-0.0], [-0.0, 0.0], [1.0, np.nan, -2.0], [2.0, -np.inf],
 ])

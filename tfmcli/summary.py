@@ -38,6 +38,13 @@ def max_abs(array) -> float:
     return abs(float(max(flat.max(), -flat.min()))) if flat.size else 0.0
 
 
+def mean(array) -> float:
+    """The mean, summed in float64 (a float32 sum of millions of entries is off in the fourth
+    digit); 0.0 for an empty array."""
+    flat = np.asarray(array).reshape(-1)
+    return float(flat.mean(dtype=np.float64)) if flat.size else 0.0
+
+
 def stats(array: np.ndarray) -> dict:
     """Shape; min / mean / std / max over the finite entries (None if there are none); and,
     when present, how many entries are -inf (``masked``: a hidden attention score), +inf

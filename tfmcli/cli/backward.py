@@ -4,7 +4,6 @@ import json
 from enum import Enum
 from typing import Annotated, Optional
 
-import numpy as np
 import typer
 from rich.text import Text
 
@@ -15,7 +14,7 @@ from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_
                                emit, execute, rows_limit, show_tensors)
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
-from tfmcli.summary import l2_norm, max_abs
+from tfmcli.summary import l2_norm, max_abs, mean
 
 Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln2", "ffn", "ln_f",
                                                "head", "all")}, type=str)
@@ -87,7 +86,7 @@ def backward(
 
 def grad_row(name, g, checks):
     row = {"name": name, "shape": list(g.shape), "l2": l2_norm(g),
-           "max_abs": max_abs(g), "mean": float(g.mean(dtype=np.float64))}
+           "max_abs": max_abs(g), "mean": mean(g)}
     if checks and name in checks:
         row.update(rel_err=checks[name].rel_err, passed=checks[name].passed)
     return row

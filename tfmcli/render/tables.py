@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
-from tfmcli.summary import l2_norm, max_abs, stats
+from tfmcli.summary import l2_norm, max_abs, mean, stats
 
 ELLIPSIS = "…"
 MISSING = "—"
@@ -352,8 +352,7 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
     def row(name, grad):
         g = np.asarray(grad)
         largest = max_abs(g)
-        mean = float(g.mean(dtype=np.float64)) if g.size else 0.0
-        cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean, largest, g.dtype)]
+        cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean(g), largest, g.dtype)]
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
 
     add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3})
