@@ -3,6 +3,7 @@ how many bugs they catch.
 
     python scripts/mutate.py              # 40 mutants drawn with seed 0 (about 10 minutes)
     python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
+    python scripts/mutate.py --sample 0 --target tfmcli/parallel.py   # every mutant of one file
 
 A mutant swaps one operator (+ and -, * and /, < and <=, > and >=), changes one number (n to
 n + 1, 0.5 to 0.25...) or drops one unary minus, inside a function of an engine module. It is
@@ -99,9 +100,11 @@ def main():
     parser.add_argument("--sample", type=int, default=40, help="mutants to draw (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
+    parser.add_argument("--target", action="append", choices=TARGETS,
+                        help="mutate only this engine file (repeatable; default: all of them)")
     args = parser.parse_args()
 
-    originals = {path: (ROOT / path).read_text() for path in TARGETS}
+    originals = {path: (ROOT / path).read_text() for path in args.target or TARGETS}
     mutants = [(path, i) for path, source in originals.items()
                for i in range(len(sites(ast.parse(source))))]
     if args.sample:
