@@ -506,11 +506,35 @@ def test_a_product_is_cut_only_into_parts_of_SMALL_multiply_adds(blas, monkeypat
 
 
 def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
-    """B H T T d_head multiply-adds a product: (1, 2, 512, 128) is 2^26, two parts' worth."""
+    """B H T T d_head multiply-adds a product: (1, 2, 512, 128) is 2^26, two parts' worth in
+    float32; (1, 2, 512, 64) is one, and two in float64 (``cost``)."""
     monkeypatch.setattr(parallel, "SMALL", 1 << 25)
     cut = count_cuts(monkeypatch)
     from tfmcli.model import _fast_mask
-    for T, dh in [(512, 128), (512, 64)]:
-        q, k, v = rng_arrays(8, *[(1, 2, T, dh)] * 3)
-        ops.attention_forward_fast(q, k, v, _fast_mask((T,), T, True, "float64", 128), 0.1)
-    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]]
+    for T, dh, dtype in [(512, 128, "float32"), (512, 64, "float32"), (512, 64, "float64")]:
+        q, k, v = rng_arrays(8, *[(1, 2, T, dh)] * 3, dtype=dtype)
+        ops.attention_forward_fast(q, k, v, _fast_mask((T,), T, True, dtype, 128), 0.1)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]] * 2
+
+
+def test_float64_counts_as_twice_the_work_of_float32(blas, monkeypatch):
+    """SMALL is a length of time, and a float64 number takes twice a float32's (products at
+    half the rate, passes over twice the bytes): layer norm at a size where float32's rows stay
+    whole is cut in float64, and gives the numbers it gives whole."""
+    assert parallel.cost(1000, np.float32) == 1000 and parallel.cost(1000, "float64") == 2000
+    x, dout = rng_arrays(2, (8, 16), (8, 16))
+    monkeypatch.setattr(parallel, "SMALL", x.size * 7 * parallel.PASS // 2 + 1)   # the backward
+    cut = count_cuts(monkeypatch)
+    gamma, beta = rng_arrays(3, (16,), (16,))
+    results = {}
+    for dtype in ("float32", "float64"):
+        args = [a.astype(dtype) for a in (x, gamma, beta)]
+        out, cache = ops.layer_norm_forward_fast(*args, 1e-5)
+        results[dtype] = out, ops.layer_norm_backward_fast(dout.astype(dtype), cache)[0]
+    parts = [(0, 2), (2, 5), (5, 8)]                          # one per thread: float64's
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [parts] * 2   # forward, backward
+    with parallel.one_piece():
+        out, cache = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
+        whole = out, ops.layer_norm_backward_fast(dout, cache)[0]
+    for a, b in zip(results["float64"], whole):
+        np.testing.assert_array_equal(a, b)

@@ -73,7 +73,7 @@ def linear_backward(dout, cache, transposed=False):
     dx = np.empty((x2d.shape[0], d_in), dtype=dtype)
     dW = np.empty((d_out, d_in) if transposed else (d_in, d_out), dtype=dtype)
     db = np.empty(d_out, dtype=dout2d.dtype)
-    work = dout2d.size * d_in                                  # multiply-adds of each product
+    work = parallel.cost(dout2d.size * d_in, dtype)            # each product's multiply-adds
 
     def weight_gradient():
         if transposed:
@@ -88,7 +88,7 @@ def linear_backward(dout, cache, transposed=False):
             parallel.matmul(dout2d, W.T, dx)
             weight_gradient()
         parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
-                     dout2d.size * parallel.PASS)
+                     parallel.cost(dout2d.size * parallel.PASS, db.dtype))
     return dx.reshape(x.shape), dW, db
 
 
@@ -321,7 +321,7 @@ def attention_forward_fast(q, k, v, mask, scale):
                 p /= p.sum(axis=-1, keepdims=True)
                 np.matmul(p, v[b, h, :end], out=context[b, h, r0:r1])
 
-    parallel.run(part, H, B * H * T * T * dh)
+    parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))
     return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks)
 
 
@@ -357,7 +357,7 @@ def attention_backward_fast(dcontext, cache):
                 np.matmul(dscores[b, h, seen_by, c0:c1].swapaxes(-1, -2),
                           q_scaled[b, h, seen_by], out=dk[b, h, c0:c1])
 
-    parallel.run(part, H, B * H * T * T * dh)
+    parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))
     return dq, dk, dv, dpattern, dscores
 
 
@@ -379,7 +379,8 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
         np.multiply(xc, gamma, out=out[r])
         out[r] += beta
 
-    parallel.run(part, x2d.shape[0], x2d.size * 6 * parallel.PASS)   # six passes
+    work = parallel.cost(x2d.size * 6 * parallel.PASS, x.dtype)   # six passes
+    parallel.run(part, x2d.shape[0], work)
     shape = x.shape[:-1]
     return out.reshape(x.shape), LayerNormCache(xhat.reshape(x.shape), rstd.reshape(*shape, 1),
                                                 gamma)
@@ -407,7 +408,8 @@ def layer_norm_backward_fast(dout, cache):
         np.subtract(dxhat, d, out=d)
         d *= rstd2d[r]
 
-    parallel.run(rows, dout2d.shape[0], dout2d.size * 7 * parallel.PASS)   # seven passes
+    work = parallel.cost(dout2d.size * 7 * parallel.PASS, dx.dtype)   # seven passes
+    parallel.run(rows, dout2d.shape[0], work)
     return dx.reshape(dout.shape), dgamma, dbeta
 
 

@@ -32,8 +32,9 @@ import threading
 
 import numpy as np
 
-SMALL = 1 << 25   # multiply-adds a part needs for sharing to pay: a hand-off costs 0.1-0.5 ms
-                  # (threads woken and the GIL passed), and 2^25 take about 0.8 ms on one core
+SMALL = 1 << 25   # multiply-adds (of float32: see cost) a part needs for sharing to pay: a hand-
+                  # off costs 0.1-0.5 ms (threads woken and the GIL passed), and 2^25 take about
+                  # 0.8 ms on one core
 PASS = 16         # an element-wise pass over one entry takes about as long as 16 multiply-adds
 THIN = 256        # a matrix product with a side shorter than this is not cut (see matmul)
 BLAS_TILE = 64    # a product's rows or columns are cut on multiples of this: no part ends in
@@ -83,11 +84,21 @@ def one_piece():
         _one_piece.reset(token)
 
 
+def cost(multiply_adds: int, dtype) -> int:
+    """Work as ``run`` and ``later`` count it: in multiply-adds of float32, so that ``SMALL`` is
+    one length of time in any dtype. A wider number takes as much longer: float64's products
+    run at half float32's rate on one core (52 against 102 GFLOP/s here) and its element-wise
+    passes move twice the bytes. Counted so, layer norm's float64 passes at the bench's size
+    are cut in two, and the step took 0.983 of its time (paired, 2 x 60 rounds)."""
+    return multiply_adds * np.dtype(dtype).itemsize // 4
+
+
 def run(part, n: int, work: int, multiple: int = 1, busy: int = 0) -> None:
     """Call ``part(slice)`` on slices of ``range(n)`` that together cover it once.
 
     ``work``: about how many multiply-adds the whole is (an element-wise pass over an entry
-    counts ``PASS``); a part must have ``SMALL`` of them for sharing to pay. ``multiple``: every
+    counts ``PASS``), in float32's (``cost``); a part must have ``SMALL`` of them for sharing
+    to pay. ``multiple``: every
     cut between parts falls on a multiple of it (a matrix product's rows or columns: see
     ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task given ``later`` (one
     part fewer each). Shared, the slices run at once, one per BLAS thread the caller had, each in
@@ -133,12 +144,12 @@ def deferred():
 
 
 def later(task, work: int) -> bool:
-    """Hand ``task()`` (about ``work`` multiply-adds) to another of tfm's threads, to be done
-    while the caller goes on and before the ``deferred`` scope around ends; False (and the task
-    not run) outside such a scope or when sharing does not pay (``run``): then the caller runs
-    it. From the first task to the scope's end BLAS is held to one thread. A task runs whole:
-    it is itself a core's part (every ``run`` in it is one part). Nothing may read what it
-    writes before the scope ends."""
+    """Hand ``task()`` (about ``work`` multiply-adds, counted as ``run`` counts them) to another
+    of tfm's threads, to be done while the caller goes on and before the ``deferred`` scope
+    around ends; False (and the task not run) outside such a scope or when sharing does not pay
+    (``run``): then the caller runs it. From the first task to the scope's end BLAS is held to
+    one thread. A task runs whole: it is itself a core's part (every ``run`` in it is one
+    part). Nothing may read what it writes before the scope ends."""
     tasks = _deferred.get()
     threads = _threads(work >= SMALL)
     if tasks is None or threads < 2:
@@ -310,6 +321,6 @@ def matmul(a, b, out, add=None, busy: int = 0) -> None:
     if thin(a.shape, b.shape):
         rows(slice(0, m))
     elif m >= n:
-        run(rows, m, m * k * n, BLAS_TILE, busy)
+        run(rows, m, cost(m * k * n, out.dtype), BLAS_TILE, busy)
     else:
-        run(columns, n, m * k * n, BLAS_TILE, busy)
+        run(columns, n, cost(m * k * n, out.dtype), BLAS_TILE, busy)
