@@ -11,7 +11,7 @@ neither inherits the other's spinning BLAS threads, both on the same number of t
 ratio is the median of the ratios of calls made side by side in one round. The
 script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for itself (they slow NumPy's BLAS on
 some machines) and prints the BLAS kernel in use (threadpoolctl). The torch column is skipped
-when torch is not installed.
+when torch is not installed. A last table says which of issue 11's targets the run met.
 """
 
 from __future__ import annotations
@@ -108,10 +108,11 @@ def torch_step(params, inputs, cfg):
     return step
 
 
-def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str]]:
+def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> tuple[list, dict]:
     """Per dtype: rounds of (NumPy's matmul, tfm's fast path, tfm's reference path, torch), one
-    timed call of each per round, so that all four see the same machine; medians over rounds."""
-    rows = []
+    timed call of each per round, so that all four see the same machine; medians over rounds.
+    Also the fast path's figures per dtype, as ``targets`` takes them."""
+    rows, figures = [], {}
     for dtype in ("float32", "float64"):
         cfg = Config(**fields, dtype=dtype)
         params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
@@ -139,6 +140,8 @@ def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str
             # speed drifts by 20% from minute to minute, and a pair shares its minute
             ratio = None if theirs is None else paired(samples[fast], samples["torch"])
             share = paired(samples["peak"], samples[fast]) * work / product_flop
+            if fast:
+                figures[dtype] = {"tfm / torch": ratio, "of peak": share}
             rows.append([f"B{cfg.batch} T{cfg.seq_len} d{cfg.d_model} H{cfg.heads} "
                          f"F{cfg.ff} V{cfg.vocab}" + ("" if fast else " (reference)"),
                          dtype, f"{ours * 1e3:.0f}",
@@ -146,7 +149,7 @@ def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> list[list[str
                          "—" if ratio is None else f"{ratio:.2f}",
                          f"{work / ours / 1e9:.1f}", f"{share:.0%} of {peak / 1e9:.0f}",
                          f"{faults:,.0f}"])
-    return rows
+    return rows, figures
 
 
 def paired(top: list, bottom: list) -> float:
@@ -169,9 +172,10 @@ def tfm(*args: str) -> list[str]:
     return [os.path.join(os.path.dirname(sys.executable), "tfm"), *args]
 
 
-def startup_rows(repeats: int) -> list[list[str]]:
+def startup_rows(repeats: int) -> tuple[list, dict]:
     """The import floor and two commands, alternately (this machine's start-up time drifts by
-    20% from minute to minute): medians over rounds, and the median of each round's ratio."""
+    20% from minute to minute): medians over rounds, and the median of each round's ratio (also
+    per command, as ``targets`` takes them)."""
     commands = {"import numpy, typer, rich": [sys.executable, "-c", "import numpy, typer, rich"],
                 "tfm mask --len 7": tfm("mask", "--len", "7"), "tfm --help": tfm("--help")}
     samples = {label: [] for label in commands}
@@ -179,9 +183,38 @@ def startup_rows(repeats: int) -> list[list[str]]:
         for label, args in commands.items():
             samples[label].append(command_time(args, 1))
     floor = samples["import numpy, typer, rich"]
-    return [[label, "", f"{statistics.median(times) * 1e3:.0f}", "",
-             f"{statistics.median(t / f for t, f in zip(times, floor)):.2f}", "", "", ""]
-            for label, times in samples.items()]
+    ratios = {label: statistics.median(t / f for t, f in zip(times, floor))
+              for label, times in samples.items()}
+    rows = [[label, "", f"{statistics.median(times) * 1e3:.0f}", "", f"{ratios[label]:.2f}",
+             "", "", ""] for label, times in samples.items()]
+    return rows, {label: ratio for label, ratio in ratios.items() if label.startswith("tfm")}
+
+
+# issue 11's targets: (the figure, at most or at least, the goal)
+GOALS = (("tfm / torch", "at most", 0.9), ("of peak", "at least", 0.75))
+STARTUP_GOAL = 1.3   # a command's start-up over the import floor, at most
+
+
+def targets(engine: dict, startup: dict) -> list[list[str]]:
+    """Rows of (target, dtype or command, measured, goal, met) for issue 11's targets: each
+    dtype's fast path against torch and against NumPy's peak, each command's start-up against
+    the import floor. A figure is judged as it prints (a share to 0.01%, a ratio to 0.001), so
+    that the row reads true; a figure not measured (no torch) is left out."""
+    rows = []
+    for dtype, figures in engine.items():
+        for name, way, goal in GOALS:
+            if figures[name] is None:
+                continue
+            value = round(figures[name], 4 if name == "of peak" else 3)
+            met = value <= goal if way == "at most" else value >= goal
+            shown = (f"{value:.2%}", f"{way} {goal:.0%}") if name == "of peak" else (
+                f"{value:.3f}", f"{way} {goal:.2f}")
+            rows.append([name, dtype, *shown, "yes" if met else "no"])
+    for command, ratio in startup.items():
+        value = round(ratio, 3)
+        rows.append(["start-up / import floor", command, f"{value:.3f}",
+                     f"at most {STARTUP_GOAL:.2f}", "yes" if value <= STARTUP_GOAL else "no"])
+    return rows
 
 
 GPT2_SMALL = ("-d", "768", "-H", "12", "-L", "12", "-V", "50257", "--pe", "learned",
@@ -338,12 +371,21 @@ def main():
                    "faults"):
         table.add_column(header, justify="left" if header == "what" else "right",
                          no_wrap=True)
-    rows = engine_rows(fields, repeats, not args.no_torch)
+    rows, engine = engine_rows(fields, repeats, not args.no_torch)
     if not args.quick:
         rows += command_rows(3)
-    for row in rows + startup_rows(21):
+    start_rows, startup = startup_rows(21)
+    for row in rows + start_rows:
         table.add_row(*row)
     console.print(table)
+    if args.quick:   # the targets are the full block's
+        return
+    goals = Table(title="issue 11's targets, in this run")
+    for header in ("target", "for", "measured", "goal", "met"):
+        goals.add_column(header, justify="right" if header in ("measured",) else "left")
+    for row in targets(engine, startup):
+        goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
+    console.print(goals)
 
 
 if __name__ == "__main__":
