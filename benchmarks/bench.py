@@ -382,7 +382,7 @@ def main():
         return
     goals = Table(title="issue 11's targets, in this run")
     for header in ("target", "for", "measured", "goal", "met"):
-        goals.add_column(header, justify="right" if header in ("measured",) else "left")
+        goals.add_column(header, justify="right" if header == "measured" else "left")
     for row in targets(engine, startup):
         goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
     console.print(goals)

@@ -39,8 +39,13 @@ def assert_paths_agree(cfg, params, inputs):
     floor = max(float(np.abs(g).max()) for g in g_slow.values())
     for name in g_slow:
         assert rel(g_fast[name], g_slow[name], floor) <= TOL, name
+    # the same for the activations' gradients: the softmax's backward subtracts each row's
+    # sum(dpattern * pattern) from dpattern, and when a row's weights are near equal the
+    # difference is far smaller than its terms (1e-5 of them at B 1, T 2), so the gradients of
+    # the scores, q and k carry the terms' rounding; each is measured against the largest
+    floor = max(float(np.abs(g).max()) for g in g_slow.acts.values() if g.size)
     for name in g_slow.acts:
-        assert rel(g_fast.acts[name], g_slow.acts[name]) <= TOL, name
+        assert rel(g_fast.acts[name], g_slow.acts[name], floor) <= TOL, name
 
 
 @settings(max_examples=40, deadline=None)
