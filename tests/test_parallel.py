@@ -538,3 +538,33 @@ def test_float64_counts_as_twice_the_work_of_float32(blas, monkeypatch):
         whole = out, ops.layer_norm_backward_fast(dout, cache)[0]
     for a, b in zip(results["float64"], whole):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_weight_gradient_is_handed_over_from_SMALL_multiply_adds_of_float32(two_cores,
+                                                                             monkeypatch):
+    """With tfm's own thresholds: a (256, 256) layer's dW is 2^24 multiply-adds, half a part's
+    worth in float32 (made here, after dx) and a whole one in float64 (``cost``: handed to
+    tfm's thread); the bench's (1024, 512) -> 512 is 2^28, handed over in either."""
+    monkeypatch.setattr(parallel, "SMALL", 1 << 25)
+    monkeypatch.setattr(parallel, "THIN", 256)
+    handed = []
+    real_later = parallel.later
+    monkeypatch.setattr(parallel, "later", lambda task, work: handed.append(
+        real_later(task, work)) or handed[-1])
+    for rows, d, dtype in [(256, 256, "float32"), (256, 256, "float64"), (1024, 512, "float32")]:
+        x, W, dout = rng_arrays(9, (rows, d), (d, d), (rows, d), dtype=dtype)
+        dx, dW, db = ops.linear_backward(dout, ops.LinearCache(x, W))
+        np.testing.assert_allclose(dW, x.T @ dout, rtol=1e-4)
+    assert handed == [False, True, True]
+
+
+def test_a_run_makes_one_thread_for_each_blas_thread_but_the_callers(blas):
+    """Three BLAS threads: the caller runs a part, and tfm makes two threads of its own (its
+    queue made afresh here), not more."""
+    parallel._queue.cache_clear()
+    try:
+        parts = record_parts(6, 10 ** 9, at_once=3)
+        assert len(parts) == 3
+        assert parallel._queue(os.getpid()).threads == 2
+    finally:
+        parallel._queue.cache_clear()
