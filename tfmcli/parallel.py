@@ -98,9 +98,8 @@ def run(part, n: int, work: int, multiple: int = 1, busy: int = 0) -> None:
 
     ``work``: about how many multiply-adds the whole is (an element-wise pass over an entry
     counts ``PASS``), in float32's (``cost``); a part must have ``SMALL`` of them for sharing
-    to pay. ``multiple``: every
-    cut between parts falls on a multiple of it (a matrix product's rows or columns: see
-    ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task given ``later`` (one
+    to pay. ``multiple``: every cut between parts falls on a multiple of it (a matrix
+    product's rows or columns: see ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task given ``later`` (one
     part fewer each). Shared, the slices run at once, one per BLAS thread the caller had, each in
     its own thread (the first in the caller's), under the caller's ``np.errstate``, with BLAS
     held to one thread until all are done. A part no other thread has started when the
