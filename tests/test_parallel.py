@@ -141,6 +141,21 @@ def test_one_piece_cuts_nothing_and_leaves_blas_alone(blas, monkeypatch):
     assert [(a, b) for a, b, _ in record_parts(9, 10 ** 9)] == [(0, 3), (3, 6), (6, 9)]
 
 
+def test_one_blas_thread_holds_blas_inside_and_gives_it_back(blas):
+    with parallel.one_blas_thread():
+        assert blas.threads == 1
+        with parallel.one_blas_thread():                     # nested: held once
+            assert blas.threads == 1
+        assert blas.threads == 1
+    assert blas.log == [1, 3] and blas.threads == 3
+    with pytest.raises(ZeroDivisionError), parallel.one_blas_thread():
+        1 / 0                                               # given back after an error too
+    assert blas.log == [1, 3, 1, 3]
+    with parallel.one_piece(), parallel.one_blas_thread():  # the reference path: left alone
+        assert blas.threads == 3
+    assert blas.log == [1, 3, 1, 3]
+
+
 def test_the_reference_path_is_plain_numpy(blas, monkeypatch):
     """forward(..., fast=False) and its backward: one piece, BLAS left as it is."""
     cut = count_cuts(monkeypatch)

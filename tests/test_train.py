@@ -1,6 +1,7 @@
 """Training: the hand-written Adam against torch's, the warm-up schedule, the toy tasks, and
 `tfm train` learning copy and reverse."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -93,6 +94,34 @@ def test_trained_reverse_attends_to_the_mirror_position(tmp_path):
     mirrored = [max(pattern[h, q, 2 * n - 1 - q] for h in range(pattern.shape[0]))
                 for q in range(n, 2 * n)]
     assert min(mirrored) > 0.5, mirrored
+
+
+def test_a_small_model_trains_on_one_blas_thread_to_the_same_numbers(monkeypatch):
+    """Every product of the default model is small, so its steps run on one BLAS thread (much
+    faster when another program has a core), and give the same bits as on BLAS's threads."""
+    import tfmcli.train as training
+    from tfmcli import parallel
+
+    cfg = tfmcli.Config(batch=32, seq_len=16, d_model=32, heads=2, vocab=11)   # the defaults'
+    assert training.small(cfg)
+    assert not training.small(cfg.replace(d_model=512, batch=8, seq_len=256))
+
+    def trained(**kwargs):
+        params = tfmcli.init_params(cfg)
+        training.train(params, cfg, "copy", np.random.default_rng(0), steps=5, n=8,
+                       symbols=10, warmup=100, **kwargs)
+        return params
+
+    control = parallel.blas_threads()
+    if control is None:
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS tfm can hold")
+    before, threads = control[0](), []
+    held = trained(on_step=lambda *_: threads.append(control[0]()))
+    assert threads == [1] * 5 and control[0]() == before          # held, then given back
+    monkeypatch.setattr(parallel, "one_blas_thread", contextlib.nullcontext)
+    loose = trained()
+    for name in held:
+        np.testing.assert_array_equal(held[name], loose[name])
 
 
 def test_saved_training_run_reloads_to_the_same_numbers(tmp_path):

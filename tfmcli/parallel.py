@@ -84,6 +84,25 @@ def one_piece():
         _one_piece.reset(token)
 
 
+@contextlib.contextmanager
+def one_blas_thread():
+    """NumPy's BLAS held to one thread inside (when tfm can hold it; not in ``one_piece``), for
+    a run of small products. OpenBLAS shares a product of half a million multiply-adds among
+    its threads: on an idle machine that saves microseconds, but when another program has a
+    core every product waits for it. ``tfm train``'s 600 steps (``train.small``), with one
+    core busy elsewhere: 13.6 ms a step on BLAS's threads, 4.5 held (the command 5.7-6.8 s
+    against 3.0-3.8); on an idle machine a step took 1.02 of its time held (paired, 6 rounds
+    of 150 steps). The numbers are the same bits."""
+    threads = _threads(True)
+    if threads > 1:
+        _hold(threads)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            _let_go()
+
+
 def cost(multiply_adds: int, dtype) -> int:
     """Work as ``run`` and ``later`` count it: in multiply-adds of float32, so that ``SMALL`` is
     one length of time in any dtype. A wider number takes as much longer: float64's products

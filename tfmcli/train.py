@@ -6,11 +6,13 @@ module adds is the loop, the held-out accuracy, and a record of the curve.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from tfmcli import parallel
 from tfmcli.config import Config
 from tfmcli.model import IGNORE, Inputs, backward, forward
 from tfmcli.optim import Adam, adam_step, warmup_lr
@@ -71,17 +73,27 @@ def train(
     """
     state = Adam.like(params)
     history = History()
-    for step in range(1, steps + 1):
-        inputs = make_batch(task, rng, cfg.batch, n, symbols)
-        fwd = forward(params, inputs, cfg)
-        grads = backward(params, fwd, cfg)
-        rate = lr if lr is not None else warmup_lr(step, cfg.d_model, warmup)
-        adam_step(params, grads, state, rate)
-        accuracy = token_accuracy(fwd.acts["logits"], inputs.targets)
-        history.steps.append(step)
-        history.lrs.append(rate)
-        history.losses.append(fwd.loss)
-        history.accuracies.append(accuracy)
-        if on_step is not None:
-            on_step(step, fwd.loss, accuracy)
+    # a small model's products each on one BLAS thread: see parallel.one_blas_thread
+    with parallel.one_blas_thread() if small(cfg) else contextlib.nullcontext():
+        for step in range(1, steps + 1):
+            inputs = make_batch(task, rng, cfg.batch, n, symbols)
+            fwd = forward(params, inputs, cfg)
+            grads = backward(params, fwd, cfg)
+            rate = lr if lr is not None else warmup_lr(step, cfg.d_model, warmup)
+            adam_step(params, grads, state, rate)
+            accuracy = token_accuracy(fwd.acts["logits"], inputs.targets)
+            history.steps.append(step)
+            history.lrs.append(rate)
+            history.losses.append(fwd.loss)
+            history.accuracies.append(accuracy)
+            if on_step is not None:
+                on_step(step, fwd.loss, accuracy)
     return history
+
+
+def small(cfg: Config) -> bool:
+    """Whether every matrix product of a step is under ``parallel.SMALL``: then the steps run
+    on one BLAS thread (``parallel.one_blas_thread``)."""
+    widest = max(cfg.d_model, cfg.ff, cfg.vocab)
+    work = cfg.batch * cfg.seq_len * cfg.d_model * widest     # the largest product's
+    return parallel.cost(work, cfg.dtype) < parallel.SMALL
