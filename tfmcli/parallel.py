@@ -116,14 +116,14 @@ def run(part, n: int, work: int, multiple: int = 1, busy: int = 0) -> None:
     """Call ``part(slice)`` on slices of ``range(n)`` that together cover it once.
 
     ``work``: about how many multiply-adds the whole is (an element-wise pass over an entry
-    counts ``PASS``), in float32's (``cost``); a part must have ``SMALL`` of them for sharing
-    to pay. ``multiple``: every cut between parts falls on a multiple of it (a matrix
-    product's rows or columns: see ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task given ``later`` (one
-    part fewer each). Shared, the slices run at once, one per BLAS thread the caller had, each in
-    its own thread (the first in the caller's), under the caller's ``np.errstate``, with BLAS
-    held to one thread until all are done. A part no other thread has started when the
-    caller's own is done (the others are busy with work ``later``) is run by the caller. An
-    error in a part is raised here.
+    counts ``PASS``), in float32's (``cost``); a part must have ``SMALL`` of them for sharing to
+    pay. ``multiple``: every cut between parts falls on a multiple of it (a matrix product's
+    rows or columns: see ``BLAS_TILE``). ``busy``: how many of the threads are taken by a task
+    given ``later`` (one part fewer each). Shared, the slices run at once, one per BLAS thread
+    the caller had, each in its own thread (the first in the caller's), under the caller's
+    ``np.errstate``, with BLAS held to one thread until all are done. A part no other thread has
+    started when the caller's own is done (the others are busy with work ``later``) is run by
+    the caller. An error in a part is raised here.
     """
     most = min(n // multiple, work // SMALL)   # parts each of at least SMALL, cut on multiples
     threads = _threads(most > 1)

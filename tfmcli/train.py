@@ -94,6 +94,6 @@ def train(
 def small(cfg: Config) -> bool:
     """Whether every matrix product of a step is under ``parallel.SMALL``: then the steps run
     on one BLAS thread (``parallel.one_blas_thread``)."""
-    widest = max(cfg.d_model, cfg.ff, cfg.vocab)
-    work = cfg.batch * cfg.seq_len * cfg.d_model * widest     # the largest product's
+    widest = max(cfg.d_model, cfg.ff, cfg.vocab, cfg.seq_len)   # seq_len: attention's, T x T
+    work = cfg.batch * cfg.seq_len * cfg.d_model * widest       # the largest product's
     return parallel.cost(work, cfg.dtype) < parallel.SMALL
