@@ -6,6 +6,7 @@ as it does for its own thread count)."""
 
 import os
 import signal
+import sys
 import threading
 
 import numpy as np
@@ -583,3 +584,70 @@ def test_a_run_makes_one_thread_for_each_blas_thread_but_the_callers(blas):
         assert parallel._queue(os.getpid()).threads == 2
     finally:
         parallel._queue.cache_clear()
+
+
+def test_unbuffered_shrinks_numpys_buffer_for_long_rows_only_and_gives_it_back():
+    default = np.getbufsize()
+    with parallel.unbuffered(parallel.LONG_ROW):
+        assert np.getbufsize() == parallel.UNBUFFERED
+    assert np.getbufsize() == default
+    with parallel.unbuffered(parallel.LONG_ROW - 1):          # a short row: left buffered
+        assert np.getbufsize() == default
+    with pytest.raises(ZeroDivisionError), parallel.unbuffered(parallel.LONG_ROW):
+        1 / 0
+    assert np.getbufsize() == default                          # given back after an error too
+
+    @parallel.unbuffered(parallel.LONG_ROW)                   # as a decorator, in a thread
+    def inside():
+        return np.getbufsize()
+
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(inside()))
+    thread.start()
+    thread.join()
+    assert seen == [parallel.UNBUFFERED] and inside() == parallel.UNBUFFERED
+    assert np.getbufsize() == default
+
+
+def test_a_buffered_broadcast_gives_the_same_bits_unbuffered():
+    """A row and a column broadcast over a block whose rows are apart: what unbuffered is for."""
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((2, 3, 64, 640))
+    block, bias = scores[:, 1:, 5:40, :600], rng.standard_normal(600)
+    buffered = (block - block.max(axis=-1, keepdims=True)) * bias
+    with parallel.unbuffered(600 * 8):
+        unbuffered = (block - block.max(axis=-1, keepdims=True)) * bias
+    np.testing.assert_array_equal(unbuffered, buffered)
+
+
+def test_the_fast_path_runs_unbuffered_where_rows_are_long_and_gives_the_same_bits(
+        blas, monkeypatch):
+    """Long rows (4 KiB in float64: 512 keys, a d_model of 512, thirds of a bias of 1536)
+    unbuffered in attention, layer norm and the bias adds of linear layers, cut in rows or in
+    columns; every number the same bits as with NumPy's buffer."""
+    cfg = tfmcli.Config(batch=1, seq_len=512, d_model=512, heads=4, d_ff=1536, vocab=64,
+                        causal=True, lengths=(500,), seed=2)
+    params = random_params(tfmcli.init_params(cfg), seed=2)
+    inputs = tfmcli.make_inputs(cfg)
+    real, long_rows = parallel.unbuffered, set()
+
+    def spy(row_bytes):
+        if row_bytes >= parallel.LONG_ROW:
+            long_rows.add(sys._getframe(1).f_code.co_name)     # who asked
+        return real(row_bytes)
+
+    monkeypatch.setattr(parallel, "unbuffered", spy)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    assert long_rows == {"attention_forward_fast", "attention_backward_fast",
+                         "layer_norm_forward_fast", "layer_norm_backward_fast", "rows", "columns"}
+    monkeypatch.setattr(parallel, "UNBUFFERED", np.getbufsize())   # NumPy's buffer again
+    fwd1 = tfmcli.forward(params, inputs, cfg)
+    grads1 = tfmcli.backward(params, fwd1, cfg)
+    assert fwd.loss == fwd1.loss
+    for name in fwd1.acts:
+        np.testing.assert_array_equal(fwd.acts[name], fwd1.acts[name], err_msg=name)
+    for name in grads1:
+        np.testing.assert_array_equal(grads[name], grads1[name], err_msg=name)
+    for name in grads1.acts:
+        np.testing.assert_array_equal(grads.acts[name], grads1.acts[name], err_msg=name)

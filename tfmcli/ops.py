@@ -300,13 +300,15 @@ def attention_forward_fast(q, k, v, mask, scale):
     hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
     and the pattern) instead of five, each written once. The heads go in parts on the
     machine's cores (``parallel``), and each part takes as many sequences at a time as keep a
-    block in cache over its passes (``_sequences``)."""
+    block in cache over its passes (``_sequences``), its passes over the blocks' rows without
+    NumPy's buffer (``parallel.unbuffered``)."""
     B, H, T, dh = q.shape
     scores = np.empty((B, H, T, T), dtype=q.dtype)
     pattern = np.empty((B, H, T, T), dtype=q.dtype)
     context = np.empty_like(q)                                # (B, H, T, d_head)
     q_scaled = q * scale
 
+    @parallel.unbuffered(T * q.itemsize)   # rows of the scores
     def part(h):                                              # h: a slice of the heads
         for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
             for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
@@ -331,13 +333,14 @@ def attention_backward_fast(dcontext, cache):
     into k and q. dv and dk go by blocks of keys, each from the queries that may see it, so
     each is written once rather than summed over query blocks. dpattern is computed whole: it
     is not 0 where the weight is. The heads go in parts on the machine's cores
-    (``parallel``), a few sequences at a time (``_sequences``)."""
+    (``parallel``), a few sequences at a time (``_sequences``), unbuffered as in the forward."""
     q, k, v, pattern, scale, blocks = cache
     B, H, T, dh = q.shape
     dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     k_scaled, q_scaled = k * scale, q * scale
 
+    @parallel.unbuffered(T * q.itemsize)   # rows of the scores
     def part(h):                                              # h: a slice of the heads
         for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
             np.matmul(dcontext[b, h], v[b, h].swapaxes(-1, -2), out=dpattern[b, h])
@@ -364,12 +367,14 @@ def attention_backward_fast(dcontext, cache):
 def layer_norm_forward_fast(x, gamma, beta, eps):
     """layer_norm_forward with fewer passes: the variance as a row dot product (no squares
     array), xhat made in place from x - mean, beta added in place; in parts of rows on the
-    machine's cores (``parallel``)."""
+    machine's cores (``parallel``), the broadcasts of a row's mean and of gamma and beta
+    without NumPy's buffer (``parallel.unbuffered``)."""
     C = x.shape[-1]
     x2d = x.reshape(-1, C)
     xhat, out = np.empty_like(x2d), np.empty_like(x2d)        # (rows, C)
     rstd = np.empty((x2d.shape[0], 1), dtype=x.dtype)
 
+    @parallel.unbuffered(C * x.itemsize)
     def part(r):
         xc = xhat[r]                                          # x - mean, made xhat below
         np.subtract(x2d[r], x2d[r].mean(axis=-1, keepdims=True), out=xc)
@@ -389,8 +394,9 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
 def layer_norm_backward_fast(dout, cache):
     """layer_norm_backward with the row mean of dxhat * xhat as a dot product and
     dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array; dx in
-    parts of rows on the machine's cores (``parallel``). dgamma and dbeta stay whole: two quick
-    passes, which took three times as long cut in parts as a hand-off costs."""
+    parts of rows on the machine's cores (``parallel``), unbuffered as in the forward. dgamma
+    and dbeta stay whole (and buffered: sums down the columns): two quick passes, which took
+    three times as long cut in parts as a hand-off costs."""
     xhat, rstd, gamma = cache
     C = xhat.shape[-1]
     xhat2d, dout2d, rstd2d = xhat.reshape(-1, C), dout.reshape(-1, C), rstd.reshape(-1, 1)
@@ -398,6 +404,7 @@ def layer_norm_backward_fast(dout, cache):
     dbeta = dout2d.sum(axis=0)
     dx = np.empty_like(dout2d)
 
+    @parallel.unbuffered(C * dout.itemsize)
     def rows(r):
         dxhat = dout2d[r] * gamma
         mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
