@@ -329,8 +329,8 @@ def unbuffered(row_bytes: int):
     cost more than the calls they save. Given a buffer shorter than a row, it runs its loop
     on each row where it is. In float64, a bias added to a column half of a (1024, 2048)
     product took 1.03 ms buffered and 0.38 unbuffered; at the bench's size layer norm took
-    1.19-1.26 times as long buffered, attention 1.05, the step 1.02 (both dtypes paired,
-    40 rounds). The same numbers, bit for bit. Rows under 3 KiB gain nothing or lose (a
+    1.19-1.26 times as long buffered, attention 1.05, the step 1.02 (paired, 40 rounds,
+    twice; float32's step 1.01, within the noise). The same numbers, bit for bit. Rows under 3 KiB gain nothing or lose (a
     (512, 128) bias add: 29 us buffered, 52 unbuffered): they stay buffered. Not for a sum
     down the columns (axis 0), which the buffer speeds up."""
     if row_bytes < LONG_ROW:
