@@ -317,6 +317,10 @@ def _raise_first(tasks) -> None:
 
 UNBUFFERED = 16     # entries: the smallest buffer NumPy's ufuncs take (see unbuffered)
 LONG_ROW = 4096     # bytes: rows shorter than this stay buffered (see unbuffered)
+# NumPy 2.3 rebuilt its buffered iteration: since then a row's sum is made the same way whatever
+# the buffer's size. Before, a small buffer cut the sum into short blocks and changed its rounding
+# (NumPy 1.26 and 2.2, measured), so there tfm leaves the buffer as it is.
+BUFFER_FREE_SUMS = np.lib.NumpyVersion(np.__version__) >= "2.3.0"
 
 
 @contextlib.contextmanager
@@ -330,13 +334,14 @@ def unbuffered(row_bytes: int):
     on each row where it is. In float64, a bias added to a column half of a (1024, 2048)
     product took 1.03 ms buffered and 0.38 unbuffered; at the bench's size layer norm took
     1.19-1.26 times as long buffered, attention 1.05, the step 1.02 (paired, 40 rounds,
-    twice; float32's step 1.01, within the noise). The same numbers, bit for bit. Rows under 3 KiB gain nothing or lose (a
-    (512, 128) bias add: 29 us buffered, 52 unbuffered): they stay buffered. Not for a sum
-    down the columns (axis 0), which the buffer speeds up."""
-    if row_bytes < LONG_ROW:
+    twice; float32's step 1.01, within the noise). The same numbers, bit for bit (from NumPy
+    2.3; before, the buffer is left alone: see BUFFER_FREE_SUMS). Rows under 3 KiB gain
+    nothing or lose (a (512, 128) bias add: 29 us buffered, 52 unbuffered): they stay
+    buffered. Not for a sum down the columns (axis 0), which the buffer speeds up."""
+    if row_bytes < LONG_ROW or not BUFFER_FREE_SUMS:
         yield
         return
-    size = np.setbufsize(UNBUFFERED)   # this thread's (and, in NumPy 2, this context's)
+    size = np.setbufsize(UNBUFFERED)   # this context's: each thread has its own
     try:
         yield
     finally:
