@@ -43,6 +43,12 @@ PASS = 16         # an element-wise pass over one entry takes about as long as 1
 THIN = 256        # a matrix product with a side shorter than this is not cut (see matmul)
 BLAS_TILE = 64    # a product's rows or columns are cut on multiples of this: no part ends in
                   # a narrow edge tile that BLAS runs slower
+UNBUFFERED = 16   # entries: the smallest buffer NumPy's ufuncs take (see unbuffered)
+LONG_ROW = 4096   # bytes: rows shorter than this stay buffered (see unbuffered)
+# NumPy 2.3 rebuilt its buffered iteration: since then a row's sum is made the same way whatever
+# the buffer's size. Before, a small buffer cut the sum into short blocks and changed its rounding
+# (NumPy 1.26 and 2.2, measured), so there tfm leaves the buffer as it is.
+BUFFER_FREE_SUMS = np.lib.NumpyVersion(np.__version__) >= "2.3.0"
 
 
 @functools.lru_cache(maxsize=1)
@@ -313,14 +319,6 @@ def _raise_first(tasks) -> None:
     for task in tasks:
         if task.error is not None:
             raise task.error
-
-
-UNBUFFERED = 16     # entries: the smallest buffer NumPy's ufuncs take (see unbuffered)
-LONG_ROW = 4096     # bytes: rows shorter than this stay buffered (see unbuffered)
-# NumPy 2.3 rebuilt its buffered iteration: since then a row's sum is made the same way whatever
-# the buffer's size. Before, a small buffer cut the sum into short blocks and changed its rounding
-# (NumPy 1.26 and 2.2, measured), so there tfm leaves the buffer as it is.
-BUFFER_FREE_SUMS = np.lib.NumpyVersion(np.__version__) >= "2.3.0"
 
 
 @contextlib.contextmanager
