@@ -299,6 +299,39 @@ def test_a_forked_child_makes_its_own_threads(blas):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+STEERABLE = hasattr(os, "sched_setaffinity") and parallel._core() is not None
+
+
+@pytest.mark.skipif(not STEERABLE or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores and a system that sets a thread's cores")
+def test_tfms_threads_are_kept_off_the_callers_core(blas):
+    """While its parts run, every thread of tfm's may run on any of the caller's cores but the
+    one the caller is on. (Tried three times: the caller may move between handing the parts
+    over and looking at its core, microseconds apart.)"""
+    queue = parallel._queue(os.getpid())
+    everywhere = os.sched_getaffinity(0)
+    try:
+        for _ in range(3):
+            seen, together = {}, threading.Barrier(3, timeout=10)
+
+            def part(s):
+                seen[threading.get_native_id()] = (parallel._core(), os.sched_getaffinity(0))
+                together.wait()                               # three parts in three threads
+
+            parallel.run(part, 3, 3)
+            caller, _ = seen.pop(threading.get_native_id())
+            if all(allowed == everywhere - {caller} for _, allowed in seen.values()):
+                break
+        assert len(seen) == 2
+        for core, allowed in seen.values():
+            assert allowed == everywhere - {caller}
+            assert core != caller
+    finally:
+        for native in queue.natives:                           # as the threads were made
+            os.sched_setaffinity(native, everywhere)
+        queue.steered = None
+
+
 def test_a_thin_product_stays_whole(blas, monkeypatch):
     """A product with a side under THIN (32 rows, or a gradient summed over 32 rows) runs on
     BLAS's own threads, which ran those faster than parts did."""
