@@ -280,8 +280,9 @@ class _Queue:
         caller's core; with layer norm's short parts cut too, 53 of 416, and cutting them made
         the step 1.083 times as long (steered: 0.997). Steered, none did. The step as tfm
         cuts it took 0.992-1.011 of its steered time unsteered (paired, 40-100 rounds, both
-        dtypes): no faster, but no part waits on where the system puts a thread. A system call only when the caller has moved;
-        nothing where the system cannot say which core runs a thread."""
+        dtypes): no faster, but no part waits on where the system puts a thread. A system
+        call only when the caller has moved; nothing where the system cannot say which core
+        runs a thread."""
         core = _core()
         if core is None or core == self.steered:
             return
