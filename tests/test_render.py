@@ -280,6 +280,76 @@ def test_block_mean_averages_visible_cells_only():
     assert shown.tolist() == [[True, False]]
 
 
+def test_block_mean_at_once_is_each_blocks_mean_ragged_edges_included():
+    """Every block's mean of its visible cells, as averaging one block at a time gives it (to
+    rounding: the sums are taken in another order), edge blocks smaller; a block with no
+    visible cell hidden; a visible infinity or NaN passed on, a hidden one left out."""
+    rng = np.random.default_rng(5)
+    matrix = rng.standard_normal((37, 23))
+    visible = rng.random((37, 23)) > 0.4
+    visible[:5, :4] = False                      # one whole block hidden
+    matrix[10, 10], matrix[0, 0] = np.inf, np.nan   # visible inf; NaN in the hidden block
+    means, shown = _block_mean(matrix, visible, 5, 4)
+    assert means.shape == shown.shape == (8, 6)
+    for i in range(8):
+        for j in range(6):
+            block = (slice(5 * i, 5 * i + 5), slice(4 * j, 4 * j + 4))
+            cells = matrix[block][visible[block]]
+            assert shown[i, j] == bool(cells.size)
+            if cells.size:
+                expected = cells.mean()
+                assert means[i, j] == expected or means[i, j] == pytest.approx(expected,
+                                                                               rel=1e-14)
+    assert not shown[0, 0] and means[2, 2] == np.inf
+
+
+def test_heatmap_positions_and_lines_are_those_cell_by_cell():
+    """The scale positions made for a whole map are scale_position's, entry by entry, on both
+    scales and at degenerate ends; a line made at once is the Text that appending its pieces
+    one by one makes (the same characters and spans)."""
+    from rich.text import Text
+
+    from tfmcli.render.colours import scale_position, scale_positions
+    from tfmcli.render.heatmap import _line
+    values = np.random.default_rng(6).standard_normal((6, 7)) * 3
+    values[0, :3] = [0.0, -0.0, 1e-300]
+    for vmin, vmax, diverging in ((-1.0, 2.0, False), (-2.5, 1.5, True), (0.5, 2.0, True),
+                                  (-3.0, -1.0, True), (1.0, 1.0, False), (-1.0, 4.0, False)):
+        made = scale_positions(values, vmin, vmax, diverging)
+        assert made == [[scale_position(v, vmin, vmax, diverging) for v in row]
+                        for row in values]
+    pieces = [("q12 ", "dim"), ("░░", "red on red"), (" · ", "dim"), ("  ", ""), ("▓▓", "blue")]
+    appended = Text()
+    for characters, style in pieces:
+        appended.append(characters, style=style)
+    at_once = _line(pieces)
+    assert at_once.plain == appended.plain and at_once.spans == appended.spans
+
+
+def test_attention_maps_scale_is_numpys_99th_percentile_without_numpy_ma():
+    """The maps' scale top is np.quantile(..., 0.99) to the bit, found without np.quantile's
+    np.unique, whose first call imports numpy.ma (12-24 ms of a command)."""
+    import subprocess
+    import sys
+
+    from tfmcli.render.maps import quantile
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 100, 101, 4097):
+        values = rng.random(n) ** 3
+        for q in (0.0, 0.25, 0.5, 0.99, 0.999, 1.0):
+            assert quantile(values, q) == float(np.quantile(values, q))
+    values[3] = np.nan
+    assert math.isnan(quantile(values, 0.99))
+    code = ("import sys, numpy as np\n"
+            "from tfmcli.render.maps import attention_maps\n"
+            "mask = np.tril(np.ones((64, 64), bool))\n"
+            "attention_maps({(0, 0): mask / mask.sum(1, keepdims=True)}, mask, 0, 80, 1)\n"
+            "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_heatmap_colour_uses_backgrounds_and_hidden_cells_have_none():
     coloured = render_colour(heatmap(causal_pattern(), mask=causal_mask(4)))
     plain = render(heatmap(causal_pattern(), mask=causal_mask(4)))
@@ -417,6 +487,31 @@ def test_stats_count_what_is_not_finite_and_summarise_the_rest(values, counts):
     out = stats(np.array(values).reshape(1, -1))
     assert {k: out[k] for k in ("masked", "inf", "nan") if k in out} == counts
     assert (out["min"], out["mean"], out["std"], out["max"]) == (1.0, 2.0, 1.0, 3.0)
+
+
+def test_stats_of_a_masked_array_over_many_chunks_are_the_finite_entries_exactly(monkeypatch):
+    """Masked scores (and +inf and NaN) spread over several chunks, a chunk wholly -inf among
+    them: the finite entries' min and max, their mean and std to the last digit or two of
+    the exact sums, and the counts of what is left out."""
+    import tfmcli.summary as summary
+    monkeypatch.setattr(summary, "CHUNK", 1000)
+    rng = np.random.default_rng(8)
+    values = rng.standard_normal(7500) * 3 + 1
+    values[rng.random(7500) < 0.45] = -np.inf
+    values[2000:3000] = -np.inf
+    values[[17, 4500]] = np.inf
+    values[6001] = np.nan
+    finite = values[np.isfinite(values)]
+    mean = math.fsum(finite) / finite.size
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in finite) / finite.size)
+    for dtype in (np.float64, np.float32):
+        out = summary.stats(values.astype(dtype).reshape(3, -1))
+        assert (out["min"], out["max"]) == (float(finite.astype(dtype).min()),
+                                            float(finite.astype(dtype).max()))
+        assert out["masked"] == int(np.isneginf(values).sum()) and (out["inf"], out["nan"]) == (2, 1)
+        if dtype is np.float64:
+            assert out["mean"] == pytest.approx(mean, rel=1e-15)
+            assert out["std"] == pytest.approx(std, rel=1e-14)
 
 
 def test_l2_norm_of_float32_adds_in_float64():

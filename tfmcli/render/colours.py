@@ -7,6 +7,8 @@ from the same position on the scale, so the legend can show them side by side.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from rich.color import Color
 from rich.style import Style
@@ -43,6 +45,22 @@ def scale_position(value: float, vmin: float, vmax: float, diverging: bool) -> f
     return float(np.clip((value - vmin) / (vmax - vmin), 0.0, 1.0))
 
 
+def scale_positions(values, vmin: float, vmax: float, diverging: bool) -> list:
+    """``scale_position`` of every entry of the 2-D ``values`` at once, as nested lists of
+    floats: the same numbers (the same operations, made on the array). An entry that is not
+    finite gets no meaningful position: a cell shows those apart."""
+    values = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if not diverging:
+            if vmax <= vmin:
+                return np.zeros(values.shape).tolist()
+            return np.clip((values - vmin) / (vmax - vmin), 0.0, 1.0).tolist()
+        below = np.minimum(-values / -vmin, 1.0) if vmin < 0 else 1.0
+        above = np.minimum(values / vmax, 1.0) if vmax > 0 else 1.0
+        return np.where(values == 0, 0.5, np.where(values < 0, 0.5 - 0.5 * below,
+                                                   0.5 + 0.5 * above)).tolist()
+
+
 def colour_at(position: float, diverging: bool) -> tuple[int, int, int]:
     """The RGB colour at ``position`` (0..1) of the sequential or diverging scale."""
     anchors = DIVERGING if diverging else SEQUENTIAL
@@ -55,15 +73,26 @@ def colour_at(position: float, diverging: bool) -> tuple[int, int, int]:
 
 def cell_style(position: float, diverging: bool) -> Style:
     """Background from the scale, black or white text, whichever reads better on it."""
-    r, g, b = colour_at(position, diverging)
+    return _on_background(colour_at(position, diverging))
+
+
+def block_style(position: float, diverging: bool) -> Style:
+    """Text and background in the same colour: a solid block that still carries its shade."""
+    return _solid(colour_at(position, diverging))
+
+
+# A map has thousands of cells and a few hundred colours: each colour's style is made once.
+@functools.lru_cache(maxsize=4096)
+def _on_background(rgb: tuple[int, int, int]) -> Style:
+    r, g, b = rgb
     luminance = 0.299 * r + 0.587 * g + 0.114 * b
     foreground = Color.from_rgb(0, 0, 0) if luminance > 140 else Color.from_rgb(255, 255, 255)
     return Style(color=foreground, bgcolor=Color.from_rgb(r, g, b))
 
 
-def block_style(position: float, diverging: bool) -> Style:
-    """Text and background in the same colour: a solid block that still carries its shade."""
-    colour = Color.from_rgb(*colour_at(position, diverging))
+@functools.lru_cache(maxsize=4096)
+def _solid(rgb: tuple[int, int, int]) -> Style:
+    colour = Color.from_rgb(*rgb)
     return Style(color=colour, bgcolor=colour)
 
 

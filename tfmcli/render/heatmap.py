@@ -13,9 +13,9 @@ import math
 import numpy as np
 from rich.console import Group, RenderableType
 from rich.constrain import Constrain
-from rich.text import Text
+from rich.text import Span, Text
 
-from tfmcli.render.colours import Legend, block_style, cell_style, scale_position, shade_at
+from tfmcli.render.colours import Legend, block_style, cell_style, scale_positions, shade_at
 from tfmcli.render.numbers import fmt_fixed
 
 HIDDEN = "·"
@@ -90,10 +90,12 @@ def heatmap(
         caption = (f"downsampled {rows}x{cols} -> {matrix.shape[0]}x{matrix.shape[1]}, "
                    f"block mean of up to {row_block}x{col_block} visible cells")
 
-    texts, value_width = _cell_texts(matrix, visible, col_labels, precision, diverging)
-    values_fit = caption is None and _values_fit(cols, label_width, value_width, width)
-    if not (values_fit if show_values is None else show_values):
-        texts = None  # cells are two-character shades
+    texts = None   # cells are two-character shades, unless their values are shown
+    if show_values or (show_values is None and caption is None):
+        texts, value_width = _cell_texts(matrix, visible, col_labels, precision, diverging)
+        values_fit = caption is None and _values_fit(cols, label_width, value_width, width)
+        if not (values_fit if show_values is None else show_values):
+            texts = None
     cell_width = SHADE_WIDTH if texts is None else value_width + 2  # a space either side
 
     grid_width = label_width + 1 + matrix.shape[1] * cell_width
@@ -104,14 +106,14 @@ def heatmap(
         lines.append(_tick_header(col_labels, label_width, grid_width))
     else:
         lines.append(_value_header(col_labels, label_width, value_width))
+    positions = scale_positions(matrix, vmin, vmax, diverging)
     for i, label in enumerate(row_labels):
-        line = Text()
-        line.append(label.rjust(label_width) + " ", style="dim")
-        for j in range(matrix.shape[1]):
-            text = None if texts is None else texts[i][j]
-            line.append(*_cell(matrix[i, j], visible[i, j], text, cell_width,
-                               vmin, vmax, diverging))
-        lines.append(line)
+        cells = [_cell(value, seen, None if texts is None else texts[i][j], cell_width,
+                       position, diverging)
+                 for j, (value, seen, position) in enumerate(zip(matrix[i].tolist(),
+                                                                 visible[i].tolist(),
+                                                                 positions[i]))]
+        lines.append(_line([(label.rjust(label_width) + " ", "dim"), *cells]))
     if caption:
         lines.append(Text(caption, style="dim italic"))
     if legend:
@@ -197,20 +199,18 @@ def _scale_ends(matrix, visible, vmin, vmax, diverging) -> tuple[float, float]:
 
 
 def _block_mean(matrix, visible, row_block: int, col_block: int):
-    """Average blocks of visible cells; a block is hidden only if all its cells are."""
+    """Average blocks of visible cells; a block is hidden only if all its cells are. (At once
+    over the blocks: one at a time, a 1024 x 1024 map's 54 x 54 blocks took 12 ms.)"""
     rows = math.ceil(matrix.shape[0] / row_block)
     cols = math.ceil(matrix.shape[1] / col_block)
-    means = np.zeros((rows, cols))
-    shown = np.zeros((rows, cols), dtype=bool)
-    for i in range(rows):
-        for j in range(cols):
-            block = (slice(i * row_block, (i + 1) * row_block),
-                     slice(j * col_block, (j + 1) * col_block))
-            cells = matrix[block][visible[block]]
-            if cells.size:
-                means[i, j] = cells.mean()
-                shown[i, j] = True
-    return means, shown
+    values = np.zeros((rows * row_block, cols * col_block))   # edge blocks padded, hidden
+    seen = np.zeros(values.shape, dtype=bool)
+    values[:matrix.shape[0], :matrix.shape[1]] = np.where(visible, matrix, 0.0)
+    seen[:matrix.shape[0], :matrix.shape[1]] = visible
+    sums = values.reshape(rows, row_block, cols, col_block).sum(axis=(1, 3))
+    counts = seen.reshape(rows, row_block, cols, col_block).sum(axis=(1, 3))
+    shown = counts > 0
+    return np.divide(sums, counts, out=np.zeros((rows, cols)), where=shown), shown
 
 
 def _value_header(col_labels, label_width: int, value_width: int) -> Text:
@@ -232,18 +232,29 @@ def _tick_header(col_labels, label_width: int, grid_width: int) -> Text:
     return Text("".join(header).rstrip(), style="dim")
 
 
-def _cell(value, visible, text, width, vmin, vmax, diverging) -> tuple[str, object]:
-    """Characters and style of one cell: ``text`` (a value) padded to ``width``, or a shade."""
+def _cell(value, visible, text, width, position, diverging) -> tuple[str, object]:
+    """Characters and style of one cell: ``text`` (a value) padded to ``width``, or a shade;
+    ``position``: the value's place on the scale (``scale_positions``)."""
     if not visible:
         return HIDDEN.center(width), HIDDEN_STYLE
     if text is not None:
         padded = " " + text.rjust(width - 2) + " "
-        if not np.isfinite(value):
+        if not math.isfinite(value):
             return padded, "dim"
-        return padded, cell_style(scale_position(value, vmin, vmax, diverging), diverging)
-    if np.isnan(value):
+        return padded, cell_style(position, diverging)
+    if math.isnan(value):
         return " ?", "dim"
-    if np.isinf(value):
+    if math.isinf(value):
         return ("+∞" if value > 0 else "-∞"), "dim"
-    position = scale_position(value, vmin, vmax, diverging)
     return shade_at(position, diverging), block_style(position, diverging)
+
+
+def _line(pieces) -> Text:
+    """A line of (characters, style) pieces, as ``Text.append`` would build it piece by piece,
+    made at once (appending took a third of a map's time)."""
+    spans, start = [], 0
+    for characters, style in pieces:
+        if style:
+            spans.append(Span(start, start + len(characters), style))
+        start += len(characters)
+    return Text("".join(characters for characters, _ in pieces), spans=spans)

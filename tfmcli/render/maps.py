@@ -37,6 +37,25 @@ def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool, height: int
     return pairs[:per_row * grid_rows]
 
 
+def quantile(values, q: float) -> float:
+    """``np.quantile(values, q)`` of a 1-D array (its linear method), the same number, found
+    the same way (two entries put in place by a partial sort, then interpolated), but without
+    the ``np.unique`` of ``np.quantile``, whose first call imports ``numpy.ma``: 12-24 ms of a
+    command that draws a map."""
+    n = values.size
+    virtual = (n - 1) * q
+    if virtual >= n - 1:
+        return float(np.max(values))
+    below = math.floor(virtual)
+    part = np.partition(values, [below, below + 1, n - 1])
+    if np.isnan(part[-1]):   # a NaN sorts last, and makes the quantile NaN
+        return float("nan")
+    low, high = part[below], part[below + 1]
+    gamma = virtual - below
+    step = high - low
+    return float(high - step * (1 - gamma) if gamma >= 0.5 else low + step * gamma)
+
+
 def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
                    row_labels=None, col_labels=None) -> list:
     """Heatmaps of attention patterns ((block, head) -> (T, T)) of one batch row: a heading,
@@ -52,7 +71,7 @@ def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
     row_labels = row_labels or [f"q{t}" for t in range(T)]
     col_labels = col_labels or [f"k{t}" for t in range(T)]
     values = list(patterns.values())
-    vmax = float(np.quantile(np.concatenate([p[mask] for p in values]), 0.99))
+    vmax = quantile(np.concatenate([p[mask] for p in values]), 0.99)
     digits = max(2, 1 - math.floor(math.log10(vmax / 4)))  # legend stops vmax/4 apart differ
     clipped = any(_beyond(p, mask, vmax) for p in values)
     maps = [heatmap(pattern, title=f"block {b} head {h}", row_labels=row_labels,
