@@ -1,5 +1,6 @@
 """tfm's speed, measured honestly: the engine against NumPy's own matmul rate and PyTorch eager,
-and the command line's start-up against the bare imports it cannot avoid.
+the command line's start-up against the bare imports it cannot avoid, and a large forward
+view's drawing against its forward pass.
 
     python benchmarks/bench.py            # the block of issue 11, both dtypes, start-up
     python benchmarks/bench.py --quick    # a smaller block, fewer repeats
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import resource
 import statistics
@@ -197,10 +199,11 @@ GOALS = (("tfm / torch", "at most", 0.9), ("of peak", "at least", 0.75))
 STARTUP_GOAL = 1.3   # a command's start-up over the import floor, at most
 
 
-def targets(engine: dict, startup: dict) -> list[list[str]]:
+def targets(engine: dict, startup: dict, drawing: dict | None = None) -> list[list[str]]:
     """Rows of (target, dtype or command, measured, goal, met) for issue 11's targets: each
     dtype's fast path against torch and against NumPy's peak, each command's start-up against
-    the import floor. A figure is judged as it prints (a share to 0.01%, a ratio to 0.001), so
+    the import floor, and a command's drawing against its forward pass (``drawing``: command ->
+    drawing / forward). A figure is judged as it prints (a share to 0.01%, a ratio to 0.001), so
     that the row reads true; a figure not measured (no torch) is left out."""
     rows = []
     for dtype, figures in engine.items():
@@ -216,6 +219,10 @@ def targets(engine: dict, startup: dict) -> list[list[str]]:
         value = round(ratio, 3)
         rows.append(["start-up / import floor", command, f"{value:.3f}",
                      f"at most {STARTUP_GOAL:.2f}", "yes" if value <= STARTUP_GOAL else "no"])
+    for command, ratio in (drawing or {}).items():
+        value = round(ratio, 3)
+        rows.append(["drawing / forward pass", command, f"{value:.3f}", "less than 1.00",
+                     "yes" if value < 1 else "no"])
     return rows
 
 
@@ -232,6 +239,60 @@ def command_rows(repeats: int) -> list[list[str]]:
         took = command_time(tfm(*args), repeats)
         rows.append([label, "float64", f"{took * 1e3:,.0f}", "", "", "", "", ""])
     return rows
+
+
+DRAWN = ("forward", "-B", "1", "-d", "768", "-H", "12", "-T", "1024")   # issue 11's third target
+
+# Run in a child: a tfm command as its console script runs it, with the forward pass (the
+# engine's forward, inside the command's execute) and the drawing (common.emit: statistics,
+# tables, maps, printed) timed apart; their seconds are its last line on stderr, as JSON.
+DRAWING_TIMER = """
+import json, sys, time
+import tfmcli
+from tfmcli.cli import common, main
+spent = {"forward": 0.0, "drawing": 0.0}
+def timed(function, name):
+    def call(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+    return call
+tfmcli.forward = timed(tfmcli.forward, "forward")
+common.emit = timed(common.emit, "drawing")   # before a command module imports it
+sys.argv = ["tfm", *sys.argv[1:]]
+try:
+    main()
+finally:
+    print(json.dumps(spent), file=sys.stderr)
+"""
+
+
+def drawing_times(args, width: int = 120, height: int = 50) -> dict:
+    """{"forward": s, "drawing": s} of one run of ``tfm args``, drawn as for a colour terminal
+    of ``width`` x ``height`` (the output itself discarded), without the BLAS overrides."""
+    env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
+    env.update(FORCE_COLOR="1", COLUMNS=str(width), LINES=str(height))
+    env.pop("NO_COLOR", None)
+    done = subprocess.run([sys.executable, "-c", DRAWING_TIMER, *args], env=env, check=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return json.loads(done.stderr.splitlines()[-1])
+
+
+def drawing_rows(repeats: int) -> tuple[list, dict]:
+    """``tfm forward`` at GPT-2 small's width on 1,024 tokens: its forward pass and its drawing
+    (statistics included), each run a fresh process as a learner's is; medians over runs, and
+    the median of each run's drawing / forward (also as ``targets`` takes it)."""
+    runs = [drawing_times(DRAWN) for _ in range(repeats)]
+    ratio = statistics.median(run["drawing"] / run["forward"] for run in runs)
+    label = "tfm " + " ".join(DRAWN)
+    rows = [[f"{label}: forward pass", "float64",
+             f"{statistics.median(run['forward'] for run in runs) * 1e3:,.0f}", "", "", "", "", ""],
+            [f"{label}: drawing", "float64",
+             f"{statistics.median(run['drawing'] for run in runs) * 1e3:,.0f}", "",
+             f"{ratio:.2f}", "", "", ""]]
+    return rows, {label: ratio}
 
 
 HALF = "half the batch, one core"   # a --where row: see one_core_half
@@ -365,7 +426,8 @@ def main():
         return
     table = Table(title="tfm forward + backward (one block, head and loss), commands, start-up",
                   caption="ratio: tfm / torch (engine: the median over rounds of each round's "
-                          "ratio) or tfm / the import floor (start-up); peak: NumPy's own "
+                          "ratio), tfm / the import floor (start-up) or drawing / the forward "
+                          "pass (the median over runs of each run's); peak: NumPy's own "
                           "2048^3 matmul rate in GFLOP/s, timed in the same rounds (of peak: "
                           "also per round); faults: minor page faults per tfm step; "
                           "(reference): forward(..., fast=False)")
@@ -374,8 +436,11 @@ def main():
         table.add_column(header, justify="left" if header == "what" else "right",
                          no_wrap=True)
     rows, engine = engine_rows(fields, repeats, not args.no_torch)
+    drawing = {}
     if not args.quick:
         rows += command_rows(3)
+        drawn, drawing = drawing_rows(5)
+        rows += drawn
     start_rows, startup = startup_rows(21)
     for row in rows + start_rows:
         table.add_row(*row)
@@ -385,7 +450,7 @@ def main():
     goals = Table(title="issue 11's targets, in this run")
     for header in ("target", "for", "measured", "goal", "met"):
         goals.add_column(header, justify="right" if header == "measured" else "left")
-    for row in targets(engine, startup):
+    for row in targets(engine, startup, drawing):
         goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
     console.print(goals)
 

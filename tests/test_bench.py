@@ -95,3 +95,23 @@ def test_targets_are_judged_as_they_print():
     edge = bench.targets({"float64": {"tfm / torch": 0.9006, "of peak": 0.74996}}, {})
     assert edge == [["tfm / torch", "float64", "0.901", "at most 0.90", "no"],
                     ["of peak", "float64", "75.00%", "at least 75%", "yes"]]
+    # drawing must take less time than the forward pass: 0.9996 prints 1.000, which is not less
+    drawn = bench.targets({}, {}, {"tfm forward": 0.9994, "tfm forward -T 9": 0.9996})
+    assert drawn == [["drawing / forward pass", "tfm forward", "0.999", "less than 1.00", "yes"],
+                     ["drawing / forward pass", "tfm forward -T 9", "1.000", "less than 1.00",
+                      "no"]]
+
+
+def test_drawing_is_timed_apart_from_the_forward_pass_in_a_fresh_command():
+    """The child runs the command as its console script does and reports the forward pass
+    (the engine's, inside the command) and the drawing (statistics, tables, maps) apart: both
+    are timed (a timer that missed either would report 0), and a command that fails fails
+    the measurement rather than timing nothing."""
+    import pytest
+
+    bench = load_bench()
+    times = bench.drawing_times(["forward", "-T", "64", "-d", "32", "-H", "2"], width=100)
+    assert set(times) == {"forward", "drawing"}
+    assert times["forward"] > 0 and times["drawing"] > 0
+    with pytest.raises(subprocess.CalledProcessError):
+        bench.drawing_times(["forward", "-T", "0"])
