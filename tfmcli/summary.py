@@ -10,17 +10,15 @@ import numpy as np
 CHUNK = 1 << 20   # entries per pass of the sum of squares: an 8 MiB float64 buffer, reused
 
 
-def sum_of_squares(flat, mean: float = 0.0, where=None) -> float:
-    """sum((x - mean)^2) over the 1-D ``flat`` (where ``where``), in float64, a chunk at a time,
-    so that a large tensor costs no copy of itself. (BLAS's dot of float32 adds in float32:
-    1e-4 off on 38 million entries, GPT-2's embedding gradient.)"""
+def sum_of_squares(flat, mean: float = 0.0) -> float:
+    """sum((x - mean)^2) over the 1-D ``flat``, in float64, a chunk at a time, so that a large
+    tensor costs no copy of itself. (BLAS's dot of float32 adds in float32: 1e-4 off on 38
+    million entries, GPT-2's embedding gradient.)"""
     buffer = np.empty(min(flat.size, CHUNK))
     total = 0.0
     for start in range(0, flat.size, CHUNK):
         part = buffer[:min(CHUNK, flat.size - start)]
         np.subtract(flat[start:start + CHUNK], mean, out=part, dtype=np.float64)
-        if where is not None:
-            np.copyto(part, 0.0, where=~where[start:start + CHUNK])
         total += float(np.dot(part, part))
     return total
 
