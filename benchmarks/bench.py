@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import resource
@@ -245,24 +246,17 @@ DRAWN = ("forward", "-B", "1", "-d", "768", "-H", "12", "-T", "1024")   # issue 
 
 # Run in a child: a tfm command as its console script runs it, with the forward pass (the
 # engine's forward, inside the command's execute) and the drawing (common.emit: statistics,
-# tables, maps, printed) timed apart; their seconds are its last line on stderr, as JSON. Its
-# timer is ``timing``'s, written out: importing this file would load rich's console (35 ms)
-# before the command does, and the drawing would not pay for it.
+# tables, maps, printed) timed apart by ``timing`` (its source, below: importing this file
+# would load rich's console, 35 ms, before the command does, and the drawing would not pay for
+# it); their seconds are the child's last line on stderr, as JSON.
 DRAWING_TIMER = """
 import json, sys, time
 import tfmcli
 from tfmcli.cli import common, main
-spent = {"forward": 0.0, "drawing": 0.0}
-def timed(function, name):
-    def call(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            spent[name] += time.perf_counter() - start
-    return call
-tfmcli.forward = timed(tfmcli.forward, "forward")
-common.emit = timed(common.emit, "drawing")   # before a command module imports it
+spent = {{"forward": 0.0, "drawing": 0.0}}
+{timing}
+tfmcli.forward = timing(tfmcli.forward, "forward", spent)
+common.emit = timing(common.emit, "drawing", spent)   # before a command module imports it
 sys.argv = ["tfm", *sys.argv[1:]]
 try:
     main()
@@ -277,7 +271,8 @@ def drawing_times(args, width: int = 120, height: int = 50) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
     env.update(FORCE_COLOR="1", COLUMNS=str(width), LINES=str(height))
     env.pop("NO_COLOR", None)
-    done = subprocess.run([sys.executable, "-c", DRAWING_TIMER, *args], env=env, check=True,
+    child = DRAWING_TIMER.format(timing=inspect.getsource(timing))
+    done = subprocess.run([sys.executable, "-c", child, *args], env=env, check=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return json.loads(done.stderr.splitlines()[-1])
 

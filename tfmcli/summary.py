@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 
@@ -52,25 +50,29 @@ def stats(array: np.ndarray) -> dict:
     array = np.asarray(array)
     out = {"shape": list(array.shape)}
     flat = array.reshape(-1)
-    n, counts = flat.size, {}
+    n, counts, chunks = flat.size, {}, _whole
     if n:
         low, high = flat.min(), flat.max()   # a NaN or an infinity shows in one of these
         if array.dtype.kind == "f" and not (np.isfinite(low) and np.isfinite(high)):
-            parts = functools.partial(_finite_chunks, flat)
-            n, total, finite_low, finite_high = _count_sum_extremes(parts())
+            chunks = _finite_chunks
+            n, total, finite_low, finite_high = _count_sum_extremes(chunks(flat))
             counts = _nonfinite_counts(flat, low, high, flat.size - n)
             low, high = finite_low, finite_high
         else:
-            parts = functools.partial(iter, (flat,))
             total = float(np.sum(flat, dtype=np.float64))
     if n:   # accumulated in float64
         mean = total / n
-        squares = sum(sum_of_squares(part, mean) for part in parts())
+        squares = sum(sum_of_squares(part, mean) for part in chunks(flat))
         out.update(min=float(low), mean=mean, std=float(np.sqrt(squares / n)), max=float(high))
     else:
         out.update(min=None, mean=None, std=None, max=None)
     out.update((key, count) for key, count in counts.items() if count)
     return out
+
+
+def _whole(flat):
+    """``flat`` as the one chunk of its entries (every one finite)."""
+    return (flat,)
 
 
 def _finite_chunks(flat):

@@ -108,11 +108,10 @@ def heatmap(
         lines.append(_value_header(col_labels, label_width, value_width))
     positions = scale_positions(matrix, vmin, vmax, diverging)
     for i, label in enumerate(row_labels):
-        cells = [_cell(value, seen, None if texts is None else texts[i][j], cell_width,
-                       position, diverging)
-                 for j, (value, seen, position) in enumerate(zip(matrix[i].tolist(),
-                                                                 visible[i].tolist(),
-                                                                 positions[i]))]
+        row_texts = [None] * matrix.shape[1] if texts is None else texts[i]
+        cells = [_cell(value, seen, text, cell_width, position, diverging)
+                 for value, seen, text, position in zip(matrix[i].tolist(), visible[i].tolist(),
+                                                        row_texts, positions[i])]
         lines.append(_line([(label.rjust(label_width) + " ", "dim"), *cells]))
     if caption:
         lines.append(Text(caption, style="dim italic"))
