@@ -35,6 +35,7 @@ if __name__ == "__main__" and any(name in os.environ for name in OVERRIDES):
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 import numpy as np  # noqa: E402
+from rich import box  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -43,6 +44,39 @@ from tfmcli.config import Config, flops  # noqa: E402
 from tfmcli.memory import keep_freed_memory  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
+WIDE = 120    # columns: a log file gets the whole table on one line, rules and all
+HEADERS = ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak", "faults")
+TORCH = HEADERS.index("torch ms")
+
+
+def without_torch_unless_measured(rows: list) -> tuple[list, list]:
+    """(HEADERS, rows), or both without the torch column when no row has a torch time (torch
+    not installed, or --no-torch)."""
+    if any(row[TORCH] not in ("", "—") for row in rows):
+        return list(HEADERS), rows
+    return ([h for i, h in enumerate(HEADERS) if i != TORCH],
+            [row[:TORCH] + row[TORCH + 1:] for row in rows])
+
+
+def make_console() -> Console:
+    """A terminal's own width (a table wider than the terminal would wrap into a mess), WIDE
+    columns for a file or a pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=WIDE)
+
+
+def make_table(console: Console, title: str, headers, caption: str | None = None,
+               text: tuple = ("what",)) -> Table:
+    """A table of figures: the ``text`` columns left-aligned, wrapped when the console is
+    narrow, the figures right-aligned and never wrapped. Under WIDE columns the table drops its
+    vertical rules, so that it fits 80."""
+    narrow = console.width < WIDE
+    table = Table(title=title, caption=caption, pad_edge=not narrow,
+                  box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
+    for header in headers:
+        words = header in text
+        table.add_column(header, justify="left" if words else "right", no_wrap=not words)
+    return table
 
 
 def blas_kernel() -> str:
@@ -405,34 +439,22 @@ def main():
         fields.update(seq_len=128, d_model=256, d_ff=1024)
     repeats = 3 if args.quick else 15
     kept = keep_freed_memory()   # as the commands that run the model do
-    console = Console(width=max(Console().width, 120))
+    console = make_console()
     console.print(f"BLAS: {blas_kernel()}")
     console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
     if args.where:
-        table = Table(title="where a step's time goes (forward + backward of the block)",
-                      caption="ms per step on the calling thread, medians over rounds; a "
-                              "linear backward counts dx (its dW is made on tfm's other thread "
-                              "meanwhile); the rest: sums, Python, waiting for the other "
-                              "thread; half the batch, one core: the step on B/2 sequences "
-                              "with tfm and BLAS on one thread (at 100% of the step, two cores "
-                              "would scale perfectly)")
-        for header in ("what", "dtype", "ms", "of the step"):
-            table.add_column(header, justify="left" if header == "what" else "right")
+        table = make_table(console, "where a step's time goes (forward + backward of the block)",
+                           ("what", "dtype", "ms", "of the step"),
+                           "ms per step on the calling thread, medians over rounds; a linear "
+                           "backward counts dx (its dW is made on tfm's other thread "
+                           "meanwhile); the rest: sums, Python, waiting for the other thread; "
+                           "half the batch, one core: the step on B/2 sequences with tfm and "
+                           "BLAS on one thread (at 100% of the step, two cores would scale "
+                           "perfectly)")
         for row in where_rows(fields, repeats):
             table.add_row(*row)
         console.print(table)
         return
-    table = Table(title="tfm forward + backward (one block, head and loss), commands, start-up",
-                  caption="ratio: tfm / torch (engine: the median over rounds of each round's "
-                          "ratio), tfm / the import floor (start-up) or drawing / the forward "
-                          "pass (the median over runs of each run's); peak: NumPy's own "
-                          "2048^3 matmul rate in GFLOP/s, timed in the same rounds (of peak: "
-                          "also per round); faults: minor page faults per tfm step; "
-                          "(reference): forward(..., fast=False)")
-    for header in ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak",
-                   "faults"):
-        table.add_column(header, justify="left" if header == "what" else "right",
-                         no_wrap=True)
     rows, engine = engine_rows(fields, repeats, not args.no_torch)
     drawing = {}
     if not args.quick:
@@ -442,14 +464,24 @@ def main():
     # 41 rounds: a process's start-up jitters by a third either way on this machine (a round's
     # ratio ran from 0.78 to 1.69 over 21 rounds), more than the drift that pairing cancels
     start_rows, startup = startup_rows(41)
-    for row in rows + start_rows:
+    headers, rows = without_torch_unless_measured(rows + start_rows)
+    table = make_table(console,
+                       "tfm forward + backward (one block, head and loss), commands, start-up",
+                       headers,
+                       "ratio: tfm / torch (engine: the median over rounds of each round's "
+                       "ratio), tfm / the import floor (start-up) or drawing / the forward pass "
+                       "(the median over runs of each run's); peak: NumPy's own 2048^3 matmul "
+                       "rate in GFLOP/s, timed in the same rounds (of peak: also per round); "
+                       "faults: minor page faults per tfm step; (reference): forward(..., "
+                       "fast=False)")
+    for row in rows:
         table.add_row(*row)
     console.print(table)
     if args.quick:   # the targets are the full block's
         return
-    goals = Table(title="issue 11's targets, in this run")
-    for header in ("target", "for", "measured", "goal", "met"):
-        goals.add_column(header, justify="right" if header == "measured" else "left")
+    goals = make_table(console, "issue 11's targets, in this run",
+                       ("target", "for", "measured", "goal", "met"),
+                       text=("target", "for", "goal", "met"))
     for row in targets(engine, startup, drawing):
         goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
     console.print(goals)
