@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from tfmcli import ops, parallel
+from tfmcli import model, ops, parallel
 from helpers import random_params
 from test_fast import TOL, rel
 
@@ -266,6 +266,7 @@ def test_a_model_in_parts_equals_the_model_in_one(blas, monkeypatch, norm, activ
                         head_bias=not tied, layers=2, seed=3)
     params = random_params(tfmcli.init_params(cfg), seed=3)
     inputs = tfmcli.make_inputs(cfg)
+    monkeypatch.setattr(model, "THREADED_ROWS", 1)   # a step this small runs in one piece
     cut = count_cuts(monkeypatch)
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
@@ -527,6 +528,7 @@ def test_the_models_backward_hands_every_weight_gradient_over_once(two_cores, mo
     """A block has six weight matrices and the head one: seven tasks given later in one scope,
     BLAS held to one thread from the first to the end of the backward."""
     monkeypatch.setattr(parallel, "THIN", 1)
+    monkeypatch.setattr(model, "THREADED_ROWS", 1)   # a step this small runs in one piece
     cfg = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11, seed=3)
     params = random_params(tfmcli.init_params(cfg), seed=3)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
@@ -691,3 +693,25 @@ def test_the_fast_path_runs_unbuffered_where_rows_are_long_and_gives_the_same_bi
         np.testing.assert_array_equal(grads[name], grads1[name], err_msg=name)
     for name in grads1.acts:
         np.testing.assert_array_equal(grads.acts[name], grads1.acts[name], err_msg=name)
+
+
+def test_a_small_step_runs_in_one_piece_and_a_large_one_in_parts(blas, monkeypatch):
+    """``model.threaded``: the fast path hands parts to tfm's threads only from 1,024 rows
+    (B T), or from 512 when the largest product comes to 2^29 multiply-adds of float32; a
+    smaller step's fast path runs in one piece, its products on BLAS's own threads. Its
+    numbers are the threaded path's to rounding (test_fast.py holds both to the reference)."""
+    threaded = tfmcli.model.threaded
+    cfg = tfmcli.Config(d_model=384, heads=8, vocab=512, d_ff=1536, dtype="float32")
+    assert not threaded(cfg, 2, 128) and not threaded(cfg.replace(dtype="float64"), 2, 128)
+    assert not threaded(cfg, 2, 256)                 # 512 rows, 302 million multiply-adds
+    assert threaded(cfg.replace(dtype="float64"), 2, 256)     # counted twice: 604 million
+    assert threaded(cfg.replace(d_model=256, d_ff=1024), 2, 512)   # 1,024 rows
+    assert threaded(cfg.replace(d_model=64, d_ff=64, vocab=64), 1, 1024)
+    cut = count_cuts(monkeypatch)
+    small = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11, seed=3)
+    params = tfmcli.init_params(small)
+    tfmcli.backward(params, tfmcli.forward(params, tfmcli.make_inputs(small), small), small)
+    assert cut == []
+    monkeypatch.setattr(model, "THREADED_ROWS", 1)
+    tfmcli.backward(params, tfmcli.forward(params, tfmcli.make_inputs(small), small), small)
+    assert len(cut) > 10   # attention, layer norm, products: each cut

@@ -272,14 +272,34 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
         (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding.
         The backward follows the forward's choice.
     """
-    with _engine(fast):
+    with _engine(fast, cfg, *inputs.tokens.shape):
         return _forward(params, inputs, cfg, fast)
 
 
-def _engine(fast: bool):
-    """The fast path cuts its heavy operations into parts on the machine's cores
-    (``tfmcli.parallel``); the reference path is plain NumPy (parallel.one_piece)."""
-    return contextlib.nullcontext() if fast else parallel.one_piece()
+def _engine(fast: bool, cfg: Config, B: int, T: int):
+    """The fast path of a step big enough (``threaded``) cuts its heavy operations into parts
+    on the machine's cores (``tfmcli.parallel``); the reference path, and the fast path of a
+    smaller step, run in one piece: plain NumPy, each product on BLAS's own threads."""
+    return contextlib.nullcontext() if fast and threaded(cfg, B, T) else parallel.one_piece()
+
+
+def threaded(cfg: Config, B: int, T: int) -> bool:
+    """Whether a step on B sequences of T tokens is big enough for tfm's threads to pay. A
+    hand-off to another thread costs 0.1-0.5 ms, where BLAS's own threads, spinning, answer at
+    once: on 256 rows (B T) parts lose, at any width, and on 512 rows unless the largest
+    product (or T x T) comes to 2^29 multiply-adds of float32 (``parallel.cost``). Measured
+    paired against one piece on two cores (16-20 rounds, B = 2, the fast path either way):
+    T 128 took 0.70-0.82 of its threaded time in one piece (d 256 and 512, both dtypes), T 256
+    d 384 0.78 in float32 (302 million) but 1.07 in float64 (604), T 256 d 512 1.04, and from
+    1,024 rows one piece took 1.04-1.21 (T 512 d 256-512, T 1024 d 256)."""
+    rows = B * T
+    widest = max(cfg.d_model, cfg.ff, cfg.vocab, T)   # T: attention's T x T
+    work = parallel.cost(rows * cfg.d_model * widest, cfg.dtype)
+    return rows >= THREADED_ROWS or (rows >= THREADED_ROWS // 2 and work >= THREADED_WORK)
+
+
+THREADED_ROWS = 1024   # B T from which a step's fast path always runs in parts (see threaded)
+THREADED_WORK = 1 << 29
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
@@ -311,7 +331,7 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
 
 def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation."""
-    with _engine(fwd.caches["fast"]):
+    with _engine(fwd.caches["fast"], cfg, *fwd.inputs.tokens.shape):
         return _backward(params, fwd, cfg)
 
 
