@@ -47,15 +47,20 @@ PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
 WIDE = 120    # columns: a log file gets the whole table on one line, rules and all
 HEADERS = ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak", "faults")
 TORCH = HEADERS.index("torch ms")
+COMMAND_HEADERS = ("what", "dtype", "ms", "ratio")   # whole commands and start-up
 
 
 def without_torch_unless_measured(rows: list) -> tuple[list, list]:
     """(HEADERS, rows), or both without the torch column when no row has a torch time (torch
     not installed, or --no-torch)."""
-    if any(row[TORCH] not in ("", "—") for row in rows):
+    if any(row[TORCH] != "—" for row in rows):
         return list(HEADERS), rows
     return ([h for i, h in enumerate(HEADERS) if i != TORCH],
             [row[:TORCH] + row[TORCH + 1:] for row in rows])
+
+
+def block_label(fields: dict) -> str:
+    return "B{batch} T{seq_len} d{d_model} H{heads} F{d_ff} V{vocab}".format(**fields)
 
 
 def make_console() -> Console:
@@ -70,8 +75,8 @@ def make_table(console: Console, title: str, headers, caption: str | None = None
     """A table of figures: the ``text`` columns left-aligned, wrapped when the console is
     narrow, the figures right-aligned and never wrapped. Under WIDE columns the table drops its
     vertical rules, so that it fits 80."""
-    narrow = console.width < WIDE
-    table = Table(title=title, caption=caption, pad_edge=not narrow,
+    narrow = console.width < WIDE   # no rules between columns, and one space fewer each side
+    table = Table(title=title, caption=caption, pad_edge=not narrow, collapse_padding=narrow,
                   box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
     for header in headers:
         words = header in text
@@ -179,9 +184,7 @@ def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> tuple[list, d
             share = paired(samples["peak"], samples[fast]) * work / product_flop
             if fast:
                 figures[dtype] = {"tfm / torch": ratio, "of peak": share}
-            rows.append([f"B{cfg.batch} T{cfg.seq_len} d{cfg.d_model} H{cfg.heads} "
-                         f"F{cfg.ff} V{cfg.vocab}" + ("" if fast else " (reference)"),
-                         dtype, f"{ours * 1e3:.0f}",
+            rows.append(["fast path" if fast else "reference", dtype, f"{ours * 1e3:.0f}",
                          "—" if theirs is None else f"{theirs * 1e3:.0f}",
                          "—" if ratio is None else f"{ratio:.2f}",
                          f"{work / ours / 1e9:.1f}", f"{share:.0%} of {peak / 1e9:.0f}",
@@ -223,8 +226,8 @@ def startup_rows(repeats: int) -> tuple[list, dict]:
     floor = samples[imports]
     ratios = {label: statistics.median(t / f for t, f in zip(times, floor))
               for label, times in samples.items()}
-    rows = [[label, "", f"{statistics.median(times) * 1e3:.0f}", "", f"{ratios[label]:.2f}",
-             "", "", ""] for label, times in samples.items()]
+    rows = [[label, "", f"{statistics.median(times) * 1e3:.0f}", f"{ratios[label]:.2f}"]
+            for label, times in samples.items()]
     del ratios[imports]   # the floor itself: 1.00
     return rows, ratios
 
@@ -272,7 +275,7 @@ def command_rows(repeats: int) -> list[list[str]]:
                         ("tfm backward, GPT-2 small's shape, 32 tokens",
                          ["backward", *GPT2_SMALL, "-B", "1", "-T", "32"])):
         took = command_time(tfm(*args), repeats)
-        rows.append([label, "float64", f"{took * 1e3:,.0f}", "", "", "", "", ""])
+        rows.append([label, "float64", f"{took * 1e3:,.0f}", ""])
     return rows
 
 
@@ -320,10 +323,9 @@ def drawing_rows(repeats: int) -> tuple[list, dict]:
     label = "tfm " + " ".join(DRAWN)
     short = "tfm forward (d 768, T 1024)"   # the table's first column stays narrow
     rows = [[f"{short}: forward pass", "float64",
-             f"{statistics.median(run['forward'] for run in runs) * 1e3:,.0f}", "", "", "", "", ""],
+             f"{statistics.median(run['forward'] for run in runs) * 1e3:,.0f}", ""],
             [f"{short}: drawing", "float64",
-             f"{statistics.median(run['drawing'] for run in runs) * 1e3:,.0f}", "",
-             f"{ratio:.2f}", "", "", ""]]
+             f"{statistics.median(run['drawing'] for run in runs) * 1e3:,.0f}", f"{ratio:.2f}"]]
     return rows, {label: ratio}
 
 
@@ -456,7 +458,17 @@ def main():
         console.print(table)
         return
     rows, engine = engine_rows(fields, repeats, not args.no_torch)
-    drawing = {}
+    headers, rows = without_torch_unless_measured(rows)
+    table = make_table(console, "tfm forward + backward of one block with its head and loss, "
+                       f"{block_label(fields)}", headers,
+                       "ratio: tfm / torch, the median over rounds of each round's ratio; peak: "
+                       "NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same rounds (of "
+                       "peak: also per round); faults: minor page faults per tfm step; "
+                       "reference: forward(..., fast=False)")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    rows, drawing = [], {}
     if not args.quick:
         rows += command_rows(3)
         drawn, drawing = drawing_rows(5)
@@ -464,17 +476,11 @@ def main():
     # 41 rounds: a process's start-up jitters by a third either way on this machine (a round's
     # ratio ran from 0.78 to 1.69 over 21 rounds), more than the drift that pairing cancels
     start_rows, startup = startup_rows(41)
-    headers, rows = without_torch_unless_measured(rows + start_rows)
-    table = make_table(console,
-                       "tfm forward + backward (one block, head and loss), commands, start-up",
-                       headers,
-                       "ratio: tfm / torch (engine: the median over rounds of each round's "
-                       "ratio), tfm / the import floor (start-up) or drawing / the forward pass "
-                       "(the median over runs of each run's); peak: NumPy's own 2048^3 matmul "
-                       "rate in GFLOP/s, timed in the same rounds (of peak: also per round); "
-                       "faults: minor page faults per tfm step; (reference): forward(..., "
-                       "fast=False)")
-    for row in rows:
+    table = make_table(console, "whole commands, and start-up", COMMAND_HEADERS,
+                       "ratio: drawing / the forward pass (the median over runs of each run's), "
+                       "the command / the import floor (the median over rounds of each "
+                       "round's)")
+    for row in rows + start_rows:
         table.add_row(*row)
     console.print(table)
     if args.quick:   # the targets are the full block's
