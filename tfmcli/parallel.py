@@ -22,8 +22,9 @@ in the last bit, as it already does when BLAS itself runs on another number of t
 
 The parts are one (the caller's thread, plain NumPy) when the work is small or a product thin,
 when BLAS is held to one thread already (by the user, with threadpoolctl or
-``OPENBLAS_NUM_THREADS=1``), inside ``one_piece()`` (the reference path), and when NumPy's BLAS
-is not an OpenBLAS whose threads tfm can hold.
+``OPENBLAS_NUM_THREADS=1``), inside ``one_piece()`` (the reference path, and the fast path of a
+step too small for parts to pay: ``model.threaded``), and when NumPy's BLAS is not an OpenBLAS
+whose threads tfm can hold.
 """
 
 from __future__ import annotations
