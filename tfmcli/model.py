@@ -283,23 +283,29 @@ def _engine(fast: bool, cfg: Config, B: int, T: int):
     return contextlib.nullcontext() if fast and threaded(cfg, B, T) else parallel.one_piece()
 
 
+THREADED_ROWS = 1024   # B T from which a step's fast path always runs in parts (see threaded)
+THREADED_WORK = 1 << 29
+
+
+def largest_product(cfg: Config, B: int, T: int) -> int:
+    """The multiply-adds of a step's largest matrix product on B sequences of T tokens (attention's
+    T x T included), counted in float32's (``parallel.cost``)."""
+    widest = max(cfg.d_model, cfg.ff, cfg.vocab, T)   # T: attention's scores, T x T
+    return parallel.cost(B * T * cfg.d_model * widest, cfg.dtype)
+
+
 def threaded(cfg: Config, B: int, T: int) -> bool:
     """Whether a step on B sequences of T tokens is big enough for tfm's threads to pay. A
     hand-off to another thread costs 0.1-0.5 ms, where BLAS's own threads, spinning, answer at
     once: on 256 rows (B T) parts lose, at any width, and on 512 rows unless the largest
-    product (or T x T) comes to 2^29 multiply-adds of float32 (``parallel.cost``). Measured
+    product (``largest_product``) comes to 2^29 multiply-adds of float32. Measured
     paired against one piece on two cores (16-20 rounds, B = 2, the fast path either way):
     T 128 took 0.70-0.82 of its threaded time in one piece (d 256 and 512, both dtypes), T 256
     d 384 0.78 in float32 (302 million) but 1.07 in float64 (604), T 256 d 512 1.04, and from
     1,024 rows one piece took 1.04-1.21 (T 512 d 256-512, T 1024 d 256)."""
     rows = B * T
-    widest = max(cfg.d_model, cfg.ff, cfg.vocab, T)   # T: attention's T x T
-    work = parallel.cost(rows * cfg.d_model * widest, cfg.dtype)
-    return rows >= THREADED_ROWS or (rows >= THREADED_ROWS // 2 and work >= THREADED_WORK)
-
-
-THREADED_ROWS = 1024   # B T from which a step's fast path always runs in parts (see threaded)
-THREADED_WORK = 1 << 29
+    return rows >= THREADED_ROWS or (rows >= THREADED_ROWS // 2
+                                     and largest_product(cfg, B, T) >= THREADED_WORK)
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tfmcli import parallel
 from tfmcli.config import Config
-from tfmcli.model import IGNORE, Inputs, backward, forward
+from tfmcli.model import IGNORE, Inputs, backward, forward, largest_product
 from tfmcli.optim import Adam, adam_step, warmup_lr
 from tfmcli.tasks import make_batch
 
@@ -94,6 +94,4 @@ def train(
 def small(cfg: Config) -> bool:
     """Whether every matrix product of a step is under ``parallel.SMALL``: then the steps run
     on one BLAS thread (``parallel.one_blas_thread``)."""
-    widest = max(cfg.d_model, cfg.ff, cfg.vocab, cfg.seq_len)   # seq_len: attention's, T x T
-    work = cfg.batch * cfg.seq_len * cfg.d_model * widest       # the largest product's
-    return parallel.cost(work, cfg.dtype) < parallel.SMALL
+    return largest_product(cfg, cfg.batch, cfg.seq_len) < parallel.SMALL
