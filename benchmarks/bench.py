@@ -3,16 +3,17 @@ the command line's start-up against the bare imports it cannot avoid, and a larg
 view's drawing against its forward pass.
 
     python benchmarks/bench.py            # the block of issue 11, both dtypes, start-up
-    python benchmarks/bench.py --quick    # a smaller block, fewer repeats
+    python benchmarks/bench.py --quick    # a smaller block, fewer repeats, one pass
     python benchmarks/bench.py --where    # where a step's time goes, operation by operation
 
-Every engine figure is the median of several forward + backward runs. tfm and torch run on the
-same parameters and inputs, alternately in one process, with a pause between calls so that
-neither inherits the other's spinning BLAS threads, both on the same number of threads; a
-ratio is the median of the ratios of calls made side by side in one round. The
-script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for itself (they slow NumPy's BLAS on
-some machines) and prints the BLAS kernel in use (threadpoolctl). The torch column is skipped
-when torch is not installed. A last table says which of issue 11's targets the run met.
+Every engine figure is the median of many forward + backward runs, timed in three passes
+minutes apart (the other measurements between them), since this machine's speed drifts from
+minute to minute. tfm and torch run on the same parameters and inputs, alternately in one
+process, with a pause between calls so that neither inherits the other's spinning BLAS
+threads, both on the same number of threads; a ratio is the median of the ratios of calls
+made side by side in one round. The script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for
+itself (they slow NumPy's BLAS on some machines) and prints the BLAS kernel in use
+(threadpoolctl). The torch columns are skipped when torch is not installed. A last table says which of issue 11's targets the run met.
 """
 
 from __future__ import annotations
@@ -44,19 +45,23 @@ from tfmcli.config import Config, flops  # noqa: E402
 from tfmcli.memory import keep_freed_memory  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
+PASSES, ROUNDS = 3, 11   # the block timed in 3 passes minutes apart, 11 rounds each
+WHERE_ROUNDS = 15        # --where: one pass
 WIDE = 120    # columns: a log file gets the whole table on one line, rules and all
 HEADERS = ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak", "faults")
-TORCH = HEADERS.index("torch ms")
+PASS_HEADERS = ("pass", "dtype", "tfm ms", "torch ms", "tfm / torch", "of peak")
+TORCH_COLUMNS = ("torch ms", "ratio", "tfm / torch")   # left out when torch was not timed
 COMMAND_HEADERS = ("what", "dtype", "ms", "ratio")   # whole commands and start-up
 
 
-def without_torch_unless_measured(rows: list) -> tuple[list, list]:
-    """(HEADERS, rows), or both without the torch column when no row has a torch time (torch
-    not installed, or --no-torch)."""
-    if any(row[TORCH] != "—" for row in rows):
-        return list(HEADERS), rows
-    return ([h for i, h in enumerate(HEADERS) if i != TORCH],
-            [row[:TORCH] + row[TORCH + 1:] for row in rows])
+def without_torch_unless_measured(headers, rows: list) -> tuple[list, list]:
+    """(headers, rows), or both without the columns of torch's time and of tfm / torch when no
+    row has a torch time (torch not installed, or --no-torch)."""
+    torch = headers.index("torch ms")
+    if any(row[torch] != "—" for row in rows):
+        return list(headers), rows
+    kept = [i for i, header in enumerate(headers) if header not in TORCH_COLUMNS]
+    return [headers[i] for i in kept], [[row[i] for i in kept] for row in rows]
 
 
 def block_label(fields: dict) -> str:
@@ -150,46 +155,95 @@ def torch_step(params, inputs, cfg):
     return step
 
 
-def engine_rows(fields: dict, repeats: int, torch_wanted: bool) -> tuple[list, dict]:
-    """Per dtype: rounds of (NumPy's matmul, tfm's fast path, tfm's reference path, torch), one
-    timed call of each per round, so that all four see the same machine; medians over rounds.
-    Also the fast path's figures per dtype, as ``targets`` takes them."""
-    rows, figures = [], {}
-    for dtype in ("float32", "float64"):
-        cfg = Config(**fields, dtype=dtype)
-        params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
-        product, product_flop = matmul(cfg.np_dtype)
-        runs = {"peak": product}
-        for fast in (True, False):   # the fast path (the default), then the reference formulas
-            runs[fast] = (lambda fast=fast: tfmcli.backward(
-                params, tfmcli.forward(params, inputs, cfg, fast=fast), cfg))
-        step = torch_step(params, inputs, cfg) if torch_wanted else None
-        if step is not None:
-            runs["torch"] = step
-        for run in runs.values():    # warm-up: BLAS threads start, first-touch page faults
-            run()
-        samples = {key: [] for key in runs}
-        for _ in range(repeats):
-            for key, run in runs.items():
-                samples[key].append(timed(run))
-        took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
-        peak = product_flop / took["peak"]
-        work = sum(flops(cfg))
-        for fast in (True, False):
-            ours, theirs = took[fast], took.get("torch")
-            faults = statistics.median(f for _, f in samples[fast])
-            # ratios per round, of calls made a second apart, then their median: this machine's
-            # speed drifts by 20% from minute to minute, and a pair shares its minute
-            ratio = None if theirs is None else paired(samples[fast], samples["torch"])
-            share = paired(samples["peak"], samples[fast]) * work / product_flop
-            if fast:
-                figures[dtype] = {"tfm / torch": ratio, "of peak": share}
-            rows.append(["fast path" if fast else "reference", dtype, f"{ours * 1e3:.0f}",
-                         "—" if theirs is None else f"{theirs * 1e3:.0f}",
-                         "—" if ratio is None else f"{ratio:.2f}",
-                         f"{work / ours / 1e9:.1f}", f"{share:.0%} of {peak / 1e9:.0f}",
-                         f"{faults:,.0f}"])
-    return rows, figures
+DTYPES = ("float32", "float64")
+
+
+class Block:
+    """The block's timed calls per dtype: NumPy's own product (the peak), tfm's fast path, tfm's
+    reference formulas, and torch when it is wanted and installed. ``time_pass`` times rounds
+    of them, one call of each per round, so that all four see the same machine; a bench times
+    several passes minutes apart, and every figure is a median over the rounds of them all."""
+
+    def __init__(self, fields: dict, torch_wanted: bool):
+        self.fields = fields
+        self.runs, self.product_flop, self.work = {}, {}, {}
+        for dtype in DTYPES:
+            cfg = Config(**fields, dtype=dtype)
+            params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+            product, self.product_flop[dtype] = matmul(cfg.np_dtype)
+            runs = {"peak": product}
+            for fast in (True, False):   # the fast path (the default), then the reference
+                runs[fast] = (lambda fast=fast, params=params, inputs=inputs, cfg=cfg:
+                              tfmcli.backward(params, tfmcli.forward(params, inputs, cfg,
+                                                                     fast=fast), cfg))
+            step = torch_step(params, inputs, cfg) if torch_wanted else None
+            if step is not None:
+                runs["torch"] = step
+            self.runs[dtype] = runs
+            self.work[dtype] = sum(flops(cfg))
+        # per dtype and call, one (seconds, page faults) per round; per pass, its rounds
+        self.samples = {dtype: {key: [] for key in runs} for dtype, runs in self.runs.items()}
+        self.passes: list[range] = []
+
+    def time_pass(self, repeats: int) -> None:
+        """``repeats`` rounds per dtype, after one untimed call of each (BLAS threads start,
+        first-touch page faults, caches after the minutes of other work between passes)."""
+        first = len(self.samples[DTYPES[0]]["peak"])
+        for dtype, runs in self.runs.items():
+            for run in runs.values():
+                run()
+            for _ in range(repeats):
+                for key, run in runs.items():
+                    self.samples[dtype][key].append(timed(run))
+        self.passes.append(range(first, first + repeats))
+
+    def figures(self, rounds: range | None = None) -> dict:
+        """Per dtype, the fast path's figures over ``rounds`` (all by default), as ``targets``
+        takes them: tfm / torch (None without torch) and the share of NumPy's peak, each the
+        median of its per-round ratios (this machine's speed drifts by 20% from minute to
+        minute, and the calls of a round share their minute); and the medians of the times."""
+        out = {}
+        for dtype, samples in self.samples.items():
+            picked = {key: values[rounds.start:rounds.stop] if rounds else values
+                      for key, values in samples.items()}
+            took = {key: statistics.median(t for t, _ in values) for key, values in picked.items()}
+            out[dtype] = {
+                "tfm / torch": paired(picked[True], picked["torch"]) if "torch" in picked else None,
+                "of peak": paired(picked["peak"], picked[True]) * self.work[dtype]
+                / self.product_flop[dtype],
+                "ms": took}
+        return out
+
+    def rows(self) -> list[list[str]]:
+        """The block's table over every round: per dtype, the fast path and the reference."""
+        rows = []
+        for dtype, samples in self.samples.items():
+            took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
+            peak = self.product_flop[dtype] / took["peak"]
+            for fast in (True, False):
+                ours, theirs = took[fast], took.get("torch")
+                faults = statistics.median(f for _, f in samples[fast])
+                ratio = None if theirs is None else paired(samples[fast], samples["torch"])
+                share = paired(samples["peak"], samples[fast]) * self.work[dtype] \
+                    / self.product_flop[dtype]
+                rows.append(["fast path" if fast else "reference", dtype, f"{ours * 1e3:.0f}",
+                             "—" if theirs is None else f"{theirs * 1e3:.0f}",
+                             "—" if ratio is None else f"{ratio:.2f}",
+                             f"{self.work[dtype] / ours / 1e9:.1f}",
+                             f"{share:.0%} of {peak / 1e9:.0f}", f"{faults:,.0f}"])
+        return rows
+
+    def pass_rows(self) -> list[list[str]]:
+        """Per pass and dtype, the fast path's figures, to show how far the passes agree."""
+        rows = []
+        for number, rounds in enumerate(self.passes, 1):
+            for dtype, figures in self.figures(rounds).items():
+                ratio, took = figures["tfm / torch"], figures["ms"]
+                rows.append([f"pass {number}", dtype, f"{took[True] * 1e3:.0f}",
+                             f"{took['torch'] * 1e3:.0f}" if "torch" in took else "—",
+                             "—" if ratio is None else f"{ratio:.3f}",
+                             f"{figures['of peak']:.2%}"])
+        return rows
 
 
 def paired(top: list, bottom: list) -> float:
@@ -434,12 +488,19 @@ def main():
     parser.add_argument("--no-torch", action="store_true", help="leave the torch column out")
     parser.add_argument("--where", action="store_true",
                         help="where a step's time goes, operation by operation")
+    parser.add_argument("--passes", type=int, default=None,
+                        help=f"times the block is timed, minutes apart (default {PASSES}; "
+                        "--quick 1)")
     args = parser.parse_args()
+    if args.passes is None:
+        args.passes = 1 if args.quick else PASSES
+    elif args.passes < 1:
+        parser.error(f"argument --passes: {args.passes} is not allowed (allowed: 1 or more)")
     fields = dict(batch=2, seq_len=512, d_model=512, heads=8, d_ff=2048, vocab=512,
                   causal=True, norm="pre", layers=1)
     if args.quick:
         fields.update(seq_len=128, d_model=256, d_ff=1024)
-    repeats = 3 if args.quick else 15
+    repeats = 3 if args.quick else WHERE_ROUNDS if args.where else ROUNDS
     kept = keep_freed_memory()   # as the commands that run the model do
     console = make_console()
     console.print(f"BLAS: {blas_kernel()}")
@@ -457,30 +518,55 @@ def main():
             table.add_row(*row)
         console.print(table)
         return
-    rows, engine = engine_rows(fields, repeats, not args.no_torch)
-    headers, rows = without_torch_unless_measured(rows)
+    block = Block(fields, not args.no_torch)
+    # Other work between the passes, so that each pass times its own minutes: the machine's
+    # speed drifts, and the figures are medians over the rounds of every pass
+    found = {"commands": [], "drawing": {}}
+
+    def commands():
+        found["commands"] += command_rows(3)
+        drawn, found["drawing"] = drawing_rows(5)
+        found["commands"] += drawn
+
+    def startup():
+        # 41 rounds: a process's start-up jitters by a third either way on this machine (a
+        # round's ratio ran from 0.78 to 1.69 over 21 rounds), more than the drift that
+        # pairing cancels
+        found["start"], found["startup"] = startup_rows(41)
+
+    interludes = ([] if args.quick else [commands]) + [startup]
+    for number in range(args.passes):
+        if number and interludes:
+            interludes.pop(0)()
+        block.time_pass(repeats)
+    for work in interludes:
+        work()
+
+    headers, rows = without_torch_unless_measured(HEADERS, block.rows())
     table = make_table(console, "tfm forward + backward of one block with its head and loss, "
                        f"{block_label(fields)}", headers,
-                       "ratio: tfm / torch, the median over rounds of each round's ratio; peak: "
-                       "NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same rounds (of "
-                       "peak: also per round); faults: minor page faults per tfm step; "
-                       "reference: forward(..., fast=False)")
+                       f"over {args.passes} × {repeats} rounds; "
+                       + ("ratio: tfm / torch, the median over rounds of each round's ratio; "
+                          if "ratio" in headers else "")
+                       + "peak: NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same "
+                       "rounds (of peak: also per round); faults: minor page faults per tfm "
+                       "step; reference: forward(..., fast=False)")
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    rows, drawing = [], {}
-    if not args.quick:
-        rows += command_rows(3)
-        drawn, drawing = drawing_rows(5)
-        rows += drawn
-    # 41 rounds: a process's start-up jitters by a third either way on this machine (a round's
-    # ratio ran from 0.78 to 1.69 over 21 rounds), more than the drift that pairing cancels
-    start_rows, startup = startup_rows(41)
+    if args.passes > 1:
+        headers, rows = without_torch_unless_measured(PASS_HEADERS, block.pass_rows())
+        table = make_table(console, "the fast path in each pass", headers,
+                           "each pass's own medians; the table above and the targets take "
+                           "the rounds of every pass", text=("pass",))
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
     table = make_table(console, "whole commands, and start-up", COMMAND_HEADERS,
                        "ratio: drawing / the forward pass (the median over runs of each run's), "
                        "the command / the import floor (the median over rounds of each "
                        "round's)")
-    for row in rows + start_rows:
+    for row in found["commands"] + found["start"]:
         table.add_row(*row)
     console.print(table)
     if args.quick:   # the targets are the full block's
@@ -488,7 +574,9 @@ def main():
     goals = make_table(console, "issue 11's targets, in this run",
                        ("target", "for", "measured", "goal", "met"),
                        text=("target", "for", "goal", "met"))
-    for row in targets(engine, startup, drawing):
+    engine = {dtype: {name: figures[name] for name, _, _ in GOALS}
+              for dtype, figures in block.figures().items()}
+    for row in targets(engine, found["startup"], found["drawing"]):
         goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
     console.print(goals)
 

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import tfmcli
 from tfmcli import parallel
 
@@ -164,11 +166,71 @@ def test_the_tables_fit_the_terminal():
             assert any(line.startswith(f"│ {row[0]} ") for line in wide), row[0]
 
 
-def test_the_torch_column_is_left_out_only_when_no_row_has_a_torch_time():
+def test_the_torch_columns_are_left_out_only_when_no_row_has_a_torch_time():
+    """torch's time and tfm / torch go together: without a torch time both are dashes."""
     bench = load_bench()
-    headers, rows = bench.without_torch_unless_measured(ENGINE_ROWS)
+    headers, rows = bench.without_torch_unless_measured(bench.HEADERS, ENGINE_ROWS)
     assert headers == list(bench.HEADERS) and rows == ENGINE_ROWS
     untimed = [row[:3] + ["—", "—"] + row[5:] for row in ENGINE_ROWS]
-    headers, rows = bench.without_torch_unless_measured(untimed)
-    assert headers == ["what", "dtype", "tfm ms", "ratio", "GFLOP/s", "of peak", "faults"]
-    assert rows[1] == ["reference", "float64", "1,396", "—", "57.3", "61% of 100", "26,812"]
+    headers, rows = bench.without_torch_unless_measured(bench.HEADERS, untimed)
+    assert headers == ["what", "dtype", "tfm ms", "GFLOP/s", "of peak", "faults"]
+    assert rows[1] == ["reference", "float64", "1,396", "57.3", "61% of 100", "26,812"]
+    passes = [["pass 1", "float32", "150", "—", "—", "78.02%"]]
+    headers, rows = bench.without_torch_unless_measured(bench.PASS_HEADERS, passes)
+    assert headers == ["pass", "dtype", "tfm ms", "of peak"]
+    assert rows == [["pass 1", "float32", "150", "78.02%"]]
+
+
+def timed_block(bench, rounds: dict, passes: list):
+    """A Block whose float32 rounds are given: key -> [seconds per round]."""
+    block = object.__new__(bench.Block)
+    block.work, block.product_flop = {"float32": 3.0}, {"float32": 4.0}
+    block.samples = {"float32": {key: [(t, 0) for t in times] for key, times in rounds.items()}}
+    block.passes = passes
+    return block
+
+
+def test_the_figures_are_medians_over_the_rounds_of_every_pass_and_each_pass_shows_its_own():
+    """Two passes of three rounds, torch quicker in the second: each pass's tfm / torch is its
+    own rounds' median (0.8, then 1.0); the targets take all six rounds' ratios (median 0.9),
+    not the last pass, nor the quotient of the medians of the times (140 / 160 = 0.875)."""
+    bench = load_bench()
+    block = timed_block(bench, {
+        "peak": [1.0] * 6,
+        True: [0.8, 0.8, 0.8, 1.4, 1.5, 1.6],
+        False: [2.0] * 6,
+        "torch": [1.0, 1.0, 1.0, 1.4, 1.5, 1.6]}, [range(0, 3), range(3, 6)])
+    assert bench.Block.figures(block)["float32"]["tfm / torch"] == pytest.approx(0.9)
+    # of peak: peak / tfm per round, times work / the peak's flop (3 / 4)
+    assert bench.Block.figures(block)["float32"]["of peak"] == pytest.approx(
+        0.75 * (1 / 0.8 + 1 / 1.4) / 2)
+    assert [bench.Block.figures(block, rounds)["float32"]["tfm / torch"]
+            for rounds in block.passes] == [pytest.approx(0.8), pytest.approx(1.0)]
+    rows = bench.Block.pass_rows(block)
+    assert rows == [["pass 1", "float32", "800", "1000", "0.800", "93.75%"],
+                    ["pass 2", "float32", "1500", "1500", "1.000", "50.00%"]]
+    row = bench.Block.rows(block)[0]
+    assert row[:5] == ["fast path", "float32", "1100", "1200", "0.90"]
+
+
+def test_passes_are_counted_and_the_rounds_of_each_kept_apart():
+    """time_pass appends its rounds after an untimed call of each run, and records which
+    rounds are its own; a bad --passes is a usage error."""
+    bench = load_bench()
+    block = object.__new__(bench.Block)
+    calls = []
+    block.runs = {"float32": {key: (lambda key=key: calls.append(key)) for key in ("peak", True)}}
+    block.samples = {"float32": {"peak": [], True: []}}
+    block.passes = []
+    pause, bench.PAUSE = bench.PAUSE, 0.0
+    try:
+        bench.Block.time_pass(block, 2)
+        bench.Block.time_pass(block, 3)
+    finally:
+        bench.PAUSE = pause
+    assert block.passes == [range(0, 2), range(2, 5)]
+    assert len(block.samples["float32"][True]) == 5
+    assert calls == ["peak", True] * 3 + ["peak", True] * 4   # one untimed call first
+    done = subprocess.run([sys.executable, BENCH, "--passes", "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "allowed: 1 or more" in done.stderr
