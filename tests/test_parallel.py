@@ -644,6 +644,14 @@ def test_unbuffered_shrinks_numpys_buffer_for_long_rows_only_and_gives_it_back()
     assert seen == [parallel.UNBUFFERED] and inside() == parallel.UNBUFFERED
     assert np.getbufsize() == default
 
+    @parallel.unbuffered(parallel.LONG_ROW - 1)               # short rows, as a decorator
+    def short(x):
+        return np.getbufsize(), x
+
+    assert short(3) == (default, 3)
+    with pytest.raises(ZeroDivisionError), parallel.unbuffered(8):   # an error goes through
+        1 / 0
+
 
 def test_a_buffered_broadcast_gives_the_same_bits_unbuffered():
     """A row and a column broadcast over a block whose rows are apart, and its row sums (which

@@ -87,7 +87,7 @@ def linear_backward(dout, cache, transposed=False):
         else:   # thin (BLAS's own threads run those faster), small, or one core: in turn
             parallel.matmul(dout2d, W.T, dx)
             weight_gradient()
-        parallel.run(lambda c: np.sum(dout2d[:, c], axis=0, out=db[c]), d_out,
+        parallel.run(lambda c: np.add.reduce(dout2d[:, c], axis=0, out=db[c]), d_out,
                      parallel.cost(dout2d.size * parallel.PASS, db.dtype))
     return dx.reshape(x.shape), dW, db
 
@@ -377,7 +377,7 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
     @parallel.unbuffered(C * x.itemsize)
     def part(r):
         xc = xhat[r]                                          # x - mean, made xhat below
-        np.subtract(x2d[r], x2d[r].mean(axis=-1, keepdims=True), out=xc)
+        np.subtract(x2d[r], x2d[r].sum(axis=-1, keepdims=True) / C, out=xc)   # the mean
         var = row_dot(xc, xc) / C
         np.divide(1.0, np.sqrt(var + eps), out=rstd[r])
         xc *= rstd[r]
@@ -407,7 +407,7 @@ def layer_norm_backward_fast(dout, cache):
     @parallel.unbuffered(C * dout.itemsize)
     def rows(r):
         dxhat = dout2d[r] * gamma
-        mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
+        mean_dxhat = dxhat.sum(axis=-1, keepdims=True) / C
         mean_dxhat_xhat = row_dot(dxhat, xhat2d[r]) / C
         d = dx[r]
         np.multiply(xhat2d[r], mean_dxhat_xhat, out=d)
@@ -430,8 +430,8 @@ def embedding_backward_fast(dout, cache, out=None):
     rows = dout.reshape(-1, dout.shape[-1])
     order = np.argsort(tokens, kind="stable")                 # positions, token by token
     ranked = tokens[order]
-    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-    occurrence = np.arange(ranked.size) - np.repeat(starts, np.diff(np.r_[starts, ranked.size]))
+    starts = np.flatnonzero(np.concatenate(([True], ranked[1:] != ranked[:-1])))
+    occurrence = np.arange(ranked.size) - np.repeat(starts, np.diff(starts, append=ranked.size))
     dW_E = np.zeros((cache.vocab, rows.shape[1]), dtype=dout.dtype) if out is None else out
     rounds = int(occurrence.max(initial=-1)) + 1
     if rounds * 1000 > rows.size:   # few tokens, many times each: np.add.at is quicker (measured)
