@@ -13,7 +13,8 @@ process, with a pause between calls so that neither inherits the other's spinnin
 threads, both on the same number of threads; a ratio is the median of the ratios of calls
 made side by side in one round. The script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for
 itself (they slow NumPy's BLAS on some machines) and prints the BLAS kernel in use
-(threadpoolctl). The torch columns are skipped when torch is not installed. A last table says which of issue 11's targets the run met.
+(threadpoolctl). The torch columns are skipped when torch is not installed. A last table says
+which of issue 11's targets the run met.
 """
 
 from __future__ import annotations
@@ -165,7 +166,6 @@ class Block:
     several passes minutes apart, and every figure is a median over the rounds of them all."""
 
     def __init__(self, fields: dict, torch_wanted: bool):
-        self.fields = fields
         self.runs, self.product_flop, self.work = {}, {}, {}
         for dtype in DTYPES:
             cfg = Config(**fields, dtype=dtype)
@@ -197,52 +197,50 @@ class Block:
                     self.samples[dtype][key].append(timed(run))
         self.passes.append(range(first, first + repeats))
 
-    def figures(self, rounds: range | None = None) -> dict:
-        """Per dtype, the fast path's figures over ``rounds`` (all by default), as ``targets``
-        takes them: tfm / torch (None without torch) and the share of NumPy's peak, each the
-        median of its per-round ratios (this machine's speed drifts by 20% from minute to
-        minute, and the calls of a round share their minute); and the medians of the times."""
+    def figures(self, rounds: range | None = None, fast: bool = True) -> dict:
+        """Per dtype, a path's figures over ``rounds`` (all by default): ``targets`` takes
+        tfm / torch (None without torch) and the share of NumPy's peak, each the median of its
+        per-round ratios (this machine's speed drifts by 20% from minute to minute, and the
+        calls of a round share their minute); and the medians of the times, the peak's rate
+        and the page faults of a tfm step."""
         out = {}
         for dtype, samples in self.samples.items():
-            picked = {key: values[rounds.start:rounds.stop] if rounds else values
-                      for key, values in samples.items()}
-            took = {key: statistics.median(t for t, _ in values) for key, values in picked.items()}
+            if rounds is not None:
+                samples = {key: values[rounds.start:rounds.stop] for key, values in samples.items()}
+            took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
             out[dtype] = {
-                "tfm / torch": paired(picked[True], picked["torch"]) if "torch" in picked else None,
-                "of peak": paired(picked["peak"], picked[True]) * self.work[dtype]
+                "tfm / torch": paired(samples[fast], samples["torch"]) if "torch" in took else None,
+                "of peak": paired(samples["peak"], samples[fast]) * self.work[dtype]
                 / self.product_flop[dtype],
-                "ms": took}
+                "tfm s": took[fast], "torch s": took.get("torch"),
+                "peak": self.product_flop[dtype] / took["peak"],
+                "faults": statistics.median(f for _, f in samples[fast])}
         return out
 
     def rows(self) -> list[list[str]]:
         """The block's table over every round: per dtype, the fast path and the reference."""
+        paths = {fast: self.figures(fast=fast) for fast in (True, False)}
         rows = []
-        for dtype, samples in self.samples.items():
-            took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
-            peak = self.product_flop[dtype] / took["peak"]
+        for dtype in self.samples:
             for fast in (True, False):
-                ours, theirs = took[fast], took.get("torch")
-                faults = statistics.median(f for _, f in samples[fast])
-                ratio = None if theirs is None else paired(samples[fast], samples["torch"])
-                share = paired(samples["peak"], samples[fast]) * self.work[dtype] \
-                    / self.product_flop[dtype]
-                rows.append(["fast path" if fast else "reference", dtype, f"{ours * 1e3:.0f}",
-                             "—" if theirs is None else f"{theirs * 1e3:.0f}",
-                             "—" if ratio is None else f"{ratio:.2f}",
-                             f"{self.work[dtype] / ours / 1e9:.1f}",
-                             f"{share:.0%} of {peak / 1e9:.0f}", f"{faults:,.0f}"])
+                f = paths[fast][dtype]
+                rows.append(["fast path" if fast else "reference", dtype, f"{f['tfm s'] * 1e3:.0f}",
+                             "—" if f["torch s"] is None else f"{f['torch s'] * 1e3:.0f}",
+                             "—" if f["tfm / torch"] is None else f"{f['tfm / torch']:.2f}",
+                             f"{self.work[dtype] / f['tfm s'] / 1e9:.1f}",
+                             f"{f['of peak']:.0%} of {f['peak'] / 1e9:.0f}",
+                             f"{f['faults']:,.0f}"])
         return rows
 
     def pass_rows(self) -> list[list[str]]:
         """Per pass and dtype, the fast path's figures, to show how far the passes agree."""
         rows = []
         for number, rounds in enumerate(self.passes, 1):
-            for dtype, figures in self.figures(rounds).items():
-                ratio, took = figures["tfm / torch"], figures["ms"]
-                rows.append([f"pass {number}", dtype, f"{took[True] * 1e3:.0f}",
-                             f"{took['torch'] * 1e3:.0f}" if "torch" in took else "—",
-                             "—" if ratio is None else f"{ratio:.3f}",
-                             f"{figures['of peak']:.2%}"])
+            for dtype, f in self.figures(rounds).items():
+                rows.append([f"pass {number}", dtype, f"{f['tfm s'] * 1e3:.0f}",
+                             "—" if f["torch s"] is None else f"{f['torch s'] * 1e3:.0f}",
+                             "—" if f["tfm / torch"] is None else f"{f['tfm / torch']:.3f}",
+                             f"{f['of peak']:.2%}"])
         return rows
 
 
