@@ -700,3 +700,28 @@ def test_eps_beyond_float32_is_a_usage_error():
     result = runner.invoke(app, ["forward", "--dtype", "float32", "--eps", "1e39"])
     assert result.exit_code == 2, result.output
     assert "'--eps'" in result.stderr
+
+
+# ---------------------------------------------------------------- the logit lens's top k
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 4), k=st.integers(1, 20), extra=st.integers(-160, 400),
+       values=st.sampled_from(["distinct", "ties", "one-hot", "signed zeros", "nan"]),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_top_k_is_the_head_of_a_stable_descending_sort(rows, k, extra, values, seed):
+    """lens.top_k is ``argsort(-probs, stable)[:, :k]``, ties by id, on rows long enough for
+    its partition (V > 8 k) and shorter ones; equal values, -0.0 beside 0.0 and NaN included."""
+    from tfmcli.lens import top_k
+
+    rng = np.random.default_rng(seed)
+    V = max(1, 8 * k + extra)
+    event("partitioned" if k * 8 < V else "sorted whole")
+    probs = {"distinct": lambda: rng.random((rows, V)),
+             "ties": lambda: rng.integers(0, 4, (rows, V)) / 4.0,
+             "one-hot": lambda: np.eye(V)[rng.integers(0, V, rows)],
+             "signed zeros": lambda: np.where(rng.random((rows, V)) < 0.5, -0.0, 0.0),
+             "nan": lambda: np.where(rng.random((rows, V)) < 0.3, np.nan,
+                                     rng.random((rows, V)))}[values]()
+    expected = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(top_k(probs, k), expected)
