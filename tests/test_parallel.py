@@ -303,6 +303,16 @@ def test_a_forked_child_makes_its_own_threads(blas):
 STEERABLE = hasattr(os, "sched_setaffinity") and parallel._core() is not None
 
 
+def test_the_core_a_thread_is_on_is_any_the_system_names_from_0(monkeypatch):
+    """Core 0 is a core like the others (a thread there must be steered from too); -1 is the
+    system's error, and a system with no sched_getcpu says nothing."""
+    for answer, core in ((0, 0), (1, 1), (-1, None)):
+        monkeypatch.setattr(parallel, "_sched_getcpu", lambda answer=answer: lambda: answer)
+        assert parallel._core() == core
+    monkeypatch.setattr(parallel, "_sched_getcpu", lambda: None)
+    assert parallel._core() is None
+
+
 @pytest.mark.skipif(not STEERABLE or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two cores and a system that sets a thread's cores")
 def test_tfms_threads_are_kept_off_the_callers_core(blas):
@@ -554,6 +564,21 @@ def test_a_product_is_cut_only_into_parts_of_SMALL_multiply_adds(blas, monkeypat
         parallel.matmul(a, b, out)
         np.testing.assert_allclose(out, a @ b, rtol=1e-12)
     assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 128), (128, 320), (320, 512)]]
+
+
+def test_a_wide_product_is_cut_in_columns_by_the_same_work(blas, monkeypatch):
+    """(256, 512) @ (512, 1024) is 2^27 multiply-adds, counted 2^28 in float64, eight parts'
+    worth: three parts of b's columns (there are more columns than rows), cut on multiples of
+    BLAS_TILE; on 32 rows it is one part's worth, and stays whole."""
+    monkeypatch.setattr(parallel, "SMALL", 1 << 25)
+    monkeypatch.setattr(parallel, "THIN", 16)
+    cut = count_cuts(monkeypatch)
+    for m in (256, 32):
+        a, b = rng_arrays(8, (m, 512), (512, 1024))
+        out = np.empty((m, 1024))
+        parallel.matmul(a, b, out, add=np.arange(1024.0))
+        np.testing.assert_allclose(out, a @ b + np.arange(1024.0), rtol=1e-12)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 320), (320, 640), (640, 1024)]]
 
 
 def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
