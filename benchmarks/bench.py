@@ -225,8 +225,7 @@ class Block:
             for fast in (True, False):
                 f = paths[fast][dtype]
                 rows.append(["fast path" if fast else "reference", dtype, f"{f['tfm s'] * 1e3:.0f}",
-                             "—" if f["torch s"] is None else f"{f['torch s'] * 1e3:.0f}",
-                             "—" if f["tfm / torch"] is None else f"{f['tfm / torch']:.2f}",
+                             shown(f["torch s"], 1e3, ".0f"), shown(f["tfm / torch"], 1, ".2f"),
                              f"{self.work[dtype] / f['tfm s'] / 1e9:.1f}",
                              f"{f['of peak']:.0%} of {f['peak'] / 1e9:.0f}",
                              f"{f['faults']:,.0f}"])
@@ -238,10 +237,15 @@ class Block:
         for number, rounds in enumerate(self.passes, 1):
             for dtype, f in self.figures(rounds).items():
                 rows.append([f"pass {number}", dtype, f"{f['tfm s'] * 1e3:.0f}",
-                             "—" if f["torch s"] is None else f"{f['torch s'] * 1e3:.0f}",
-                             "—" if f["tfm / torch"] is None else f"{f['tfm / torch']:.3f}",
+                             shown(f["torch s"], 1e3, ".0f"), shown(f["tfm / torch"], 1, ".3f"),
                              f"{f['of peak']:.2%}"])
         return rows
+
+
+def shown(value: float | None, scale: float, spec: str) -> str:
+    """A figure as its table cell: ``value * scale`` formatted, or a dash when it was not
+    measured (torch's time and tfm / torch without torch)."""
+    return "—" if value is None else format(value * scale, spec)
 
 
 def paired(top: list, bottom: list) -> float:
