@@ -99,6 +99,56 @@ def test_failed_runs_write_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+
+def test_save_through_a_symlink_replaces_the_file_it_names_and_keeps_the_link(tmp_path):
+    (tmp_path / "runs").mkdir()
+    link = tmp_path / "latest.npz"
+    link.symlink_to(tmp_path / "runs" / "run.npz")            # dangling: nothing there yet
+    for seed in (1, 2):
+        assert run("forward", "--seed", seed, "--save", link).exit_code == 0
+        assert link.is_symlink()
+        with np.load(tmp_path / "runs" / "run.npz", allow_pickle=False) as npz:
+            assert json.loads(str(npz["config"]))["seed"] == seed
+    assert sorted(os.listdir(tmp_path)) == ["latest.npz", "runs"]
+    assert os.listdir(tmp_path / "runs") == ["run.npz"]
+
+
+@pytest.mark.parametrize("option", ["--save", "--svg"])
+def test_a_pipe_is_written_through_not_replaced_by_a_file(tmp_path, option):
+    """/dev/null, /dev/stdout or a shell's >(...) are not files to rename over (as root, a
+    rename would put a plain file where /dev/null was). A named pipe stands in for them: it must
+    still be a pipe afterwards, and its reader gets the whole npz (which seeks as it is written)
+    or the whole SVG."""
+    import stat
+    import threading
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    result = run("forward", "--seed", 7, option, pipe)
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    assert os.listdir(tmp_path) == ["pipe"]
+    if option == "--save":
+        import io as bytes_io
+        with np.load(bytes_io.BytesIO(received[0]), allow_pickle=False) as npz:
+            assert json.loads(str(npz["config"]))["seed"] == 7
+            assert npz["act/logits"].shape == (2, 4, 8)
+    else:
+        assert received[0].startswith(b"<svg") and received[0].rstrip().endswith(b"</svg>")
+
+
+def test_a_pipe_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)   # (root writes all)
+    line = error_line(run("forward", "--save", pipe), 2)
+    assert "--save" in line and f"{pipe} is not writable" in line
+
+
 # ---------------------------------------------------------------- load
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,16 +40,45 @@ def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = 
     return arrays
 
 
+def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Where a write to ``path`` lands, and whether it lands in a file of its own.
+
+    A symlink to a file is followed, so that the file it names is replaced and the link kept. A
+    device or a pipe (``/dev/null``, ``/dev/stdout``, a shell's ``>(...)``) is not a file: it is
+    written in place, never renamed over (which would put a plain file where the device was).
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode   # (through any symlinks)
+    except OSError:                  # nothing there yet (or unreadable: the write says why)
+        mode = stat.S_IFREG
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return path, False
+    return Path(os.path.realpath(path)), True
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike):
     """Yield a binary file in ``path``'s folder; rename it over ``path`` only if the block succeeds.
 
-    An interrupted or failed write leaves no file behind, and an existing ``path`` untouched.
+    An interrupted or failed write leaves no file behind, and an existing ``path`` untouched. A
+    device or a pipe is written in place (``output_target``).
     """
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    named = path
+    path, is_file = output_target(path)
+    if not is_file:   # a zip archive seeks as it is written: write it aside, then copy it
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryFile() as f:
+            yield f
+            f.seek(0)
+            with open(path, "wb") as stream:
+                shutil.copyfileobj(f, stream)
+        return
+    folder = path.parent
     if not folder.is_dir():
-        raise TfmError(f"cannot write {path}: folder {folder} does not exist")
+        raise TfmError(f"cannot write {named}: folder {folder} does not exist")
     import tempfile   # here: only a run that saves pays for importing it
 
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")

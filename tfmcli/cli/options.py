@@ -81,12 +81,20 @@ def bounded(low: int, high: Optional[int] = None):
 
 
 def writable(path: Optional[Path]):
-    """An output option's callback: the file must be creatable, checked before any work."""
+    """An output option's callback: the file must be creatable, checked before any work. A
+    symlink's file is the one written; a device or a pipe must itself be writable."""
     if path is None:
         return None
-    folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a folder; give a file name")
+    from tfmcli.io import output_target   # here: --help and the parsing of other options skip it
+
+    target, is_file = output_target(path)
+    if not is_file:
+        if not os.access(target, os.W_OK):
+            raise typer.BadParameter(f"{target} is not writable")
+        return path
+    folder = target.parent
     if not folder.is_dir():
         raise typer.BadParameter(f"folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
