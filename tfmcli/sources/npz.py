@@ -26,8 +26,10 @@ class LoadedRun(NamedTuple):
 def read_npz(path) -> dict[str, np.ndarray]:
     """Every array of an ``.npz``, loaded with ``allow_pickle=False``."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise TfmError(f"--load {path}: no such file")
+    if not path.is_file():   # a device or a pipe: an archive is read by seeking
+        raise TfmError(f"--load {path}: not a file (allowed: an .npz file or a GPT-2 folder)")
     if not zipfile.is_zipfile(path):
         raise TfmError(f"--load {path}: not an .npz file (it is not a zip archive)")
     try:
