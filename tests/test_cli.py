@@ -57,6 +57,20 @@ def test_forward_prints_config_trace_maps_and_the_apis_loss():
     assert "\x1b" not in out        # not a terminal: plain text
 
 
+
+def test_a_count_of_one_is_singular_and_no_figure_is_followed_by_two_spaces():
+    """--tokens 3,1 scores one position (the last has no next token); one token decoded costs
+    984 FLOPs, which has no K or M after it to leave a space for."""
+    assert ok("forward", "--tokens", "3,1").stdout.rstrip().endswith(
+        "(mean cross-entropy over 1 position)")
+    assert ok("forward").stdout.rstrip().endswith("(mean cross-entropy over 8 positions)")
+    kv = " ".join(ok("kv", "-T", 1).stdout.split("\n")[-3:])
+    assert "for 1 token: 984 with the cache, 984 recomputing each prefix (1.0x)" in kv
+    one = ok("gradcheck", "-d", 1, "-H", 1, "-V", 1, "-T", 1, "-B", 1, "--d-ff", 1).stdout
+    assert "checked 21 of 21 entries" in one
+    assert "forward 18, backward 36 (matmuls" in ok(
+        "shapes", "-d", 1, "-H", 1, "-V", 1, "-T", 1, "-B", 1, "--d-ff", 1).stdout
+
 def test_forward_json_matches_the_api():
     cfg, _, _, fwd, _ = api_run(seed=7, norm="post", activation="gelu")
     data = ok_json("forward", "--seed", 7, "--norm", "post", "--activation", "gelu")

@@ -573,3 +573,12 @@ def test_grids_side_by_side_lay_out_as_rich_columns_do(width, colour):
     assert laid_out == out(Columns(blocks, padding=(0, 3)))
     titles_in_first_line = sum(f"causal {n}" in laid_out.splitlines()[0] for n in (3, 7, 2, 12))
     assert titles_in_first_line == {20: 1, 40: 1, 60: 2, 80: 3, 90: 4, 140: 4}[width]
+
+
+def test_a_count_takes_its_plural_unless_it_is_one():
+    from tfmcli.render import counted
+
+    assert [counted(n, "position") for n in (0, 1, 2, 1024)] == [
+        "0 positions", "1 position", "2 positions", "1,024 positions"]
+    assert counted(1, "entry", "entries") == "1 entry"
+    assert counted(3, "entry", "entries") == "3 entries"

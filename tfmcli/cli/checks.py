@@ -7,6 +7,7 @@ from rich.text import Text
 
 import tfmcli
 from tfmcli import config as sizes
+from tfmcli import render
 
 
 def default_max_entries(cfg) -> Optional[int]:
@@ -16,7 +17,7 @@ def default_max_entries(cfg) -> Optional[int]:
 
 def coverage(report) -> str:
     """E.g. "checked 352 of 13,000 entries (at most 32 sampled per tensor)"."""
-    text = f"checked {report.checked:,} of {report.entries:,} entries"
+    text = f"checked {report.checked:,} of {render.counted(report.entries, 'entry', 'entries')}"
     if report.checked < report.entries:
         most = max(c.checked for c in report.params)
         text += f" (at most {most:,} sampled per tensor; --max-entries changes it)"

@@ -56,7 +56,7 @@ def forward(
                 render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
                 *maps, *shown,
                 Text(f"loss = {fwd.loss:.{precision + 2}f}  (mean cross-entropy over "
-                     f"{fwd.scored:,} positions)", style="bold")]
+                     f"{render.counted(fwd.scored, 'position')})", style="bold")]
 
     payload = lambda: {   # noqa: E731  (computed only for --json)
         "config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),

@@ -12,7 +12,7 @@ from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, Options, binary_si
 def human(n: float, unit: str = "") -> str:
     for suffix in ("", "K", "M", "G", "T", "P"):
         if abs(n) < 1000:
-            return f"{n:,.1f} {suffix}{unit}".replace(".0 ", " ")
+            return f"{n:,.1f} {suffix}{unit}".replace(".0 ", " ").rstrip()
         n /= 1000
     return f"{n:,.1f} E{unit}"
 

@@ -94,3 +94,9 @@ def fmt_fixed(value: float, precision: int = 2, sign: bool = True) -> str:
     if math.isnan(v) or math.isinf(v) or v == 0:
         return fmt(v, precision, sign=sign)
     return f"{v:{'+' if sign else ''}.{precision}f}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` with thousands separators and its noun, plural unless n is 1: "1 position",
+    "1,024 positions" (``plural``, when adding an s will not do: "entries")."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
