@@ -50,8 +50,8 @@ PASSES, ROUNDS = 3, 11   # the block timed in 3 passes minutes apart, 11 rounds 
 WHERE_ROUNDS = 15        # --where: one pass
 WIDE = 120    # columns: a log file gets the whole table on one line, rules and all
 HEADERS = ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak", "faults")
-PASS_HEADERS = ("pass", "dtype", "tfm ms", "torch ms", "tfm / torch", "of peak")
-TORCH_COLUMNS = ("torch ms", "ratio", "tfm / torch")   # left out when torch was not timed
+PASS_HEADERS = ("pass", "dtype", "tfm ms", "torch ms", "tfm / torch", "of peak", "torch's")
+TORCH_COLUMNS = ("torch ms", "ratio", "tfm / torch", "torch's")   # left out when torch was not timed
 COMMAND_HEADERS = ("what", "dtype", "ms", "ratio")   # whole commands and start-up
 
 
@@ -212,6 +212,8 @@ class Block:
                 "tfm / torch": paired(samples[fast], samples["torch"]) if "torch" in took else None,
                 "of peak": paired(samples["peak"], samples[fast]) * self.work[dtype]
                 / self.product_flop[dtype],
+                "torch's": (paired(samples["peak"], samples["torch"]) * self.work[dtype]
+                            / self.product_flop[dtype]) if "torch" in took else None,
                 "tfm s": took[fast], "torch s": took.get("torch"),
                 "peak": self.product_flop[dtype] / took["peak"],
                 "faults": statistics.median(f for _, f in samples[fast])}
@@ -238,7 +240,7 @@ class Block:
             for dtype, f in self.figures(rounds).items():
                 rows.append([f"pass {number}", dtype, f"{f['tfm s'] * 1e3:.0f}",
                              shown(f["torch s"], 1e3, ".0f"), shown(f["tfm / torch"], 1, ".3f"),
-                             f"{f['of peak']:.2%}"])
+                             f"{f['of peak']:.2%}", shown(f["torch's"], 1, ".2%")])
         return rows
 
 
@@ -559,8 +561,11 @@ def main():
     if args.passes > 1:
         headers, rows = without_torch_unless_measured(PASS_HEADERS, block.pass_rows())
         table = make_table(console, "the fast path in each pass", headers,
-                           "each pass's own medians; the table above and the targets take "
-                           "the rounds of every pass", text=("pass",))
+                           "each pass's own medians; "
+                           + ("torch's: torch's own share of the peak; " if "torch's" in headers
+                              else "")
+                           + "the table above and the targets take the rounds of every pass",
+                           text=("pass",))
         for row in rows:
             table.add_row(*row)
         console.print(table)

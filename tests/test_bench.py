@@ -175,7 +175,7 @@ def test_the_torch_columns_are_left_out_only_when_no_row_has_a_torch_time():
     headers, rows = bench.without_torch_unless_measured(bench.HEADERS, untimed)
     assert headers == ["what", "dtype", "tfm ms", "GFLOP/s", "of peak", "faults"]
     assert rows[1] == ["reference", "float64", "1,396", "57.3", "61% of 100", "26,812"]
-    passes = [["pass 1", "float32", "150", "—", "—", "78.02%"]]
+    passes = [["pass 1", "float32", "150", "—", "—", "78.02%", "—"]]
     headers, rows = bench.without_torch_unless_measured(bench.PASS_HEADERS, passes)
     assert headers == ["pass", "dtype", "tfm ms", "of peak"]
     assert rows == [["pass 1", "float32", "150", "78.02%"]]
@@ -207,8 +207,11 @@ def test_the_figures_are_medians_over_the_rounds_of_every_pass_and_each_pass_sho
     assert [bench.Block.figures(block, rounds)["float32"]["tfm / torch"]
             for rounds in block.passes] == [pytest.approx(0.8), pytest.approx(1.0)]
     rows = bench.Block.pass_rows(block)
-    assert rows == [["pass 1", "float32", "800", "1000", "0.800", "93.75%"],
-                    ["pass 2", "float32", "1500", "1500", "1.000", "50.00%"]]
+    # torch's own share, per round as tfm's: 0.75 / 1.0 in pass 1, 0.75 / 1.5 (its median) in 2
+    assert rows == [["pass 1", "float32", "800", "1000", "0.800", "93.75%", "75.00%"],
+                    ["pass 2", "float32", "1500", "1500", "1.000", "50.00%", "50.00%"]]
+    assert bench.Block.figures(block)["float32"]["torch's"] == pytest.approx(
+        0.75 * (1 / 1.0 + 1 / 1.4) / 2)
     row = bench.Block.rows(block)[0]
     assert row[:5] == ["fast path", "float32", "1100", "1200", "0.90"]
 
