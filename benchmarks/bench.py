@@ -51,7 +51,8 @@ WHERE_ROUNDS = 15        # --where: one pass
 WIDE = 120    # columns: a log file gets the whole table on one line, rules and all
 HEADERS = ("what", "dtype", "tfm ms", "torch ms", "ratio", "GFLOP/s", "of peak", "faults")
 PASS_HEADERS = ("pass", "dtype", "tfm ms", "torch ms", "tfm / torch", "of peak", "torch's")
-TORCH_COLUMNS = ("torch ms", "ratio", "tfm / torch", "torch's")   # left out when torch was not timed
+# left out when torch was not timed
+TORCH_COLUMNS = ("torch ms", "ratio", "tfm / torch", "torch's")
 COMMAND_HEADERS = ("what", "dtype", "ms", "ratio")   # whole commands and start-up
 
 

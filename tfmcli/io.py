@@ -64,11 +64,12 @@ def atomic_write(path: str | os.PathLike):
     An interrupted or failed write leaves no file behind, and an existing ``path`` untouched. A
     device or a pipe is written in place (``output_target``).
     """
+    import tempfile   # here: only a run that saves pays for importing it
+
     named = path
     path, is_file = output_target(path)
     if not is_file:   # a zip archive seeks as it is written: write it aside, then copy it
         import shutil
-        import tempfile
 
         with tempfile.TemporaryFile() as f:
             yield f
@@ -79,8 +80,6 @@ def atomic_write(path: str | os.PathLike):
     folder = path.parent
     if not folder.is_dir():
         raise TfmError(f"cannot write {named}: folder {folder} does not exist")
-    import tempfile   # here: only a run that saves pays for importing it
-
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -61,7 +61,8 @@ def kv(
         width=width(), vmin=0.0, vmax=1.0, precision=precision)
     worst = max(diffs)
     summary = Text(f"every step equals the full causal forward: max |Δ logits| {worst:.1e}; "
-                   f"matmul FLOPs for {render.counted(length, 'token')}: {human(cached)} with the cache, "
+                   f"matmul FLOPs for {render.counted(length, 'token')}: {human(cached)} with "
+                   f"the cache, "
                    f"{human(uncached)} recomputing each prefix ({uncached / cached:.1f}x)",
                    style="bold")
     payload = {"row": row, "tokens": [s.token for s in steps],
