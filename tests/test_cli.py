@@ -57,7 +57,6 @@ def test_forward_prints_config_trace_maps_and_the_apis_loss():
     assert "\x1b" not in out        # not a terminal: plain text
 
 
-
 def test_a_count_of_one_is_singular_and_no_figure_is_followed_by_two_spaces():
     """--tokens 3,1 scores one position (the last has no next token); one token decoded costs
     984 FLOPs, which has no K or M after it to leave a space for."""
@@ -70,6 +69,9 @@ def test_a_count_of_one_is_singular_and_no_figure_is_followed_by_two_spaces():
     assert "checked 21 of 21 entries" in one
     assert "forward 18, backward 36 (matmuls" in ok(
         "shapes", "-d", 1, "-H", 1, "-V", 1, "-T", 1, "-B", 1, "--d-ff", 1).stdout
+    trained = " ".join(ok("train", "--steps", 1).stdout.split())
+    assert "trained on copy, 1 step (seed 0)" in trained
+    assert re.search(r"; 1 step in \d+\.\d s$", trained)
 
 def test_forward_json_matches_the_api():
     cfg, _, _, fwd, _ = api_run(seed=7, norm="post", activation="gelu")

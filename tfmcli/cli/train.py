@@ -82,7 +82,7 @@ def train(
     shown_cfg = cfg.replace(batch=B, seq_len=T,
                             lengths=None if np.all(shown.lengths == T) else tuple(shown.lengths.tolist()))
     fwd = tfmcli.forward(params, shown, shown_cfg)
-    run = Run(shown_cfg, params, shown, f"trained on {task.value}, {steps:,} steps (seed {cfg.seed})",
+    run = Run(shown_cfg, params, shown, f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})",
               "--tokens" if shown_tokens is not None else "held-out examples")
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
@@ -103,7 +103,7 @@ def train(
                                  col_labels=position_labels(run, 0, "k"))
     parts += [*maps,
               Text(f"held-out token accuracy {accuracy:.1%} over {int((held_out.targets != IGNORE).sum()):,} "
-                   f"answer tokens of {HELD_OUT:,} examples; {steps:,} steps in {seconds:.1f} s",
+                   f"answer tokens of {HELD_OUT:,} examples; {render.counted(steps, 'step')} in {seconds:.1f} s",
                    style="bold")]
     payload = {"task": task.value, "steps": steps,
                "loss": [[s, loss] for s, loss in zip(history.steps, history.losses)],
