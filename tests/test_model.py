@@ -138,6 +138,21 @@ def test_activation_and_gradient_names_and_shapes(norm, pe):
     assert ("pe" in fwd.acts) == (pe == "sinusoidal")
 
 
+def test_a_forward_and_its_gradients_show_as_one_line():
+    """In a notebook, ``fwd`` and ``grads`` show the loss, N (5 + 2 + 4 valid positions), the
+    counts and the end shapes, not every array (the toy's dataclass repr was 50,895
+    characters)."""
+    cfg = tfmcli.Config(layers=2, batch=3, seq_len=5, lengths=(5, 2, 4))
+    _, _, fwd, grads = run(cfg)
+    n_acts, n_params = len(activation_shapes(cfg)), len(param_shapes(cfg))
+    assert repr(fwd) == (f"Forward(loss={fwd.loss!r}, scored=11, acts={{{n_acts} arrays: "
+                         "'embed' (3, 5, 6) … 'probs' (3, 5, 8)})")
+    assert repr(grads) == (f"Gradients({{{n_params} arrays: 'embed.W_E' (8, 6) … "
+                           f"'head.b_U' (8,)}}, acts={{{n_acts} arrays: 'embed' (3, 5, 6) … "
+                           "'probs' (3, 5, 8)})")
+    assert float(repr(fwd).split("=")[1].split(",")[0]) == fwd.loss   # every digit of the loss
+
+
 # ---------------------------------------------------------------- activation-gradient identities
 
 

@@ -75,3 +75,36 @@ def test_the_readme_svg_pictures_come_from_commands_that_run(tmp_path, monkeypat
         result = CliRunner().invoke(app, shlex.split(command)[1:] + ["--svg", str(out)])
         assert result.exit_code == 0, (command, result.output)
         assert out.read_text().startswith("<svg")
+
+
+def test_the_readme_python_api_block_runs_and_its_comments_hold(monkeypatch):
+    """The Python API section's code, run as written, gives what its comments say."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    import numpy as np
+
+    block = re.search(r"^## Python API\n\n```python\n(.*?)^```", README, flags=re.S | re.M)[1]
+    monkeypatch.chdir(README_PATH.parent)
+    names = {}
+    exec(compile(block, "README.md, Python API", "exec"), names)
+    inputs, cfg, report, run = names["inputs"], names["cfg"], names["report"], names["run"]
+    assert inputs.tokens.shape == (2, 5) and inputs.lengths.tolist() == [5, 2]
+    assert inputs.targets.tolist() == [[1, 4, 1, 5, -100], [7, -100, -100, -100, -100]]
+    assert names["tfmcli"].IGNORE == -100
+    assert (cfg.seq_len, cfg.lengths) == (5, (5, 2))
+    assert report.passed and report.worst.rel_err <= 1e-6
+    assert run.token_labels(0) == ["The", "␣cat", "␣sat"]
+    fwd = names["fwd"]   # the GPT-2 folder's
+    assert isinstance(fwd.loss, float) and fwd.scored == 2   # "The cat sat": two next tokens
+    # fwd as the README shows it; the loss's last digits may be another BLAS kernel's
+    shown = re.search(r"^Forward\(loss=([\d.]+)(.*)$", README, flags=re.M)
+    assert f"Forward(loss={fwd.loss!r}{shown[2]}" == repr(fwd)
+    assert float(shown[1]) == pytest.approx(fwd.loss, rel=1e-12)
+    grads, toy = names["grads"], names["tfmcli"].forward(names["params"], inputs, cfg)
+    assert list(grads) == list(names["params"])
+    onehot = np.zeros_like(toy.acts["probs"])   # dlogits = (P - Y) / N over the scored positions
+    for b, t in zip(*np.nonzero(inputs.targets != -100)):
+        onehot[b, t, inputs.targets[b, t]] = 1
+    scored = (inputs.targets != -100)[..., None]
+    np.testing.assert_allclose(grads.acts["logits"], (toy.acts["probs"] - onehot) * scored / 5,
+                               rtol=0, atol=1e-15)

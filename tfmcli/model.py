@@ -85,6 +85,10 @@ class Forward:
         """N: how many positions the loss averages over (valid, with a target)."""
         return self.caches["loss"].n
 
+    def __repr__(self) -> str:
+        """One line, not every array: in a notebook ``fwd`` shows what it holds."""
+        return f"Forward(loss={self.loss!r}, scored={self.scored}, acts={_arrays(self.acts)})"
+
 
 class Gradients(dict):
     """Parameter name -> gradient (same shape as the parameter).
@@ -96,6 +100,20 @@ class Gradients(dict):
     def __init__(self, params: dict, acts: OrderedDict):
         super().__init__(params)
         self.acts = acts
+
+    def __repr__(self) -> str:
+        """One line, not every array: in a notebook ``grads`` shows what it holds."""
+        return f"Gradients({_arrays(self)}, acts={_arrays(self.acts)})"
+
+
+def _arrays(named: dict) -> str:
+    """``{21 arrays: 'embed' (2, 4, 6) … 'probs' (2, 4, 8)}``: how many, the first and the last."""
+    if not named:
+        return "{}"
+    names = list(named)
+    ends = names[:1] if len(names) == 1 else [names[0], names[-1]]
+    shown = " … ".join(f"{name!r} {tuple(named[name].shape)}" for name in ends)
+    return "{" + f"{len(names)} array{'s' if len(names) > 1 else ''}: {shown}" + "}"
 
 
 # ---------------------------------------------------------------- sublayers
