@@ -138,7 +138,7 @@ def test_activation_and_gradient_names_and_shapes(norm, pe):
     assert ("pe" in fwd.acts) == (pe == "sinusoidal")
 
 
-def test_a_forward_and_its_gradients_show_as_one_line():
+def test_a_forward_its_gradients_and_an_adam_state_show_as_one_line():
     """In a notebook, ``fwd`` and ``grads`` show the loss, N (5 + 2 + 4 valid positions), the
     counts and the end shapes, not every array (the toy's dataclass repr was 50,895
     characters)."""
@@ -151,6 +151,9 @@ def test_a_forward_and_its_gradients_show_as_one_line():
                            f"'head.b_U' (8,)}}, acts={{{n_acts} arrays: 'embed' (3, 5, 6) … "
                            "'probs' (3, 5, 8)})")
     assert float(repr(fwd).split("=")[1].split(",")[0]) == fwd.loss   # every digit of the loss
+    state = tfmcli.optim.Adam.like(grads)
+    ends = f"{{{n_params} arrays: 'embed.W_E' (8, 6) … 'head.b_U' (8,)}}"
+    assert repr(state) == f"Adam(m={ends}, v={ends}, t=0, beta1=0.9, beta2=0.98, eps=1e-09)"
 
 
 # ---------------------------------------------------------------- activation-gradient identities

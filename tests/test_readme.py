@@ -94,6 +94,8 @@ def test_the_readme_python_api_block_runs_and_its_comments_hold(monkeypatch):
     assert (cfg.seq_len, cfg.lengths) == (5, (5, 2))
     assert report.passed and report.worst.rel_err <= 1e-6
     assert run.token_labels(0) == ["The", "␣cat", "␣sat"]
+    assert ("params={36 arrays: 'embed.W_E' (286, 32) … 'ln_f.beta' (32,)}, inputs=Inputs("
+            "tokens=array([[258, 264, 269]])") in repr(run)   # a line, not every parameter
     fwd = names["fwd"]   # the GPT-2 folder's
     assert isinstance(fwd.loss, float) and fwd.scored == 2   # "The cat sat": two next tokens
     # fwd as the README shows it; the loss's last digits may be another BLAS kernel's

@@ -87,7 +87,7 @@ class Forward:
 
     def __repr__(self) -> str:
         """One line, not every array: in a notebook ``fwd`` shows what it holds."""
-        return f"Forward(loss={self.loss!r}, scored={self.scored}, acts={_arrays(self.acts)})"
+        return f"Forward(loss={self.loss!r}, scored={self.scored}, acts={arrays_repr(self.acts)})"
 
 
 class Gradients(dict):
@@ -103,11 +103,13 @@ class Gradients(dict):
 
     def __repr__(self) -> str:
         """One line, not every array: in a notebook ``grads`` shows what it holds."""
-        return f"Gradients({_arrays(self)}, acts={_arrays(self.acts)})"
+        return f"Gradients({arrays_repr(self)}, acts={arrays_repr(self.acts)})"
 
 
-def _arrays(named: dict) -> str:
-    """``{21 arrays: 'embed' (2, 4, 6) … 'probs' (2, 4, 8)}``: how many, the first and the last."""
+def arrays_repr(named: dict) -> str:
+    """``{21 arrays: 'embed' (2, 4, 6) … 'probs' (2, 4, 8)}``: how many, the first and the last
+    with their shapes. The reprs of what holds a model's arrays use it, so that in a notebook
+    they show as a line, not as every array."""
     if not named:
         return "{}"
     names = list(named)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfmcli.model import arrays_repr
+
 BETA1, BETA2, EPS = 0.9, 0.98, 1e-9  # "Attention Is All You Need", as seed 004 quotes it
 
 
@@ -32,6 +34,10 @@ class Adam:
     beta1: float = BETA1
     beta2: float = BETA2
     eps: float = EPS
+
+    def __repr__(self) -> str:
+        return (f"Adam(m={arrays_repr(self.m)}, v={arrays_repr(self.v)}, t={self.t}, "
+                f"beta1={self.beta1}, beta2={self.beta2}, eps={self.eps})")
 
     @classmethod
     def like(cls, params: dict, **hyper) -> "Adam":

@@ -17,7 +17,7 @@ import numpy as np
 from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.init import init_params
-from tfmcli.model import IGNORE, Inputs, inputs_from_tokens, make_inputs
+from tfmcli.model import IGNORE, Inputs, arrays_repr, inputs_from_tokens, make_inputs
 from tfmcli.sources import gpt2
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import check_inputs, check_params, load_npz
@@ -43,6 +43,11 @@ class Run:
     tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        params = None if self.params is None else arrays_repr(self.params)
+        return (f"Run(cfg={self.cfg!r}, params={params}, inputs={self.inputs!r}, "
+                f"weights_from={self.weights_from!r}, tokens_from={self.tokens_from!r})")
 
     def complete(self) -> "Run":
         if self.params is None:
