@@ -73,6 +73,7 @@ def test_a_count_of_one_is_singular_and_no_figure_is_followed_by_two_spaces():
     assert "trained on copy, 1 step (seed 0)" in trained
     assert re.search(r"; 1 step in \d+\.\d s$", trained)
 
+
 def test_forward_json_matches_the_api():
     cfg, _, _, fwd, _ = api_run(seed=7, norm="post", activation="gelu")
     data = ok_json("forward", "--seed", 7, "--norm", "post", "--activation", "gelu")

@@ -139,9 +139,9 @@ def test_activation_and_gradient_names_and_shapes(norm, pe):
 
 
 def test_a_forward_its_gradients_and_an_adam_state_show_as_one_line():
-    """In a notebook, ``fwd`` and ``grads`` show the loss, N (5 + 2 + 4 valid positions), the
-    counts and the end shapes, not every array (the toy's dataclass repr was 50,895
-    characters)."""
+    """In a notebook, ``fwd``, ``grads`` and an Adam state show the counts and the end shapes
+    (and the loss and N: 5 + 2 + 4 valid positions), not every array (the toy forward's
+    dataclass repr was 50,895 characters)."""
     cfg = tfmcli.Config(layers=2, batch=3, seq_len=5, lengths=(5, 2, 4))
     _, _, fwd, grads = run(cfg)
     n_acts, n_params = len(activation_shapes(cfg)), len(param_shapes(cfg))

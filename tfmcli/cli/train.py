@@ -82,7 +82,8 @@ def train(
     shown_cfg = cfg.replace(batch=B, seq_len=T,
                             lengths=None if np.all(shown.lengths == T) else tuple(shown.lengths.tolist()))
     fwd = tfmcli.forward(params, shown, shown_cfg)
-    run = Run(shown_cfg, params, shown, f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})",
+    trained = f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})"
+    run = Run(shown_cfg, params, shown, trained,
               "--tokens" if shown_tokens is not None else "held-out examples")
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
@@ -102,9 +103,9 @@ def train(
                                  row_labels=position_labels(run, 0, "q"),
                                  col_labels=position_labels(run, 0, "k"))
     parts += [*maps,
-              Text(f"held-out token accuracy {accuracy:.1%} over {int((held_out.targets != IGNORE).sum()):,} "
-                   f"answer tokens of {HELD_OUT:,} examples; {render.counted(steps, 'step')} in {seconds:.1f} s",
-                   style="bold")]
+              Text(f"held-out token accuracy {accuracy:.1%} over "
+                   f"{int((held_out.targets != IGNORE).sum()):,} answer tokens of {HELD_OUT:,} "
+                   f"examples; {render.counted(steps, 'step')} in {seconds:.1f} s", style="bold")]
     payload = {"task": task.value, "steps": steps,
                "loss": [[s, loss] for s, loss in zip(history.steps, history.losses)],
                "final_accuracy": accuracy,
