@@ -91,6 +91,15 @@ def make_table(console: Console, title: str, headers, caption: str | None = None
     return table
 
 
+def print_table(console: Console, title: str, headers, rows, caption: str | None = None,
+                text: tuple = ("what",)) -> None:
+    """``make_table`` with these rows, printed."""
+    table = make_table(console, title, headers, caption, text)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
 def blas_kernel() -> str:
     try:
         from threadpoolctl import threadpool_info
@@ -209,12 +218,12 @@ class Block:
             if rounds is not None:
                 samples = {key: values[rounds.start:rounds.stop] for key, values in samples.items()}
             took = {key: statistics.median(t for t, _ in values) for key, values in samples.items()}
+            to_peak = self.work[dtype] / self.product_flop[dtype]   # the block in peak products
             out[dtype] = {
                 "tfm / torch": paired(samples[fast], samples["torch"]) if "torch" in took else None,
-                "of peak": paired(samples["peak"], samples[fast]) * self.work[dtype]
-                / self.product_flop[dtype],
-                "torch's": (paired(samples["peak"], samples["torch"]) * self.work[dtype]
-                            / self.product_flop[dtype]) if "torch" in took else None,
+                "of peak": paired(samples["peak"], samples[fast]) * to_peak,
+                "torch's": paired(samples["peak"], samples["torch"]) * to_peak
+                           if "torch" in took else None,
                 "tfm s": took[fast], "torch s": took.get("torch"),
                 "peak": self.product_flop[dtype] / took["peak"],
                 "faults": statistics.median(f for _, f in samples[fast])}
@@ -511,17 +520,14 @@ def main():
     console.print(f"BLAS: {blas_kernel()}")
     console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
     if args.where:
-        table = make_table(console, "where a step's time goes (forward + backward of the block)",
-                           ("what", "dtype", "ms", "of the step"),
-                           "ms per step on the calling thread, medians over rounds; a linear "
-                           "backward counts dx (its dW is made on tfm's other thread "
-                           "meanwhile); the rest: sums, Python, waiting for the other thread; "
-                           "half the batch, one core: the step on B/2 sequences with tfm and "
-                           "BLAS on one thread (at 100% of the step, two cores would scale "
-                           "perfectly)")
-        for row in where_rows(fields, repeats):
-            table.add_row(*row)
-        console.print(table)
+        print_table(console, "where a step's time goes (forward + backward of the block)",
+                    ("what", "dtype", "ms", "of the step"), where_rows(fields, repeats),
+                    "ms per step on the calling thread, medians over rounds; a linear "
+                    "backward counts dx (its dW is made on tfm's other thread "
+                    "meanwhile); the rest: sums, Python, waiting for the other thread; "
+                    "half the batch, one core: the step on B/2 sequences with tfm and "
+                    "BLAS on one thread (at 100% of the step, two cores would scale "
+                    "perfectly)")
         return
     block = Block(fields, not args.no_torch)
     # Other work between the passes, so that each pass times its own minutes: the machine's
@@ -548,35 +554,26 @@ def main():
         work()
 
     headers, rows = without_torch_unless_measured(HEADERS, block.rows())
-    table = make_table(console, "tfm forward + backward of one block with its head and loss, "
-                       f"{block_label(fields)}", headers,
-                       f"over {args.passes} × {repeats} rounds; "
-                       + ("ratio: tfm / torch, the median over rounds of each round's ratio; "
-                          if "ratio" in headers else "")
-                       + "peak: NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same "
-                       "rounds (of peak: also per round); faults: minor page faults per tfm "
-                       "step; reference: forward(..., fast=False)")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    print_table(console, "tfm forward + backward of one block with its head and loss, "
+                f"{block_label(fields)}", headers, rows,
+                f"over {args.passes} × {repeats} rounds; "
+                + ("ratio: tfm / torch, the median over rounds of each round's ratio; "
+                   if "ratio" in headers else "")
+                + "peak: NumPy's own 2048^3 matmul rate in GFLOP/s, timed in the same "
+                "rounds (of peak: also per round); faults: minor page faults per tfm "
+                "step; reference: forward(..., fast=False)")
     if args.passes > 1:
         headers, rows = without_torch_unless_measured(PASS_HEADERS, block.pass_rows())
-        table = make_table(console, "the fast path in each pass", headers,
-                           "each pass's own medians; "
-                           + ("torch's: torch's own share of the peak; " if "torch's" in headers
-                              else "")
-                           + "the table above and the targets take the rounds of every pass",
-                           text=("pass",))
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-    table = make_table(console, "whole commands, and start-up", COMMAND_HEADERS,
-                       "ratio: drawing / the forward pass (the median over runs of each run's), "
-                       "the command / the import floor (the median over rounds of each "
-                       "round's)")
-    for row in found["commands"] + found["start"]:
-        table.add_row(*row)
-    console.print(table)
+        print_table(console, "the fast path in each pass", headers, rows,
+                    "each pass's own medians; "
+                    + ("torch's: torch's own share of the peak; " if "torch's" in headers
+                       else "")
+                    + "the table above and the targets take the rounds of every pass",
+                    text=("pass",))
+    print_table(console, "whole commands, and start-up", COMMAND_HEADERS,
+                found["commands"] + found["start"],
+                "ratio: drawing / the forward pass (the median over runs of each run's), "
+                "the command / the import floor (the median over rounds of each round's)")
     if args.quick:   # the targets are the full block's
         return
     goals = make_table(console, "issue 11's targets, in this run",

@@ -99,7 +99,6 @@ def test_failed_runs_write_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-
 def test_save_through_a_symlink_replaces_the_file_it_names_and_keeps_the_link(tmp_path):
     (tmp_path / "runs").mkdir()
     link = tmp_path / "latest.npz"

@@ -62,8 +62,8 @@ def kv(
     worst = max(diffs)
     summary = Text(f"every step equals the full causal forward: max |Δ logits| {worst:.1e}; "
                    f"matmul FLOPs for {render.counted(length, 'token')}: {human(cached)} with "
-                   f"the cache, "
-                   f"{human(uncached)} recomputing each prefix ({uncached / cached:.1f}x)",
+                   f"the cache, {human(uncached)} recomputing each prefix "
+                   f"({uncached / cached:.1f}x)",
                    style="bold")
     payload = {"row": row, "tokens": [s.token for s in steps],
                "steps": [{"step": s.step, "token": s.token, "cache_len": s.step + 1,
