@@ -1,6 +1,7 @@
 """The KV cache: decoding one token at a time equals the full causal forward, step by step."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -79,3 +80,16 @@ def test_cli_kv_prints_the_steps_and_the_attention_rows():
 def test_kv_needs_a_causal_model():
     line = error_line(run("kv", "--no-causal"), 2)
     assert "'--causal'" in line and "must be causal" in line
+
+
+def test_decode_refuses_a_model_that_is_not_causal_and_ids_outside_the_vocabulary():
+    cfg = tfmcli.Config(batch=1, seq_len=3)
+    params = tfmcli.init_params(cfg)
+    with pytest.raises(tfmcli.ConfigError, match="needs a causal model") as caught:
+        decode(params, [1, 2], cfg.replace(causal=False))
+    assert caught.value.field == "causal"
+    for tokens, reason in (([1, -1], "token -1 is outside 0..7 (vocab 8)"),
+                           ([9], "token 9 is outside 0..7"),
+                           ([[1, 2]], "shape (1, 2)"), ([], "shape (0,)")):
+        with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
+            decode(params, tokens, cfg)

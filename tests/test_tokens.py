@@ -1,6 +1,7 @@
 """--tokens: the input is exactly the ids given; the last position of each row has no target."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -22,6 +23,51 @@ def test_inputs_from_tokens_pads_and_leaves_the_last_position_unscored():
     assert inputs.targets.tolist() == [[1, 4, 1, 5, IGNORE], [7] + [IGNORE] * 4]
     assert inputs.lengths.tolist() == [5, 2]
     assert inputs.tokens.dtype == inputs.targets.dtype == np.int64
+
+
+def test_inputs_from_tokens_takes_one_flat_row_and_refuses_what_is_not_ids():
+    assert tfmcli.inputs_from_tokens([3, 1, 4]).tokens.tolist() == [[3, 1, 4]]
+    assert tfmcli.inputs_from_tokens(np.array([3, 1, 4])).targets.tolist() == [[1, 4, IGNORE]]
+    assert tfmcli.inputs_from_tokens([[3.0, 1]]).tokens.tolist() == [[3, 1]]
+    for rows, reason in (([], "no rows"), ([[1, 2], []], "row 1, [],"),
+                         ([[3.5, 1]], "row 0, [3.5, 1],"), ([["a", 1]], "row 0, ['a', 1],")):
+        with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
+            tfmcli.inputs_from_tokens(rows)
+
+
+# Each of these ran before without a word: an id of -1 is row V-1 to NumPy (the same loss as
+# id 7 below), a length past T or a batch of lengths too long was ignored on the plain path.
+BAD_INPUTS = [
+    ([[1, -1, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: -1 is outside 0..7 (vocab 8)"),
+    ([[1, 8, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: 8 is outside 0..7"),
+    ([[1, 2, 3]], [[-1, 3, IGNORE]], [3],
+     "inputs.targets: -1 is neither an id in 0..7 (vocab 8) nor IGNORE (-100)"),
+    ([[1, 2, 3]], [[8, 3, IGNORE]], [3], "inputs.targets: 8 is neither"),
+    ([[1, 2, 3]], [[2, 3, IGNORE]], [0], "inputs.lengths: 0 is outside 1..3 (T = 3)"),
+    ([[1, 2, 3]], [[2, 3, IGNORE]], [4], "inputs.lengths: 4 is outside 1..3"),
+    ([[1, 2, 3]], [[2, 3, IGNORE]], [3, 3],
+     "inputs.lengths has shape (2,), expected (1,)"),
+    ([[1, 2, 3]], [[2, 3]], [3], "inputs.targets has shape (1, 2), expected (1, 3)"),
+    ([1, 2, 3], [2, 3, IGNORE], [3], "inputs.tokens has shape (3,), expected (B, T)"),
+    ([[1.0, 2, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens has dtype float64"),
+]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("tokens, targets, lengths, reason", BAD_INPUTS)
+def test_forward_refuses_inputs_it_cannot_run(tokens, targets, lengths, reason, fast):
+    cfg = tfmcli.Config(batch=1, seq_len=3)
+    inputs = tfmcli.Inputs(*(np.array(value) for value in (tokens, targets, lengths)))
+    with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
+        tfmcli.forward(tfmcli.init_params(cfg), inputs, cfg, fast=fast)
+
+
+def test_forward_takes_inputs_given_as_lists():
+    cfg = tfmcli.Config(batch=1, seq_len=3)
+    params = tfmcli.init_params(cfg)
+    listed = tfmcli.forward(params, tfmcli.Inputs([[1, 2, 3]], [[2, 3, IGNORE]], [3]), cfg)
+    arrays = tfmcli.forward(params, tfmcli.inputs_from_tokens([[1, 2, 3]]), cfg)
+    assert listed.loss == arrays.loss and listed.scored == 2
 
 
 def test_the_loss_is_the_mean_over_positions_with_a_target():

@@ -10,7 +10,7 @@
 
 import importlib
 
-from tfmcli.errors import ConfigError, TfmError
+from tfmcli.errors import ConfigError, InputsError, TfmError
 # Not lazy: `gradcheck` is also a submodule's name, and importing the submodule would rebind
 # tfmcli.gradcheck to the module; imported here, the function wins.
 from tfmcli.gradcheck import GradcheckReport, gradcheck
@@ -47,6 +47,6 @@ def __dir__():
 
 __all__ = [
     "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "IGNORE", "Inputs",
-    "TfmError", "backward", "forward", "gradcheck", "init_params", "inputs_from_tokens",
+    "InputsError", "TfmError", "backward", "forward", "gradcheck", "init_params", "inputs_from_tokens",
     "load", "make_inputs", "__version__",
 ]

@@ -1,4 +1,4 @@
-"""The two kinds of failure tfm reports: bad settings, and runs or files that go wrong."""
+"""The kinds of failure tfm reports: bad settings or inputs, and runs or files that go wrong."""
 
 
 class TfmError(Exception):
@@ -14,3 +14,8 @@ class ConfigError(TfmError, ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
+
+
+class InputsError(TfmError, ValueError):
+    """Inputs the model cannot run (an id outside the vocabulary, a length outside 1..T,
+    arrays whose shapes disagree), from the Python API: the CLI checks its inputs first."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config, flops
+from tfmcli.errors import ConfigError, InputsError
 from tfmcli.model import head_weights, positions
 
 
@@ -76,7 +77,18 @@ def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
     block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
     """
     P = params
-    tokens = np.asarray(tokens, dtype=np.int64)
+    if not cfg.causal:
+        raise ConfigError("causal", "decoding with a KV cache needs a causal model (causal=True): "
+                                    "a step cannot see the tokens after it")
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
+        raise InputsError(f"decode: tokens has shape {tokens.shape} and dtype {tokens.dtype}; "
+                          f"give one sequence of one or more ids (integers)")
+    bad = tokens[(tokens < 0) | (tokens >= cfg.vocab)]
+    if bad.size:
+        raise InputsError(f"decode: token {int(bad[0])} is outside 0..{cfg.vocab - 1} "
+                          f"(vocab {cfg.vocab})")
+    tokens = tokens.astype(np.int64)
     T, H, dh = len(tokens), cfg.heads, cfg.d_head
     pe = positions(P, cfg, T)                                     # (T, d) or None
     K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]

@@ -19,6 +19,7 @@ import numpy as np
 
 from tfmcli import ops, parallel
 from tfmcli.config import Config
+from tfmcli.errors import InputsError
 from tfmcli.masks import combined_mask, padding_mask
 from tfmcli.positional import sinusoidal
 
@@ -49,10 +50,15 @@ def inputs_from_tokens(rows, pad: int = 0) -> Inputs:
 
     Parameters
     ----------
-    rows : sequence of sequences of int
+    rows : sequence of sequences of int, or one sequence of int (one row)
         B rows of 1..T ids each; T is the longest.
     """
-    rows = [list(map(int, row)) for row in rows]
+    rows = list(rows)
+    if rows and all(np.ndim(row) == 0 for row in rows):   # [3, 1, 4]: one row
+        rows = [rows]
+    rows = [_ids(row, b) for b, row in enumerate(rows)]
+    if not rows:
+        raise InputsError("inputs_from_tokens: no rows; give at least one row of ids")
     B, T = len(rows), max(len(row) for row in rows)
     tokens = np.full((B, T), pad, dtype=np.int64)
     targets = np.full((B, T), IGNORE, dtype=np.int64)
@@ -61,6 +67,49 @@ def inputs_from_tokens(rows, pad: int = 0) -> Inputs:
         targets[b, :len(row) - 1] = row[1:]
     lengths = np.array([len(row) for row in rows], dtype=np.int64)
     return Inputs(tokens, targets, lengths)
+
+
+def _ids(row, b: int) -> list[int]:
+    """Row ``b``'s ids as ints: not empty, and every one a whole number (3.0 is 3, 3.5 is not)."""
+    try:
+        row = list(row)
+        ids = [int(value) for value in row]
+        whole = bool(ids) and all(i == value for i, value in zip(ids, row))
+    except (TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise InputsError(f"inputs_from_tokens: row {b}, {row!r}, is not a list of one or more "
+                          f"token ids (integers)")
+    return ids
+
+
+def checked_inputs(inputs: Inputs, vocab: int) -> Inputs:
+    """``inputs`` as arrays, or ``InputsError`` unless they can run on a model of ``vocab`` ids:
+    integer tokens (B, T) in 0..V-1, targets of the same shape in 0..V-1 or ``IGNORE``, lengths
+    (B,) in 1..T. (NumPy would take an id of -1 as V-1 and run on, every number wrong.)"""
+    if not all(isinstance(value, np.ndarray) for value in inputs):
+        inputs = Inputs(*(np.asarray(value) for value in inputs))
+    tokens, targets, lengths = inputs
+    for name, value in inputs._asdict().items():
+        if value.dtype.kind not in "iu":
+            raise InputsError(f"inputs.{name} has dtype {value.dtype}, expected integers")
+    if tokens.ndim != 2:
+        raise InputsError(f"inputs.tokens has shape {tokens.shape}, expected (B, T)")
+    B, T = tokens.shape
+    for name, value, shape in (("targets", targets, (B, T)), ("lengths", lengths, (B,))):
+        if value.shape != shape:
+            raise InputsError(f"inputs.{name} has shape {value.shape}, expected {shape} "
+                              f"(B, T = {B}, {T}: the tokens' shape)")
+    targets = targets[targets != IGNORE]
+    for name, value, low, high, what in (
+            ("tokens", tokens, 0, vocab - 1, f"is outside 0..{vocab - 1} (vocab {vocab})"),
+            ("targets", targets, 0, vocab - 1,
+             f"is neither an id in 0..{vocab - 1} (vocab {vocab}) nor IGNORE ({IGNORE})"),
+            ("lengths", lengths, 1, T, f"is outside 1..{T} (T = {T})")):
+        bad = value[(value < low) | (value > high)]
+        if bad.size:
+            raise InputsError(f"inputs.{name}: {int(bad[0])} {what}")
+    return inputs
 
 
 @dataclass
@@ -292,6 +341,7 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
         (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding.
         The backward follows the forward's choice.
     """
+    inputs = checked_inputs(inputs, cfg.vocab)
     with _engine(fast, cfg, *inputs.tokens.shape):
         return _forward(params, inputs, cfg, fast)
 
