@@ -62,6 +62,34 @@ def test_forward_refuses_inputs_it_cannot_run(tokens, targets, lengths, reason, 
         tfmcli.forward(tfmcli.init_params(cfg), inputs, cfg, fast=fast)
 
 
+# A Config changed after the weights were drawn: each of these ran on the old weights before,
+# on sizes or a dtype the Config does not say (float32 asked, float64 computed).
+MISFITS = [
+    ({"vocab": 6}, "params['embed.W_E'] has shape (8, 6); this Config gives (6, 6)"),
+    ({"d_ff": 10}, "params['blocks.0.ffn.W_1'] has shape (6, 24); this Config gives (6, 10)"),
+    ({"dtype": "float32"}, "params['embed.W_E'] has dtype float64; this Config's dtype is float32"),
+    ({"layers": 2}, "params is missing blocks.1.ln1.gamma and 15 more, which this Config's model has"),
+    ({"pe": "learned"}, "params is missing embed.W_pos, which"),
+    ({"tied_head": True}, "params has head.W_U, which this Config's model does not have"),
+    ({"norm": "post"}, "params has ln_f.gamma and 1 more, which this Config's model does not have"),
+]
+
+
+@pytest.mark.parametrize("changed, reason", MISFITS)
+def test_forward_refuses_params_that_do_not_fit_the_config(changed, reason):
+    cfg = tfmcli.Config()
+    params = tfmcli.init_params(cfg)
+    with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
+        tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg.replace(**changed))
+
+
+def test_forward_refuses_more_positions_than_the_learned_table():
+    cfg = tfmcli.Config(batch=1, pe="learned", n_ctx=4)
+    with pytest.raises(tfmcli.InputsError, match=re.escape(
+            "inputs.tokens has 5 positions, more than the 4 learned positions (n_ctx)")):
+        tfmcli.forward(tfmcli.init_params(cfg), tfmcli.inputs_from_tokens([1, 2, 3, 4, 5]), cfg)
+
+
 def test_forward_takes_inputs_given_as_lists():
     cfg = tfmcli.Config(batch=1, seq_len=3)
     params = tfmcli.init_params(cfg)

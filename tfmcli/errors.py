@@ -18,4 +18,5 @@ class ConfigError(TfmError, ValueError):
 
 class InputsError(TfmError, ValueError):
     """Inputs the model cannot run (an id outside the vocabulary, a length outside 1..T,
-    arrays whose shapes disagree), from the Python API: the CLI checks its inputs first."""
+    arrays whose shapes disagree) or parameters that do not fit the Config, from the Python
+    API: the CLI checks what it is given first."""

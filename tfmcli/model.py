@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli import ops, parallel
-from tfmcli.config import Config
+from tfmcli.config import Config, param_shapes
 from tfmcli.errors import InputsError
 from tfmcli.masks import combined_mask, padding_mask
 from tfmcli.positional import sinusoidal
@@ -83,10 +83,43 @@ def _ids(row, b: int) -> list[int]:
     return ids
 
 
-def checked_inputs(inputs: Inputs, vocab: int) -> Inputs:
-    """``inputs`` as arrays, or ``InputsError`` unless they can run on a model of ``vocab`` ids:
-    integer tokens (B, T) in 0..V-1, targets of the same shape in 0..V-1 or ``IGNORE``, lengths
-    (B,) in 1..T. (NumPy would take an id of -1 as V-1 and run on, every number wrong.)"""
+_param_shapes = functools.lru_cache(maxsize=16)(param_shapes)   # read only: shared
+
+
+def check_params(params: dict, cfg: Config) -> None:
+    """Raise ``InputsError`` unless ``params`` are exactly the parameters of ``cfg``'s model:
+    every name of ``param_shapes(cfg)`` and no other, in its shape and ``cfg.dtype``. (A vocab
+    or d_ff changed in the Config but not in the weights would otherwise run on the old sizes,
+    and float64 weights under dtype float32 would run in float64.)"""
+    shapes = _param_shapes(cfg)
+    for names, what in (([n for n in shapes if n not in params], "is missing {}, which this "
+                         "Config's model has (tfmcli.init_params(cfg) makes them all)"),
+                        ([n for n in params if n not in shapes], "has {}, which this Config's "
+                         "model does not have")):
+        if names:
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            raise InputsError("params " + what.format(names[0] + more))
+    for name, shape in shapes.items():
+        value = params[name]
+        if value.shape != shape:
+            raise InputsError(f"params[{name!r}] has shape {value.shape}; this Config gives "
+                              f"{shape}")
+        if value.dtype != cfg.np_dtype:
+            raise InputsError(f"params[{name!r}] has dtype {value.dtype}; this Config's dtype is "
+                              f"{cfg.dtype}")
+
+
+OUTSIDE = {"tokens": "is outside 0..{top} (vocab {vocab})",
+           "targets": "is neither an id in 0..{top} (vocab {vocab}) nor IGNORE ({ignore})",
+           "lengths": "is outside 1..{T} (T = {T})"}
+
+
+def checked_inputs(inputs: Inputs, cfg: Config) -> Inputs:
+    """``inputs`` as arrays, or ``InputsError`` unless they can run on ``cfg``'s model: integer
+    tokens (B, T) in 0..V-1, targets of the same shape in 0..V-1 or ``IGNORE``, lengths (B,)
+    in 1..T, and T within the learned positions. (NumPy would take an id of -1 as V-1 and run
+    on, every number wrong.)"""
+    vocab = cfg.vocab
     if not all(isinstance(value, np.ndarray) for value in inputs):
         inputs = Inputs(*(np.asarray(value) for value in inputs))
     tokens, targets, lengths = inputs
@@ -101,14 +134,15 @@ def checked_inputs(inputs: Inputs, vocab: int) -> Inputs:
             raise InputsError(f"inputs.{name} has shape {value.shape}, expected {shape} "
                               f"(B, T = {B}, {T}: the tokens' shape)")
     targets = targets[targets != IGNORE]
-    for name, value, low, high, what in (
-            ("tokens", tokens, 0, vocab - 1, f"is outside 0..{vocab - 1} (vocab {vocab})"),
-            ("targets", targets, 0, vocab - 1,
-             f"is neither an id in 0..{vocab - 1} (vocab {vocab}) nor IGNORE ({IGNORE})"),
-            ("lengths", lengths, 1, T, f"is outside 1..{T} (T = {T})")):
-        bad = value[(value < low) | (value > high)]
-        if bad.size:
-            raise InputsError(f"inputs.{name}: {int(bad[0])} {what}")
+    for name, value, low, high in (("tokens", tokens, 0, vocab - 1),
+                                   ("targets", targets, 0, vocab - 1), ("lengths", lengths, 1, T)):
+        if value.size and (value.min() < low or value.max() > high):
+            first = int(value[(value < low) | (value > high)][0])
+            raise InputsError(f"inputs.{name}: {first} " + OUTSIDE[name].format(
+                top=vocab - 1, vocab=vocab, ignore=IGNORE, T=T))
+    if cfg.pe == "learned" and T > cfg.ctx:
+        raise InputsError(f"inputs.tokens has {T} positions, more than the {cfg.ctx} learned "
+                          f"positions (n_ctx)")
     return inputs
 
 
@@ -341,7 +375,13 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
         (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding.
         The backward follows the forward's choice.
     """
-    inputs = checked_inputs(inputs, cfg.vocab)
+    check_params(params, cfg)
+    return unchecked_forward(params, checked_inputs(inputs, cfg), cfg, fast)
+
+
+def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> Forward:
+    """``forward`` without checking its arguments: for a loop over arguments that ``forward``
+    has checked once (the gradient check's nudged copies of the parameters)."""
     with _engine(fast, cfg, *inputs.tokens.shape):
         return _forward(params, inputs, cfg, fast)
 
