@@ -68,7 +68,8 @@ MISFITS = [
     ({"vocab": 6}, "params['embed.W_E'] has shape (8, 6); this Config gives (6, 6)"),
     ({"d_ff": 10}, "params['blocks.0.ffn.W_1'] has shape (6, 24); this Config gives (6, 10)"),
     ({"dtype": "float32"}, "params['embed.W_E'] has dtype float64; this Config's dtype is float32"),
-    ({"layers": 2}, "params is missing blocks.1.ln1.gamma and 15 more, which this Config's model has"),
+    ({"layers": 2},
+     "params is missing blocks.1.ln1.gamma and 15 more, which this Config's model has"),
     ({"pe": "learned"}, "params is missing embed.W_pos, which"),
     ({"tied_head": True}, "params has head.W_U, which this Config's model does not have"),
     ({"norm": "post"}, "params has ln_f.gamma and 1 more, which this Config's model does not have"),
@@ -227,3 +228,15 @@ def test_attn_query_explains_one_row_number_by_number():
 def test_attn_query_out_of_range():
     line = error_line(run("attn", "--query", 4), 2)
     assert "'--query'" in line and "0..3" in line
+
+
+def test_backward_refuses_a_config_that_is_not_the_forward_passs():
+    """A GELU backward through a ReLU forward ran before, its gradients off by up to 0.8."""
+    cfg = tfmcli.Config(layers=2)
+    params = tfmcli.init_params(cfg)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    tfmcli.backward(params, fwd, tfmcli.Config(layers=2))   # equal, if not the same object
+    with pytest.raises(tfmcli.InputsError, match=re.escape(
+            "backward: cfg is not the forward pass's Config (activation='gelu' here, 'relu' in "
+            "the forward pass)")):
+        tfmcli.backward(params, fwd, cfg.replace(activation="gelu"))

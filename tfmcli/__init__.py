@@ -47,6 +47,6 @@ def __dir__():
 
 __all__ = [
     "Config", "ConfigError", "Forward", "GradcheckReport", "Gradients", "IGNORE", "Inputs",
-    "InputsError", "TfmError", "backward", "forward", "gradcheck", "init_params", "inputs_from_tokens",
-    "load", "make_inputs", "__version__",
+    "InputsError", "TfmError", "backward", "forward", "gradcheck", "init_params",
+    "inputs_from_tokens", "load", "make_inputs", "__version__",
 ]

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -421,7 +421,7 @@ def threaded(cfg: Config, B: int, T: int) -> bool:
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     B, T = inputs.tokens.shape
     acts: OrderedDict[str, np.ndarray] = OrderedDict()
-    caches: dict = {"fast": fast}
+    caches: dict = {"fast": fast, "cfg": cfg}
     x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
     acts["embed"] = x
     pe = positions(params, cfg, T)                                                 # (T, d)
@@ -446,7 +446,16 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
 
 
 def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
-    """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation."""
+    """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation.
+
+    ``cfg`` must be the forward pass's: a backward of another model (GELU's derivative through
+    a ReLU forward) would run on and return wrong gradients."""
+    ran = fwd.caches.get("cfg", cfg)
+    if cfg != ran:
+        name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
+        raise InputsError(f"backward: cfg is not the forward pass's Config ({name}="
+                          f"{getattr(cfg, name)!r} here, {getattr(ran, name)!r} in the forward "
+                          f"pass)")
     with _engine(fwd.caches["fast"], cfg, *fwd.inputs.tokens.shape):
         return _backward(params, fwd, cfg)
 
