@@ -57,6 +57,19 @@ def test_warmup_schedule_of_seed_004():
     assert lrs[799] == pytest.approx(lrs[199] / 2, rel=1e-12)     # 1/sqrt(step) after it
 
 
+def test_the_schedule_and_the_batches_refuse_counts_below_one():
+    """Before, a step or warm-up of 0 was a ZeroDivisionError, n = 0 an IndexError, and a batch
+    of 0 an empty batch whose loss is a mean over nothing."""
+    for args, name in (((0, 32, 10), "step=0"), ((1, 32, 0), "warmup=0"),
+                       ((1, 0, 10), "d_model=0")):
+        with pytest.raises(ValueError, match=f"warmup_lr: {name}; it must be at least 1"):
+            warmup_lr(*args)
+    rng = np.random.default_rng(0)
+    for args, name in (((0, 4, 10), "batch=0"), ((2, 0, 10), "n=0"), ((2, 4, 0), "symbols=0")):
+        with pytest.raises(ValueError, match=f"make_batch: {name}; it must be at least 1"):
+            make_batch("copy", rng, *args)
+
+
 @pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
 def test_make_batch_scores_only_the_answer(task):
     inputs = make_batch(task, np.random.default_rng(1), 5, 4, 10)

@@ -21,6 +21,10 @@ def warmup_lr(step: int, d_model: int, warmup: int) -> float:
 
     ``step`` counts from 1.
     """
+    for name, value in (("step", step), ("d_model", d_model), ("warmup", warmup)):
+        if value < 1:
+            raise ValueError(f"warmup_lr: {name}={value}; it must be at least 1 (step counts "
+                             f"from 1)")
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 

@@ -31,6 +31,9 @@ def make_batch(task: str, rng, batch: int, n: int, symbols: int) -> Inputs:
     Returns Inputs of T = 2n: tokens ``x, SEP, answer[:-1]``, targets IGNORE on the prompt and
     ``answer`` from the separator on. Vocabulary size is ``symbols + 1``.
     """
+    for name, value in (("batch", batch), ("n", n), ("symbols", symbols)):
+        if value < 1:
+            raise ValueError(f"make_batch: {name}={value}; it must be at least 1")
     x = rng.integers(0, symbols, size=(batch, n))
     sep = np.full((batch, 1), symbols)
     sequence = np.concatenate([x, sep, answer(task, x)], axis=1)         # (B, 2n + 1)
