@@ -8,7 +8,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.model import IGNORE
+from tfmcli.inputs import IGNORE
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, run
-from tfmcli.model import IGNORE
+from tfmcli.inputs import IGNORE
 from tfmcli.optim import Adam, adam_step, warmup_lr
 from tfmcli.tasks import answer, make_batch
 

@@ -21,12 +21,12 @@ __version__ = "0.1.0"
 # NumPy and `tfm mask` without the model, the sources or the gradient check.
 _LAZY = {
     "Config": "tfmcli.config", "init_params": "tfmcli.init", "load": "tfmcli.sources",
-    "IGNORE": "tfmcli.model", "Forward": "tfmcli.model", "Gradients": "tfmcli.model",
-    "Inputs": "tfmcli.model", "backward": "tfmcli.model", "forward": "tfmcli.model",
-    "inputs_from_tokens": "tfmcli.model", "make_inputs": "tfmcli.model",
+    "IGNORE": "tfmcli.inputs", "Forward": "tfmcli.model", "Gradients": "tfmcli.model",
+    "Inputs": "tfmcli.inputs", "backward": "tfmcli.model", "forward": "tfmcli.model",
+    "inputs_from_tokens": "tfmcli.inputs", "make_inputs": "tfmcli.inputs",
 }
 _SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
-    "config", "init", "io", "kv", "lens", "masks", "memory", "model", "ops", "optim",
+    "config", "init", "inputs", "io", "kv", "lens", "masks", "memory", "model", "ops", "optim",
     "parallel", "positional", "sources", "summary", "tasks", "train",
 }
 

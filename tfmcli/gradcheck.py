@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:   # NumPy and the model load when a check runs: `import tfmcli` stays light
     from tfmcli.config import Config
-    from tfmcli.model import Inputs
+    from tfmcli.inputs import Inputs
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
 FLOOR = 1e-3  # errors are measured against at least this fraction of the largest gradient

@@ -23,7 +23,8 @@ import numpy as np
 from tfmcli.config import Config
 from tfmcli.errors import TfmError
 if TYPE_CHECKING:   # (imported for the annotations only: saving needs no model code)
-    from tfmcli.model import Forward, Gradients, Inputs
+    from tfmcli.inputs import Inputs
+    from tfmcli.model import Forward, Gradients
 
 def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = None,
                grads: Gradients | None = None) -> dict[str, np.ndarray]:

@@ -14,7 +14,8 @@ import numpy as np
 
 from tfmcli import parallel
 from tfmcli.config import Config
-from tfmcli.model import IGNORE, Inputs, backward, forward, largest_product, unchecked_forward
+from tfmcli.inputs import IGNORE, Inputs
+from tfmcli.model import backward, forward, largest_product, unchecked_forward
 from tfmcli.optim import Adam, adam_step, warmup_lr
 from tfmcli.tasks import make_batch
 

@@ -48,7 +48,7 @@ def train(
     from tfmcli.io import run_arrays
     from tfmcli.masks import combined_mask
     from tfmcli.memory import keep_freed_memory
-    from tfmcli.model import IGNORE
+    from tfmcli.inputs import IGNORE
     from tfmcli.sources import Run, parse_tokens
     from tfmcli.train import evaluate
 
@@ -150,7 +150,7 @@ def schedule_line(cfg, warmup, lr):
 
 def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
     """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
-    from tfmcli.model import IGNORE
+    from tfmcli.inputs import IGNORE
 
     table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
     for header in ("prompt", "answer", "predicted", "right"):

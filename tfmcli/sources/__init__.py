@@ -17,7 +17,8 @@ import numpy as np
 from tfmcli.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.init import init_params
-from tfmcli.model import IGNORE, Inputs, arrays_repr, inputs_from_tokens, make_inputs
+from tfmcli.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
+from tfmcli.model import arrays_repr
 from tfmcli.sources import gpt2
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import check_inputs, check_params, load_npz

@@ -10,7 +10,7 @@ import numpy as np
 
 from tfmcli.config import Config, param_shapes
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.model import IGNORE, Inputs
+from tfmcli.inputs import IGNORE, Inputs
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
