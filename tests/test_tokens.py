@@ -35,8 +35,9 @@ def test_inputs_from_tokens_takes_one_flat_row_and_refuses_what_is_not_ids():
             tfmcli.inputs_from_tokens(rows)
 
 
-# Each of these ran before without a word: an id of -1 is row V-1 to NumPy (the same loss as
-# id 7 below), a length past T or a batch of lengths too long was ignored on the plain path.
+# Some of these ran before without a word: an id of -1 is row V-1 to NumPy (the same loss as
+# id 7), so is a target of -1, and a length past T or a batch of lengths too long was ignored
+# on the plain path. The others failed deep inside NumPy.
 BAD_INPUTS = [
     ([[1, -1, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: -1 is outside 0..7 (vocab 8)"),
     ([[1, 8, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: 8 is outside 0..7"),
@@ -62,8 +63,9 @@ def test_forward_refuses_inputs_it_cannot_run(tokens, targets, lengths, reason, 
         tfmcli.forward(tfmcli.init_params(cfg), inputs, cfg, fast=fast)
 
 
-# A Config changed after the weights were drawn: each of these ran on the old weights before,
-# on sizes or a dtype the Config does not say (float32 asked, float64 computed).
+# A Config changed after the weights were drawn. vocab, d_ff, dtype, tied_head and norm ran on
+# the old weights before, on sizes or a dtype the Config does not say (float32 asked, float64
+# computed); a missing name was a KeyError.
 MISFITS = [
     ({"vocab": 6}, "params['embed.W_E'] has shape (8, 6); this Config gives (6, 6)"),
     ({"d_ff": 10}, "params['blocks.0.ffn.W_1'] has shape (6, 24); this Config gives (6, 10)"),

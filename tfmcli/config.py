@@ -8,9 +8,11 @@ not fit in memory before allocating anything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -222,6 +224,37 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     if cfg.head_bias:
         shapes["head.b_U"] = (V,)
     return shapes
+
+
+class Misfit(NamedTuple):
+    """The first way a set of parameters is not a Config's (``param_misfit``)."""
+    kind: str     # "missing", "unknown", "shape" or "dtype"
+    name: str     # the parameter
+    have: object  # its shape or dtype ("shape", "dtype")
+    want: object  # the Config's
+    more: int     # how many more are missing or unknown besides ``name``
+
+
+_cached_shapes = functools.lru_cache(maxsize=16)(param_shapes)   # read only: shared
+
+
+def param_misfit(params: dict, cfg: Config) -> Misfit | None:
+    """None when ``params`` are exactly ``cfg``'s parameters (``param_shapes``, in
+    ``cfg.dtype``); else the first misfit: a name missing, then, in ``params``' order, a name
+    unknown, a shape or a dtype that differs."""
+    shapes = _cached_shapes(cfg)
+    missing = [name for name in shapes if name not in params]
+    if missing:
+        return Misfit("missing", missing[0], None, None, len(missing) - 1)
+    for name, value in params.items():
+        if name not in shapes:
+            unknown = sum(other not in shapes for other in params)
+            return Misfit("unknown", name, None, None, unknown - 1)
+        if value.shape != shapes[name]:
+            return Misfit("shape", name, value.shape, shapes[name], 0)
+        if value.dtype != cfg.np_dtype:
+            return Misfit("dtype", name, value.dtype, cfg.dtype, 0)
+    return None
 
 
 def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:

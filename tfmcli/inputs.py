@@ -70,6 +70,20 @@ def _ids(row, b: int) -> list[int]:
     return ids
 
 
+def first_outside(inputs: Inputs, vocab: int) -> tuple[str, int, int, int] | None:
+    """The first array of ``inputs`` (of integers, shapes agreeing) holding a value it may not
+    hold, as (name, that value, low, high), or None: tokens in 0..V-1, targets in 0..V-1 or
+    ``IGNORE``, lengths in 1..T."""
+    T = inputs.tokens.shape[1]
+    targets = inputs.targets[inputs.targets != IGNORE]
+    for name, values, low, high in (("tokens", inputs.tokens, 0, vocab - 1),
+                                    ("targets", targets, 0, vocab - 1),
+                                    ("lengths", inputs.lengths, 1, T)):
+        if values.size and (values.min() < low or values.max() > high):
+            return name, int(values[(values < low) | (values > high)][0]), low, high
+    return None
+
+
 OUTSIDE = {"tokens": "is outside 0..{top} (vocab {vocab})",
            "targets": "is neither an id in 0..{top} (vocab {vocab}) nor IGNORE ({ignore})",
            "lengths": "is outside 1..{T} (T = {T})"}
@@ -94,13 +108,11 @@ def checked_inputs(inputs: Inputs, cfg: Config) -> Inputs:
         if value.shape != shape:
             raise InputsError(f"inputs.{name} has shape {value.shape}, expected {shape} "
                               f"(B, T = {B}, {T}: the tokens' shape)")
-    targets = targets[targets != IGNORE]
-    for name, value, low, high in (("tokens", tokens, 0, vocab - 1),
-                                   ("targets", targets, 0, vocab - 1), ("lengths", lengths, 1, T)):
-        if value.size and (value.min() < low or value.max() > high):
-            first = int(value[(value < low) | (value > high)][0])
-            raise InputsError(f"inputs.{name}: {first} " + OUTSIDE[name].format(
-                top=vocab - 1, vocab=vocab, ignore=IGNORE, T=T))
+    outside = first_outside(inputs, vocab)
+    if outside is not None:
+        name, value = outside[:2]
+        raise InputsError(f"inputs.{name}: {value} " + OUTSIDE[name].format(
+            top=vocab - 1, vocab=vocab, ignore=IGNORE, T=T))
     if cfg.pe == "learned" and T > cfg.ctx:
         raise InputsError(f"inputs.tokens has {T} positions, more than the {cfg.ctx} learned "
                           f"positions (n_ctx)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from tfmcli import ops, parallel
-from tfmcli.config import Config, param_shapes
+from tfmcli.config import Config, param_misfit
 from tfmcli.errors import InputsError
 from tfmcli.inputs import (   # noqa: F401 (also re-exported: tfmcli.model.IGNORE as before)
     IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs)
@@ -25,30 +25,21 @@ from tfmcli.masks import combined_mask, padding_mask
 from tfmcli.positional import sinusoidal
 
 
-_param_shapes = functools.lru_cache(maxsize=16)(param_shapes)   # read only: shared
-
-
 def check_params(params: dict, cfg: Config) -> None:
-    """Raise ``InputsError`` unless ``params`` are exactly the parameters of ``cfg``'s model:
-    every name of ``param_shapes(cfg)`` and no other, in its shape and ``cfg.dtype``. (A vocab
-    or d_ff changed in the Config but not in the weights would otherwise run on the old sizes,
-    and float64 weights under dtype float32 would run in float64.)"""
-    shapes = _param_shapes(cfg)
-    for names, what in (([n for n in shapes if n not in params], "is missing {}, which this "
-                         "Config's model has (tfmcli.init_params(cfg) makes them all)"),
-                        ([n for n in params if n not in shapes], "has {}, which this Config's "
-                         "model does not have")):
-        if names:
-            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            raise InputsError("params " + what.format(names[0] + more))
-    for name, shape in shapes.items():
-        value = params[name]
-        if value.shape != shape:
-            raise InputsError(f"params[{name!r}] has shape {value.shape}; this Config gives "
-                              f"{shape}")
-        if value.dtype != cfg.np_dtype:
-            raise InputsError(f"params[{name!r}] has dtype {value.dtype}; this Config's dtype is "
-                              f"{cfg.dtype}")
+    """Raise ``InputsError`` unless ``params`` are exactly the parameters of ``cfg``'s model
+    (``config.param_misfit``). A vocab or d_ff changed in the Config but not in the weights
+    would otherwise run on the old sizes, and float64 weights under dtype float32 in float64."""
+    misfit = param_misfit(params, cfg)
+    if misfit is None:
+        return
+    kind, name, have, want, more = misfit
+    names = name + (f" and {more} more" if more else "")
+    raise InputsError({
+        "missing": f"params is missing {names}, which this Config's model has "
+                   f"(tfmcli.init_params(cfg) makes them all)",
+        "unknown": f"params has {names}, which this Config's model does not have",
+        "shape": f"params[{name!r}] has shape {have}; this Config gives {want}",
+        "dtype": f"params[{name!r}] has dtype {have}; this Config's dtype is {want}"}[kind])
 
 
 @dataclass
@@ -355,7 +346,7 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
 
     ``cfg`` must be the forward pass's: a backward of another model (GELU's derivative through
     a ReLU forward) would run on and return wrong gradients."""
-    ran = fwd.caches.get("cfg", cfg)
+    ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
         raise InputsError(f"backward: cfg is not the forward pass's Config ({name}="

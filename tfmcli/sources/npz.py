@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import Config, param_shapes
+from tfmcli.config import Config, param_misfit
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.inputs import IGNORE, Inputs
+from tfmcli.inputs import IGNORE, Inputs, first_outside
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
@@ -108,20 +108,18 @@ def _check_keys(path, arrays):
 def check_params(path, params: dict, cfg: Config) -> dict:
     """Every parameter ``cfg`` needs, of its shape and dtype, finite, and no other; each failure
     names the key."""
-    expected = param_shapes(cfg)
-    for name in expected:
-        if name not in params:
-            raise TfmError(f"--load {path}: missing key 'param/{name}'")
-    for name, value in params.items():
+    misfit = param_misfit(params, cfg)
+    if misfit is not None:
+        kind, name, have, want, _ = misfit
         key = f"param/{name}"
-        if name not in expected:
-            raise TfmError(f"--load {path}: unknown key {key!r} (not a parameter of this model)")
-        if value.shape != expected[name]:
-            raise TfmError(f"--load {path}: {key} has shape {value.shape}, expected {expected[name]}")
-        if value.dtype != cfg.np_dtype:
-            raise TfmError(f"--load {path}: {key} has dtype {value.dtype}, expected {cfg.dtype}")
+        raise TfmError(f"--load {path}: " + {
+            "missing": f"missing key {key!r}",
+            "unknown": f"unknown key {key!r} (not a parameter of this model)",
+            "shape": f"{key} has shape {have}, expected {want}",
+            "dtype": f"{key} has dtype {have}, expected {want}"}[kind])
+    for name, value in params.items():
         if not np.all(np.isfinite(value)):
-            raise TfmError(f"--load {path}: {key} contains NaN or Inf")
+            raise TfmError(f"--load {path}: param/{name} contains NaN or Inf")
     return params
 
 
@@ -137,13 +135,11 @@ def check_inputs(path, inputs: Inputs | None, cfg: Config) -> Inputs | None:
             raise TfmError(f"--load {path}: {key} has dtype {value.dtype}, expected integers")
         if value.shape != shape:
             raise TfmError(f"--load {path}: {key} has shape {value.shape}, expected {shape}")
-    targets = inputs.targets[inputs.targets != IGNORE]  # -100: no target there
-    for key, value, low, high in (("input/tokens", inputs.tokens, 0, V - 1),
-                                  ("input/targets", targets, 0, V - 1),
-                                  ("input/lengths", inputs.lengths, 1, T)):
-        if value.size and (value.min() < low or value.max() > high):
-            extra = f" (or {IGNORE}: no target)" if key == "input/targets" else ""
-            raise TfmError(f"--load {path}: {key} has values outside {low}..{high}{extra}")
+    outside = first_outside(inputs, V)
+    if outside is not None:
+        name, _, low, high = outside
+        extra = f" (or {IGNORE}: no target)" if name == "targets" else ""
+        raise TfmError(f"--load {path}: input/{name} has values outside {low}..{high}{extra}")
     if not np.array_equal(inputs.lengths, cfg.lengths_array()):
         raise TfmError(f"--load {path}: input/lengths {inputs.lengths.tolist()} "
                        f"disagrees with the config's lengths {cfg.lengths_array().tolist()}")
