@@ -43,7 +43,8 @@ def test_post_ln_gradients_grow_toward_the_output_at_initialisation():
     assert post[-1]["ffn"] > 1.5 * post[0]["ffn"]
     assert pre[-1]["ffn"] < pre[0]["ffn"]
     assert "Post-LN's gradients are largest near the output" in data["reading"]
-    assert "x0.62 in Pre-LN and by x1.85 in Post-LN" in data["reading"]
+    assert "From block 0 to block 5, the FFN weights' gradient norm changes by x0.62 in Pre-LN " \
+           "and by x1.85 in Post-LN" in data["reading"]
 
 
 def test_gradient_norms_groups_every_parameter_of_a_block():

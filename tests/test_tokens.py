@@ -25,6 +25,18 @@ def test_inputs_from_tokens_pads_and_leaves_the_last_position_unscored():
     assert inputs.tokens.dtype == inputs.targets.dtype == np.int64
 
 
+def test_make_inputs_draws_the_ids_as_the_conventions_say():
+    """The README's rule, which lets anyone draw the same tokens without tfm:
+    ``default_rng(seed).integers(0, V, (B, T + 1))``, input ``[:, :-1]``, target ``[:, 1:]``."""
+    cfg = tfmcli.Config(batch=3, seq_len=5, vocab=4, seed=7, lengths=(5, 2, 4))
+    ids = np.random.default_rng(7).integers(0, 4, (3, 6))
+    inputs = tfmcli.make_inputs(cfg)
+    assert inputs.tokens.tolist() == ids[:, :-1].tolist()
+    assert inputs.targets.tolist() == ids[:, 1:].tolist()
+    assert inputs.lengths.tolist() == [5, 2, 4]
+    assert set(inputs.tokens.ravel()) == {0, 1, 2, 3}
+
+
 def test_inputs_from_tokens_takes_one_flat_row_and_refuses_what_is_not_ids():
     assert tfmcli.inputs_from_tokens([3, 1, 4]).tokens.tolist() == [[3, 1, 4]]
     assert tfmcli.inputs_from_tokens(np.array([3, 1, 4])).targets.tolist() == [[1, 4, IGNORE]]
@@ -41,6 +53,9 @@ def test_inputs_from_tokens_takes_one_flat_row_and_refuses_what_is_not_ids():
 BAD_INPUTS = [
     ([[1, -1, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: -1 is outside 0..7 (vocab 8)"),
     ([[1, 8, 3]], [[2, 3, IGNORE]], [3], "inputs.tokens: 8 is outside 0..7"),
+    # the value named is the one outside, not an id at the edge of the range before it
+    ([[0, 7, -1]], [[7, 0, IGNORE]], [3], "inputs.tokens: -1 is outside 0..7"),
+    ([[7, 0, 8]], [[0, 1, IGNORE]], [3], "inputs.tokens: 8 is outside 0..7"),
     ([[1, 2, 3]], [[-1, 3, IGNORE]], [3],
      "inputs.targets: -1 is neither an id in 0..7 (vocab 8) nor IGNORE (-100)"),
     ([[1, 2, 3]], [[8, 3, IGNORE]], [3], "inputs.targets: 8 is neither"),

@@ -12,6 +12,7 @@ from helpers import error_line, ok, run
 from tfmcli.inputs import IGNORE
 from tfmcli.optim import Adam, adam_step, warmup_lr
 from tfmcli.tasks import answer, make_batch
+from tfmcli.train import train
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +69,29 @@ def test_the_schedule_and_the_batches_refuse_counts_below_one():
     for args, name in (((0, 4, 10), "batch=0"), ((2, 0, 10), "n=0"), ((2, 4, 0), "symbols=0")):
         with pytest.raises(ValueError, match=f"make_batch: {name}; it must be at least 1"):
             make_batch("copy", rng, *args)
+
+
+def test_make_batch_draws_every_symbol_and_takes_counts_of_one():
+    inputs = make_batch("copy", np.random.default_rng(0), 64, 8, 10)
+    assert set(inputs.tokens[:, :8].ravel()) == set(range(10))      # 0..9; 10 is the separator
+    one = make_batch("sort", np.random.default_rng(0), 1, 1, 1)       # the smallest batch there is
+    assert one.tokens.tolist() == [[0, 1]] and one.targets.tolist() == [[IGNORE, 0]]
+    assert one.lengths.tolist() == [2]
+
+
+def test_train_refuses_weights_that_do_not_fit_before_its_first_step():
+    """Only the first step checks (the later ones skip it); a refusal there leaves every weight
+    as it was and reports no step."""
+    cfg = tfmcli.Config(batch=2, seq_len=8, vocab=11, d_model=8, heads=2)
+    params = tfmcli.init_params(cfg)
+    before = {name: array.copy() for name, array in params.items()}
+    steps = []
+    with pytest.raises(tfmcli.InputsError, match="this Config's dtype is float32"):
+        train(params, cfg.replace(dtype="float32"), "copy", np.random.default_rng(0), steps=3,
+              n=4, symbols=10, warmup=10, on_step=lambda *step: steps.append(step))
+    assert steps == []
+    for name, array in params.items():
+        np.testing.assert_array_equal(array, before[name])
 
 
 @pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
