@@ -46,6 +46,21 @@ def test_flops_with_and_without_the_cache():
     assert step_flops(cfg, 1) == flops(cfg.replace(batch=1, seq_len=1))[0]
 
 
+def test_each_step_counts_its_own_flops_and_those_of_the_prefix_recomputed():
+    """Step t attends to t + 1 keys; recomputing instead runs the forward of all t + 1 tokens,
+    whose attention is (t + 1) x (t + 1). The README's `tfm kv -L 2` shows the first three."""
+    cfg = tfmcli.Config(batch=1, seq_len=5, layers=2)
+    d, F, V, L = 6, 24, 8, 2
+    steps = decode(tfmcli.init_params(cfg), [3, 1, 4, 1, 5], cfg)
+    per_token = L * (8 * d * d + 4 * d * F) + 2 * d * V         # projections, FFN and head
+    for s in steps:
+        keys = s.step + 1
+        assert s.flops_cached == per_token + L * 4 * keys * d
+        assert s.flops_full == keys * per_token + L * 4 * keys * keys * d
+    assert [s.flops_cached for s in steps[:3]] == [1872, 1920, 1968]
+    assert [s.flops_full for s in steps[:3]] == [1872, 3840, 5904]
+
+
 def test_cli_kv_json_checks_each_step():
     data = json.loads(ok("kv", "--tokens", "3,1,4,1,5,7", "-L", 2, "--norm", "post",
                          "--json").stdout)
@@ -89,7 +104,7 @@ def test_decode_refuses_a_model_that_is_not_causal_and_ids_outside_the_vocabular
         decode(params, [1, 2], cfg.replace(causal=False))
     assert caught.value.field == "causal"
     for tokens, reason in (([1, -1], "token -1 is outside 0..7 (vocab 8)"),
-                           ([9], "token 9 is outside 0..7"),
+                           ([9], "token 9 is outside 0..7"), ([8], "token 8 is outside"),
                            ([[1, 2]], "shape (1, 2)"), ([], "shape (0,)")):
         with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
             decode(params, tokens, cfg)
