@@ -526,6 +526,16 @@ def test_l2_norm_of_float32_adds_in_float64():
     assert l2_norm(np.zeros((0, 3), np.float32)) == 0.0
 
 
+def test_l2_norm_of_float32_over_chunks_the_last_one_short(monkeypatch):
+    """The float64 sum of squares goes a chunk at a time; 2,500 entries in chunks of 1,000
+    end with half a chunk."""
+    import tfmcli.summary as summary
+    monkeypatch.setattr(summary, "CHUNK", 1000)
+    g = np.random.default_rng(1).standard_normal(2500).astype(np.float32)
+    exact = math.sqrt(math.fsum(float(x) * float(x) for x in g))
+    assert summary.l2_norm(g.reshape(50, 50)) == pytest.approx(exact, rel=1e-14)
+
+
 def test_gradient_mean_of_float32_adds_in_float64():
     """NumPy's own mean of these 2^21 float32 entries (summed in float32) is off in the
     seventh digit, which `backward --json` writes; tfm's is the float64 sum's."""
