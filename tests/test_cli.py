@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from helpers import ok, run
+from helpers import ok, random_params, run
 from tfmcli.cli import app  # noqa: F401
 from tfmcli.config import activation_shapes, param_shapes
 
@@ -302,6 +302,24 @@ def test_attn_model_steps_agree_with_the_models_own_tensors():
     # causal 6 + the padded key 3 seen by query 3, and once in the step's formula
     assert out.count("-inf") == 7 + 1
     assert out.count("·") == 7 + 1      # the same cells in the softmax, and its formula
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_attn_steps_are_the_models_own_at_random_parameters(norm):
+    """At initial weights every bias is 0, and a wrong bias term in Q, K or V hides; here the
+    biases (and gammas) are drawn, and every step equals the model's own tensor of that head."""
+    from tfmcli.steps import model_head_steps
+    cfg = tfmcli.Config(layers=2, norm=norm, lengths=(4, 3))
+    params = random_params(tfmcli.init_params(cfg), seed=5)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, block=1, head=1, row=1)}
+    p = "blocks.1.attn."
+    for name, act in (("Q", "q"), ("K", "k"), ("V", "v"), ("masked scores", "scores"),
+                      ("softmax", "pattern")):
+        np.testing.assert_allclose(steps[name], fwd.acts[p + act][1, 1], rtol=1e-12, atol=1e-14)
+    context = fwd.acts[p + "context"][1, :, cfg.d_head:2 * cfg.d_head]       # head 1's columns
+    np.testing.assert_allclose(steps["context"], context, rtol=1e-12, atol=1e-14)
+    assert np.abs(params[p + "b_Q"]).max() > 0.1 and np.abs(params[p + "b_V"]).max() > 0.1
 
 
 # ---------------------------------------------------------------- shapes
