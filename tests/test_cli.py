@@ -309,10 +309,15 @@ def test_attn_steps_are_the_models_own_at_random_parameters(norm):
     """At initial weights every bias is 0, and a wrong bias term in Q, K or V hides; here the
     biases (and gammas) are drawn, and every step equals the model's own tensor of that head."""
     from tfmcli.steps import model_head_steps
-    cfg = tfmcli.Config(layers=2, norm=norm, lengths=(4, 3))
+    cfg = tfmcli.Config(layers=2, heads=3, norm=norm, lengths=(4, 3))   # head 1: a middle one
     params = random_params(tfmcli.init_params(cfg), seed=5)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
-    steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, block=1, head=1, row=1)}
+    explained = model_head_steps(params, fwd, cfg, block=1, head=1, row=1)
+    source = "LN1 output" if norm == "pre" else "block input"
+    assert (explained[0].name, explained[0].formula) == ("X", f"{source} of block 1, batch row 1")
+    x = fwd.acts["blocks.1.ln1.out" if norm == "pre" else "blocks.1.in"][1]
+    np.testing.assert_array_equal(explained[0].value, x)
+    steps = {s.name: s.value for s in explained}
     p = "blocks.1.attn."
     for name, act in (("Q", "q"), ("K", "k"), ("V", "v"), ("masked scores", "scores"),
                       ("softmax", "pattern")):
