@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import tfmcli
 from tfmcli import io
-from helpers import error_line, run
+from helpers import error_line, random_params, run
 from tfmcli.cli import app  # noqa: F401
 
 runner = CliRunner()
@@ -181,6 +181,33 @@ def test_load_weights_made_elsewhere_without_config_or_inputs(tmp_path):
     assert loss_of("forward", "--load", path, "-H", 4) == pytest.approx(expected, abs=1e-14)
 
 
+def test_load_a_learned_table_and_padded_inputs_made_elsewhere_without_config(tmp_path):
+    """The shapes decide the rest: a learned table of n_ctx rows (here more than T), a tied head
+    without bias, and B, T and the lengths from the inputs."""
+    cfg = tfmcli.Config(batch=2, seq_len=3, d_model=4, heads=2, vocab=7, pe="learned", n_ctx=5,
+                        tied_head=True, head_bias=False, lengths=(3, 2))
+    params = random_params(tfmcli.init_params(cfg))
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4], [6, 2]])
+    path = tmp_path / "mine.npz"
+    np.savez(path, **{f"param/{k}": v for k, v in params.items()},
+             **{f"input/{k}": v for k, v in inputs._asdict().items()})
+    data = json.loads(run("forward", "--load", path, "-H", 2, "--json").stdout)
+    assert data["loss"] == pytest.approx(tfmcli.forward(params, inputs, cfg).loss, abs=1e-14)
+    found = data["config"]
+    assert (found["pe"], found["n_ctx"], found["tied_head"], found["head_bias"]) == \
+        ("learned", 5, True, False)
+    assert (found["batch"], found["seq_len"], found["lengths"]) == (2, 3, [3, 2])
+
+
+def test_a_file_whose_targets_lie_past_the_lengths_has_nothing_to_score(tmp_path):
+    path = saved(tmp_path, "--lengths", "1,1")
+    targets = np.full((2, 4), -100)
+    targets[:, 1] = 3                  # at position 1, where a length of 1 ends the row
+    bad = rewrite(path, tmp_path / "bad.npz", lambda a: a.update({"input/targets": targets}))
+    line = error_line(run("forward", "--load", bad), 1)
+    assert "input/targets has no target inside the lengths (every one is -100)" in line
+
+
 def test_load_gradcheck(tmp_path):
     path = saved(tmp_path, "--activation", "gelu")
     result = run("gradcheck", "--load", path, "--json")
@@ -209,7 +236,8 @@ def test_flag_that_contradicts_the_file_is_a_usage_error(tmp_path):
     (lambda a: a.update({"input/tokens": a["input/tokens"] + 100}), "input/tokens has values outside 0..7"),
     (lambda a: a.update({"input/tokens": np.zeros((2, 5), dtype=np.int64)}), "input/tokens has shape (2, 5), expected (2, 4)"),
     (lambda a: a.update({"input/lengths": np.array([0, 4])}), "input/lengths has values outside 1..4"),
-    (lambda a: a.pop("input/targets"), "missing key 'input/targets'"),
+    (lambda a: a.pop("input/targets"), "has 'input/tokens' but is missing key 'input/targets'"),
+    (lambda a: a.update({"act/": np.zeros(3)}), "unknown key 'act/'"),
     (lambda a: a.update({"config": np.array("{not json")}), "key 'config' is not a JSON object"),
     (lambda a: a.update({"config": np.array('{"colour": 1}')}), "unknown field 'colour'"),
 ])
