@@ -25,6 +25,7 @@ USAGE_ERRORS = [
     (["forward", "--d-ff", "0"], ["'--d-ff'", "0 is not allowed"]),
     (["forward", "--seed", "-1"], ["'--seed'", "-1", "0 or more"]),
     (["forward", "-d", "7", "-H", "2"], ["'--heads'", "d_model=7 is not divisible by heads=2", "allowed heads: 1, 7"]),
+    (["forward", "-d", "36", "-H", "5"], ["'--heads'", "allowed heads: 1, 2, 3, 4, 6, 9, 12, 18, 36"]),
     (["backward", "--lengths", "9"], ["'--lengths'", "1 values but batch=2"]),
     (["forward", "--lengths", "4,9"], ["'--lengths'", "9 is outside 1..4"]),
     (["forward", "--lengths", "0,1"], ["'--lengths'", "0 is outside 1..4"]),
