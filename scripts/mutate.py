@@ -4,6 +4,13 @@ how many bugs they catch.
     python scripts/mutate.py              # 40 mutants drawn with seed 0 (about 10 minutes)
     python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
     python scripts/mutate.py --sample 0 --target tfmcli/parallel.py   # every mutant of one file
+    python scripts/mutate.py --sample 0 --target tfmcli/kv.py         # a module beyond the engine
+
+By default it mutates the engine (the forward and backward passes and what they stand on)
+and runs the engine's tests. ``--target`` also takes the modules that compute the other
+numbers a user reads (the inputs, the KV cache, the logit lens, the toy tasks and training,
+the shapes, FLOPs and memory, the statistics, the Pre-LN / Post-LN comparison, the attention
+steps, the file loaders); each runs the test files that cover it.
 
 A mutant swaps one operator (+ and -, * and /, < and <=, > and >=), changes one number (n to
 n + 1, 0.5 to 0.25...) or drops one unary minus, inside a function of an engine module. It is
@@ -23,11 +30,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ["tfmcli/ops.py", "tfmcli/model.py", "tfmcli/optim.py", "tfmcli/gradcheck.py",
-           "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py", "tfmcli/parallel.py"]
-TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
-         "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py",
-         "tests/test_fast.py", "tests/test_parallel.py"]
+ENGINE = ["tfmcli/ops.py", "tfmcli/model.py", "tfmcli/optim.py", "tfmcli/gradcheck.py",
+          "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py", "tfmcli/parallel.py"]
+ENGINE_TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
+                "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py",
+                "tests/test_fast.py", "tests/test_parallel.py"]
+TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests that cover it
+    "tfmcli/inputs.py": ["tests/test_tokens.py", "tests/test_model.py", "tests/test_io.py"],
+    "tfmcli/kv.py": ["tests/test_kv.py"],
+    "tfmcli/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
+    "tfmcli/tasks.py": ["tests/test_train.py"],
+    "tfmcli/train.py": ["tests/test_train.py"],
+    "tfmcli/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py",
+                         "tests/test_cli.py", "tests/test_model.py", "tests/test_gpt2.py"],
+    "tfmcli/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
+    "tfmcli/compare.py": ["tests/test_compare.py"],
+    "tfmcli/steps.py": ["tests/test_cli.py", "tests/test_tokens.py", "tests/test_seeds.py"],
+    "tfmcli/sources/npz.py": ["tests/test_io.py", "tests/test_tokens.py"],
+    "tfmcli/sources/gpt2.py": ["tests/test_gpt2.py"],
+}
 SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
         ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 
@@ -85,11 +106,11 @@ def mutate(source: str, index: int) -> tuple[str, str]:
     return ast.unparse(tree), f"line {line}: {what}"
 
 
-def run_tests(timeout: float) -> bool:
+def run_tests(tests: list[str], timeout: float) -> bool:
     """True when the tests pass (the mutant survives)."""
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                               *TESTS], cwd=ROOT, capture_output=True, timeout=timeout)
+                               *tests], cwd=ROOT, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
@@ -100,16 +121,16 @@ def main():
     parser.add_argument("--sample", type=int, default=40, help="mutants to draw (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
-    parser.add_argument("--target", action="append", choices=TARGETS,
-                        help="mutate only this engine file (repeatable; default: all of them)")
+    parser.add_argument("--target", action="append", choices=list(TESTS),
+                        help="mutate only this file (repeatable; default: the engine's)")
     args = parser.parse_args()
 
-    originals = {path: (ROOT / path).read_text() for path in args.target or TARGETS}
+    originals = {path: (ROOT / path).read_text() for path in args.target or ENGINE}
     mutants = [(path, i) for path, source in originals.items()
                for i in range(len(sites(ast.parse(source))))]
     if args.sample:
         mutants = sorted(random.Random(args.seed).sample(mutants, min(args.sample, len(mutants))))
-    if not run_tests(args.timeout):
+    if not run_tests(sorted({t for path in originals for t in TESTS[path]}), args.timeout):
         sys.exit("the tests fail before any mutation; fix them first")
     survivors, start = [], time.time()
     try:
@@ -117,7 +138,7 @@ def main():
             source, what = mutate(originals[path], index)
             (ROOT / path).write_text(source)
             try:
-                survived = run_tests(args.timeout)
+                survived = run_tests(TESTS[path], args.timeout)
             finally:
                 (ROOT / path).write_text(originals[path])
             print(f"[{k}/{len(mutants)}] {'SURVIVED' if survived else 'killed  '} "

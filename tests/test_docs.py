@@ -67,3 +67,18 @@ def test_seed_000_std_plus_eps():
     right, _ = ops.layer_norm_forward(X, gamma, beta, 1e-5)
     wrong = gamma * (X - X.mean(-1, keepdims=True)) / (X.std(-1, keepdims=True) + 1e-5) + beta
     close(row("`(x - μ) / (std + ε)`"), right[0, 4], wrong[0, 4])
+
+
+def test_the_mutation_script_names_files_that_exist_and_tests_that_cover_them():
+    """docs/testing.md's runs of scripts/mutate.py: each file it may mutate, and each test file
+    it runs against that file, is there (a renamed module would make `--target` fail late)."""
+    script = runpy.run_path(str(ROOT / "scripts" / "mutate.py"), run_name="mutate")
+    tests = script["TESTS"]
+    assert set(script["ENGINE"]) <= set(tests) and len(tests) == 19
+    for path, covering in tests.items():
+        assert (ROOT / path).is_file(), path
+        assert covering and all((ROOT / test).is_file() for test in covering), path
+    documented = re.findall(r"`([\w/]+(?:\.py)?)`", (ROOT / "docs" / "testing.md").read_text())
+    for path in tests:
+        name = path.removeprefix("tfmcli/").removesuffix(".py")
+        assert name in documented or path.removeprefix("tfmcli/") in documented, path
