@@ -2,8 +2,10 @@
 
 ``config.memory_estimate(cfg)["total"]`` promises the peak bytes of init + forward + backward.
 NumPy reports every array buffer to ``tracemalloc``, so the real peak is measurable in-process;
-the estimate must be within 25% of it on configs big enough (MBs to a few hundred MB) that
-Python's fixed overheads do not matter.
+the estimate must be within 8% of it on configs big enough (MBs to a few hundred MB) that
+Python's fixed overheads do not matter. Measured: 0.955 (one block, T = 1024, float32) to 1.003
+of it. (The bound was 25%, under which a vocabulary's worth of activation gradient, counted
+three times instead of twice, passed.)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tfmcli.config import Config, memory_estimate
 
 runner = CliRunner()
 
-TOLERANCE = 0.25
+TOLERANCE = 0.08
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +111,7 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("fields", CONFIGS)
-def test_memory_estimate_is_within_25_percent_of_the_measured_peak(fields):
+def test_memory_estimate_is_within_8_percent_of_the_measured_peak(fields):
     cfg = Config(**fields)
     estimate = memory_estimate(cfg)
     (params, fwd, grads), peak = traced(lambda: full_run(cfg))
