@@ -38,14 +38,6 @@ def test_every_step_equals_the_full_forward_at_random_parameters(norm, activatio
     assert float(np.abs(fwd.acts["logits"]).max()) > 0.1   # a comparison of something
 
 
-def test_flops_with_and_without_the_cache():
-    cfg = tfmcli.Config(d_model=8, heads=2, vocab=5, layers=2)
-    d, F, V = 8, 32, 5
-    assert step_flops(cfg, 3) == 2 * (8 * d * d + 4 * 3 * d + 4 * d * F) + 2 * d * V
-    # the first step has nothing cached: it is the full forward of one token
-    assert step_flops(cfg, 1) == flops(cfg.replace(batch=1, seq_len=1))[0]
-
-
 def test_each_step_counts_its_own_flops_and_those_of_the_prefix_recomputed():
     """Step t attends to t + 1 keys; recomputing instead runs the forward of all t + 1 tokens,
     whose attention is (t + 1) x (t + 1). The README's `tfm kv -L 2` shows the first three."""
@@ -55,10 +47,12 @@ def test_each_step_counts_its_own_flops_and_those_of_the_prefix_recomputed():
     per_token = L * (8 * d * d + 4 * d * F) + 2 * d * V         # projections, FFN and head
     for s in steps:
         keys = s.step + 1
-        assert s.flops_cached == per_token + L * 4 * keys * d
+        assert s.flops_cached == step_flops(cfg, keys) == per_token + L * 4 * keys * d
         assert s.flops_full == keys * per_token + L * 4 * keys * keys * d
     assert [s.flops_cached for s in steps[:3]] == [1872, 1920, 1968]
     assert [s.flops_full for s in steps[:3]] == [1872, 3840, 5904]
+    # the first step has nothing cached: it is the full forward of one token
+    assert step_flops(cfg, 1) == flops(cfg.replace(batch=1, seq_len=1))[0]
 
 
 def test_cli_kv_json_checks_each_step():
