@@ -5,12 +5,14 @@ how many bugs they catch.
     python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
     python scripts/mutate.py --sample 0 --target tfmcli/parallel.py   # every mutant of one file
     python scripts/mutate.py --sample 0 --target tfmcli/kv.py         # a module beyond the engine
+    python scripts/mutate.py --sample 60 --target tfmcli/render/heatmap.py   # a view
 
 By default it mutates the engine (the forward and backward passes and what they stand on)
 and runs the engine's tests. ``--target`` also takes the modules that compute the other
 numbers a user reads (the inputs, the KV cache, the logit lens, the toy tasks and training,
 the shapes, FLOPs and memory, the statistics, the Pre-LN / Post-LN comparison, the attention
-steps, the file loaders); each runs the test files that cover it.
+steps, the file loaders) and the views that draw them (``tfmcli/render``); each runs the test
+files that cover it.
 
 A mutant swaps one operator (+ and -, * and /, < and <=, > and >=), changes one number (n to
 n + 1, 0.5 to 0.25...) or drops one unary minus, inside a function of an engine module. It is
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ast
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +53,14 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
     "tfmcli/sources/npz.py": ["tests/test_io.py", "tests/test_tokens.py"],
     "tfmcli/sources/gpt2.py": ["tests/test_gpt2.py"],
 }
+RENDER = ["tfmcli/render/numbers.py", "tfmcli/render/colours.py", "tfmcli/render/heatmap.py",
+          "tfmcli/render/maps.py", "tfmcli/render/masks.py", "tfmcli/render/tables.py",
+          "tfmcli/render/plot.py", "tfmcli/render/lens.py", "tfmcli/render/tokens.py"]
+RENDER_TESTS = ["tests/test_render.py", "tests/test_seeds.py", "tests/test_compare.py",   # quick first
+                "tests/test_kv.py", "tests/test_examples.py", "tests/test_tokens.py",
+                "tests/test_cli.py", "tests/test_terminal.py", "tests/test_train.py",
+                "tests/test_gpt2.py"]
+TESTS |= {path: RENDER_TESTS for path in RENDER}   # the views: what a user reads, drawn
 SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
         ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 
@@ -125,6 +136,9 @@ def main():
     parser.add_argument("--target", action="append", choices=list(TESTS),
                         help="mutate only this file (repeatable; default: the engine's)")
     args = parser.parse_args()
+    # A kill (not only Ctrl-C) unwinds through the finally blocks below, so that no file is
+    # left mutated; subprocess.run kills the test run it was waiting on.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("killed; the files are restored"))
 
     originals = {path: (ROOT / path).read_text() for path in args.target or ENGINE}
     mutants = [(path, i) for path, source in originals.items()

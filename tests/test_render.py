@@ -91,6 +91,46 @@ def test_fmt_numbers_below_ten_all_have_the_same_width(magnitude, negative):
     assert len(fmt(-magnitude if negative else magnitude, 4)) == len(" 0.0000") == 7
 
 
+@pytest.mark.parametrize("value", [1e-3, -1e-3, 0.00099999, 99999.0, 99999.99, 1e5, -1e5])
+def test_a_columns_notation_at_the_range_edges_is_the_one_fmt_picks_for_the_value(value):
+    """A column of one value is written as fmt writes that value alone: 1e-3 and 99999.99 in
+    fixed point, 1e5 and 0.00099999 in scientific."""
+    from tfmcli.render.numbers import notation
+    assert notation([value, 0.5]) == ("sci" if "e" in fmt(value) else "fixed")
+    assert notation([1e-3, 99999.99]) == "fixed" and notation([1e-3, 1e5]) == "sci"
+
+
+def test_rounding_noise_is_up_to_noise_units_of_eps_times_the_scale():
+    from tfmcli.render.numbers import NOISE, negligible
+    eps = float(np.finfo(np.float64).eps)
+    assert negligible(NOISE * eps * 4.0, 4.0, eps)            # at the bound: noise
+    assert not negligible(NOISE * eps * 4.0 * (1 + eps), 4.0, eps)
+    assert negligible(-NOISE * eps, 1.0, eps) and not negligible(0.0, 1.0, eps)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0.5, "+0.50"), (0.0, " 0.00"), (-0.0, " 0.00"), (1.0, "+1.00"), (1e-6, "+0.00"),
+    (-1e-6, "-0.00"), (12345.678, "+12345.68"), (math.inf, "+inf"), (math.nan, "nan"),
+])
+def test_a_heatmap_cell_writes_two_digits_and_an_exact_zero_without_a_sign(value, expected):
+    from tfmcli.render.numbers import fmt_fixed
+    assert fmt_fixed(value) == expected
+    unsigned = {0.5: "0.50", 0.0: "0.00", 1.0: "1.00", 1e-6: "0.00", 12345.678: "12345.68"}
+    if value in unsigned:   # probabilities: no sign, and no space where it would go
+        assert fmt_fixed(value, sign=False) == unsigned[value]
+
+
+@pytest.mark.parametrize("n, expected", [
+    (24, " ".join(str(i) for i in range(24))),
+    (25, " ".join(str(i) for i in range(18)) + " … (3 more) … 21 22 23 24"),
+    (100, " ".join(str(i) for i in range(18)) + " … (78 more) … 96 97 98 99"),
+])
+def test_a_token_line_shows_24_tokens_then_the_first_18_and_the_last_4(n, expected):
+    from tfmcli.render import token_line
+    assert token_line(str(i) for i in range(n)) == expected
+    assert token_line([str(i) for i in range(n)], limit=n) == " ".join(str(i) for i in range(n))
+
+
 # ---------------------------------------------------------------- tensor_table
 
 
