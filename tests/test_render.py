@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rich.console import Console
+from rich.console import Console, Group
 
 from tfmcli.gradcheck import ParamCheck
 from tfmcli.masks import additive, causal_mask
@@ -293,6 +293,25 @@ def test_heatmap_too_wide_for_values_falls_back_to_shades():
     assert text.splitlines()[0] == "  0   2   4   6   8   10  12  14  16  18  20  22  24  26  28"
 
 
+def test_a_tick_label_that_ends_at_the_grids_right_edge_is_drawn():
+    """21 shaded columns labelled 10..30: every other one has room, and the last, 30, ends
+    exactly where the grid does."""
+    text = render(heatmap(np.ones((1, 21)), col_labels=[str(10 + j) for j in range(21)],
+                          legend=False, show_values=False))
+    header, row = text.splitlines()[:2]
+    assert header == "  " + "".join(f"{10 + j:<4}" for j in range(0, 21, 2)).rstrip()
+    assert len(header) == len(row) and header.endswith("30")
+
+
+@pytest.mark.parametrize("width, values", [(20, True), (19, False)])
+def test_shows_values_at_its_defaults_says_what_heatmap_draws_at_its_own(width, values):
+    """Three probabilities a row, at two digits: "0.50" in a cell of six, 20 columns in all."""
+    from tfmcli.render.heatmap import shows_values
+    matrix = np.full((3, 3), 0.5)
+    assert shows_values(matrix, "012", "012", width) is values
+    assert ("0.50" in render(heatmap(matrix, width=width, legend=False))) is values
+
+
 def test_heatmap_downsamples_1024_to_the_width():
     mask = causal_mask(1024)
     matrix = np.where(mask, 1.0, 0.0)
@@ -354,7 +373,8 @@ def test_heatmap_positions_and_lines_are_those_cell_by_cell():
     values = np.random.default_rng(6).standard_normal((6, 7)) * 3
     values[0, :3] = [0.0, -0.0, 1e-300]
     for vmin, vmax, diverging in ((-1.0, 2.0, False), (-2.5, 1.5, True), (0.5, 2.0, True),
-                                  (-3.0, -1.0, True), (1.0, 1.0, False), (-1.0, 4.0, False)):
+                                  (-3.0, -1.0, True), (1.0, 1.0, False), (-1.0, 4.0, False),
+                                  (0.0, 2.0, True), (-2.0, 0.0, True)):   # a side of no length
         made = scale_positions(values, vmin, vmax, diverging)
         assert made == [[scale_position(v, vmin, vmax, diverging) for v in row]
                         for row in values]
@@ -376,7 +396,7 @@ def test_attention_maps_scale_is_numpys_99th_percentile_without_numpy_ma():
     rng = np.random.default_rng(7)
     for n in (1, 2, 3, 100, 101, 4097):
         values = rng.random(n) ** 3
-        for q in (0.0, 0.25, 0.5, 0.99, 0.999, 1.0):
+        for q in (0.0, 0.25, 0.5, 0.99, 0.999, 1.0, *rng.random(40)):   # every interpolation
             assert quantile(values, q) == float(np.quantile(values, q))
     values[3] = np.nan
     assert math.isnan(quantile(values, 0.99))
@@ -388,6 +408,69 @@ def test_attention_maps_scale_is_numpys_99th_percentile_without_numpy_ma():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+def test_small_weights_get_the_digits_that_tell_the_legends_stops_apart():
+    """Uniform attention over 64 keys: every weight 1/64, stops 0.0039 apart, four digits."""
+    from tfmcli.render.maps import attention_maps
+    mask = np.ones((64, 64), dtype=bool)
+    legend = attention_maps({(0, 0): np.full((64, 64), 1 / 64)}, mask, 0, 120, total=1)[2]
+    assert re.findall(r"\d\.\d+", render(legend, width=120)) == ["0.0000", "0.0039", "0.0078",
+                                                                 "0.0117", "0.0156"]
+
+
+def drawn_size(renderable, width):
+    """Columns and lines of a renderable as rich's Columns measures and lays it out."""
+    from rich.measure import Measurement
+    console = Console(file=io.StringIO(), width=width)
+    columns = Measurement.get(console, console.options, renderable).maximum
+    return columns, len(console.render_lines(renderable, console.options.update_width(columns),
+                                             pad=False))
+
+
+@pytest.mark.parametrize("seq_len", [2, 4, 9, 12, 13, 40, 100, 300])
+@pytest.mark.parametrize("width", [40, 80, 200])
+def test_a_maps_size_is_the_size_it_is_drawn_at(seq_len, width):
+    """Values or shades, downsampled or not (its caption wrapped at the width and as wide as
+    the map is then), with key labels wider than the weights (``k10:14``) or narrower."""
+    from tfmcli.render.maps import _map_size, attention_maps
+    rng = np.random.default_rng(seq_len)
+    mask = np.tril(np.ones((seq_len, seq_len), dtype=bool))
+    pattern = np.where(mask, rng.random(mask.shape), 0.0)
+    pattern /= pattern.sum(axis=1, keepdims=True)
+    for labels in ([f"{t}" for t in range(seq_len)], [f"{t}:{t * 7 % 50}" for t in range(seq_len)]):
+        maps = attention_maps({(0, 0): pattern}, mask, 0, width, total=1,
+                              row_labels=["q" + label for label in labels],
+                              col_labels=["k" + label for label in labels])[1]
+        label_width = 1 + max(map(len, labels))
+        assert _map_size(seq_len, width, label_width) == drawn_size(maps.renderables[0], width)
+
+
+@pytest.mark.parametrize("seq_len, width, height", [
+    (4, 80, 24), (8, 120, 40), (12, 80, 40), (12, 200, 40), (12, 200, 60), (20, 200, 60),
+    (40, 200, 60), (64, 200, 40),
+])
+def test_the_maps_picked_for_a_screen_fill_it_without_passing_its_height(seq_len, width, height):
+    """Twelve positions labelled with their tokens at 200 columns: each map is 103 wide, so
+    one to a row, and two fill 40 lines (four were picked, 62 lines, when a map was taken to
+    be 91 wide). Only one row of maps may pass the height: at least one map is drawn."""
+    from tfmcli.render.maps import attention_maps, maps_that_fit
+    rng = np.random.default_rng(0)
+    mask = np.tril(np.ones((seq_len, seq_len), dtype=bool))
+    labels = [f"{t}:{t * 7 % 50}" for t in range(seq_len)]
+    pairs = [(b, h) for b in range(4) for h in range(4)]
+    patterns = {pair: np.where(mask, rng.random(mask.shape), 0.0) for pair in pairs}
+
+    def lines(picked):
+        parts = attention_maps({pair: patterns[pair] for pair in picked}, mask, 0, width,
+                               total=16, row_labels=["q" + label for label in labels],
+                               col_labels=["k" + label for label in labels])
+        return len(render(Group(*parts), width=width).splitlines())
+
+    picked = maps_that_fit(pairs, seq_len, width, False, height, 1 + max(map(len, labels)))
+    assert lines(picked) <= height or lines(picked) == lines(picked[:1])
+    if (seq_len, width) == (12, 200):
+        assert len(picked) == {40: 2, 60: 3}[height]
 
 
 def test_heatmap_colour_uses_backgrounds_and_hidden_cells_have_none():
@@ -425,6 +508,22 @@ def test_colour_legend_sequential_stops_and_shades():
     text = render(colour_legend(0.0, 1.0)).rstrip("\n")
     assert text == "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"
     assert render(colour_legend(2.0, 2.0)).strip() == "scale [  ] 2.00"
+
+
+@pytest.mark.parametrize("background, text", [
+    ((255, 150, 0), "black"),    # light by its red: 0.299 * 255 + 0.587 * 150 = 164.3
+    ((0, 255, 0), "black"),      # by its green alone: 149.7
+    ((0, 220, 255), "black"),    # by its blue: 129.1 of green + 29.1 of blue
+    ((0, 220, 0), "white"),      # the same green without the blue: 129.1
+    ((255, 0, 255), "white"),    # 76.2 + 29.1
+    ((0, 0, 0), "white"),
+])
+def test_a_value_is_written_black_on_a_light_cell_and_white_on_a_dark_one(background, text):
+    """Luminance by ITU-R 601's weights (0.299 R + 0.587 G + 0.114 B): black text over 140."""
+    from tfmcli.render.colours import _on_background
+    style = _on_background(background)
+    assert tuple(style.bgcolor.triplet) == background
+    assert tuple(style.color.triplet) == {"black": (0, 0, 0), "white": (255, 255, 255)}[text]
 
 
 # ---------------------------------------------------------------- shape_trace

@@ -87,8 +87,7 @@ def heatmap(
     if row_block > 1 or col_block > 1:
         matrix, visible = _block_mean(matrix, visible, row_block, col_block)
         row_labels, col_labels = row_labels[::row_block], col_labels[::col_block]
-        caption = (f"downsampled {rows}x{cols} -> {matrix.shape[0]}x{matrix.shape[1]}, "
-                   f"block mean of up to {row_block}x{col_block} visible cells")
+        caption = downsampled_caption(rows, cols, row_block, col_block)
 
     texts = None   # cells are two-character shades, unless their values are shown
     if show_values or (show_values is None and caption is None):
@@ -135,6 +134,13 @@ def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
     _, value_width = _cell_texts(matrix, _visible(mask, matrix.shape), [str(c) for c in col_labels],
                                  precision, diverging)
     return _values_fit(cols, label_width, value_width, width)
+
+
+def downsampled_caption(rows: int, cols: int, row_block: int, col_block: int) -> str:
+    """The line under a map whose cells are block means."""
+    return (f"downsampled {rows}x{cols} -> {math.ceil(rows / row_block)}x"
+            f"{math.ceil(cols / col_block)}, block mean of up to {row_block}x{col_block} "
+            f"visible cells")
 
 
 def _cell_texts(matrix, visible, col_labels, precision, diverging):

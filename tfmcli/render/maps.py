@@ -10,19 +10,29 @@ from rich.columns import Columns
 from rich.text import Text
 
 from tfmcli.render.colours import Legend
-from tfmcli.render.heatmap import SHADE_WIDTH, _beyond, heatmap, shows_values
+from tfmcli.render.heatmap import (SHADE_WIDTH, _beyond, _blocks, _values_fit, downsampled_caption,
+                                   heatmap, shows_values)
 
 GAP = 3          # columns between two maps of a grid
-VALUE_CELL = 7   # " +0.25 " : a cell that prints its value
+WEIGHT = 4       # "0.25": an attention weight at two digits, unsigned
 
 
 def _map_size(seq_len: int, width: int, label_width: int) -> tuple[int, int]:
-    """About how many columns and lines one (T, T) map takes at ``width``: values when they
-    fit, else two-character shades, downsampled to the width."""
-    if label_width + 1 + seq_len * VALUE_CELL <= width:
-        return label_width + 1 + seq_len * VALUE_CELL, seq_len + 2
-    cells = min(seq_len, (width - label_width - 1) // SHADE_WIDTH)
-    return label_width + 1 + cells * SHADE_WIDTH, math.ceil(seq_len / math.ceil(seq_len / cells)) + 2
+    """The columns and lines of one (T, T) map as :func:`attention_maps` draws it at
+    ``width``, with query and key labels ``label_width`` wide: its title, the key labels, a
+    line per query, and the caption of a downsampled map (wrapped at the width, as wide as
+    the map is then). Weights are taken at two digits, as they are unless the 99th
+    percentile is under 0.04 (a long sequence, drawn in shades)."""
+    row_block, col_block = _blocks(seq_len, seq_len, label_width, width)
+    value_width = max(WEIGHT, label_width)   # a key label wider than the weights widens them
+    if (row_block, col_block) == (1, 1) and _values_fit(seq_len, label_width, value_width, width):
+        return label_width + 1 + seq_len * (value_width + 2), seq_len + 2
+    columns = label_width + 1 + math.ceil(seq_len / col_block) * SHADE_WIDTH
+    lines = math.ceil(seq_len / row_block) + 2
+    if (row_block, col_block) != (1, 1):
+        caption = len(downsampled_caption(seq_len, seq_len, row_block, col_block))
+        columns, lines = max(columns, min(caption, width)), lines + math.ceil(caption / width)
+    return columns, lines
 
 
 def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool, height: int = 40,
