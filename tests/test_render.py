@@ -473,6 +473,19 @@ def test_the_maps_picked_for_a_screen_fill_it_without_passing_its_height(seq_len
         assert len(picked) == {40: 2, 60: 3}[height]
 
 
+@pytest.mark.parametrize("width, height, count", [(208, 34, 2), (209, 34, 4), (209, 33, 2)])
+def test_maps_fit_side_by_side_three_columns_apart_and_a_blank_line_between_rows(width, height,
+                                                                                  count):
+    """Maps of twelve positions labelled ``q10:14``: 103 columns and 14 lines each. Two to a
+    row need 103 + 3 + 103 = 209 columns. Two rows are counted 15 lines each (a row and the
+    blank line under it), with 4 more for the heading, a legend of up to two lines and the
+    note: 34."""
+    from tfmcli.render.maps import _map_size, maps_that_fit
+    assert _map_size(12, 209, 6) == (103, 14)
+    assert len(maps_that_fit(list(range(16)), 12, width, False, height, 6)) == count
+    assert maps_that_fit(list(range(16)), 12, width, True, height, 6) == list(range(16))
+
+
 def test_heatmap_colour_uses_backgrounds_and_hidden_cells_have_none():
     coloured = render_colour(heatmap(causal_pattern(), mask=causal_mask(4)))
     plain = render(heatmap(causal_pattern(), mask=causal_mask(4)))
@@ -722,6 +735,33 @@ def test_grids_side_by_side_lay_out_as_rich_columns_do(width, colour):
     assert laid_out == out(Columns(blocks, padding=(0, 3)))
     titles_in_first_line = sum(f"causal {n}" in laid_out.splitlines()[0] for n in (3, 7, 2, 12))
     assert titles_in_first_line == {20: 1, 40: 1, 60: 2, 80: 3, 90: 4, 140: 4}[width]
+
+
+def test_a_curve_fills_eighths_of_a_cell_from_zero_to_its_top():
+    """16 steps of 0..15 on two rows: 16 levels, one a step, the axis labelled at its ends."""
+    from tfmcli.render import curve
+    text = render(curve(list(range(1, 17)), list(range(16)), title="loss", width=80, height=2))
+    assert text.splitlines() == ["loss",
+                                 "15.000 ┤        ▁▂▃▄▅▆▇█",
+                                 " 0.000 ┤▁▂▃▄▅▆▇█████████",
+                                 "        1             16"]
+
+
+def test_a_curve_column_is_the_mean_of_its_run_of_steps():
+    """100 steps at 20 columns: 13 columns of 8 or 7 steps; the seventh holds two 1s and six
+    3s, a mean of 2.5: 7 of 8 eighths (1 is 3 of them, 3 all 8)."""
+    from tfmcli.render import curve
+    text = render(curve(list(range(100)), [1.0] * 50 + [3.0] * 50, title="t", width=20,
+                        height=1))
+    assert text.splitlines()[1:] == ["3.000 ┤▃▃▃▃▃▃▇██████", "       0          99"]
+
+
+def test_a_log_curve_spans_the_orders_of_magnitude_and_its_ends_stay_apart():
+    from tfmcli.render import curve
+    text = render(curve([10, 20, 30, 40], [1.0, 0.1, 0.01, 0.001], title="t", width=80,
+                        height=3, log=True))
+    assert text.splitlines()[1:] == ["1.000 ┤█", "      │██▁", "0.001 ┤███▁",
+                                     "       10 40", "       (log scale)"]
 
 
 def test_a_count_takes_its_plural_unless_it_is_one():

@@ -94,14 +94,14 @@ def train(
              render.curve(history.steps, history.lrs, title="learning rate", width=width(),
                           height=5),
              prediction_table(held_out, predictions, length, symbols)]
+    queries, keys = position_labels(run, 0, "q"), position_labels(run, 0, "k")
     patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h]
                 for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
                                                   for h in range(cfg.heads)], T, width(), False,
-                                                 height())}
+                                                 height(), max(map(len, queries)))}
     mask = combined_mask(shown.lengths, T, True)[0]
     maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
-                                 row_labels=position_labels(run, 0, "q"),
-                                 col_labels=position_labels(run, 0, "k"))
+                                 row_labels=queries, col_labels=keys)
     parts += [*maps,
               Text(f"held-out token accuracy {accuracy:.1%} over "
                    f"{int((held_out.targets != IGNORE).sum()):,} answer tokens of {HELD_OUT:,} "

@@ -35,15 +35,17 @@ def _map_size(seq_len: int, width: int, label_width: int) -> tuple[int, int]:
     return columns, lines
 
 
-def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool, height: int = 40,
-                  label_width: int = 6) -> list:
+def maps_that_fit(pairs: list, seq_len: int, width: int, full: bool, height: int,
+                  label_width: int) -> list:
     """The (block, head) pairs whose maps fit a screen of ``width`` x ``height`` in a grid
-    (at least one); all of them with ``full``."""
+    (at least one row), their query and key labels ``label_width`` wide; all with ``full``."""
     if full:
         return pairs
     map_width, map_height = _map_size(seq_len, width, label_width)
     per_row = max(1, (width + GAP) // (map_width + GAP))
-    grid_rows = max(1, (height - 4) // (map_height + 1))   # 4: heading, legend and notes
+    # a blank line between two rows; 4 lines for the heading, the legend (two when it wraps)
+    # and the note saying how to see the rest
+    grid_rows = max(1, (height - 4) // (map_height + 1))
     return pairs[:per_row * grid_rows]
 
 

@@ -53,7 +53,7 @@ def curve(xs, ys, *, title: str, width: int, height: int = 8, log: bool = False,
         lines.append(line)
     first, last = str(xs[0]), str(xs[-1])
     axis = " " * (label_width + 2) + first
-    axis += last.rjust(label_width + 2 + columns - len(axis))
+    axis += last.rjust(max(label_width + 2 + columns - len(axis), len(last) + 1))   # a space apart
     lines.append(Text(axis, style="dim"))
     if log:
         lines.append(Text(" " * (label_width + 2) + "(log scale)", style="dim"))
