@@ -764,6 +764,48 @@ def test_a_log_curve_spans_the_orders_of_magnitude_and_its_ends_stay_apart():
                                      "       10 40", "       (log scale)"]
 
 
+def lens_grid(seq_len):
+    """A logit lens of two layers ("embed", "block 1": 7 columns of labels) whose columns are
+    8 wide ("u03 0.50"), 10 with the space before and the divider."""
+    tokens, targets = [f"t{t:02d}" for t in range(seq_len)], [f"u{t:02d}" for t in range(seq_len)]
+    grid = [[[(f"u{t:02d}", 0.5), ("zz", 0.25)] for t in range(seq_len)] for _ in range(2)]
+    return ["embed", "block 1"], tokens, targets, grid
+
+
+@pytest.mark.parametrize("width, shown", [(30, 2), (80, 6), (81, 7), (90, 7), (211, 20)])
+def test_the_logit_lens_keeps_the_positions_that_fit_the_width(width, shown):
+    """1 + 7 columns of layer names, 10 a position and 3 for the "…" column: k positions of
+    20 take 11 + 10 k columns (k = 7 at 81, where 6 were kept, the labels counted a column
+    too wide); never fewer than the first and the last; all 20 in 1 + 7 + 200 = 208."""
+    from tfmcli.render.lens import lens_table
+    text = render(lens_table(*lens_grid(20), width=width), width=300)
+    lines = text.split("\nshowing")[0].splitlines()   # the table above its caption
+    if shown < 20:
+        assert re.findall(r"showing (\d+) of 20 positions", text) == [str(shown)]
+        assert max(map(len, lines)) == 11 + 10 * shown <= max(width, 31)
+    else:
+        assert "showing" not in text and max(map(len, lines)) == 208
+    assert re.findall(r"\d+:t\d\d", lines[0])[-1] == "19:t19"
+    assert len(lines) == 2 + 1 + 2 * 2   # header and target, rule, two lines a layer
+
+
+def test_the_logit_lens_greens_a_top_token_that_is_the_target_and_no_other():
+    """Position 0 of the first layer has the target second: not green, the other five are."""
+    from tfmcli.render.lens import lens_table
+    layers, tokens, targets, grid = lens_grid(3)
+    grid[0][0] = [("zz", 0.5), ("u00", 0.25)]
+    text = render_colour(lens_table(layers, tokens, targets, grid))
+    assert re.findall(r"\x1b\[1;32m(u\d\d) 0.50", text) == ["u01", "u02", "u00", "u01", "u02"]
+
+
+def test_the_logit_lens_at_its_defaults_fits_80_columns_and_full_shows_every_position():
+    from tfmcli.render.lens import lens_table
+    assert render(lens_table(*lens_grid(20)), width=300) == \
+        render(lens_table(*lens_grid(20), width=80), width=300)
+    full = render(lens_table(*lens_grid(20), width=80, full=True), width=300)
+    assert "showing" not in full and len(re.findall(r"\d+:t\d\d", full)) == 20
+
+
 def test_a_count_takes_its_plural_unless_it_is_one():
     from tfmcli.render import counted
 

@@ -27,7 +27,7 @@ def lens_table(layers, tokens, targets, grid, *, width: int = 80, full: bool = F
     if not full:
         while budget > 2:
             kept = _kept(T, budget, False)
-            used = label_width + 2 + sum((1 if t is None else widths[t]) + 2 for t in kept)
+            used = label_width + 1 + sum((1 if t is None else widths[t]) + 2 for t in kept)
             if used <= width:
                 break
             budget -= 1
