@@ -146,6 +146,7 @@ def test_tensor_table_elides_the_middle_like_numpy():
     assert rows[-1] == ["+99.0000", "+99.0100", "+99.0200", "+99.0300", "…",
                         "+99.9600", "+99.9700", "+99.9800", "+99.9900"]
     assert "+50.5000" not in text  # the middle is not there
+    assert " +99.0300 … +99.9600 " in text   # the … column one character wide
     assert "showing 12 of 100 rows, 8 of 100 columns" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
@@ -156,6 +157,32 @@ def test_tensor_table_full_shows_every_entry():
     assert "…" not in text
     assert all(fmt(v) in text for v in array.ravel())
     assert len(grid_rows(text, [str(i) for i in range(20)])) == 20
+
+
+@pytest.mark.parametrize("width, first_block", [(80, "columns 0..8 of 20"),
+                                                (81, "columns 0..9 of 20")])
+def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
+    """A row label and ten columns of " +1.0000" take exactly 81 columns."""
+    array = np.full((3, 20), 1.0) + np.arange(20) / 10
+    text = render(tensor_table(array, full=True, width=width), width=width)
+    assert text.splitlines()[0].strip() == first_block
+    assert max(len(line) for line in text.splitlines()) == {80: 73, 81: 81}[width]
+
+
+def test_a_table_elided_to_a_few_rows_is_as_wide_as_they_are():
+    """The "… N more" row fills the table's columns and adds none."""
+    from tfmcli.render.tables import record_table
+    rows = [[f"parameter {i}", f"{i * 1.5:.1f}"] for i in range(40)]
+    lines = render(record_table(["name", "value"], rows, max_rows=4)).splitlines()
+    shown = render(record_table(["name", "value"], rows[:2] + rows[-2:])).splitlines()
+    assert lines[4].strip() == "… 36 more" and lines[:4] + lines[5:7] == shown
+
+
+def test_side_by_side_leaves_three_columns_between_renderables():
+    from rich.text import Text
+
+    from tfmcli.render import side_by_side
+    assert render(side_by_side(Text("left"), Text("right"))).rstrip() == "left   right"
 
 
 def test_tensor_table_odd_limits_show_one_more_at_the_start():
@@ -607,6 +634,25 @@ def test_mask_grid_additive_and_labels():
         mask_grid(np.ones(3, dtype=bool))
 
 
+def test_a_mask_grids_rule_and_title_span_its_columns():
+    lines = render(mask_grid(causal_mask(3), title="causal 3", row_labels=["q0", "q1", "q2"],
+                             col_labels=["k0", "k1", "key2"])).splitlines()
+    assert lines == ["   causal 3", "   k0 k1 key2", "─" * 13, "q0  ●  ·    ·", "q1  ●  ●    ·",
+                     "q2  ●  ●    ●"]
+
+
+@pytest.mark.parametrize("row_group, caption", [(1, None), (2, "2 rows per line")])
+def test_a_mask_overview_explains_its_symbols_only_when_a_line_or_character_groups_several(
+        row_group, caption):
+    """A causal 8 at 80 columns: a character per key; one line per row, or per two rows."""
+    lines = render(mask_overview(causal_mask(8), title="causal 8", width=80,
+                                 row_group=row_group)).splitlines()
+    assert len(lines) == 2 + 8 // row_group + (caption is not None)
+    assert lines[2] == ("0 ●·······" if row_group == 1 else "0 ●◐······")
+    if caption:
+        assert lines[-1] == f"{caption}: ● all may attend, ◐ some, · none"
+
+
 def test_mask_symbols_are_green_or_dim_and_only_the_labels_dim():
     """The row label is dim; a visible key's symbol is green and not dimmed with it."""
     console = Console(file=io.StringIO(), width=80, color_system="truecolor", force_terminal=True)
@@ -713,7 +759,7 @@ def test_max_abs_is_the_largest_absolute_value_with_no_abs_array(values, dtype):
     assert max_abs(np.zeros((2, 0))) == 0.0
 
 
-@pytest.mark.parametrize("width", [20, 40, 60, 80, 90, 140])
+@pytest.mark.parametrize("width", [20, 40, 60, 63, 64, 80, 81, 82, 90, 140])   # 64, 82: just fit
 @pytest.mark.parametrize("colour", [False, True])
 def test_grids_side_by_side_lay_out_as_rich_columns_do(width, colour):
     """The same bytes as Columns(blocks, padding=(0, 3)): as many to a row as fit, columns as
@@ -734,7 +780,8 @@ def test_grids_side_by_side_lay_out_as_rich_columns_do(width, colour):
     laid_out = out(grids_side_by_side(*blocks))
     assert laid_out == out(Columns(blocks, padding=(0, 3)))
     titles_in_first_line = sum(f"causal {n}" in laid_out.splitlines()[0] for n in (3, 7, 2, 12))
-    assert titles_in_first_line == {20: 1, 40: 1, 60: 2, 80: 3, 90: 4, 140: 4}[width]
+    assert titles_in_first_line == {20: 1, 40: 1, 60: 2, 63: 2, 64: 3, 80: 3, 81: 3, 82: 4, 90: 4,
+                                    140: 4}[width]
 
 
 def test_a_curve_fills_eighths_of_a_cell_from_zero_to_its_top():
