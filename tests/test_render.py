@@ -446,6 +446,21 @@ def test_small_weights_get_the_digits_that_tell_the_legends_stops_apart():
                                                                  "0.0117", "0.0156"]
 
 
+def test_attention_maps_in_shades_run_from_blank_at_0_to_full_at_the_top_and_note_the_rest():
+    """30 positions at 80 columns are drawn in shades, on one scale from 0 to the 99th
+    percentile: a weight of 0 blank, the top full. The note says how many of how many."""
+    from tfmcli.render.maps import attention_maps
+    mask = np.tril(np.ones((30, 30), dtype=bool))
+    pattern = np.zeros(mask.shape)
+    pattern[:, 0] = 1.0            # every query on its first key
+    parts = attention_maps({(0, 0): pattern}, mask, 0, 80, total=2)
+    rows = render(parts[1], width=80).splitlines()[2:]
+    assert rows[0].split()[1].startswith("██") and "░" not in "".join(rows)
+    assert rows[-1].split()[1] == "██" and len(rows[-1].split()) == 2   # the rest blank
+    assert render(parts[3]).startswith("showing 1 of 2 attention maps")
+    assert len(attention_maps({(0, 0): pattern}, mask, 0, 80, total=1)) == 3   # all shown
+
+
 def drawn_size(renderable, width):
     """Columns and lines of a renderable as rich's Columns measures and lays it out."""
     from rich.measure import Measurement
@@ -496,8 +511,9 @@ def test_the_maps_picked_for_a_screen_fill_it_without_passing_its_height(seq_len
 
     picked = maps_that_fit(pairs, seq_len, width, False, height, 1 + max(map(len, labels)))
     assert lines(picked) <= height or lines(picked) == lines(picked[:1])
-    if (seq_len, width) == (12, 200):
+    if (seq_len, width) == (12, 200):   # the heading, maps 14 lines and one apart, legend, note
         assert len(picked) == {40: 2, 60: 3}[height]
+        assert lines(picked) == 1 + len(picked) * 15 - 1 + 2
 
 
 @pytest.mark.parametrize("width, height, count", [(208, 34, 2), (209, 34, 4), (209, 33, 2)])
@@ -843,6 +859,8 @@ def test_the_logit_lens_greens_a_top_token_that_is_the_target_and_no_other():
     grid[0][0] = [("zz", 0.5), ("u00", 0.25)]
     text = render_colour(lens_table(layers, tokens, targets, grid))
     assert re.findall(r"\x1b\[1;32m(u\d\d) 0.50", text) == ["u01", "u02", "u00", "u01", "u02"]
+    assert re.findall(r"\x1b\[2m(\w+) 0.25", text) == ["u00", "zz", "zz", "zz", "zz", "zz"]
+    assert "  zz 0.50" in text   # a top token that misses: plain, neither green nor dim
 
 
 def test_the_logit_lens_at_its_defaults_fits_80_columns_and_full_shows_every_position():
