@@ -339,6 +339,29 @@ def test_shows_values_at_its_defaults_says_what_heatmap_draws_at_its_own(width, 
     assert ("0.50" in render(heatmap(matrix, width=width, legend=False))) is values
 
 
+def test_values_line_up_under_their_labels():
+    text = render(heatmap(np.array([[0.25, 0.75], [1.0, 0.0]]), col_labels=["k0", "key1"],
+                          legend=False))
+    assert text.splitlines() == ["     k0  key1", "0  0.25  0.75 ", "1  1.00  0.00 "]
+
+
+@pytest.mark.parametrize("shape, width, caption", [
+    ((100, 3), 60, "downsampled 100x3 -> 50x3"),    # rows in pairs: more than the width
+    ((3, 40), 80, "downsampled 3x40 -> 2x20"),      # columns in pairs, and rows with them
+])
+def test_heatmap_downsamples_in_blocks_of_two(shape, width, caption):
+    text = render(heatmap(np.ones(shape), width=width, legend=False), width=width)
+    assert caption in " ".join(text.split())
+    assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_a_diverging_legend_reaches_zero_from_either_side():
+    from tfmcli.render.colours import legend_stops
+    assert legend_stops(0.5, 2.0, True) == [0.0, 0.0, 0.0, 1.0, 2.0]
+    assert legend_stops(-2.0, -0.5, True) == [-2.0, -1.0, 0.0, 0.0, 0.0]
+    assert legend_stops(-1.0, 3.0, True) == [-1.0, -0.5, 0.0, 1.5, 3.0]
+
+
 def test_heatmap_downsamples_1024_to_the_width():
     mask = causal_mask(1024)
     matrix = np.where(mask, 1.0, 0.0)
@@ -401,7 +424,8 @@ def test_heatmap_positions_and_lines_are_those_cell_by_cell():
     values[0, :3] = [0.0, -0.0, 1e-300]
     for vmin, vmax, diverging in ((-1.0, 2.0, False), (-2.5, 1.5, True), (0.5, 2.0, True),
                                   (-3.0, -1.0, True), (1.0, 1.0, False), (-1.0, 4.0, False),
-                                  (0.0, 2.0, True), (-2.0, 0.0, True)):   # a side of no length
+                                  (0.0, 2.0, True), (-2.0, 0.0, True),   # a side of no length
+                                  (-0.5, 0.5, True)):
         made = scale_positions(values, vmin, vmax, diverging)
         assert made == [[scale_position(v, vmin, vmax, diverging) for v in row]
                         for row in values]
