@@ -688,6 +688,7 @@ def test_a_mask_overview_explains_its_symbols_only_when_a_line_or_character_grou
     lines = render(mask_overview(causal_mask(8), title="causal 8", width=80,
                                  row_group=row_group)).splitlines()
     assert len(lines) == 2 + 8 // row_group + (caption is not None)
+    assert lines[1] == "  0 2 4 6"   # a key label every other character, over its key
     assert lines[2] == ("0 ●·······" if row_group == 1 else "0 ●◐······")
     if caption:
         assert lines[-1] == f"{caption}: ● all may attend, ◐ some, · none"
@@ -841,6 +842,14 @@ def test_a_curve_column_is_the_mean_of_its_run_of_steps():
     text = render(curve(list(range(100)), [1.0] * 50 + [3.0] * 50, title="t", width=20,
                         height=1))
     assert text.splitlines()[1:] == ["3.000 ┤▃▃▃▃▃▃▇██████", "       0          99"]
+
+
+def test_a_curve_of_small_values_reaches_the_top_at_its_largest():
+    """A learning rate's warm-up: the scale runs from 0 to 0.008, not to 1."""
+    from tfmcli.render import curve
+    text = render(curve([1, 2, 3, 4], [0.002, 0.004, 0.006, 0.008], title="lr", width=80,
+                        height=1))
+    assert text.splitlines()[1] == "0.008 ┤▃▅▆█"
 
 
 def test_a_log_curve_spans_the_orders_of_magnitude_and_its_ends_stay_apart():
