@@ -169,6 +169,14 @@ def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
     assert max(len(line) for line in text.splitlines()) == {80: 73, 81: 81}[width]
 
 
+@pytest.mark.parametrize("width, shown", [(58, 6), (59, 7), (66, 7), (67, 8)])
+def test_an_elided_table_keeps_the_columns_that_fit_the_width(width, shown):
+    """A row label, k columns of " +1.0000" and the " …" column: 1 + 8 k + 2 columns."""
+    text = render(tensor_table(np.ones((3, 100)), width=width), width=width)
+    assert f"showing {shown} of 100 columns" in text
+    assert max(len(line) for line in text.splitlines()) == 1 + 8 * shown + 2
+
+
 def test_a_table_elided_to_a_few_rows_is_as_wide_as_they_are():
     """The "… N more" row fills the table's columns and adds none."""
     from tfmcli.render.tables import record_table
@@ -176,6 +184,7 @@ def test_a_table_elided_to_a_few_rows_is_as_wide_as_they_are():
     lines = render(record_table(["name", "value"], rows, max_rows=4)).splitlines()
     shown = render(record_table(["name", "value"], rows[:2] + rows[-2:])).splitlines()
     assert lines[4].strip() == "… 36 more" and lines[:4] + lines[5:7] == shown
+    assert lines[2] == " parameter 0      0.0 "   # names to the left, values to the right
 
 
 def test_side_by_side_leaves_three_columns_between_renderables():
@@ -848,8 +857,8 @@ def test_a_curve_of_small_values_reaches_the_top_at_its_largest():
     """A learning rate's warm-up: the scale runs from 0 to 0.008, not to 1."""
     from tfmcli.render import curve
     text = render(curve([1, 2, 3, 4], [0.002, 0.004, 0.006, 0.008], title="lr", width=80,
-                        height=1))
-    assert text.splitlines()[1] == "0.008 ┤▃▅▆█"
+                        height=2))
+    assert text.splitlines()[1:3] == ["0.008 ┤ ▁▄█", "0.000 ┤▅███"]
 
 
 def test_a_log_curve_spans_the_orders_of_magnitude_and_its_ends_stay_apart():
