@@ -483,7 +483,7 @@ def test_attention_maps_in_shades_run_from_blank_at_0_to_full_at_the_top_and_not
     """30 positions at 80 columns are drawn in shades, on one scale from 0 to the 99th
     percentile: a weight of 0 blank, the top full. The note says how many of how many."""
     from tfmcli.render.maps import attention_maps
-    mask = np.tril(np.ones((30, 30), dtype=bool))
+    mask = causal_mask(30)
     pattern = np.zeros(mask.shape)
     pattern[:, 0] = 1.0            # every query on its first key
     parts = attention_maps({(0, 0): pattern}, mask, 0, 80, total=2)
@@ -492,6 +492,11 @@ def test_attention_maps_in_shades_run_from_blank_at_0_to_full_at_the_top_and_not
     assert rows[-1].split()[1] == "██" and len(rows[-1].split()) == 2   # the rest blank
     assert render(parts[3]).startswith("showing 1 of 2 attention maps")
     assert len(attention_maps({(0, 0): pattern}, mask, 0, 80, total=1)) == 3   # all shown
+
+
+def with_tokens(seq_len):
+    """Position labels with a token each, as the CLI writes them: "0:0", "1:7", ... "10:20"."""
+    return [f"{t}:{t * 7 % 50}" for t in range(seq_len)]
 
 
 def drawn_size(renderable, width):
@@ -510,10 +515,10 @@ def test_a_maps_size_is_the_size_it_is_drawn_at(seq_len, width):
     the map is then), with key labels wider than the weights (``k10:14``) or narrower."""
     from tfmcli.render.maps import _map_size, attention_maps
     rng = np.random.default_rng(seq_len)
-    mask = np.tril(np.ones((seq_len, seq_len), dtype=bool))
+    mask = causal_mask(seq_len)
     pattern = np.where(mask, rng.random(mask.shape), 0.0)
     pattern /= pattern.sum(axis=1, keepdims=True)
-    for labels in ([f"{t}" for t in range(seq_len)], [f"{t}:{t * 7 % 50}" for t in range(seq_len)]):
+    for labels in ([f"{t}" for t in range(seq_len)], with_tokens(seq_len)):
         maps = attention_maps({(0, 0): pattern}, mask, 0, width, total=1,
                               row_labels=["q" + label for label in labels],
                               col_labels=["k" + label for label in labels])[1]
@@ -531,8 +536,8 @@ def test_the_maps_picked_for_a_screen_fill_it_without_passing_its_height(seq_len
     be 91 wide). Only one row of maps may pass the height: at least one map is drawn."""
     from tfmcli.render.maps import attention_maps, maps_that_fit
     rng = np.random.default_rng(0)
-    mask = np.tril(np.ones((seq_len, seq_len), dtype=bool))
-    labels = [f"{t}:{t * 7 % 50}" for t in range(seq_len)]
+    mask = causal_mask(seq_len)
+    labels = with_tokens(seq_len)
     pairs = [(b, h) for b in range(4) for h in range(4)]
     patterns = {pair: np.where(mask, rng.random(mask.shape), 0.0) for pair in pairs}
 
