@@ -278,6 +278,21 @@ def test_lens_last_row_is_the_models_own_prediction(checkpoint):
     np.testing.assert_allclose(rows[0].logits, x @ params["embed.W_E"].T, rtol=1e-10)
 
 
+def test_lens_refuses_a_row_outside_the_batch_and_k_below_one():
+    """NumPy would read row -1 as the last row, and a lens of the wrong row reads as a right
+    one; row B was a bare IndexError, k=0 a bare IndexError from the partition."""
+    cfg = tfmcli.Config(batch=2, seq_len=4, layers=1)
+    params = tfmcli.init_params(cfg)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([[1, 2, 3, 4], [4, 3, 2, 1]]), cfg)
+    for row in (-1, 2):
+        with pytest.raises(ValueError, match=rf"logit_lens: row={row}; it must lie in 0\.\.1"):
+            logit_lens(params, fwd, cfg, row)
+    with pytest.raises(ValueError, match="logit_lens: k=0; it must be at least 1"):
+        logit_lens(params, fwd, cfg, 0, k=0)
+    last = logit_lens(params, fwd, cfg, 1, k=1)[-1]
+    np.testing.assert_array_equal(last.top[:, 0], fwd.acts["logits"][1].argmax(-1))
+
+
 def test_lens_cli_on_text_and_on_a_toy_model(checkpoint):
     data = json.loads(ok("lens", "--load", checkpoint, "--text", "The cat sat on", "--json",
                          "-k", 2).stdout)

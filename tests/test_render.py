@@ -874,6 +874,21 @@ def test_a_log_curve_spans_the_orders_of_magnitude_and_its_ends_stay_apart():
                                      "       10 40", "       (log scale)"]
 
 
+def test_a_curves_two_labels_share_one_notation():
+    """As a table's column: a loss falling from 4.2 to 3e-4 was labelled 4.200 over 3.000e-04;
+    a curve up to 2e5 with a dip to -3 was 2.00e+05 over -3.000. A zero stays 0.000."""
+    from tfmcli.render import curve
+
+    def labels(ys, log):
+        lines = render(curve(list(range(len(ys))), ys, title="t", width=80, height=2,
+                             log=log)).splitlines()
+        return lines[1].split(" ┤")[0].strip(), lines[2].split(" ┤")[0].strip()
+    assert labels([4.2, 0.1, 3e-4], log=True) == ("4.200e+00", "3.000e-04")
+    assert labels([2e5, -3.0], log=False) == ("2.00e+05", "-3.00e+00")
+    assert labels([7.071e-4, 3e-4], log=False) == ("7.071e-04", "0.000")
+    assert labels([4.2, 0.1, 0.002], log=True) == ("4.200", "0.002")
+
+
 def lens_grid(seq_len):
     """A logit lens of two layers ("embed", "block 1": 7 columns of labels) whose columns are
     8 wide ("u03 0.50"), 10 with the space before and the divider."""

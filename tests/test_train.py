@@ -49,6 +49,21 @@ def test_adam_moves_against_the_gradient_by_about_lr_at_first():
     np.testing.assert_allclose(params["w"], [0.9, -1.9, 0.5], rtol=1e-7)
 
 
+def test_adam_refuses_a_nan_or_negative_rate_before_changing_anything():
+    """torch.optim.Adam refuses them too. Before, lr=NaN made every parameter NaN and counted
+    the step. A rate of 0 is allowed (the moments still update)."""
+    params = {"w": np.array([1.0, -2.0])}
+    state = Adam.like(params)
+    for lr in (float("nan"), -1e-3):
+        with pytest.raises(ValueError, match="adam_step: lr=.*; it must be a number at least 0"):
+            adam_step(params, {"w": np.array([3.0, 1.0])}, state, lr)
+    assert state.t == 0 and params["w"].tolist() == [1.0, -2.0]
+    assert state.m["w"].tolist() == [0.0, 0.0]
+    adam_step(params, {"w": np.array([3.0, 1.0])}, state, 0.0)
+    assert state.t == 1 and params["w"].tolist() == [1.0, -2.0]
+    np.testing.assert_allclose(state.m["w"], [0.3, 0.1], rtol=1e-15)
+
+
 def test_warmup_schedule_of_seed_004():
     """d_model = 512, warmup = 200: it rises linearly, peaks at step 200 at (512*200)^-0.5."""
     lrs = [warmup_lr(step, 512, 200) for step in range(1, 1001)]

@@ -25,7 +25,16 @@ class LensRow(NamedTuple):
 
 
 def logit_lens(params: dict, fwd: Forward, cfg: Config, row: int, k: int = 3) -> list[LensRow]:
-    """One LensRow per residual stream of batch row ``row``, embedding first."""
+    """One LensRow per residual stream of batch row ``row``, embedding first.
+
+    ``row`` lies in ``0..B-1`` and ``k`` is at least 1: NumPy would read row ``-1`` as the last
+    row, and a lens of the wrong row reads as a right one.
+    """
+    B = fwd.acts["blocks.0.in"].shape[0]
+    if not 0 <= row < B:
+        raise ValueError(f"logit_lens: row={row}; it must lie in 0..{B - 1} (batch rows)")
+    if k < 1:
+        raise ValueError(f"logit_lens: k={k}; it must be at least 1")
     streams = [("embed", "blocks.0.in")] + [(f"block {i}", f"blocks.{i}.out")
                                               for i in range(cfg.layers)]
     W_U, b_U = head_weights(params, cfg)

@@ -55,7 +55,12 @@ def adam_step(params: dict, grads: dict, state: Adam, lr: float) -> None:
     ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, and with the bias corrections
     ``m_hat = m / (1 - b1^t)``, ``v_hat = v / (1 - b2^t)``:
     ``p -= lr * m_hat / (sqrt(v_hat) + eps)`` (``torch.optim.Adam``'s order of operations).
+
+    ``lr`` must be a number at least 0, as ``torch.optim.Adam`` requires: a NaN or a negative
+    rate is refused before anything changes (a NaN would turn every parameter into NaN).
     """
+    if not lr >= 0:   # also False for NaN
+        raise ValueError(f"adam_step: lr={lr}; it must be a number at least 0")
     state.t += 1
     b1, b2 = state.beta1, state.beta2
     correction1 = 1 - b1 ** state.t

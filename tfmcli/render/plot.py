@@ -7,13 +7,18 @@ import numpy as np
 from rich.console import Group
 from rich.text import Text
 
-from tfmcli.render.numbers import fmt
+from tfmcli.render.numbers import fmt, notation
 
 BLOCKS = " ▁▂▃▄▅▆▇█"  # 0..8 eighths of a cell
 
 
-def _label(value: float) -> str:
-    return fmt(value, 3 if abs(value) < 1e5 else 2).strip().lstrip("+")
+def _labels(top: float, bottom: float) -> tuple[str, str]:
+    """The y axis's top and bottom labels in one notation, as a table writes a column: a loss
+    falling from 4.2 to 3e-4 is labelled ``4.200e+00`` over ``3.000e-04``, not ``4.200`` over
+    ``3.000e-04``. A zero is ``0.000`` in either notation, as in the tables."""
+    style = notation([top, bottom])
+    precision = 3 if max(abs(top), abs(bottom)) < 1e5 else 2
+    return tuple(fmt(v, precision, style).strip().lstrip("+") for v in (top, bottom))
 
 
 def curve(xs, ys, *, title: str, width: int, height: int = 8, log: bool = False,
@@ -32,7 +37,7 @@ def curve(xs, ys, *, title: str, width: int, height: int = 8, log: bool = False,
     """
     ys = np.asarray(ys, dtype=np.float64)
     values = np.log10(np.maximum(ys, 1e-300)) if log else ys
-    top_label, bottom_label = _label(ys.max()), _label(ys.min() if log else min(ys.min(), 0.0))
+    top_label, bottom_label = _labels(ys.max(), ys.min() if log else min(ys.min(), 0.0))
     label_width = max(len(top_label), len(bottom_label))
     columns = max(1, min(len(ys), width - label_width - 2))
     groups = np.array_split(values, columns)
