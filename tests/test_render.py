@@ -297,6 +297,31 @@ def test_heatmap_legend_has_the_scale_ends_and_the_mask_symbol():
         "· hidden by mask"
 
 
+@pytest.mark.parametrize("width, lines", [
+    (84, ["scale [  ] 0.000  [░░] 0.060  [▒▒] 0.120  [▓▓] 0.180  [██] ≥0.240   · hidden by mask"]),
+    (83, ["scale [  ] 0.000  [░░] 0.060  [▒▒] 0.120  [▓▓] 0.180  [██] ≥0.240",
+          "      · hidden by mask"]),
+    (65, ["scale [  ] 0.000  [░░] 0.060  [▒▒] 0.120  [▓▓] 0.180  [██] ≥0.240",
+          "      · hidden by mask"]),
+    (64, ["scale [  ] 0.000  [░░] 0.060  [▒▒] 0.120  [▓▓] 0.180",
+          "      [██] ≥0.240   · hidden by mask"]),
+    (40, ["scale [  ] 0.000  [░░] 0.060  [▒▒] 0.120",
+          "      [▓▓] 0.180  [██] ≥0.240",
+          "      · hidden by mask"]),
+    (39, ["scale [  ] 0.000  [░░] 0.060",
+          "      [▒▒] 0.120  [▓▓] 0.180",
+          "      [██] ≥0.240   · hidden by mask"])])
+def test_a_legend_breaks_between_its_pieces_never_inside_one(width, lines):
+    """At 80 columns "· hidden by" ended one line and "mask" began the next: rich wrapped the
+    one line of the key at a space. It breaks now only between a swatch with its value and
+    the next, the next line under the first swatch."""
+    from tfmcli.render.colours import Legend
+    legend = Legend(0.0, 0.24, precision=3, clipped=True, hidden=True)
+    assert ANSI.sub("", render_colour(legend, width=width)).splitlines() == lines
+    alone = render(Legend(0.0, 0.24, precision=3, hidden=True, values_shown=True), width=10)
+    assert [line.rstrip() for line in alone.splitlines()] == ["· hidden", "by mask"]   # wraps
+
+
 def test_heatmap_legend_ends_ignore_hidden_and_infinite_cells():
     matrix = np.array([[-0.25, 9.0], [0.75, -np.inf]])
     text = coloured_text(heatmap(matrix, mask=[[True, False], [True, True]]))

@@ -143,19 +143,25 @@ def colour_legend(vmin: float, vmax: float, *, diverging: bool = False, precisio
     rich.text.Text
         Uncoloured: ``"scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"``.
     """
+    return Legend(vmin, vmax, diverging=diverging, precision=precision,
+                  clipped=clipped).lines(colour=True, width=10 ** 6)[0]
+
+
+def _scale_items(vmin, vmax, diverging, precision, clipped) -> list[Text]:
+    """``scale``, then one ``[swatch] value`` per stop: the pieces a legend never breaks."""
     signed = diverging or vmin < 0
     stops = legend_stops(vmin, vmax, diverging)
-    legend = Text()
-    legend.append("scale", style="dim")
+    items = [Text("scale", style="dim")]
     for k, value in enumerate(stops):
         position = scale_position(value, vmin, vmax, diverging)
-        legend.append(" " if k == 0 else "  ")
-        legend.append("[", style="dim")
-        legend.append(shade_at(position, diverging), style=block_style(position, diverging))
-        legend.append("]", style="dim")
+        item = Text()
+        item.append("[", style="dim")
+        item.append(shade_at(position, diverging), style=block_style(position, diverging))
+        item.append("]", style="dim")
         top = clipped and k == len(stops) - 1
-        legend.append((" ≥" if top else " ") + fmt(value, precision, sign=signed).strip())
-    return legend
+        item.append((" ≥" if top else " ") + fmt(value, precision, sign=signed).strip())
+        items.append(item)
+    return items
 
 
 class Legend:
@@ -167,21 +173,29 @@ class Legend:
 
     def __init__(self, vmin, vmax, *, diverging=False, precision=2, clipped=False,
                  hidden=False, values_shown=False):
-        self.scale = colour_legend(vmin, vmax, diverging=diverging, precision=precision,
-                                   clipped=clipped)
+        self.scale = _scale_items(vmin, vmax, diverging, precision, clipped)
         self.hidden, self.values_shown = hidden, values_shown
 
-    def text(self, colour: bool) -> Text:
-        key = Text()
+    def lines(self, colour: bool, width: int) -> list[Text]:
+        """The key in lines of at most ``width`` cells, broken only between its pieces (a
+        swatch with its value, ``· hidden by mask``), never inside one; a line after the first
+        starts under the first swatch. A piece wider than ``width`` on its own is left to
+        wrap."""
+        pieces = []   # (the gap before it, the piece)
         if colour or not self.values_shown:
-            key.append_text(self.scale)
+            label, first, *rest = self.scale
+            pieces = [("", label), (" ", first)] + [("  ", item) for item in rest]
         if self.hidden:
-            key.append("   " if key else "")
-            key.append("·", style="dim")
-            key.append(" hidden by mask")
-        return key
+            pieces.append(("   " if pieces else "", Text.assemble(("·", "dim"), " hidden by mask")))
+        indent = " " * (self.scale[0].cell_len + 1) if len(pieces) > 1 else ""
+        lines: list[Text] = []
+        for k, (gap, piece) in enumerate(pieces):
+            if k == 0 or lines[-1].cell_len + len(gap) + piece.cell_len > width:
+                lines.append(Text(indent if k else ""))
+                gap = ""
+            lines[-1].append(gap)
+            lines[-1].append_text(piece)
+        return lines
 
     def __rich_console__(self, console, options):
-        key = self.text(colour=console.color_system is not None)
-        if key:
-            yield key
+        yield from self.lines(console.color_system is not None, options.max_width)
