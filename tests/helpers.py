@@ -1,8 +1,14 @@
-"""Shared test helpers: running the CLI, reading its one-line errors, random O(1) parameters."""
+"""Shared test helpers: running the CLI, reading its one-line errors, random O(1) parameters,
+and printing a view to a plain or a colour console."""
 
 from __future__ import annotations
 
+import io
+import re
+
 import numpy as np
+import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from tfmcli.cli import app
@@ -44,3 +50,43 @@ def random_params(params: dict, seed: int = 0) -> dict:
             new = rng.normal(0.0, 0.5, value.shape)
         out[name] = new.astype(value.dtype)
     return out
+
+
+# ---------------------------------------------------------------- views
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(monkeypatch):
+    """In a test file that imports it: no colour variable or width from the environment."""
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def render(renderable, width=80) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def render_colour(renderable, width=80) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system="truecolor",
+                      force_terminal=True)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def grid_rows(text: str, labels) -> list[list[str]]:
+    """The cells of the body lines that start with one of ``labels``, split on whitespace.
+
+    The body is what follows a table's header rule, or a heatmap's first (column label) line.
+    """
+    lines = text.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.strip().startswith("─")]
+    rows = []
+    for line in lines[rules[0] + 1 if rules else 1:]:
+        parts = line.split()
+        if parts and parts[0] in labels:
+            rows.append(parts[1:])
+    return rows

@@ -12,7 +12,7 @@ import pytest
 
 from tfmcli.cli import app
 from helpers import error_line, ok, run
-from test_render import grid_rows, render, render_colour
+from helpers import grid_rows, render, render_colour
 from tfmcli.render.colours import Legend
 from tfmcli.cli.options import PE, Activation, DType, Init, Norm
 from tfmcli.render import grad_table, shape_trace, tensor_table
