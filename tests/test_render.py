@@ -136,10 +136,22 @@ def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
 
 @pytest.mark.parametrize("width, shown", [(58, 6), (59, 7), (66, 7), (67, 8)])
 def test_an_elided_table_keeps_the_columns_that_fit_the_width(width, shown):
-    """A row label, k columns of " +1.0000" and the " …" column: 1 + 8 k + 2 columns."""
+    """A row label, k columns of " +1.0000" and the " …" column: 1 + 8 k + 2 columns. The
+    caption under it wraps at the width, not at the table's."""
     text = render(tensor_table(np.ones((3, 100)), width=width), width=width)
-    assert f"showing {shown} of 100 columns" in text
-    assert max(len(line) for line in text.splitlines()) == 1 + 8 * shown + 2
+    table, caption = text.split("\nshowing")
+    assert max(len(line) for line in table.splitlines()) == 1 + 8 * shown + 2
+    assert caption.strip() == f"{shown} of 100 columns"
+
+
+def test_a_caption_wraps_at_the_screens_width_not_the_tables():
+    """A footnote under a 9-column table took eight lines, the last two "statistic" and "s";
+    it takes one, or wraps at the screen's width."""
+    note = "* x: masked: 780 (-inf), left out of the statistics"
+    lines = render(tensor_table(np.ones((2, 1)), caption=note)).splitlines()
+    assert max(map(len, lines[:-1])) == 9 and lines[-1] == note
+    lines = render(tensor_table(np.ones((2, 1)), caption=note, width=30), width=30).splitlines()
+    assert [line.rstrip() for line in lines[-2:]] == ["* x: masked: 780 (-inf), left", "out of the statistics"]
 
 
 def test_a_table_elided_to_a_few_rows_is_as_wide_as_they_are():

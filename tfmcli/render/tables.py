@@ -22,6 +22,20 @@ ELLIPSIS = "…"
 MISSING = "—"
 
 
+class _Table(Table):
+    """A table whose caption wraps at the screen's width, not at the table's: under a narrow
+    table a footnote ("showing 4 of 40 rows; --full shows all") stays on one line."""
+
+    def __rich_console__(self, console, options):
+        caption, self.caption = self.caption, None
+        try:
+            yield from super().__rich_console__(console, options)
+        finally:
+            self.caption = caption
+        if caption:
+            yield Text(caption, style=self.caption_style or "")   # left, and not padded
+
+
 def _table(title=None, caption=None) -> Table:
     """The house table: a rule under the header, one space between columns, no frame.
 
@@ -29,9 +43,10 @@ def _table(title=None, caption=None) -> Table:
     lets a gradient table with scientific numbers fit in 80 columns. When a table is still too
     wide, name columns fold onto a second line first; a number that must be shortened ends in
     a visible "…" (``overflow="ellipsis"``), never silently. A table is at least as wide as
-    its title, so that the title stays on one line above a narrow table.
+    its title, so that the title stays on one line above a narrow table, and its caption
+    wraps at the screen's width.
     """
-    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+    return _Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
                  padding=(0, 0), header_style="dim", caption_style="dim italic",
                  caption_justify="left", min_width=cell_len(title) if title else None)
 
