@@ -291,6 +291,19 @@ def test_attn_illustrated_prints_seed_002s_numbers():
                                 [1.9997, 7.7599, 0.3584]], atol=1e-4)
 
 
+def test_attn_numbers_its_steps_and_the_example_shows_the_first_five_then_both_softmaxes():
+    """The example's scaled and masked scores are left out: it has no mask, and the scale is
+    what the two columns after step 5 compare."""
+    def headings(out):
+        return re.findall(r"^(\d+)\. (\S+(?: scores)?) \(", out, re.M)
+    out = ok("attn", "--example", "illustrated").stdout
+    assert headings(out) == [("1", "X"), ("2", "Q"), ("3", "K"), ("4", "V"), ("5", "scores")]
+    assert re.findall(r"^ ?(\w+), unscaled", out, re.M) == ["softmax", "context"]
+    assert headings(ok("attn").stdout) == [
+        ("1", "X"), ("2", "Q"), ("3", "K"), ("4", "V"), ("5", "scores"), ("6", "scaled scores"),
+        ("7", "masked scores"), ("8", "softmax"), ("9", "context")]
+
+
 def test_attn_model_steps_agree_with_the_models_own_tensors():
     _, _, _, fwd, _ = api_run(lengths=(4, 3))
     data = ok_json("attn", "--head", 1, "--row", 1, "--lengths", "4,3")

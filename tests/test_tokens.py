@@ -242,6 +242,18 @@ def test_attn_query_explains_one_row_number_by_number():
     assert "Σ score" in out and "Σ context" in out and "k4:5   " in out and "hidden" in out
 
 
+def test_attn_query_0_sees_only_itself_and_the_model_agrees_to_rounding():
+    """Query 0 is allowed (0..T-1); under the causal mask its one key takes all the weight. The
+    last line compares the sum of weighted values with the model's own context row."""
+    data = json.loads(ok("attn", "--tokens", "3,1,4,1,5", "--query", 0, "--json").stdout)
+    assert [k["weight"] for k in data["keys"]] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(data["context"], data["keys"][0]["weighted_v"], rtol=0, atol=0)
+    for query in (0, 3):
+        out = ok("attn", "--tokens", "3,1,4,1,5", "--query", query).stdout
+        difference = float(re.search(r"differs from this sum by (\S+)", out).group(1))
+        assert difference < 1e-14
+
+
 def test_attn_query_out_of_range():
     line = error_line(run("attn", "--query", 4), 2)
     assert "'--query'" in line and "0..3" in line
