@@ -96,6 +96,17 @@ def test_forward_show_slices_by_row_and_head():
     assert f"{row[3]:+.6f}" in out
 
 
+def test_forward_show_labels_an_activations_rows_with_their_tokens():
+    """(B, T, d) and (B, H, T, d_head) activations: "position:token" down the side; the (T, d)
+    positional table is the same for every row and has no tokens."""
+    out = ok("forward", "--show", "embed", "--row", 1).stdout
+    labels = [line.split()[0] for line in out.split("embed[1] of (2, 4, 6)")[1].splitlines()[3:7]]
+    assert labels == [f"{t}:{token}" for t, token in enumerate(api_run()[2].tokens[1])]
+    out = ok("forward", "--show", "pe").stdout
+    assert [line.split()[0] for line in out.split("pe (4, 6)")[1].splitlines()[3:7]] == \
+        ["0", "1", "2", "3"]
+
+
 def test_forward_show_a_parameter():
     _, params, _, _, _ = api_run()
     out = ok("forward", "--show", "head.b_U").stdout
@@ -233,6 +244,10 @@ def test_mask_json_is_seed_004s_combined_mask():
     assert np.array_equal(np.array(data["combined"], dtype=int), SEED_004_COMBINED)
     assert data["padding"][1] == [True, True, False, False, False, False, False]
     assert np.array_equal(np.array(data["causal"]), np.tril(np.ones((7, 7), dtype=bool)))
+
+
+def test_mask_alone_is_seven_long():
+    assert np.array(ok_json("mask")["combined"]).shape == (1, 7, 7)
 
 
 def test_mask_without_lengths_has_one_all_true_padding_row():

@@ -56,6 +56,7 @@ USAGE_ERRORS = [
     (["gradcheck", "--tol", "-1"], ["'--tol'", "-1.0 is not allowed"]),
     (["gradcheck", "--max-entries", "0"], ["'--max-entries'", "0 is not allowed"]),
     (["mask", "--len", "0"], ["'--len'", "0 is not allowed", "1..1024"]),
+    (["lens", "-k", "21"], ["'--top'", "21 is not allowed", "1..20"]),
     (["mask", "--len", "4", "--lengths", "5"], ["'--lengths'", "5 is outside 1..4"]),
     (["mask", "--lengths", "x"], ["'--lengths'", "'x' is not a comma-separated list"]),
     (["pe", "--d-model", "0"], ["'--d-model'", "0 is not allowed"]),

@@ -86,6 +86,13 @@ def test_cli_kv_prints_the_steps_and_the_attention_rows():
     assert "every step equals the full causal forward" in out
 
 
+def test_cli_kv_draws_the_attention_rows_on_a_fixed_scale_from_0_to_1():
+    """Each row is one query's weights, which sum to 1: the scale does not follow the data.
+    At 40 steps the map is drawn in shades, with its legend."""
+    out = ok("kv", "-T", 40).stdout
+    assert "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00" in out
+
+
 def test_kv_needs_a_causal_model():
     line = error_line(run("kv", "--no-causal"), 2)
     assert "'--causal'" in line and "must be causal" in line
