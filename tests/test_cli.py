@@ -291,6 +291,12 @@ def test_pe_labels_columns_with_sin_cos_and_wavelength():
             in " ".join(out.split()))
 
 
+@pytest.mark.parametrize("length, d_model, table", [(16, 16, True), (257, 1, False), (17, 16, False)])
+def test_pe_prints_its_values_up_to_256_of_them(length, d_model, table):
+    out = ok("pe", "--len", length, "--d-model", d_model).stdout
+    assert bool(re.search(r"^ *values$", out, re.M)) is table
+
+
 # ---------------------------------------------------------------- attn
 
 

@@ -172,6 +172,15 @@ def test_a_run_bigger_than_memory_is_refused_before_allocating(args):
     assert quoted == pytest.approx(need, rel=0.01), lines[0]
 
 
+def test_the_memory_available_is_meminfos_memavailable_in_bytes(monkeypatch, tmp_path):
+    """/proc/meminfo counts in kB of 1024 bytes."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       8000000 kB\nMemFree:         100 kB\n"
+                       "MemAvailable:    2048 kB\n")
+    monkeypatch.setattr(options, "open", lambda path: meminfo.open(), raising=False)
+    assert options.available_memory() == 2048 * 1024
+
+
 def test_refusal_is_against_the_memory_available(monkeypatch):
     """The same config runs when it fits, is refused when it does not, and --force overrides."""
     args = ["forward", "-B", "4", "-T", "64", "-d", "32", "--json"]
