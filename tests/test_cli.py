@@ -287,8 +287,8 @@ def test_pe_labels_columns_with_sin_cos_and_wavelength():
     out = ok("pe", "--len", 4, "--d-model", 4).stdout
     header = " ".join(out[out.index("values"):].split()[1:9])   # the table's wrapped labels
     assert header == "sin cos sin cos λ6.28 λ6.28 λ628 λ628"
-    assert ("column j: sin for even j, cos for odd j; wavelength λ = 6.28 (j = 0, 1) up to 628"
-            in " ".join(out.split()))
+    assert ("column j: sin for even j, cos for odd j; wavelength λ = 6.28 (j = 0, 1) up to 628 "
+            "(j = 3)" in " ".join(out.split()))
 
 
 @pytest.mark.parametrize("length, d_model, table", [(16, 16, True), (257, 1, False), (17, 16, False)])

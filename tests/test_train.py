@@ -198,6 +198,21 @@ def test_train_prints_the_curve_predictions_and_maps():
     assert "q8:10" in out   # the separator's row, labelled with its token
 
 
+def test_train_notes_the_maps_a_narrow_screen_leaves_out(monkeypatch):
+    """One block of two heads: at 40 x 30 the second map fits neither beside the first nor
+    under it."""
+    monkeypatch.setenv("COLUMNS", "40")
+    monkeypatch.setenv("LINES", "30")
+    out = ok("train", "--steps", 1).stdout
+    assert "block 0 head 0" in out and "block 0 head 1" not in out
+    assert "showing 1 of 2 attention maps" in " ".join(out.split())
+
+
+def test_train_takes_two_symbols():
+    data = json.loads(ok("train", "--steps", 1, "--symbols", 2, "--json").stdout)
+    assert data["config"]["vocab"] == 3   # the two and the separator
+
+
 def test_train_shows_the_given_tokens():
     out = ok("train", "--steps", 5, "--tokens", "1,2,3,10,1,2").stdout
     assert "row 0 tokens   1 2 3 10 1 2" in out and "k3:10" in out
@@ -208,6 +223,9 @@ def test_train_shows_the_given_tokens():
     (["--tokens", "1,2,11"], "'--tokens'", "id 11 is outside 0..10"),
     (["--task", "add"], "'--task'", "copy"),
     (["--len", "0"], "'--len'", "allowed: 1..256"),
+    # (a bad --len after it: were 1000001 allowed, the test fails at once instead of training)
+    (["--steps", "1000001", "--len", "0"], "'--steps'", "allowed: 1..1000000"),
+    (["--symbols", "1"], "'--symbols'", "allowed: 2..10000"),
 ])
 def test_bad_train_options(args, option, needle):
     line = error_line(run("train", *args), 2)
