@@ -6,12 +6,14 @@ how many bugs they catch.
     python scripts/mutate.py --sample 0 --target tfmcli/parallel.py   # every mutant of one file
     python scripts/mutate.py --sample 0 --target tfmcli/kv.py         # a module beyond the engine
     python scripts/mutate.py --sample 60 --target tfmcli/render/heatmap.py   # a view
+    python scripts/mutate.py --sample 0 --target tfmcli/cli/options.py       # a command's options
 
 By default it mutates the engine (the forward and backward passes and what they stand on)
 and runs the engine's tests. ``--target`` also takes the modules that compute the other
 numbers a user reads (the inputs, the KV cache, the logit lens, the toy tasks and training,
 the shapes, FLOPs and memory, the statistics, the Pre-LN / Post-LN comparison, the attention
-steps, the file loaders) and the views that draw them (``tfmcli/render``); each runs the test
+steps, the file loaders), the views that draw them (``tfmcli/render``) and the commands
+(``tfmcli/cli``: their options, their checks of bad input, their JSON); each runs the test
 files that cover it.
 
 A mutant swaps one operator (+ and -, * and /, < and <=, > and >=), changes one number (n to
@@ -56,11 +58,20 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
 RENDER = ["tfmcli/render/numbers.py", "tfmcli/render/colours.py", "tfmcli/render/heatmap.py",
           "tfmcli/render/maps.py", "tfmcli/render/masks.py", "tfmcli/render/tables.py",
           "tfmcli/render/plot.py", "tfmcli/render/lens.py", "tfmcli/render/tokens.py"]
-RENDER_TESTS = ["tests/test_render.py", "tests/test_seeds.py", "tests/test_compare.py",   # quick first
+RENDER_TESTS = ["tests/test_render.py", "tests/test_heatmap.py", "tests/test_seeds.py", "tests/test_compare.py",   # quick first
                 "tests/test_kv.py", "tests/test_examples.py", "tests/test_tokens.py",
                 "tests/test_cli.py", "tests/test_terminal.py", "tests/test_train.py",
                 "tests/test_gpt2.py"]
 TESTS |= {path: RENDER_TESTS for path in RENDER}   # the views: what a user reads, drawn
+CLI = [f"tfmcli/cli/{name}.py" for name in (
+    "app", "attn", "backward", "check", "checks", "common", "compare", "forward", "gradcheck",
+    "kv", "lens", "mask", "options", "pe", "shapes", "train")]
+CLI_TESTS = ["tests/test_errors.py", "tests/test_compare.py", "tests/test_kv.py",   # quick first
+             "tests/test_seeds.py", "tests/test_startup.py", "tests/test_check.py",
+             "tests/test_examples.py", "tests/test_io.py", "tests/test_tokens.py",
+             "tests/test_cli.py", "tests/test_memory.py", "tests/test_gpt2.py",
+             "tests/test_train.py", "tests/test_terminal.py", "tests/test_readme.py"]
+TESTS |= {path: CLI_TESTS for path in CLI}   # the commands: options, their checks, the payloads
 SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
         ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 
