@@ -58,10 +58,10 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
 RENDER = ["tfmcli/render/numbers.py", "tfmcli/render/colours.py", "tfmcli/render/heatmap.py",
           "tfmcli/render/maps.py", "tfmcli/render/masks.py", "tfmcli/render/tables.py",
           "tfmcli/render/plot.py", "tfmcli/render/lens.py", "tfmcli/render/tokens.py"]
-RENDER_TESTS = ["tests/test_render.py", "tests/test_heatmap.py", "tests/test_seeds.py", "tests/test_compare.py",   # quick first
-                "tests/test_kv.py", "tests/test_examples.py", "tests/test_tokens.py",
-                "tests/test_cli.py", "tests/test_terminal.py", "tests/test_train.py",
-                "tests/test_gpt2.py"]
+RENDER_TESTS = ["tests/test_render.py", "tests/test_heatmap.py", "tests/test_seeds.py",   # quick first
+                "tests/test_compare.py", "tests/test_kv.py", "tests/test_examples.py",
+                "tests/test_tokens.py", "tests/test_cli.py", "tests/test_terminal.py",
+                "tests/test_train.py", "tests/test_gpt2.py"]
 TESTS |= {path: RENDER_TESTS for path in RENDER}   # the views: what a user reads, drawn
 CLI = [f"tfmcli/cli/{name}.py" for name in (
     "app", "attn", "backward", "check", "checks", "common", "compare", "forward", "gradcheck",
