@@ -291,7 +291,8 @@ def test_pe_labels_columns_with_sin_cos_and_wavelength():
             "(j = 3)" in " ".join(out.split()))
 
 
-@pytest.mark.parametrize("length, d_model, table", [(16, 16, True), (257, 1, False), (17, 16, False)])
+@pytest.mark.parametrize("length, d_model, table", [(16, 16, True), (257, 1, False),
+                                                    (17, 16, False)])
 def test_pe_prints_its_values_up_to_256_of_them(length, d_model, table):
     out = ok("pe", "--len", length, "--d-model", d_model).stdout
     assert bool(re.search(r"^ *values$", out, re.M)) is table

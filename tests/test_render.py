@@ -151,7 +151,8 @@ def test_a_caption_wraps_at_the_screens_width_not_the_tables():
     lines = render(tensor_table(np.ones((2, 1)), caption=note)).splitlines()
     assert max(map(len, lines[:-1])) == 9 and lines[-1] == note
     lines = render(tensor_table(np.ones((2, 1)), caption=note, width=30), width=30).splitlines()
-    assert [line.rstrip() for line in lines[-2:]] == ["* x: masked: 780 (-inf), left", "out of the statistics"]
+    assert [line.rstrip() for line in lines[-2:]] == ["* x: masked: 780 (-inf), left",
+                                                      "out of the statistics"]
 
 
 def test_a_table_elided_to_a_few_rows_is_as_wide_as_they_are():

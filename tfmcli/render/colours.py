@@ -186,7 +186,8 @@ class Legend:
             label, first, *rest = self.scale
             pieces = [("", label), (" ", first)] + [("  ", item) for item in rest]
         if self.hidden:
-            pieces.append(("   " if pieces else "", Text.assemble(("·", "dim"), " hidden by mask")))
+            hidden = Text.assemble(("·", "dim"), " hidden by mask")
+            pieces.append(("   " if pieces else "", hidden))
         indent = " " * (self.scale[0].cell_len + 1) if len(pieces) > 1 else ""
         lines: list[Text] = []
         for k, (gap, piece) in enumerate(pieces):
