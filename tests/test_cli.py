@@ -250,6 +250,21 @@ def test_mask_alone_is_seven_long():
     assert np.array(ok_json("mask")["combined"]).shape == (1, 7, 7)
 
 
+@pytest.mark.parametrize("columns, length, grid", [(80, 21, True), (80, 22, False),
+                                                   (200, 40, True), (200, 41, False)])
+def test_mask_draws_a_grid_when_it_fits_the_screen_and_40_keys_then_an_overview(
+        monkeypatch, columns, length, grid):
+    """A grid takes the labels, then a space and a column per key: 3 + 10 x 3 + 11 x 4 = 77
+    columns for 21 keys, 81 for 22 (k10 on are 3 wide). At 80 columns 26 keys wrapped every
+    line. The overview draws a character a key and, past 40, a line per two queries."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out = ok("mask", "--len", length).stdout
+    header = [line for line in out.splitlines() if line.lstrip().startswith("k0")][0]
+    assert header.split()[:3] == (["k0", "k1", "k2"] if grid else ["k0", "k4", "k8"])
+    assert max(map(len, out.splitlines())) <= columns
+    assert ("q1 " in out) is (grid or length <= 40)
+
+
 def test_mask_without_lengths_has_one_all_true_padding_row():
     data = ok_json("mask", "--len", 5)
     assert data["padding"] == [[True] * 5]

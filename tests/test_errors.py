@@ -42,6 +42,8 @@ USAGE_ERRORS = [
     (["forward", "--show", "blocks.0.attn.patern"], ["'--show'", "'blocks.0.attn.patern'", "did you mean blocks.0.attn.pattern"]),
     (["backward", "--show", "dlogitz"], ["'--show'", "did you mean"]),
     (["forward", "--show", "zzzz"], ["no tensor named 'zzzz'; names are like embed, head.b_U"]),   # first, last
+    # nothing close enough (a looser cutoff than difflib's 0.6, 0.5, but not 0.25: "logits")
+    (["forward", "--show", "weights"], ["no tensor named 'weights'; names are like embed"]),
     # at most four names, the closest first (blocks.1.ln1.out is a fifth close one)
     (["forward", "-L", "2", "--show", "blocks.0.ln"], ["did you mean blocks.0.in, blocks.1.in, blocks.0.ln2.out, blocks.0.ln1.out?"]),
     (["forward", "--row", "2"], ["'--row'", "2 is out of range", "2 batch rows, so 0..1"]),

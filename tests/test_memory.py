@@ -181,6 +181,13 @@ def test_the_memory_available_is_meminfos_memavailable_in_bytes(monkeypatch, tmp
     assert options.available_memory() == 2048 * 1024
 
 
+def test_sizes_are_written_in_binary_units():
+    """A size just under a unit rounds up into it: 2^20 - 1 bytes was "1,024.0 KiB"."""
+    assert [options.binary_size(n) for n in (712, 1023, 1024, 1536, 2**20 - 1, 3 * 2**30,
+                                             5000 * 2**30)] == \
+        ["712 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.0 MiB", "3.0 GiB", "5,000.0 GiB"]
+
+
 def test_refusal_is_against_the_memory_available(monkeypatch):
     """The same config runs when it fits, is refused when it does not, and --force overrides."""
     args = ["forward", "-B", "4", "-T", "64", "-d", "32", "--json"]

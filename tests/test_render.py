@@ -289,6 +289,19 @@ def test_mask_grid_causal_symbols():
                                                 ["●", "●", "●"]]
 
 
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("shape, labels", [((3, 3), False), ((1, 12), False), ((12, 12), True)])
+def test_mask_grid_width_is_the_width_it_is_drawn_at(shape, labels, additive):
+    """What `tfm mask` asks before drawing a grid: does it fit the screen."""
+    from tfmcli.render import mask_grid_width
+    rows = [f"q{i}:{i * 7}" for i in range(shape[0])] if labels else None
+    cols = [f"k{j}" for j in range(shape[1])] if labels else None
+    mask = np.ones(shape, dtype=bool)
+    drawn = render(mask_grid(mask, additive=additive, row_labels=rows, col_labels=cols), width=200)
+    assert mask_grid_width(shape, additive=additive, row_labels=rows, col_labels=cols) == \
+        max(map(len, drawn.splitlines()))
+
+
 def test_mask_grid_additive_and_labels():
     text = render(mask_grid(causal_mask(3), additive=True, row_labels=["q0", "q1", "q2"],
                             col_labels=["k0", "k1", "k2"]))

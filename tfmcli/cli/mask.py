@@ -20,9 +20,11 @@ MAX_LINES = 40  # and a square mask groups its queries too, so that it stays abo
 
 
 def mask_view(grid, title, additive_form, row_labels, col_labels, square=True):
-    """A mask as a grid of symbols; when it is big, one character per group of keys that fits
-    the terminal (and, for a square mask, one line per group of queries)."""
-    if max(grid.shape) <= MAX_GRID:
+    """A mask as a grid of symbols when it fits the terminal; when it is big or too wide, one
+    character per group of keys that fits (and, for a square mask, one line per group of
+    queries)."""
+    if max(grid.shape) <= MAX_GRID and width() >= render.mask_grid_width(
+            grid.shape, additive=additive_form, row_labels=row_labels, col_labels=col_labels):
         return render.mask_grid(grid, title=title, additive=additive_form,
                                 row_labels=row_labels, col_labels=col_labels)
     row_group = math.ceil(grid.shape[0] / MAX_LINES) if square else 1

@@ -272,7 +272,7 @@ def available_memory() -> int:
 def binary_size(n: int) -> str:
     """Bytes in binary units: '712 B', '18.4 KiB', '2.2 GiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+        if round(n, 1) < 1024 or unit == "GiB":   # 1023.96 KiB is 1.0 MiB, not 1,024.0 KiB
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1024
 
