@@ -313,6 +313,25 @@ def test_pe_prints_its_values_up_to_256_of_them(length, d_model, table):
     assert bool(re.search(r"^ *values$", out, re.M)) is table
 
 
+def test_counts_are_written_in_thousands_millions_and_billions():
+    """A count just under a unit rounds up into it: 999,999 was "1,000 K"."""
+    from tfmcli.cli.shapes import human
+    assert [human(n) for n in (999, 1000, 1500, 999_999, 2.5e9)] == \
+        ["999", "1 K", "1.5 K", "1 M", "2.5 G"]
+    assert human(2.5e9, "FLOP") == "2.5 GFLOP" and human(-1500) == "-1.5 K"
+
+
+@pytest.mark.parametrize("columns", [80, 300])
+def test_pe_is_drawn_on_a_scale_from_minus_1_to_1(monkeypatch, columns):
+    """Whole when its columns fit, else its sines and cosines apart: each on the fixed scale
+    of a sine."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out = ok("pe", "--d-model", 64, "--len", 8).stdout
+    legends = [line for line in out.splitlines() if line.startswith("scale")]
+    assert legends == ["scale [-█] -1.000  [-▒] -0.500  [  ] 0.000  [+▒] +0.500  [+█] +1.000"] * \
+        (2 if columns == 80 else 1)
+
+
 # ---------------------------------------------------------------- attn
 
 

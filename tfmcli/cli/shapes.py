@@ -11,7 +11,7 @@ from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, Options, binary_si
 
 def human(n: float, unit: str = "") -> str:
     for suffix in ("", "K", "M", "G", "T", "P"):
-        if abs(n) < 1000:
+        if round(abs(n), 1) < 1000:   # 999,999 is 1 M, not 1,000 K
             return f"{n:,.1f} {suffix}{unit}".replace(".0 ", " ").rstrip()
         n /= 1000
     return f"{n:,.1f} E{unit}"
