@@ -196,6 +196,12 @@ def test_train_prints_the_curve_predictions_and_maps():
                    "peak 0.01768 at step 100"):
         assert needle in out
     assert "q8:10" in out   # the separator's row, labelled with its token
+    lines = out.splitlines()
+
+    def rows(title):   # the curve's rows: from its title to its x axis
+        start = next(i for i, line in enumerate(lines) if line.startswith(title))
+        return [line for line in lines[start + 1:start + 12] if "┤" in line or "│" in line]
+    assert len(rows("training loss")) == 8 and len(rows("learning rate")) == 5
 
 
 def test_train_notes_the_maps_a_narrow_screen_leaves_out(monkeypatch):
