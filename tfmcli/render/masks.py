@@ -39,9 +39,8 @@ def mask_grid(mask, *, title: str | None = None, additive: bool = False, row_lab
     if mask.ndim != 2:
         raise ValueError(f"mask_grid needs a 2-D mask, got shape {mask.shape}; slice it first")
     row_labels, col_labels = _labels(mask.shape, row_labels, col_labels)
-    attend, hidden = (ATTEND_ADDITIVE, HIDDEN_ADDITIVE) if additive else (ATTEND, HIDDEN)
-    label_width, widths = _grid_columns(row_labels, col_labels, additive)
-    grid_width = label_width + sum(width + 1 for width in widths)
+    attend, hidden = _symbols(additive)
+    label_width, widths, grid_width = _grid_columns(row_labels, col_labels, additive)
     lines = [Text(title.center(grid_width).rstrip(), style="italic")] if title else []
     lines.append(Text(" " * label_width + "".join(" " + label.rjust(width) for label, width
                                                   in zip(col_labels, widths)), style="dim"))
@@ -62,18 +61,21 @@ def _labels(shape, row_labels, col_labels) -> tuple[list, list]:
             [str(j) for j in range(cols)] if col_labels is None else list(col_labels))
 
 
-def _grid_columns(row_labels, col_labels, additive) -> tuple[int, list[int]]:
-    """The width of the row labels, and of each key's column (its label or its symbol)."""
-    symbols = (ATTEND_ADDITIVE, HIDDEN_ADDITIVE) if additive else (ATTEND, HIDDEN)
+def _symbols(additive: bool) -> tuple[str, str]:
+    return (ATTEND_ADDITIVE, HIDDEN_ADDITIVE) if additive else (ATTEND, HIDDEN)
+
+
+def _grid_columns(row_labels, col_labels, additive) -> tuple[int, list[int], int]:
+    """The width of the row labels, of each key's column (its label or its symbol), and of
+    the whole grid: the labels, then a space and a column per key."""
     label_width = max(map(cell_len, row_labels), default=0)
-    return label_width, [max(cell_len(label), *map(cell_len, symbols)) for label in col_labels]
+    widths = [max(cell_len(label), *map(cell_len, _symbols(additive))) for label in col_labels]
+    return label_width, widths, label_width + sum(width + 1 for width in widths)
 
 
 def mask_grid_width(shape, *, additive: bool = False, row_labels=None, col_labels=None) -> int:
-    """The columns :func:`mask_grid` takes for a mask of ``shape`` (its title aside): a label
-    column, then a space and a column per key."""
-    label_width, widths = _grid_columns(*_labels(shape, row_labels, col_labels), additive)
-    return label_width + sum(width + 1 for width in widths)
+    """The columns :func:`mask_grid` takes for a mask of ``shape`` (its title aside)."""
+    return _grid_columns(*_labels(shape, row_labels, col_labels), additive)[2]
 
 
 def mask_overview(mask, *, title: str, width: int, row_labels=None, col_labels=None,
