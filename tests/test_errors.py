@@ -44,8 +44,22 @@ USAGE_ERRORS = [
     (["forward", "--show", "zzzz"], ["no tensor named 'zzzz'; names are like embed, head.b_U"]),   # first, last
     # nothing close enough (a looser cutoff than difflib's 0.6, 0.5, but not 0.25: "logits")
     (["forward", "--show", "weights"], ["no tensor named 'weights'; names are like embed"]),
-    # at most four names, the closest first (blocks.1.ln1.out is a fifth close one)
-    (["forward", "-L", "2", "--show", "blocks.0.ln"], ["did you mean blocks.0.in, blocks.1.in, blocks.0.ln2.out, blocks.0.ln1.out?"]),
+    # at most four names, those that begin with it before difflib's closest (blocks.0.in)
+    (["forward", "-L", "2", "--show", "blocks.0.ln"],
+     ["did you mean blocks.0.ln1.out, blocks.0.ln2.out, blocks.0.ln1.gamma, blocks.0.ln1.beta?"]),
+    # no name begins with it: difflib's closest alone
+    (["forward", "--show", "blocks.0.attn.q."], ["did you mean blocks.0.attn.q, blocks.0.attn.v,"]),
+    # a name's last parts, begun, in any case; every layer's, in the model's order
+    (["forward", "--show", "pat"], ["did you mean blocks.0.attn.pattern?"]),
+    (["forward", "--show", "scores"], ["did you mean blocks.0.attn.scores?"]),
+    (["forward", "--show", "attn.sc"], ["did you mean blocks.0.attn.scores?"]),
+    (["forward", "--show", "w_q"], ["did you mean blocks.0.attn.W_Q?"]),
+    (["forward", "-L", "2", "--show", "gamma"],
+     ["did you mean blocks.0.ln1.gamma, blocks.0.ln2.gamma, blocks.1.ln1.gamma, blocks.1.ln2.gamma?"]),
+    (["backward", "--show", "dscores"], ["did you mean blocks.0.attn.scores?"]),
+    # under three letters, only difflib's: 'ou' begins 'out' but suggests nothing
+    (["forward", "--show", "ou"], ["no tensor named 'ou'; names are like embed"]),
+    (["forward", "--show", "ln_"], ["did you mean ln_f.out, ln_f.gamma, ln_f.beta"]),
     (["forward", "--row", "2"], ["'--row'", "2 is out of range", "2 batch rows, so 0..1"]),
     (["forward", "--head", "2"], ["'--head'", "2 is out of range", "0..1"]),
     (["forward", "--block", "1"], ["'--block'", "1 is out of range", "1 blocks, so 0..0"]),

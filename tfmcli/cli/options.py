@@ -249,9 +249,22 @@ def check_name(name: str, known, flag: str = "--show", gradient: bool = False) -
         return name
     if gradient and name.startswith("d") and name[1:] in known:
         return name[1:]
-    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+    close = [*tails_beginning(name, known), *difflib.get_close_matches(name, known, n=4, cutoff=0.5)]
+    if gradient and name.startswith("d"):
+        close = [*tails_beginning(name[1:], known), *close]
+    close = list(dict.fromkeys(close))[:4]
     hint = f"; did you mean {', '.join(close)}?" if close else f"; names are like {known[0]}, {known[-1]}"
     raise typer.BadParameter(f"no tensor named {name!r}{hint}", param_hint=f"'{flag}'")
+
+
+def tails_beginning(name: str, known) -> list:
+    """Names one of whose dotted tails begins with ``name``, in any case: 'scores' and 'attn.sc'
+    find blocks.0.attn.scores, 'w_q' finds blocks.0.attn.W_Q. Under three letters, none."""
+    if len(name) < 3:
+        return []
+    name = name.lower()
+    return [k for k in known
+            if any(".".join(k.lower().split(".")[i:]).startswith(name) for i in range(k.count(".") + 1))]
 
 
 def available_memory() -> int:
