@@ -7,6 +7,7 @@ import runpy
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tfmcli import ops
 from tfmcli.positional import sinusoidal
@@ -82,3 +83,51 @@ def test_the_mutation_script_names_files_that_exist_and_tests_that_cover_them():
     for path in tests:
         name = path.removeprefix("tfmcli/").removesuffix(".py")
         assert name in documented or path.removeprefix("tfmcli/") in documented, path
+
+
+# "Gradients whose entries sum to zero": the lists of that section, per position and weights
+ALWAYS = {"attn.W_O", "attn.b_O", "ffn.W_2", "ffn.b_2"}   # each block's
+READS_A_LAYER_NORM = {"attn.W_Q", "attn.W_K", "attn.W_V", "ffn.W_1"}   # at initial weights
+
+
+def summing_to_zero(norm: str, initial: bool, tied: bool) -> set:
+    import tfmcli
+    from helpers import random_params
+
+    cfg = tfmcli.Config(norm=norm, layers=2, pe="learned" if tied else "sinusoidal",
+                        tied_head=tied, n_ctx=8, lengths=(4, 3))
+    params = tfmcli.init_params(cfg)
+    if not initial:
+        params = random_params(params, seed=3)
+    grads = tfmcli.backward(params, tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg), cfg)
+    sums = {name: abs(g.sum()) / np.abs(g).sum() for name, g in grads.items()}
+    assert all(s < 1e-12 or s > 1e-6 for s in sums.values()), sums   # zero, or plainly not
+    return {name for name, s in sums.items() if s < 1e-12}
+
+
+def expected_zero_sums(norm: str, initial: bool, tied: bool) -> set:
+    names = {f"blocks.{i}.{part}" for i in (0, 1) for part in ALWAYS}
+    names |= {"head.b_U"} | (set() if tied else {"head.W_U"})
+    if norm == "pre":
+        names |= {"embed.W_E"} | ({"embed.W_pos"} if tied else set())
+    if initial:
+        names |= {f"blocks.{i}.{part}" for i in (0, 1) for part in READS_A_LAYER_NORM
+                  if not (norm == "post" and i == 0 and part.startswith("attn"))}
+    return names
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied+learned"])
+@pytest.mark.parametrize("initial", [True, False], ids=["initial", "random"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_gradients_whose_entries_sum_to_zero_are_those_the_page_lists(norm, initial, tied):
+    assert summing_to_zero(norm, initial, tied) == expected_zero_sums(norm, initial, tied)
+
+
+def test_tfm_backward_shows_eleven_means_as_zero_at_the_default_seed():
+    from helpers import ok
+
+    assert "eleven of them are `≈0`" in DOC
+    rows = [line.split() for line in ok("backward").stdout.splitlines() if "(" in line]
+    zeros = {row[0] for row in rows if row[-1] in ("≈0", "0.0000")}
+    assert zeros == expected_zero_sums("pre", initial=True, tied=False) - {
+        f"blocks.1.{part}" for part in ALWAYS | READS_A_LAYER_NORM}
