@@ -110,3 +110,25 @@ def test_the_readme_python_api_block_runs_and_its_comments_hold(monkeypatch):
     scored = (inputs.targets != -100)[..., None]
     np.testing.assert_allclose(grads.acts["logits"], (toy.acts["probs"] - onehot) * scored / 5,
                                rtol=0, atol=1e-15)
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readmes_links_lead_to_files_and_headings_that_exist():
+    links = re.findall(r"\]\(((?:docs|examples)/[^)#\s]+)(?:#([^)\s]+))?\)", README)
+    assert len(links) >= 6
+    for path, anchor in links:
+        target = README_PATH.parent / path
+        assert target.exists(), path
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
+            assert anchor in {github_anchor(h) for h in headings}, (path, anchor)
+
+
+def test_github_anchors_drop_punctuation_and_keep_doubled_hyphens():
+    assert github_anchor("The runs") == "the-runs"
+    assert github_anchor("Sums to zero — what `tfm backward`'s mean shows") == \
+        "sums-to-zero--what-tfm-backwards-mean-shows"
