@@ -411,6 +411,18 @@ def test_shapes_answers_for_a_gpt2_small_block_without_allocating():
     assert "blocks.0.attn.pattern" in out and "FLOPs" in out
 
 
+def test_shapes_counts_each_group_of_parameters_over_every_block():
+    """Counted by hand for three blocks of the defaults (d 6, d_ff 24, V 8): a group's count
+    grows with each block, and a parameter counts in its own group (embed.W_E in embed)."""
+    d, F, V, L = 6, 24, 8, 3
+    data = ok_json("shapes", "-L", L)
+    assert list(data["param_groups"].items()) == [
+        ("embed", V * d), ("ln", L * 2 * 2 * d + 2 * d), ("attn", L * 4 * (d * d + d)),
+        ("ffn", L * (d * F + F + F * d + d)), ("head", d * V + V)]
+    assert "parameters  1,646  (embed 48, ln 84, attn 504, ffn 954, head 56)" in \
+        ok("shapes", "-L", L).stdout
+
+
 # ---------------------------------------------------------------- everywhere
 
 

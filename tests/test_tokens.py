@@ -101,6 +101,19 @@ def test_forward_refuses_params_that_do_not_fit_the_config(changed, reason):
         tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg.replace(**changed))
 
 
+def test_param_misfit_is_the_first_misfit_with_a_count_of_the_others_of_its_kind():
+    from tfmcli.config import param_misfit
+
+    cfg = tfmcli.Config()
+    params = tfmcli.init_params(cfg)
+    assert param_misfit(params, cfg) is None
+    assert param_misfit(params, cfg.replace(vocab=6)) == ("shape", "embed.W_E", (8, 6), (6, 6), 0)
+    assert param_misfit(params, cfg.replace(dtype="float32")) == (
+        "dtype", "embed.W_E", np.dtype("float64"), "float32", 0)
+    assert param_misfit(params, cfg.replace(layers=2)) == ("missing", "blocks.1.ln1.gamma", None, None, 15)
+    assert param_misfit(params, cfg.replace(norm="post")) == ("unknown", "ln_f.gamma", None, None, 1)
+
+
 def test_forward_refuses_more_positions_than_the_learned_table():
     cfg = tfmcli.Config(batch=1, pe="learned", n_ctx=4)
     with pytest.raises(tfmcli.InputsError, match=re.escape(
