@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -527,6 +528,20 @@ def test_config_errors_name_the_values():
         tfmcli.Config(d_model=6, heads=4)
     with pytest.raises(tfmcli.ConfigError, match=r"outside 1\.\.4"):
         tfmcli.Config(lengths=(5, 1))
+
+
+def test_config_bounds_allow_their_edge_and_refuse_past_it():
+    from tfmcli.config import MAX_LAYERS
+
+    assert tfmcli.Config(layers=MAX_LAYERS).layers == 1000
+    with pytest.raises(tfmcli.ConfigError, match="layers=1001 is more than tfm shows; allowed: 1..1000"):
+        tfmcli.Config(layers=MAX_LAYERS + 1)
+    largest = float(np.finfo(np.float32).max)
+    assert tfmcli.Config(dtype="float32", eps=largest).eps == largest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # and no RuntimeWarning of an overflowing cast first
+        with pytest.raises(tfmcli.ConfigError, match="beyond float32's range"):
+            tfmcli.Config(dtype="float32", eps=largest * 2)
 
 
 def test_valid_config_derived_sizes():

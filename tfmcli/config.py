@@ -126,7 +126,7 @@ class Config:
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
             raise ConfigError("eps", f"eps must be a positive finite number, got {self.eps!r}")
-        if self.eps > np.finfo(self.dtype).max:
+        if self.eps > float(np.finfo(self.dtype).max):   # as a float: no overflowing cast
             raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.dtype}'s range "
                                      f"(at most {np.finfo(self.dtype).max:.3g})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
