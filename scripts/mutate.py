@@ -46,7 +46,7 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
     "tfmcli/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
     "tfmcli/tasks.py": ["tests/test_train.py"],
     "tfmcli/train.py": ["tests/test_train.py"],
-    "tfmcli/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py",
+    "tfmcli/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py", "tests/test_io.py",
                          "tests/test_cli.py", "tests/test_tokens.py", "tests/test_model.py",
                          "tests/test_gpt2.py"],
     "tfmcli/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
