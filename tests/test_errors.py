@@ -121,3 +121,17 @@ def test_options_are_checked_before_anything_is_computed(args, monkeypatch):
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (KeyboardInterrupt, 130, "tfm: interrupted"),   # 128 + SIGINT, as a shell reports Ctrl-C
+    (MemoryError, 1, "tfm: error: out of memory; try smaller sizes (see tfm shapes)"),
+])
+def test_ctrl_c_and_running_out_of_memory_are_one_line_each(monkeypatch, raised, code, line):
+    import tfmcli
+    from helpers import error_line, run
+
+    def fails(*args, **kwargs):
+        raise raised
+    monkeypatch.setattr(tfmcli, "forward", fails)
+    assert error_line(run("forward"), code) == line

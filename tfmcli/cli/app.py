@@ -118,7 +118,10 @@ class OneLineErrors(TyperGroup):
         import numpy as np   # here, once a command runs: the help and --version never load it
 
         with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except KeyboardInterrupt:   # Typer would exit 130 in silence; main says why
+                raise typer.Abort() from None
 
 
 # Every command, in the order of --help, with the first paragraph of its docstring (the line
