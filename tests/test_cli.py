@@ -207,6 +207,17 @@ def test_backward_show_a_parameter_gradient():
     np.testing.assert_array_equal(data["show"]["dblocks.0.ffn.b_2"]["values"], grads["blocks.0.ffn.b_2"])
 
 
+@pytest.mark.parametrize("head", [None, 0, 1])
+def test_backward_show_cuts_a_gradient_at_head_0_unless_told(head):
+    _, _, _, _, grads = api_run()
+    chosen = [] if head is None else ["--head", head]
+    out = ok("backward", "--show", "dblocks.0.attn.pattern", *chosen, "--precision", 6).stdout
+    h = head or 0
+    assert f"dblocks.0.attn.pattern[0, {h}] of (2, 2, 4, 4)" in out
+    last = grads.acts["blocks.0.attn.pattern"][0, h, 3]
+    assert " ".join(f"{v:+.6f}" for v in last) in " ".join(out.split())
+
+
 def test_backward_unknown_layer_lists_the_choices():
     result = run("backward", "--layer", "mlp")
     assert result.exit_code == 2
