@@ -263,8 +263,13 @@ def tails_beginning(name: str, known) -> list:
     if len(name) < 3:
         return []
     name = name.lower()
-    return [k for k in known
-            if any(".".join(k.lower().split(".")[i:]).startswith(name) for i in range(k.count(".") + 1))]
+    return [k for k in known if any(tail.startswith(name) for tail in _tails(k.lower()))]
+
+
+def _tails(name: str) -> list:
+    """'blocks.0.attn.q' -> itself, '0.attn.q', 'attn.q', 'q'."""
+    parts = name.split(".")
+    return [".".join(parts[i:]) for i in range(len(parts))]
 
 
 def available_memory() -> int:
