@@ -262,6 +262,7 @@ def test_mask_alone_is_seven_long():
 
 
 @pytest.mark.parametrize("columns, length, grid", [(80, 21, True), (80, 22, False),
+                                                   (77, 21, True), (76, 21, False),
                                                    (200, 40, True), (200, 41, False)])
 def test_mask_draws_a_grid_when_it_fits_the_screen_and_40_keys_then_an_overview(
         monkeypatch, columns, length, grid):
@@ -485,6 +486,15 @@ def test_pe_too_wide_for_the_terminal_splits_sines_from_cosines():
     assert "sin columns 0, 2, ..." in out and "cos columns 1, 3, ..." in out
     assert "downsampled" not in out
     assert "sin columns" not in ok("pe", "--len", 8, "--d-model", 8).stdout
+
+
+@pytest.mark.parametrize("columns, split", [(80, False), (79, True)])
+def test_pe_draws_one_map_when_two_columns_a_dimension_and_its_labels_fit(monkeypatch, columns, split):
+    """36 dimensions take 2 x 36 + 8 = 80 columns: whole at 80, sines apart from cosines at 79."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out = ok("pe", "--len", 8, "--d-model", 36).stdout
+    assert ("sin columns 0, 2, ..." in out) is split
+    assert max(map(len, out.splitlines())) <= columns
 
 
 def test_long_sequences_show_fewer_maps_and_a_finer_legend():

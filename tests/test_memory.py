@@ -183,11 +183,27 @@ def test_the_memory_available_is_meminfos_memavailable_in_bytes(monkeypatch, tmp
     assert options.available_memory() == 2048 * 1024
 
 
+def test_without_meminfo_the_memory_available_is_free_pages_times_their_size(monkeypatch):
+    def no_file(path):
+        raise OSError("no /proc here")
+    monkeypatch.setattr(options, "open", no_file, raising=False)
+    sizes = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(options.os, "sysconf", sizes.__getitem__)
+    assert options.available_memory() == 4_096_000
+
+    def unknown(name):
+        raise ValueError(name)
+    monkeypatch.setattr(options.os, "sysconf", unknown)
+    assert options.available_memory() == 1 << 62   # unknown: refuse nothing
+
+
 def test_sizes_are_written_in_binary_units():
     """A size just under a unit rounds up into it: 2^20 - 1 bytes was "1,024.0 KiB"."""
     assert [options.binary_size(n) for n in (712, 1023, 1024, 1536, 2**20 - 1, 3 * 2**30,
                                              5000 * 2**30)] == \
         ["712 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.0 MiB", "3.0 GiB", "5,000.0 GiB"]
+    # rounded to the one decimal shown: 1023.96 KiB prints as 1.0 MiB, 1023.94 KiB as itself
+    assert [options.binary_size(n) for n in (1048535, 1048515)] == ["1.0 MiB", "1,023.9 KiB"]
 
 
 def test_refusal_is_against_the_memory_available(monkeypatch):
