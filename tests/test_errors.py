@@ -135,3 +135,17 @@ def test_ctrl_c_and_running_out_of_memory_are_one_line_each(monkeypatch, raised,
         raise raised
     monkeypatch.setattr(tfmcli, "forward", fails)
     assert error_line(run("forward"), code) == line
+
+
+def test_pe_allows_exactly_20_million_values(monkeypatch):
+    """200 x 100,000 is at the limit: it passes the check and reaches the table (stubbed here:
+    drawn, it takes seconds). Past the limit is tested above (100,000 x 1,000)."""
+    from helpers import error_line, run
+    from tfmcli import positional
+    from tfmcli.errors import TfmError
+
+    def reached(length, d_model):
+        raise TfmError(f"reached the table of {length} x {d_model}")
+    monkeypatch.setattr(positional, "sinusoidal", reached)
+    assert error_line(run("pe", "--len", 200, "--d-model", 100_000), 1) == \
+        "tfm: error: reached the table of 200 x 100000"

@@ -219,6 +219,11 @@ def test_train_takes_two_symbols():
     assert data["config"]["vocab"] == 3   # the two and the separator
 
 
+def test_train_takes_a_learning_rate_under_one():
+    data = json.loads(ok("train", "--steps", 1, "--lr", "0.5", "--json").stdout)
+    assert data["lr"] == [[1, 0.5]]   # a constant rate, not the warm-up schedule
+
+
 def test_train_shows_the_given_tokens():
     out = ok("train", "--steps", 5, "--tokens", "1,2,3,10,1,2").stdout
     assert "row 0 tokens   1 2 3 10 1 2" in out and "k3:10" in out
