@@ -357,6 +357,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
     acts = (L * (10 * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * T * d + positions * btd
             + pre * btd + 2 * btv)
+    # their gradients: 8 x BTd a block (a sum shares its terms' gradient), and the embedding's
     dacts = L * (8 * btd + 2 * bhtt + 2 * btf) + btd + pre * btd + positions * T * d + 2 * btv
     caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf
     forward_transient = max(bhtt, btv)
