@@ -134,6 +134,14 @@ def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
     assert max(len(line) for line in text.splitlines()) == {80: 73, 81: 81}[width]
 
 
+def test_a_full_table_in_blocks_puts_its_caption_once_under_the_last_block():
+    array = np.full((3, 20), 1.0)
+    lines = render(tensor_table(array, full=True, width=80, caption="a note"), width=80).splitlines()
+    assert [line.strip() for line in lines if "a note" in line or "columns" in line] == [
+        "columns 0..8 of 20", "columns 9..17 of 20", "columns 18..19 of 20", "a note"]
+    assert lines[-1].strip() == "a note"
+
+
 @pytest.mark.parametrize("width, shown", [(58, 6), (59, 7), (66, 7), (67, 8)])
 def test_an_elided_table_keeps_the_columns_that_fit_the_width(width, shown):
     """A row label, k columns of " +1.0000" and the " …" column: 1 + 8 k + 2 columns. The
