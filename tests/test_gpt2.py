@@ -302,6 +302,7 @@ def test_lens_cli_on_text_and_on_a_toy_model(checkpoint):
     assert "1:␣cat" in out and "→␣sat" in out and "block 1" in out
     toy = json.loads(ok("lens", "--tokens", "3,1,4,1,5", "-L", 3, "--json").stdout)
     assert len(toy["layers"]) == 4 and toy["tokens"] == [3, 1, 4, 1, 5]
+    assert [len(position) for position in toy["layers"][0]["top"]] == [3] * 5   # -k's default
 
 
 # ---------------------------------------------------------------- Hugging Face as the oracle
