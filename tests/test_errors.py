@@ -80,6 +80,7 @@ USAGE_ERRORS = [
     (["pe", "--len", "100000", "--d-model", "1000"], ["'--len' / '--d-model'", "at most 20,000,000"]),
     (["forward", "-T", "100000"], ["GiB", "more than", "--force"]),
     (["forward", "--nope"], ["No such option: --nope"]),
+    (["shapes", "--save", "x.npz"], ["No such option: --save"]),   # it computes nothing to save
     (["frobnicate"], ["No such command 'frobnicate'"]),
 ]
 

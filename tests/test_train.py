@@ -224,6 +224,13 @@ def test_train_takes_a_learning_rate_under_one():
     assert data["lr"] == [[1, 0.5]]   # a constant rate, not the warm-up schedule
 
 
+def test_train_warms_up_over_a_single_step():
+    """d^-0.5 min(t^-0.5, t warmup^-1.5) with warmup 1: 32^-0.5, then 32^-0.5 2^-0.5."""
+    data = json.loads(ok("train", "--steps", 2, "--warmup", 1, "--json").stdout)
+    assert data["config"]["d_model"] == 32
+    assert data["lr"] == [[1, pytest.approx(32 ** -0.5)], [2, pytest.approx(32 ** -0.5 * 2 ** -0.5)]]
+
+
 def test_train_shows_the_given_tokens():
     out = ok("train", "--steps", 5, "--tokens", "1,2,3,10,1,2").stdout
     assert "row 0 tokens   1 2 3 10 1 2" in out and "k3:10" in out
