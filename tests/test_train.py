@@ -3,6 +3,7 @@
 
 import contextlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -202,6 +203,11 @@ def test_train_prints_the_curve_predictions_and_maps():
         start = next(i for i, line in enumerate(lines) if line.startswith(title))
         return [line for line in lines[start + 1:start + 12] if "┤" in line or "│" in line]
     assert len(rows("training loss")) == 8 and len(rows("learning rate")) == 5
+    # the held-out examples: a header, then four rows of 8 + 8 + 8 symbols and a count, no gaps
+    start = next(i for i, line in enumerate(lines) if "held-out predictions" in line)
+    assert lines[start + 1].split() == ["prompt", "answer", "predicted", "right"]
+    assert [len(line.split()) for line in lines[start + 2:start + 6]] == [25] * 4
+    assert re.fullmatch(r"[0-8]/8", lines[start + 5].split()[-1])
 
 
 def test_train_notes_the_maps_a_narrow_screen_leaves_out(monkeypatch):
