@@ -1,5 +1,6 @@
-"""docs/derivations.md: every linked function exists, and the numbers of its "common mistakes"
-table are what the engine (and each mistake) computes, so the page cannot drift."""
+"""docs/derivations.md: every linked function exists, the numbers of its "common mistakes"
+table are what the engine (and each mistake) computes, and its lists of gradients that sum to
+zero are the engine's, so the page cannot drift."""
 
 import math
 import re
@@ -9,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tfmcli
+from helpers import ok, random_params
 from tfmcli import ops
 from tfmcli.positional import sinusoidal
 
@@ -91,9 +94,6 @@ READS_A_LAYER_NORM = {"attn.W_Q", "attn.W_K", "attn.W_V", "ffn.W_1"}   # at init
 
 
 def summing_to_zero(norm: str, initial: bool, tied: bool) -> set:
-    import tfmcli
-    from helpers import random_params
-
     cfg = tfmcli.Config(norm=norm, layers=2, pe="learned" if tied else "sinusoidal",
                         tied_head=tied, n_ctx=8, lengths=(4, 3))
     params = tfmcli.init_params(cfg)
@@ -124,8 +124,6 @@ def test_the_gradients_whose_entries_sum_to_zero_are_those_the_page_lists(norm, 
 
 
 def test_tfm_backward_shows_eleven_means_as_zero_at_the_default_seed():
-    from helpers import ok
-
     assert "eleven of them are `≈0`" in DOC
     rows = [line.split() for line in ok("backward").stdout.splitlines() if "(" in line]
     zeros = {row[0] for row in rows if row[-1] in ("≈0", "0.0000")}

@@ -3,7 +3,11 @@
 import pytest
 from typer.testing import CliRunner
 
+import tfmcli
+from helpers import error_line, run
+from tfmcli import positional
 from tfmcli.cli import app
+from tfmcli.errors import TfmError
 
 runner = CliRunner()
 
@@ -129,9 +133,6 @@ def test_options_are_checked_before_anything_is_computed(args, monkeypatch):
     (MemoryError, 1, "tfm: error: out of memory; try smaller sizes (see tfm shapes)"),
 ])
 def test_ctrl_c_and_running_out_of_memory_are_one_line_each(monkeypatch, raised, code, line):
-    import tfmcli
-    from helpers import error_line, run
-
     def fails(*args, **kwargs):
         raise raised
     monkeypatch.setattr(tfmcli, "forward", fails)
@@ -141,10 +142,6 @@ def test_ctrl_c_and_running_out_of_memory_are_one_line_each(monkeypatch, raised,
 def test_pe_allows_exactly_20_million_values(monkeypatch):
     """200 x 100,000 is at the limit: it passes the check and reaches the table (stubbed here:
     drawn, it takes seconds). Past the limit is tested above (100,000 x 1,000)."""
-    from helpers import error_line, run
-    from tfmcli import positional
-    from tfmcli.errors import TfmError
-
     def reached(length, d_model):
         raise TfmError(f"reached the table of {length} x {d_model}")
     monkeypatch.setattr(positional, "sinusoidal", reached)
