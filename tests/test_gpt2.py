@@ -232,6 +232,30 @@ def test_text_is_tokenized_and_labels_every_view(checkpoint):
                            ",".join(map(str, ids)), "--head", 0).stdout
 
 
+def test_a_token_that_holds_part_of_a_character_shows_its_bytes(checkpoint):
+    # the test tokenizer never merged "é" (0xC3 0xA9) or "😀" (4 bytes): each byte is a token,
+    # whose own text is half a character; it shows as Python writes a byte, not as "Ã" and "©"
+    tok = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    assert [tok.id_to_token(i) for i in tok.encode("é").ids] == ["Ã", "©"]
+    out = ok("forward", "--load", checkpoint, "--text", "café 😀", "--head", 0).stdout
+    assert "\\xc3 \\xa9 ␣ \\xf0 \\x9f \\x98 \\x80" in out.split("row 0 tokens")[1].splitlines()[0]
+    assert "q3:\\xc3" in out and "Ã" not in out and "©" not in out
+
+
+def test_byte_level_tokens_map_to_the_bytes_the_tokenizer_decodes(checkpoint):
+    from tfmcli.sources.text import BYTE_OF, byte_level_bytes
+
+    assert set(BYTE_OF) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    assert sorted(BYTE_OF.values()) == list(range(256))
+    tok = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    for i in range(tok.get_vocab_size()):
+        data = byte_level_bytes(tok.id_to_token(i))
+        text = tok.decode([i])
+        if "\ufffd" not in text:
+            assert data.decode("utf-8") == text, i
+    assert byte_level_bytes("Ġcat") == b" cat" and byte_level_bytes("<|x|>\u4e00") is None
+
+
 def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):
     folder = write_checkpoint(tmp_path / "old-style", tokenizer=False)
     tok = write_tokenizer(tmp_path / "tok.json")

@@ -44,11 +44,40 @@ class Tokenizer:
         return list(self._tok.encode(text).ids)
 
     def label(self, token_id: int) -> str:
-        """The text of one token, spaces and newlines made visible ('␣cat')."""
+        """The text of one token, spaces and newlines made visible ('␣cat').
+
+        A token that holds only part of a character's UTF-8 bytes (GPT-2 splits 'é' into
+        two tokens in a small vocabulary) shows those bytes as Python writes them, '\\xc3',
+        never as the byte-level alphabet's letters ('Ã'), which read as mojibake.
+        """
         text = self._tok.decode([int(token_id)])
-        if not text or "\ufffd" in text:   # a piece of a multi-byte character: show the raw token
-            text = self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
+        if not text or "\ufffd" in text:
+            raw = self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
+            data = byte_level_bytes(raw)
+            text = raw if data is None else data.decode("utf-8", errors="backslashreplace")
         return "".join(VISIBLE.get(c, c) for c in text)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE: the character that stands for each byte, inverted.
+
+    The printable bytes stand for themselves; the other 68 (controls, space, 0x7f-0xa0, 0xad)
+    are written as chr(256 + n), in byte order.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_OF = _byte_level_alphabet()
+
+
+def byte_level_bytes(token: str) -> bytes | None:
+    """The bytes a byte-level BPE token stands for ('Ġcat' -> b' cat'); None if it is not one."""
+    if not all(c in BYTE_OF for c in token):
+        return None
+    return bytes(BYTE_OF[c] for c in token)
 
 
 def find_tokenizer(folder) -> Tokenizer | None:
