@@ -6,6 +6,7 @@ nothing is downloaded.
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -254,6 +255,46 @@ def test_byte_level_tokens_map_to_the_bytes_the_tokenizer_decodes(checkpoint):
         if "\ufffd" not in text:
             assert data.decode("utf-8") == text, i
     assert byte_level_bytes("Ġcat") == b" cat" and byte_level_bytes("<|x|>\u4e00") is None
+
+
+def test_a_token_that_would_move_the_cursor_is_escaped(checkpoint):
+    # the byte-level vocabulary has a token for every byte: ESC (0x1b) printed raw would start
+    # an escape sequence in the terminal, 0x1e prints nothing; the logit lens can rank any token
+    from tfmcli.sources.text import Tokenizer, visible
+
+    tok = Tokenizer(checkpoint)
+    esc = tok._tok.token_to_id("ě")   # byte 0x1b in the byte-level alphabet
+    assert tok._tok.decode([esc]) == "\x1b" and tok.label(esc) == "\\x1b"
+    assert visible("a\u202eb\x1e\xa0 \n\t\r\u3000猫😀e\u0301") == \
+        "a\\u202eb\\x1e\\xa0␣↵⇥␍\\u3000猫😀e\u0301"
+    data = json.loads(ok("lens", "--load", checkpoint, "--tokens", f"{esc},{esc}", "--json").stdout)
+    assert data["token_text"] == ["\\x1b", "\\x1b"]
+
+
+def test_maps_line_up_tokens_two_columns_wide(tmp_path, monkeypatch):
+    """A tokenizer that learned whole CJK characters and an emoji: 猫 takes two columns of the
+    screen, so the map's query labels end at one column only if they are measured so, and
+    only as many maps as fit 80 x 24 are picked (3 of 6, one to a row: measured by their
+    characters, two would fit a row, and all six were drawn in 36 lines)."""
+    from rich.cells import cell_len
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = write_checkpoint(tmp_path / "cjk", tokenizer=False)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["猫が好き 😀 the cat 猫"] * 20, trainers.BpeTrainer(
+        vocab_size=290, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(folder / "tokenizer.json"))
+    monkeypatch.setenv("LINES", "24")
+    out = ok("forward", "--load", folder, "--text", "猫が好き 😀 cat").stdout
+    assert "row 0 tokens   猫が好き ␣😀 ␣cat" in out and "showing 3 of 6 attention maps" in out
+    rows = [line for line in out.splitlines() if re.match(r" *q\d:", line)]
+    labels = ["q0:猫が好き", "q1:␣😀", "q2:␣cat"] * 3
+    assert [line.strip().split()[0] for line in rows] == labels
+    assert {cell_len(line[:line.index(label) + len(label)])
+            for line, label in zip(rows, labels)} == {cell_len("q0:猫が好き")}
+    assert max(map(cell_len, out.splitlines())) <= 80
 
 
 def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):

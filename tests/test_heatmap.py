@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 from rich.console import Console, Group
 
 from helpers import ANSI, grid_rows, plain_environment, render, render_colour  # noqa: F401 (a fixture)
@@ -141,6 +142,18 @@ def test_values_line_up_under_their_labels():
     text = render(heatmap(np.array([[0.25, 0.75], [1.0, 0.0]]), col_labels=["k0", "key1"],
                           legend=False))
     assert text.splitlines() == ["     k0  key1", "0  0.25  0.75 ", "1  1.00  0.00 "]
+
+
+def test_labels_are_measured_in_columns_of_the_screen_where_a_cjk_character_takes_two():
+    """GPT-2 tokens such as 猫 or 😀: "猫猫" is 4 columns wide, as wide as "0.25"."""
+    text = render(heatmap(np.array([[0.25, 0.75], [1.0, 0.0]]), row_labels=["猫猫", "a"],
+                          col_labels=["猫", "k😀"], legend=False))
+    assert text.splitlines() == ["        猫   k😀", "猫猫  0.25  0.75 ", "   a  1.00  0.00 "]
+    # shades: a tick label takes the columns it covers; 猫0 is 3 wide, so every other key has one
+    text = render(heatmap(np.ones((1, 6)), col_labels=[f"猫{j}" for j in range(6)], legend=False,
+                          show_values=False))
+    assert text.splitlines()[0] == "  猫0 猫2 猫4"
+    assert cell_len(text.splitlines()[0]) == 2 + 4 * 2 + 3   # key 4's label starts at column 10
 
 
 @pytest.mark.parametrize("shape, width, caption", [
@@ -307,11 +320,12 @@ def test_a_maps_size_is_the_size_it_is_drawn_at(seq_len, width):
     mask = causal_mask(seq_len)
     pattern = np.where(mask, rng.random(mask.shape), 0.0)
     pattern /= pattern.sum(axis=1, keepdims=True)
-    for labels in ([f"{t}" for t in range(seq_len)], with_tokens(seq_len)):
+    wide = [f"{t}:{'猫' * (t % 3)}" for t in range(seq_len)]   # GPT-2 tokens of CJK characters
+    for labels in ([f"{t}" for t in range(seq_len)], with_tokens(seq_len), wide):
         maps = attention_maps({(0, 0): pattern}, mask, 0, width, total=1,
                               row_labels=["q" + label for label in labels],
                               col_labels=["k" + label for label in labels])[1]
-        label_width = 1 + max(map(len, labels))
+        label_width = 1 + max(map(cell_len, labels))
         assert _map_size(seq_len, width, label_width) == drawn_size(maps.renderables[0], width)
 
 

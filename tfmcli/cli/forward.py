@@ -4,6 +4,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
+from rich.cells import cell_len
 from rich.text import Text
 
 from tfmcli import config as sizes
@@ -47,7 +48,7 @@ def forward(
     def parts():   # drawn only without --json
         labels = position_labels(run, row, "q")
         picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
-                                      max(len(label) for label in labels))
+                                      max(map(cell_len, labels)))
         patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
         mask = combined_mask(inputs.lengths, cfg.seq_len, cfg.causal)[row]
         maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),

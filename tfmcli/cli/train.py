@@ -9,6 +9,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.cells import cell_len
 from rich.text import Text
 
 import tfmcli
@@ -98,7 +99,7 @@ def train(
     patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h]
                 for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
                                                   for h in range(cfg.heads)], T, width(), False,
-                                                 height(), max(map(len, queries)))}
+                                                 height(), max(map(cell_len, queries)))}
     mask = combined_mask(shown.lengths, T, True)[0]
     maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
                                  row_labels=queries, col_labels=keys)

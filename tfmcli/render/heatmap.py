@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.constrain import Constrain
 from rich.text import Span, Text
@@ -80,7 +81,7 @@ def heatmap(
     col_labels = _labels(col_labels, cols, "col_labels")
     clipped = _beyond(matrix, visible, vmax)
     vmin, vmax = _scale_ends(matrix, visible, vmin, vmax, diverging)
-    label_width = max(len(label) for label in row_labels) if rows else 0
+    label_width = max(map(cell_len, row_labels)) if rows else 0   # a CJK character is 2 wide
 
     row_block, col_block = _blocks(rows, cols, label_width, width)
     caption = None
@@ -111,7 +112,7 @@ def heatmap(
         cells = [_cell(value, seen, text, cell_width, position, diverging)
                  for value, seen, text, position in zip(matrix[i].tolist(), visible[i].tolist(),
                                                         row_texts, positions[i])]
-        lines.append(_line([(label.rjust(label_width) + " ", "dim"), *cells]))
+        lines.append(_line([(_rjust(label, label_width) + " ", "dim"), *cells]))
     if caption:
         lines.append(Text(caption, style="dim italic"))
     if legend:
@@ -128,7 +129,7 @@ def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
     fit without downsampling), rather than shades."""
     matrix = np.asarray(matrix, dtype=np.float64)
     rows, cols = matrix.shape
-    label_width = max((len(str(label)) for label in row_labels), default=0)
+    label_width = max((cell_len(str(label)) for label in row_labels), default=0)
     if _blocks(rows, cols, label_width, width) != (1, 1):
         return False
     _, value_width = _cell_texts(matrix, _visible(mask, matrix.shape), [str(c) for c in col_labels],
@@ -148,7 +149,7 @@ def _cell_texts(matrix, visible, col_labels, precision, diverging):
     diverging scale: probabilities need no "+"), and the width a column of them needs."""
     signed = diverging or bool((matrix[visible] < 0).any())
     texts = [[fmt_fixed(v, precision, signed) for v in row] for row in matrix]
-    value_width = max([len(t) for row in texts for t in row] + [len(c) for c in col_labels],
+    value_width = max([len(t) for row in texts for t in row] + [cell_len(c) for c in col_labels],
                       default=1)
     return texts, value_width
 
@@ -220,21 +221,39 @@ def _block_mean(matrix, visible, row_block: int, col_block: int):
 
 def _value_header(col_labels, label_width: int, value_width: int) -> Text:
     header = " " * (label_width + 1)
-    header += "".join(" " + label.rjust(value_width) + " " for label in col_labels)
+    header += "".join(" " + _rjust(label, value_width) + " " for label in col_labels)
     return Text(header.rstrip(), style="dim")
 
 
 def _tick_header(col_labels, label_width: int, grid_width: int) -> Text:
     """Labels over two-character cells, like axis ticks: every ``step``-th column has room."""
-    longest = max((len(label) for label in col_labels), default=1)
+    longest = max(map(cell_len, col_labels), default=1)
     step = math.ceil((longest + 1) / SHADE_WIDTH)
-    header = [" "] * grid_width
+    header = [" "] * grid_width   # one entry per column of the screen
     for j in range(0, len(col_labels), step):
         start = label_width + 1 + j * SHADE_WIDTH
-        label = col_labels[j]
+        label = _screen_columns(col_labels[j])
         if start + len(label) <= grid_width:
             header[start:start + len(label)] = label
     return Text("".join(header).rstrip(), style="dim")
+
+
+def _screen_columns(text: str) -> list[str]:
+    """One entry per column of the screen: a wide character (CJK, an emoji), then "" for its
+    second column; a combining mark joins the character before it."""
+    columns: list[str] = []
+    for char in text:
+        width = cell_len(char)
+        if width == 0 and columns:
+            columns[-1] += char
+        else:
+            columns += [char] + [""] * (width - 1)
+    return columns
+
+
+def _rjust(text: str, width: int) -> str:
+    """``text.rjust(width)`` in columns of the screen, where a CJK character or an emoji takes 2."""
+    return " " * (width - cell_len(text)) + text
 
 
 def _cell(value, visible, text, width, position, diverging) -> tuple[str, object]:

@@ -13,6 +13,13 @@ from tfmcli.sources.gpt2 import INSTALL, MissingExtra
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
+def visible(text: str) -> str:
+    """A token's text as it may be printed: spaces and newlines as ``VISIBLE`` symbols, and
+    any other character that prints as nothing or moves the cursor (a control character such
+    as ESC, a no-break space, a right-to-left override) as Python escapes it (``\\x1b``)."""
+    return "".join(VISIBLE.get(c) or (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
 class Tokenizer:
     """Encode text to ids and show ids as readable strings."""
 
@@ -55,7 +62,7 @@ class Tokenizer:
             raw = self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
             data = byte_level_bytes(raw)
             text = raw if data is None else data.decode("utf-8", errors="backslashreplace")
-        return "".join(VISIBLE.get(c, c) for c in text)
+        return visible(text)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
