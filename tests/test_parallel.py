@@ -634,6 +634,21 @@ def test_a_weight_gradient_is_handed_over_from_SMALL_multiply_adds_of_float32(tw
     assert handed == [False, True, True]
 
 
+def test_a_bias_gradient_is_cut_from_two_parts_of_SMALL_passes(blas, monkeypatch):
+    """db, a sum down the rows of dout, is one element-wise pass (``PASS`` an entry): at
+    (64, 32) in float32 that is 2^15, two parts' worth of a SMALL of 2^14, so its 32 columns
+    are summed in two parts, one per thread; half as many entries stay whole. The products are
+    kept whole here (THIN), so the cuts seen are db's alone."""
+    monkeypatch.setattr(parallel, "SMALL", 1 << 14)
+    monkeypatch.setattr(parallel, "THIN", 1 << 20)
+    cut = count_cuts(monkeypatch)
+    for rows in (64, 32):
+        x, W, dout = rng_arrays(11, (rows, 8), (8, 32), (rows, 32), dtype="float32")
+        db = ops.linear_backward(dout, ops.LinearCache(x, W))[2]
+        np.testing.assert_array_equal(db, np.add.reduce(dout, axis=0))
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 16), (16, 32)]]
+
+
 def test_a_run_makes_one_thread_for_each_blas_thread_but_the_callers(blas):
     """Three BLAS threads: the caller runs a part, and tfm makes two threads of its own (its
     queue made afresh here), not more."""
