@@ -208,8 +208,14 @@ def test_a_flag_contradicting_the_checkpoint(checkpoint):
 
 
 def test_too_long_for_the_learned_positions(checkpoint):
+    """The error names the option typed, not --seq-len, which the tokens set."""
     line = error_line(run("forward", "--load", checkpoint, "--tokens", ",".join(["1"] * 17)), 2)
-    assert "seq_len=17 is longer than the 16 learned positions" in line
+    assert "'--tokens': the longest row has 17 tokens" in line
+    assert "seq_len=17 is longer than the 16 learned positions (n_ctx); allowed: 1..16" in line
+    line = error_line(run("forward", "--load", checkpoint, "--text", "The cat sat on " * 5), 2)
+    assert "'--text': the longest row has 21 tokens" in line   # 4 a phrase, and the last space
+    line = error_line(run("forward", "--load", checkpoint, "-T", 17), 2)   # typed: named so
+    assert "'--seq-len': seq_len=17 is longer than the 16 learned positions" in line
 
 
 # ---------------------------------------------------------------- text in

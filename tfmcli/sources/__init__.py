@@ -142,6 +142,11 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         cfg = Config(**{**flags, **fields})
     except TypeError as e:
         raise TfmError(f"--load {load}: key 'config' does not describe a run ({e})") from None
+    except ConfigError as e:   # too many tokens for the learned positions: name what was typed
+        if tokens is None or e.field not in INPUT_FIELDS or e.field in explicit:
+            raise
+        option = "text" if text else "tokens"
+        raise ConfigError(option, f"the longest row has {T} tokens, and {e}") from None
     if tokens is not None:
         _check_ids(inputs, cfg, "text" if text else "tokens")
     if folder:
