@@ -54,7 +54,8 @@ def write_checkpoint(folder, tensors=None, config=None, tokenizer=True):
     return folder
 
 
-def write_tokenizer(path):
+def write_tokenizer(path, text="The cat sat on the mat. The dog sat on the log."):
+    """GPT-2's byte-level BPE, trained on ``text``: its merges are that text's pieces."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -62,7 +63,7 @@ def write_tokenizer(path):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=[],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["The cat sat on the mat. The dog sat on the log."] * 20, trainer)
+    tok.train_from_iterator([text] * 20, trainer)
     tok.save(str(path))
     return tok
 
@@ -283,15 +284,9 @@ def test_maps_line_up_tokens_two_columns_wide(tmp_path, monkeypatch):
     only as many maps as fit 80 x 24 are picked (3 of 6, one to a row: measured by their
     characters, two would fit a row, and all six were drawn in 36 lines)."""
     from rich.cells import cell_len
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     folder = write_checkpoint(tmp_path / "cjk", tokenizer=False)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["猫が好き 😀 the cat 猫"] * 20, trainers.BpeTrainer(
-        vocab_size=290, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(folder / "tokenizer.json"))
+    write_tokenizer(folder / "tokenizer.json", "猫が好き 😀 the cat 猫")
     monkeypatch.setenv("LINES", "24")
     out = ok("forward", "--load", folder, "--text", "猫が好き 😀 cat").stdout
     assert "row 0 tokens   猫が好き ␣😀 ␣cat" in out and "showing 3 of 6 attention maps" in out
@@ -301,6 +296,23 @@ def test_maps_line_up_tokens_two_columns_wide(tmp_path, monkeypatch):
     assert {cell_len(line[:line.index(label) + len(label)])
             for line, label in zip(rows, labels)} == {cell_len("q0:猫が好き")}
     assert max(map(cell_len, out.splitlines())) <= 80
+
+
+@pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "lens", "kv", "attn"])
+def test_tokens_that_look_like_rich_markup_are_printed_as_they_are(tmp_path, command):
+    """Forum text: "[/quote]" is the tokens "[/", "quote" and "]", and the token line
+    "[/ quote ]" is a closing tag to rich's markup, which ended every command in a
+    MarkupError; "[red]" would have coloured the line and vanished. "[/]" is one token, and
+    ``tfm attn`` names its query's token in its panel's title."""
+    folder = write_checkpoint(tmp_path / "forum", tokenizer=False)
+    tok = write_tokenizer(folder / "tokenizer.json", "[/quote] [red] and [/quote] [/]")
+    text = "[/quote] [red] [/]"
+    assert [tok.id_to_token(i) for i in tok.encode(text).ids] == \
+        ["[/", "quote", "]", "Ġ[", "red", "]", "Ġ[/]"]
+    out = ok(command, "--load", folder, "--text", text).stdout
+    assert "row 0 tokens   [/ quote ] ␣[ red ] ␣[/]" in out
+    if command == "attn":
+        assert "query 6:␣[/]" in ok(command, "--load", folder, "--text", text, "--query", 6).stdout
 
 
 def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):

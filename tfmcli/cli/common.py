@@ -29,9 +29,11 @@ def rows_limit(full: bool):
 
 
 def make_console(**kwargs) -> Console:
-    """The console everything prints to: no escape codes at all when NO_COLOR is set."""
+    """The console everything prints to: no escape codes at all when NO_COLOR is set. Strings
+    are printed as they are, never read as rich's markup: a token or a path may be '[/quote]'."""
     plain = bool(os.environ.get("NO_COLOR"))
-    return Console(highlight=False, emoji=False, color_system=None if plain else "auto", **kwargs)
+    return Console(highlight=False, emoji=False, markup=False,
+                   color_system=None if plain else "auto", **kwargs)
 
 
 def width() -> int:
@@ -69,7 +71,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
         console.print(item)
     if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is
         recorder = Console(record=True, file=io.StringIO(), width=console.width,
-                           force_terminal=True, color_system="truecolor", highlight=False)
+                           force_terminal=True, color_system="truecolor", highlight=False,
+                           emoji=False, markup=False)
         for item in renderables:
             recorder.print(item)
         save_text(opts.svg, recorder.export_svg(title="tfm"))

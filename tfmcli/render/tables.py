@@ -392,7 +392,8 @@ def config_panel(rows: Mapping[str, str], *, title: str = "config") -> Panel:
     grid.add_column()
     for key, value in rows.items():
         grid.add_row(str(key), str(value))
-    return Panel(grid, title=title, title_align="left", expand=False)
+    # a title string would be read as markup: "query 4:[/quote]" would end no tag and fail
+    return Panel(grid, title=Text(title), title_align="left", expand=False)
 
 
 def shape_list(shapes, *, title=None, max_rows=None) -> Table:
