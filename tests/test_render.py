@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.cells import cell_len
 from rich.console import Console
 
 from helpers import grid_rows, plain_environment, render, render_colour  # noqa: F401 (a fixture)
@@ -132,6 +133,21 @@ def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
     text = render(tensor_table(array, full=True, width=width), width=width)
     assert text.splitlines()[0].strip() == first_block
     assert max(len(line) for line in text.splitlines()) == {80: 73, 81: 81}[width]
+
+
+@pytest.mark.parametrize("full, width", [(True, 80), (False, 64)])
+def test_a_tables_row_labels_are_measured_in_columns_of_the_screen(full, width):
+    """Rows labelled by GPT-2 tokens: "0:猫が好き" is 10 columns wide, not 6. Measured by its
+    characters, the columns were chosen for a narrower label, and rich cut the label to
+    "0:猫が …" to make the table fit (wrapped in blocks at 80, or elided at 64)."""
+    array = np.full((2, 20), 1.0)
+    labels = ["0:猫が好き", "1:␣😀"]
+    lines = render(tensor_table(array, full=full, width=width, row_labels=labels),
+                   width=width).splitlines()
+    rows = [line for line in lines if line.lstrip().startswith(("0:", "1:"))]
+    assert [line.split()[0] for line in rows][:2] == labels
+    assert max(map(cell_len, lines)) <= width
+    assert cell_len(rows[0].split()[0]) == 10 and rows[1].startswith("     1:␣😀")
 
 
 def test_a_full_table_in_blocks_puts_its_caption_once_under_the_last_block():

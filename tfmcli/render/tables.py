@@ -79,12 +79,12 @@ def _column_width(grid, rows, j, label, precision, style) -> int:
     Labels wrap at their spaces, so ``"sin λ6.28"`` needs only as much room as ``"λ6.28"``.
     """
     numbers = [len(fmt(grid[i, j], precision, style)) for i in rows]
-    return max(numbers + [len(word) for word in label.split()] + [1])
+    return max(numbers + [cell_len(word) for word in label.split()] + [1])
 
 
 def _fitting_cols(grid, rows, row_labels, col_labels, max_cols, width, precision, style) -> int:
     """The largest column budget, at most ``max_cols`` (and at least 2), that fits ``width``."""
-    label_width = max([len(row_labels[i]) for i in rows] + [1])
+    label_width = max([cell_len(row_labels[i]) for i in rows] + [1])
     for budget in range(max_cols, 2, -1):
         kept = _kept(grid.shape[1], budget, False)
         widths = [1 if j is None else
@@ -219,7 +219,7 @@ def tensor_table(
 
     blocks = [shown_cols]
     if full and width is not None:
-        label_width = max([len(row_labels[i]) for i in data_rows] + [0]) if has_row_labels else 0
+        label_width = max([cell_len(row_labels[i]) for i in data_rows] + [0]) if has_row_labels else 0
         blocks = _column_blocks(shown_cols, widths, label_width, width)
     if len(blocks) == 1:
         return block_table(shown_cols, title, caption)
