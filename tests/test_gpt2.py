@@ -313,6 +313,9 @@ def test_tokens_that_look_like_rich_markup_are_printed_as_they_are(tmp_path, com
     assert "row 0 tokens   [/ quote ] ␣[ red ] ␣[/]" in out
     if command == "attn":
         assert "query 6:␣[/]" in ok(command, "--load", folder, "--text", text, "--query", 6).stdout
+    if command == "forward":   # the picture is printed again, by a console of its own
+        ok(command, "--load", folder, "--text", "[/quote] [red]", "--svg", tmp_path / "f.svg")
+        assert "[/ quote ]" in (tmp_path / "f.svg").read_text().replace("&#160;", " ")
 
 
 def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):
