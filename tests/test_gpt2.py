@@ -10,6 +10,9 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.cells import cell_len
 
 import tfmcli
 from helpers import error_line, ok, run
@@ -283,8 +286,6 @@ def test_maps_line_up_tokens_two_columns_wide(tmp_path, monkeypatch):
     screen, so the map's query labels end at one column only if they are measured so, and
     only as many maps as fit 80 x 24 are picked (3 of 6, one to a row: measured by their
     characters, two would fit a row, and all six were drawn in 36 lines)."""
-    from rich.cells import cell_len
-
     folder = write_checkpoint(tmp_path / "cjk", tokenizer=False)
     write_tokenizer(folder / "tokenizer.json", "猫が好き 😀 the cat 猫")
     monkeypatch.setenv("LINES", "24")
@@ -316,6 +317,33 @@ def test_tokens_that_look_like_rich_markup_are_printed_as_they_are(tmp_path, com
     if command == "forward":   # the picture is printed again, by a console of its own
         ok(command, "--load", folder, "--text", "[/quote] [red]", "--svg", tmp_path / "f.svg")
         assert "[/ quote ]" in (tmp_path / "f.svg").read_text().replace("&#160;", " ")
+
+
+@pytest.fixture(scope="module")
+def forum(tmp_path_factory):
+    """A checkpoint whose tokenizer learned brackets, a CJK word and an emoji whole."""
+    folder = write_checkpoint(tmp_path_factory.mktemp("any") / "forum", tokenizer=False)
+    write_tokenizer(folder / "tokenizer.json", "[/quote] [red] 猫が好き 😀 é\u202e and [/]")
+    return folder
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.lists(st.sampled_from(["[/", "]", "[red]", "[/]", "猫が好き", "😀", "é", "a", " ",
+                                       "\n", "\t", "\x1b", "\x00", "\xa0", "\u202e", "\u0301",
+                                       "\\", ":cat:"]), max_size=10).map("".join),
+       command=st.sampled_from(["forward", "backward", "lens", "kv", "attn"]))
+def test_any_text_prints_or_is_refused_in_one_line(forum, text, command):
+    """Whatever is typed: exit 0 with no character that moves the cursor or prints nothing
+    (a raw ESC, a NUL, an override) and no line past 80 columns, or exit 2 with one line
+    (no tokens, or too many for the 16 positions)."""
+    result = run(command, "--load", forum, "--text", text)
+    if result.exit_code == 2:
+        error_line(result, 2)
+        return
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert not [c for c in out if not c.isprintable() and c != "\n"], repr(out)
+    assert max(map(cell_len, out.splitlines())) <= 80
 
 
 def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):
