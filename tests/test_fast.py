@@ -146,6 +146,19 @@ def test_skipped_keys_hold_the_same_scores_weights_and_gradients_as_the_referenc
     assert np.isneginf(scores[0, :, 0, 3:]).all() and np.isfinite(scores[0, :, 2, :3]).all()
 
 
+def test_a_row_dot_product_that_overflows_is_made_the_plain_way():
+    """einsum does not tell np.errstate of an overflow; the plain sum does: a float32 row of
+    products past its range is inf in its own place, and raises under ``over="raise"``."""
+    a = np.ones((3, 4), dtype=np.float32)
+    a[1] = 1e20                                                 # 1e40 is past float32's range
+    with np.errstate(over="ignore"):
+        out = ops.row_dot(a, a)
+    assert out.shape == (3, 1) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[:, 0], [4.0, np.inf, 4.0])
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        ops.row_dot(a, a)
+
+
 def test_the_positional_table_and_the_mask_are_made_once_and_cannot_be_changed():
     cfg = tfmcli.Config(lengths=(4, 2))
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)

@@ -583,14 +583,16 @@ def test_a_wide_product_is_cut_in_columns_by_the_same_work(blas, monkeypatch):
 
 def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
     """B H T T d_head multiply-adds a product: (1, 2, 512, 128) is 2^26, two parts' worth in
-    float32; (1, 2, 512, 64) is one, and two in float64 (``cost``)."""
+    float32; (1, 2, 512, 64) is one, and two in float64 (``cost``). The backward alike."""
     monkeypatch.setattr(parallel, "SMALL", 1 << 25)
     cut = count_cuts(monkeypatch)
     from tfmcli.model import _fast_mask
     for T, dh, dtype in [(512, 128, "float32"), (512, 64, "float32"), (512, 64, "float64")]:
         q, k, v = rng_arrays(8, *[(1, 2, T, dh)] * 3, dtype=dtype)
-        ops.attention_forward_fast(q, k, v, _fast_mask((T,), T, True, dtype, 128), 0.1)
-    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]] * 2
+        context, _, cache = ops.attention_forward_fast(
+            q, k, v, _fast_mask((T,), T, True, dtype, 128), 0.1)
+        ops.attention_backward_fast(context, cache)
+    assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]] * 4
 
 
 def test_float64_counts_as_twice_the_work_of_float32(blas, monkeypatch):
