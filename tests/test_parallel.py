@@ -595,6 +595,25 @@ def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
     assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 1), (1, 2)]] * 4
 
 
+@pytest.mark.parametrize("passes, small, cuts", [
+    (6, 0, [2]), (6, 1, []),     # the forward: six passes over its rows
+    (7, 0, [2]), (7, 1, []),     # the backward: seven
+])
+def test_layer_norm_is_cut_from_two_SMALLs_of_its_passes(blas, monkeypatch, passes, small, cuts):
+    """Layer norm counts ``PASS`` a pass over an entry: when its passes are exactly two SMALLs
+    its rows go in two parts; with SMALL one larger they stay whole."""
+    x, dout = rng_arrays(2, (8, 16), (8, 16), dtype="float32")
+    gamma, beta = rng_arrays(3, (16,), (16,), dtype="float32")
+    monkeypatch.setattr(parallel, "SMALL", x.size * passes * parallel.PASS // 2 + small)
+    cut = count_cuts(monkeypatch)
+    out, cache = ops.layer_norm_forward_fast(x, gamma, beta, 1e-5)
+    forward = [len(c) for c in cut]
+    cut.clear()
+    ops.layer_norm_backward_fast(dout, cache)
+    backward = [len(c) for c in cut]
+    assert (forward if passes == 6 else backward) == cuts
+
+
 def test_float64_counts_as_twice_the_work_of_float32(blas, monkeypatch):
     """SMALL is a length of time, and a float64 number takes twice a float32's (products at
     half the rate, passes over twice the bytes): layer norm at a size where float32's rows stay
