@@ -96,6 +96,41 @@ def test_fast_embedding_backward_is_np_add_at_bit_for_bit(vocab, rows, width):
                                   ops.embedding_backward(dout, cache, out=head.copy()))
 
 
+class CountingAddAt:
+    """NumPy as ops sees it, but counting the calls of np.add.at."""
+
+    def __init__(self):
+        self.calls = 0
+        self.add = self   # np.add.at is self.at; the rest of np as it is
+
+    def at(self, *args):
+        self.calls += 1
+        np.add.at(*args)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+@pytest.mark.parametrize("tokens, width, calls", [
+    (np.arange(4096) % 1000, 8, 0),     # 5 rounds, 32,768 entries: the rounds
+    (np.arange(250) % 125, 8, 0),       # 2 rounds, 2,000 entries: the rounds, at their edge
+    (np.arange(250) % 125, 7, 1),       # 1,750 entries: np.add.at
+    (np.zeros(64, dtype=int), 8, 1),    # one token 64 times: np.add.at
+])
+def test_the_embedding_gradient_goes_in_rounds_unless_a_token_repeats_past_a_thousandth(
+        monkeypatch, tokens, width, calls):
+    """Rounds while rounds x 1000 are at most the entries of dout (measured: np.add.at is the
+    quicker only beyond); the numbers are np.add.at's either way."""
+    counting = CountingAddAt()
+    monkeypatch.setattr(ops, "np", counting)
+    dout = np.random.default_rng(1).normal(size=(1, tokens.size, width))
+    cache = ops.EmbeddingCache(tokens[None, :], int(tokens.max()) + 1)
+    got = ops.embedding_backward_fast(dout, cache)
+    assert counting.calls == calls
+    monkeypatch.undo()
+    np.testing.assert_array_equal(got, ops.embedding_backward(dout, cache))
+
+
 def test_fast_attention_keeps_every_hidden_weight_exactly_zero():
     cfg = tfmcli.Config(lengths=(4, 2))
     fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
@@ -149,12 +184,12 @@ def test_skipped_keys_hold_the_same_scores_weights_and_gradients_as_the_referenc
 def test_a_row_dot_product_that_overflows_is_made_the_plain_way():
     """einsum does not tell np.errstate of an overflow; the plain sum does: a float32 row of
     products past its range is inf in its own place, and raises under ``over="raise"``."""
-    a = np.ones((3, 4), dtype=np.float32)
-    a[1] = 1e20                                                 # 1e40 is past float32's range
+    a = np.ones((2, 3, 4), dtype=np.float32)                  # (..., rows, entries)
+    a[1, 1] = 1e20                                              # 1e40 is past float32's range
     with np.errstate(over="ignore"):
         out = ops.row_dot(a, a)
-    assert out.shape == (3, 1) and out.dtype == np.float32
-    np.testing.assert_array_equal(out[:, 0], [4.0, np.inf, 4.0])
+    assert out.shape == (2, 3, 1) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[..., 0], [[4.0, 4.0, 4.0], [4.0, np.inf, 4.0]])
     with np.errstate(over="raise"), pytest.raises(FloatingPointError):
         ops.row_dot(a, a)
 
