@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from tfmcli import ops
+from tfmcli import IGNORE, ops
 from tfmcli.masks import combined_mask
 
 TOL = 1e-7
@@ -314,6 +314,16 @@ def test_cross_entropy_is_mean_over_valid_positions_only(rng):
     changed = logits.copy()
     changed[1, 3] += 10.0
     assert ops.cross_entropy_forward(changed, targets, valid)[0] == loss
+
+
+def test_cross_entropy_of_a_one_word_vocabulary_never_reads_an_ignored_target():
+    """V = 1: the only id is 0, so an ignored position (-100) must stand in as 0; the loss of
+    a certain prediction is 0 and its gradient 0."""
+    logits = np.array([[[0.5], [2.0]]])
+    targets, valid = np.array([[0, IGNORE]]), np.array([[True, False]])
+    loss, probs, cache = ops.cross_entropy_forward(logits, targets, valid)
+    assert loss == 0.0 and probs.tolist() == [[[1.0], [1.0]]]
+    assert ops.cross_entropy_backward(cache).tolist() == [[[0.0], [0.0]]]
 
 
 def test_cross_entropy_backward_matches_central_differences(rng):
