@@ -115,6 +115,7 @@ class CountingAddAt:
     (np.arange(4096) % 1000, 8, 0),     # 5 rounds, 32,768 entries: the rounds
     (np.arange(250) % 125, 8, 0),       # 2 rounds, 2,000 entries: the rounds, at their edge
     (np.arange(250) % 125, 7, 1),       # 1,750 entries: np.add.at
+    (np.arange(125), 8, 0),             # each token once: 1 round, 1,000 entries: the round
     (np.zeros(64, dtype=int), 8, 1),    # one token 64 times: np.add.at
 ])
 def test_the_embedding_gradient_goes_in_rounds_unless_a_token_repeats_past_a_thousandth(
