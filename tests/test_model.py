@@ -157,6 +157,17 @@ def test_a_forward_its_gradients_and_an_adam_state_show_as_one_line():
     assert repr(state) == f"Adam(m={ends}, v={ends}, t=0, beta1=0.9, beta2=0.98, eps=1e-09)"
 
 
+def test_a_few_arrays_show_as_one_line_too():
+    """An Adam state of one parameter, a dict of two: the count in the singular when it is
+    one, and the first and the last only when they are two."""
+    from tfmcli.model import arrays_repr
+    a, b, c = np.zeros(2), np.zeros((3, 1)), np.zeros(())
+    assert arrays_repr({}) == "{}"
+    assert arrays_repr({"a": a}) == "{1 array: 'a' (2,)}"
+    assert arrays_repr({"a": a, "b": b}) == "{2 arrays: 'a' (2,) … 'b' (3, 1)}"
+    assert arrays_repr({"a": a, "b": b, "c": c}) == "{3 arrays: 'a' (2,) … 'c' ()}"
+
+
 # ---------------------------------------------------------------- activation-gradient identities
 
 
