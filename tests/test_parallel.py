@@ -776,6 +776,10 @@ def test_a_small_step_runs_in_one_piece_and_a_large_one_in_parts(blas, monkeypat
     assert threaded(cfg.replace(dtype="float64"), 2, 256)     # counted twice: 604 million
     assert threaded(cfg.replace(d_model=256, d_ff=1024), 2, 512)   # 1,024 rows
     assert threaded(cfg.replace(d_model=64, d_ff=64, vocab=64), 1, 1024)
+    edge = cfg.replace(d_model=512, d_ff=2048)       # 512 rows x 512 x 2048: 2^29 exactly
+    assert threaded(edge, 2, 256) and not threaded(edge, 2, 255)
+    assert not threaded(edge.replace(d_ff=2047), 2, 256)
+    assert not threaded(edge.replace(d_ff=4096), 2, 192)   # 384 rows: too few, whatever the work
     cut = count_cuts(monkeypatch)
     small = tfmcli.Config(batch=2, seq_len=6, d_model=12, heads=3, vocab=11, seed=3)
     params = tfmcli.init_params(small)
