@@ -3,6 +3,7 @@ stability, determinism, dtype, inputs, masks, positional encoding, init and conf
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import warnings
@@ -118,6 +119,35 @@ def test_gradcheck_catches_a_wrong_gradient(monkeypatch):
     report = tfmcli.gradcheck(params, inputs, cfg, max_entries=4, names=["head.b_U"])
     assert not report.passed
     assert report.worst.rel_err == pytest.approx(0.5, rel=1e-3)  # |2g - g| / |2g|
+
+
+@pytest.mark.parametrize("vocab", [8, 2])   # a loss of 2.59, and one under 1 (0.70)
+def test_a_gradient_that_is_zero_is_measured_against_what_differences_resolve(monkeypatch, vocab):
+    """b_K's gradient is exactly 0 (the softmax does not see a constant added to every score):
+    its error is measured against a floor, FLOOR (1e-3) times the model's largest gradient, or
+    the smallest gradient central differences resolve, eps_float64 max(1, |loss|) / h / 1e-6,
+    when that is larger (shown with FLOOR set to 0)."""
+    cfg = tfmcli.Config(vocab=vocab)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    largest = max(float(np.abs(g).max()) for g in tfmcli.backward(params, fwd, cfg).values())
+    resolution = np.finfo(np.float64).eps * max(1.0, abs(fwd.loss)) / 1e-5 / 1e-6
+    for floor in (1e-3 * largest, resolution):
+        if floor == resolution:
+            monkeypatch.setattr(importlib.import_module("tfmcli.gradcheck"), "FLOOR", 0.0)
+        report = tfmcli.gradcheck(params, inputs, cfg, names=["blocks.0.attn.b_K"])
+        (b_K,) = report.params
+        assert report.step == 1e-5 and b_K.max_abs_err > 0
+        assert b_K.max_abs_err / b_K.rel_err == pytest.approx(floor, rel=1e-12)
+
+
+def test_gradcheck_reports_its_progress_entry_by_entry():
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    calls = []
+    tfmcli.gradcheck(params, inputs, cfg, names=["head.b_U", "ln_f.beta"], max_entries=3,
+                     progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 6), (2, 6), (3, 6), (4, 6), (5, 6), (6, 6)]
 
 
 # ---------------------------------------------------------------- names and shapes
