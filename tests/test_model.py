@@ -119,6 +119,9 @@ def test_gradcheck_catches_a_wrong_gradient(monkeypatch):
     report = tfmcli.gradcheck(params, inputs, cfg, max_entries=4, names=["head.b_U"])
     assert not report.passed
     assert report.worst.rel_err == pytest.approx(0.5, rel=1e-3)  # |2g - g| / |2g|
+    at_the_mark = tfmcli.gradcheck(params, inputs, cfg, max_entries=4, names=["head.b_U"],
+                                   tolerance=report.worst.rel_err)
+    assert at_the_mark.passed   # the mark itself passes: "<= 1e-06"
 
 
 @pytest.mark.parametrize("vocab", [8, 2])   # a loss of 2.59, and one under 1 (0.70)
