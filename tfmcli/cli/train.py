@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import numpy as np
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
-from rich.cells import cell_len
 from rich.text import Text
 
 import tfmcli

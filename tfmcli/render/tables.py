@@ -219,7 +219,8 @@ def tensor_table(
 
     blocks = [shown_cols]
     if full and width is not None:
-        label_width = max([cell_len(row_labels[i]) for i in data_rows] + [0]) if has_row_labels else 0
+        label_width = (max([cell_len(row_labels[i]) for i in data_rows] + [0])
+                       if has_row_labels else 0)
         blocks = _column_blocks(shown_cols, widths, label_width, width)
     if len(blocks) == 1:
         return block_table(shown_cols, title, caption)
