@@ -401,6 +401,14 @@ def test_heatmap_never_wider_than_width(rows, cols, width):
 # ---------------------------------------------------------------- colour_legend
 
 
+def test_a_screen_too_narrow_for_one_shaded_column_still_gets_one_and_no_more():
+    """Width 3 beside a label of 1 leaves a column of the screen, not the two a shade takes:
+    every key is averaged into one drawn column (the least there is), never two."""
+    lines = render(heatmap(np.eye(3), width=3, legend=False), width=40).splitlines()
+    assert lines[:2] == ["  0", "0 ░░"]   # the mean of the identity: 1/3
+    assert "3x3->1x1" in "".join(lines[2:]).replace(" ", "")
+
+
 def test_colour_legend_sequential_stops_and_shades():
     text = render(colour_legend(0.0, 1.0)).rstrip("\n")
     assert text == "scale [  ] 0.00  [░░] 0.25  [▒▒] 0.50  [▓▓] 0.75  [██] 1.00"
