@@ -7,6 +7,7 @@ nothing is downloaded.
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,6 +252,10 @@ def test_a_token_that_holds_part_of_a_character_shows_its_bytes(checkpoint):
     out = ok("forward", "--load", checkpoint, "--text", "café 😀", "--head", 0).stdout
     assert "\\xc3 \\xa9 ␣ \\xf0 \\x9f \\x98 \\x80" in out.split("row 0 tokens")[1].splitlines()[0]
     assert "q3:\\xc3" in out and "Ã" not in out and "©" not in out
+    # the README's example, on the checkpoint it ships
+    tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
+    out = ok("forward", "--load", tiny, "--text", "café").stdout
+    assert "row 0 tokens   c a f \\xc3 \\xa9" in out
 
 
 def test_byte_level_tokens_map_to_the_bytes_the_tokenizer_decodes(checkpoint):
