@@ -180,9 +180,10 @@ def test_backward_gradient_numbers_match_the_api():
     assert row["max_abs"] == pytest.approx(float(np.abs(grads["head.W_U"]).max()), rel=1e-12)
 
 
-def test_backward_block_filter():
-    data = ok_json("backward", "-L", 2, "--block", 1, "--layer", "attn")
-    assert {g["name"].split(".")[1] for g in data["gradients"]} == {"1"}
+@pytest.mark.parametrize("block", [0, 1])
+def test_backward_block_filter(block):
+    data = ok_json("backward", "-L", 2, "--block", block, "--layer", "attn")
+    assert {g["name"].split(".")[1] for g in data["gradients"]} == {str(block)}
     assert len(data["gradients"]) == 8
 
 
