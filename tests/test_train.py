@@ -4,6 +4,7 @@
 import contextlib
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -235,6 +236,13 @@ def test_train_warms_up_over_a_single_step():
     data = json.loads(ok("train", "--steps", 2, "--warmup", 1, "--json").stdout)
     assert data["config"]["d_model"] == 32
     assert data["lr"] == [[1, pytest.approx(32 ** -0.5)], [2, pytest.approx(32 ** -0.5 * 2 ** -0.5)]]
+
+
+def test_train_reports_the_seconds_its_steps_took():
+    """The steps alone: more than nothing, less than the whole command."""
+    started = time.perf_counter()
+    data = json.loads(ok("train", "--steps", 3, "--json").stdout)
+    assert 0 < data["seconds"] < time.perf_counter() - started
 
 
 def test_train_shows_the_given_tokens():
