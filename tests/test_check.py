@@ -47,6 +47,13 @@ def test_check_catches_a_wrong_gamma_gradient(monkeypatch):
     assert "✗ FAIL" in result.stdout
 
 
+@pytest.mark.parametrize("tol", ["0", "-1e-9"])
+def test_check_refuses_a_tolerance_that_is_not_positive(tol):
+    """No difference is ever <= 0 but an exact one: a tolerance of 0 would fail rounding."""
+    line = error_line(run("check", "--against", "torch", "--tol", tol), 2)
+    assert "'--tol'" in line and "allowed: a positive number" in line
+
+
 def test_check_without_torch_says_how_to_install(monkeypatch):
     import builtins
 

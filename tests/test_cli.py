@@ -159,6 +159,8 @@ def test_forward_heatmaps_are_capped_to_a_screen_without_full(monkeypatch):
     assert "showing 4 of 9 attention maps" in out
     assert len(maps.findall(ok("forward", "-L", 3, "-H", 3, "--full").stdout)) == 9
     assert len(maps.findall(ok("forward", "-L", 3, "-H", 3, "--block", 2, "--head", 0).stdout)) == 1
+    assert maps.findall(ok("forward", "-L", 3, "-H", 3, "--block", 0, "--head", 2).stdout) == \
+        ["block 0 head 2"]
 
 
 # ---------------------------------------------------------------- backward
