@@ -81,7 +81,7 @@ USAGE_ERRORS = [
     (["mask", "--len", "4", "--lengths", "5"], ["'--lengths'", "5 is outside 1..4"]),
     (["mask", "--lengths", "x"], ["'--lengths'", "'x' is not a comma-separated list"]),
     (["pe", "--d-model", "0"], ["'--d-model'", "0 is not allowed"]),
-    (["pe", "--len", "100000", "--d-model", "1000"], ["'--len' / '--d-model'", "at most 20,000,000"]),
+    (["pe", "--len", "100000", "--d-model", "1000"], ["'--len' / '--d-model'", "100000 x 1000 is 100,000,000 values; at most 20,000,000"]),
     (["forward", "-T", "100000"], ["GiB", "more than", "--force"]),
     (["forward", "--nope"], ["No such option: --nope"]),
     (["shapes", "--save", "x.npz"], ["No such option: --save"]),   # it computes nothing to save
