@@ -226,6 +226,11 @@ def test_train_takes_two_symbols():
     assert data["config"]["vocab"] == 3   # the two and the separator
 
 
+def test_train_describes_its_task_in_the_panel():
+    out = " ".join(ok("train", "--steps", 1, "--symbols", 5, "-n", 4).stdout.split())
+    assert "copy: 4 symbols of 0..4, separator 5, then the answer" in out
+
+
 def test_train_takes_a_learning_rate_under_one():
     data = json.loads(ok("train", "--steps", 1, "--lr", "0.5", "--json").stdout)
     assert data["lr"] == [[1, 0.5]]   # a constant rate, not the warm-up schedule
