@@ -280,6 +280,13 @@ def test_mask_draws_a_grid_when_it_fits_the_screen_and_40_keys_then_an_overview(
     assert ("q1 " in out) is (grid or length <= 40)
 
 
+def test_a_masks_note_names_only_the_groups_there_are(monkeypatch):
+    """40 keys at 30 columns: two keys to a character, but each query on its own line."""
+    monkeypatch.setenv("COLUMNS", "30")
+    notes = [line for line in ok("mask", "--len", 40).stdout.splitlines() if "per" in line]
+    assert notes and all(line.startswith("2 keys per character:") for line in notes)
+
+
 def test_mask_without_lengths_has_one_all_true_padding_row():
     data = ok_json("mask", "--len", 5)
     assert data["padding"] == [[True] * 5]
