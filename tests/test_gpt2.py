@@ -277,9 +277,9 @@ def test_a_token_that_would_move_the_cursor_is_escaped(checkpoint):
     # an escape sequence in the terminal, 0x1e prints nothing; the logit lens can rank any token
     from tfmcli.sources.text import Tokenizer, visible
 
-    tok = Tokenizer(checkpoint)
-    esc = tok._tok.token_to_id("ě")   # byte 0x1b in the byte-level alphabet
-    assert tok._tok.decode([esc]) == "\x1b" and tok.label(esc) == "\\x1b"
+    tok = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    esc = tok.token_to_id("ě")   # byte 0x1b in the byte-level alphabet
+    assert tok.decode([esc]) == "\x1b" and Tokenizer(checkpoint).label(esc) == "\\x1b"
     assert visible("a\u202eb\x1e\xa0 \n\t\r\u3000猫😀e\u0301") == \
         "a\\u202eb\\x1e\\xa0␣↵⇥␍\\u3000猫😀e\u0301"
     data = json.loads(ok("lens", "--load", checkpoint, "--tokens", f"{esc},{esc}", "--json").stdout)
