@@ -306,6 +306,16 @@ def test_mask_grids_and_legend():
     assert additive.count("-inf") >= 6
 
 
+@pytest.mark.parametrize("command, extra", [("mask", ["--lengths", "2,3"]), ("pe", ["-d", "4"])])
+def test_len_is_also_T_as_in_the_model_commands(command, extra):
+    # -T is the sequence length everywhere else (tfm forward -T 5); here it is --len.
+    data = ok_json(command, "-T", 3, *extra)
+    assert data == ok_json(command, "--len", 3, *extra)
+    shape = np.array(data["combined"] if command == "mask" else data["pe"]).shape
+    assert shape == ((2, 3, 3) if command == "mask" else (3, 4))
+    assert "'--len' / '-T'" in run(command, "-T", 0).stderr
+
+
 # ---------------------------------------------------------------- pe
 
 

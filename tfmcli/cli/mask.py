@@ -35,7 +35,7 @@ def mask_view(grid, title, additive_form, row_labels, col_labels, square=True):
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def mask(
-    length: Annotated[int, typer.Option("--len", callback=bounded(1, 1024), help="Sequence length N (1..1024).")] = 7,
+    length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 1024), help="Sequence length N (1..1024).")] = 7,
     lengths: Annotated[Optional[str], typer.Option("--lengths", metavar="4,2,6", help="Valid length of each batch row (1..N).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Include the look-ahead (causal) mask.")] = True,
     additive_form: Annotated[bool, typer.Option("--additive", help="Show the 0 / -inf form added to the scores.")] = False,

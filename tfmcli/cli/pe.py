@@ -14,7 +14,7 @@ from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, with_options
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def pe(
-    length: Annotated[int, typer.Option("--len", callback=bounded(1, 100_000), help="Positions N.")] = 16,
+    length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 100_000), help="Positions N.")] = 16,
     d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine).")] = 16,
     precision: Precision = 3,
     opts: Options = None,
