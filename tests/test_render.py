@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
-from helpers import grid_rows, plain_environment, render, render_colour  # noqa: F401 (a fixture)
+import tfmcli
+from helpers import (grid_rows, plain_environment, random_params, render,  # noqa: F401 (a fixture)
+                     render_colour)
 from tfmcli.gradcheck import ParamCheck
 from tfmcli.masks import additive, causal_mask
 from tfmcli.render import (mask_overview, config_panel, fmt, grad_table, mask_grid,
@@ -289,6 +291,17 @@ def test_grad_table_norms_and_checks():
     assert rows[1] == ["(1,)", "0.5000", "0.5000", "+0.5000", "5.00e-01", "✗", "FAIL"]
     assert rows[2] == ["(2,)", "0.0000", "0.0000", "0.0000", "—", "—"]
     assert "rel err" not in render(grad_table(grads))
+
+
+def test_grad_table_says_why_b_K_is_noise_only_where_b_K_is_shown():
+    cfg = tfmcli.Config(lengths=(4, 2))
+    params = random_params(tfmcli.init_params(cfg))
+    grads = tfmcli.backward(params, tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg), cfg)
+    attn = {n: g for n, g in grads.items() if ".attn." in n}
+    noted = " ".join(render(grad_table(attn)).split())
+    assert "b_K: 0 in exact arithmetic" in noted and noted.endswith("rounding noise")
+    others = {n: g for n, g in grads.items() if not n.endswith("b_K")}
+    assert "b_K:" not in render(grad_table(others))
 
 
 # ---------------------------------------------------------------- config_panel

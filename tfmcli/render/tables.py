@@ -372,7 +372,14 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
 
     add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3})
+    if any(name.endswith("attn.b_K") for name in grads):
+        table.caption = B_K_NOTE if table.caption is None else f"{table.caption}\n{B_K_NOTE}"
     return table
+
+
+# d loss / d b_K is 0 in exact arithmetic (docs/derivations.md), whatever the weights and mask.
+B_K_NOTE = ("b_K: 0 in exact arithmetic, since q·b_K adds the same number to every score of a "
+            "query's row and softmax ignores a shift; its numbers here are rounding noise")
 
 
 def config_panel(rows: Mapping[str, str], *, title: str = "config") -> Panel:
