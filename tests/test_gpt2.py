@@ -504,3 +504,20 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
         assert rel(grads[name], theirs) <= 1e-9, name
     if padding:   # the position past every row's length gets no gradient
         np.testing.assert_array_equal(grads["embed.W_pos"][6:], 0)
+
+
+def test_kv_generates_what_the_shipped_checkpoint_learned():
+    # examples/tiny-gpt2 was trained on "The cat sat on the mat.": greedy decoding with the
+    # cache continues the prompt with the sentence's next tokens, each step checked against
+    # the full forward of the prompt and what it generated
+    tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
+    tok = tokenizers.Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    data = json.loads(ok("kv", "--load", tiny, "--text", "The cat sat on", "--generate", 3,
+                         "--json").stdout)
+    assert tok.decode(data["generated"]) == " the mat."
+    assert data["tokens"] == tok.encode("The cat sat on the mat.").ids
+    assert data["max_abs_diff"] <= 1e-12
+    out = ok("kv", "--load", tiny, "--text", "The cat sat on", "--generate", 3).stdout
+    assert "generated (greedy): ␣the ␣mat ." in out and "→ ␣mat" in out
+    line = error_line(run("kv", "--load", tiny, "--text", "The cat sat on", "--generate", 13), 2)
+    assert "'--generate'" in line and "16 learned positions" in line and "0..12" in line

@@ -109,3 +109,76 @@ def test_decode_refuses_a_model_that_is_not_causal_and_ids_outside_the_vocabular
                            ([[1, 2]], "shape (1, 2)"), ([], "shape (0,)")):
         with pytest.raises(tfmcli.InputsError, match=re.escape(reason)):
             decode(params, tokens, cfg)
+
+
+# ---------------------------------------------------------------- generating
+
+
+def greedy_by_full_forwards(params, tokens, cfg, n):
+    """The oracle without a cache: the whole forward of the sequence so far, n times, each
+    time appending the argmax of its last position's logits."""
+    def logits(ids):
+        run_cfg = cfg.replace(batch=1, seq_len=len(ids), lengths=None)
+        fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens(ids), run_cfg, fast=False)
+        return fwd.acts["logits"][0]
+
+    ids = list(tokens)
+    for _ in range(n):
+        ids.append(int(np.argmax(logits(ids)[-1])))
+    return ids, logits(ids)
+
+
+@pytest.mark.parametrize("norm, pe", [("pre", "sinusoidal"), ("post", "learned"),
+                                      ("pre", "none")])
+def test_generated_tokens_are_the_full_forwards_greedy_choices(norm, pe):
+    cfg = tfmcli.Config(batch=1, seq_len=4, layers=2, heads=3, norm=norm, pe=pe, vocab=7,
+                        n_ctx=12 if pe == "learned" else None)
+    params = random_params(tfmcli.init_params(cfg), seed=10)   # a seed whose choices vary
+    prompt = [3, 1, 4, 1]
+    steps = decode(params, prompt, cfg, generate=6)
+    ids, logits = greedy_by_full_forwards(params, prompt, cfg, 6)
+    assert [s.token for s in steps] == ids[:10]
+    assert [s.step for s in steps] == list(range(10))
+    assert steps[-1].cache_shape == (3, 10, 2)
+    assert len(set(ids[4:])) > 1   # the model does not just repeat one token
+    for s in steps:
+        np.testing.assert_allclose(s.logits, logits[s.step], rtol=0, atol=1e-12)
+
+
+def test_generate_0_is_the_given_tokens_alone_and_bad_counts_are_refused():
+    cfg = tfmcli.Config(batch=1, seq_len=3)
+    params = random_params(tfmcli.init_params(cfg))
+    plain = decode(params, [1, 2, 3], cfg)
+    assert [s.token for s in decode(params, [1, 2, 3], cfg, generate=0)] == [1, 2, 3]
+    assert len(plain) == 3
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="whole number at least 0"):
+            decode(params, [1, 2], cfg, generate=bad)
+    learned = cfg.replace(pe="learned", n_ctx=5)
+    params = tfmcli.init_params(learned)
+    assert len(decode(params, [1, 2], learned, generate=3)) == 5
+    for tokens, n in (([1, 2], 4), ([1] * 6, 0)):
+        with pytest.raises(tfmcli.InputsError, match=f"need {len(tokens) + n} positions; the "
+                                                     f"model has 5 learned positions"):
+            decode(params, tokens, learned, generate=n)
+
+
+def test_cli_kv_generates_with_the_cache_and_checks_each_step_against_the_full_forward():
+    data = json.loads(ok("kv", "--tokens", "3,1,4", "-L", 2, "--generate", 5, "--json").stdout)
+    cfg = tfmcli.Config(layers=2, batch=1, seq_len=3)
+    ids, _ = greedy_by_full_forwards(tfmcli.init_params(cfg), [3, 1, 4], cfg, 5)
+    assert data["tokens"] == ids and data["generated"] == ids[3:]
+    assert [s["cache_len"] for s in data["steps"]] == list(range(1, 9))
+    assert data["max_abs_diff"] <= 1e-12
+    assert "generated" not in json.loads(ok("kv", "--tokens", "3,1,4", "--json").stdout)
+    out = ok("kv", "--tokens", "3,1,4", "-L", 2, "--generate", 5).stdout
+    assert f"generated (greedy): {' '.join(map(str, ids[3:]))}" in out
+    assert f"→ {ids[3]}" in out and f"q7:{ids[7]}" in out
+    assert "full causal forward of the 3 given and 5 generated tokens" in " ".join(out.split())
+
+
+def test_cli_kv_generate_stops_at_the_learned_positions():
+    line = error_line(run("kv", "--pe", "learned", "--n-ctx", 6, "-T", 4, "--generate", 3), 2)
+    assert "'--generate'" in line and "allowed: 0..2" in line and "4 tokens" in line
+    assert json.loads(ok("kv", "--pe", "learned", "--n-ctx", 6, "-T", 4, "--generate", 2,
+                         "--json").stdout)["steps"][-1]["cache_len"] == 6

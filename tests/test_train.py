@@ -148,6 +148,11 @@ def test_trained_reverse_attends_to_the_mirror_position(tmp_path):
     mirrored = [max(pattern[h, q, 2 * n - 1 - q] for h in range(pattern.shape[0]))
                 for q in range(n, 2 * n)]
     assert min(mirrored) > 0.5, mirrored
+    # and it writes a prompt backwards, one token at a time with the KV cache (the README's)
+    data = json.loads(ok("kv", "--load", path, "--tokens", "5,7,7,1,0,3,9,2,10", "--generate", 8,
+                         "--json").stdout)
+    assert data["generated"] == [2, 9, 3, 0, 1, 7, 7, 5]
+    assert data["max_abs_diff"] <= 1e-12
 
 
 def test_a_small_model_trains_on_one_blas_thread_to_the_same_numbers(monkeypatch):

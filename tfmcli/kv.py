@@ -69,12 +69,15 @@ def _ffn_step(x, P, p, cfg):
     return ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])[0]
 
 
-def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
-    """Run the causal model on ``tokens`` (a 1-D sequence of ids) one token at a time.
+def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]:
+    """Run the causal model on ``tokens`` (a 1-D sequence of ids) one token at a time, then
+    ``generate`` tokens more, each the most likely next token after the step before (greedy:
+    the argmax of its logits, the lowest id on a tie), decoded with the same cache.
 
     Each block's cache is allocated once, (H, T, d_head) for K and for V, and filled one
     position per step; the step's attention reads the filled part ``[:, :t + 1]``. The
     block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
+    One step per position: ``len(tokens) + generate`` in all, the generated ones last.
     """
     P = params
     if not cfg.causal:
@@ -88,13 +91,22 @@ def decode(params: dict, tokens, cfg: Config) -> list[KVStep]:
     if bad.size:
         raise InputsError(f"decode: token {int(bad[0])} is outside 0..{cfg.vocab - 1} "
                           f"(vocab {cfg.vocab})")
-    tokens = tokens.astype(np.int64)
-    T, H, dh = len(tokens), cfg.heads, cfg.d_head
+    whole = isinstance(generate, (int, np.integer)) and not isinstance(generate, bool)
+    if not (whole and generate >= 0):
+        raise ValueError(f"decode: generate={generate!r}; it must be a whole number at least 0")
+    T, H, dh = len(tokens) + int(generate), cfg.heads, cfg.d_head
+    if cfg.pe == "learned" and T > cfg.ctx:
+        raise InputsError(f"decode: {len(tokens)} tokens and {generate} to generate need {T} "
+                          f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
+    tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     V = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []
-    for t, token in enumerate(tokens):
+    for t in range(T):
+        if t == len(tokens):   # past the given tokens: the last step's most likely next token
+            tokens.append(int(np.argmax(steps[-1].logits)))
+        token = tokens[t]
         x = P["embed.W_E"][token] if pe is None else P["embed.W_E"][token] + pe[t]   # (d,)
         attention = {}
         for i in range(cfg.layers):

@@ -9,7 +9,7 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, check_indices, describe, emit, execute,
-                               position_labels, rows_limit, width)
+                               rows_limit, width)
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.cli.shapes import human
 
@@ -20,6 +20,7 @@ def kv(
     row: Row = 0,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block whose attention rows are drawn.")] = 0,
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head whose attention rows are drawn.")] = 0,
+    generate: Annotated[int, typer.Option("--generate", callback=bounded(0, 1000), help="Then generate N tokens more, each the most likely next one (greedy), with the same cache.")] = 0,
     precision: Precision = 2,
     full: Full = False,
     opts: Options = None,
@@ -28,6 +29,7 @@ def kv(
 
     Example: tfm kv --tokens 3,1,4,1,5,9,2,6 -L 2
     """
+    import tfmcli
     from tfmcli.kv import decode
     from tfmcli.masks import causal_mask
 
@@ -36,31 +38,50 @@ def kv(
         if not cfg.causal:
             raise typer.BadParameter("a KV cache decodes left to right, so the model must be "
                                      "causal; drop --no-causal", param_hint="'--causal'")
+        given = cfg.lengths[row] if cfg.lengths else cfg.seq_len
+        if cfg.pe == "learned" and given + generate > cfg.ctx:
+            raise typer.BadParameter(
+                f"row {row} has {given} tokens and the model {cfg.ctx} learned positions "
+                f"(n_ctx); allowed: 0..{cfg.ctx - given}", param_hint="'--generate'")
 
     run, fwd, _ = execute(opts, with_grads=False, validate=validate)
     cfg = run.cfg
-    length = int(run.inputs.lengths[row])
-    steps = decode(run.params, run.inputs.tokens[row, :length], cfg)
-    diffs = [float(np.abs(s.logits - fwd.acts["logits"][row, s.step]).max()) for s in steps]
+    given = int(run.inputs.lengths[row])
+    steps = decode(run.params, run.inputs.tokens[row, :given], cfg, generate=generate)
+    length = len(steps)
+    ids = [s.token for s in steps]
+    if generate:   # the full forward of the given and the generated tokens, to check each step
+        whole = tfmcli.forward(run.params, tfmcli.inputs_from_tokens(ids),
+                               cfg.replace(batch=1, seq_len=length, lengths=None))
+        full_logits = whole.acts["logits"][0]
+    else:
+        full_logits = fwd.acts["logits"][row]
+    diffs = [float(np.abs(s.logits - full_logits[s.step]).max()) for s in steps]
     cached, uncached = sum(s.flops_cached for s in steps), sum(s.flops_full for s in steps)
-    labels = run.token_labels(row)
+    texts = [run.token_text(i) for i in ids]
+    marked = texts[:given] + [f"→ {text}" for text in texts[given:]]
 
     table = render.record_table(
         ["step", "token", "K, V cache", "max |Δ logits|", "FLOPs cached", "no cache"],
-        [[str(s.step), labels[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
+        [[str(s.step), marked[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
           f"{s.flops_full:,}"] for s, d in zip(steps, diffs)],
         title=f"decoding batch row {row}, one token per step", max_rows=rows_limit(full), left=2)
     table.caption = "K, V cache: each block's cached keys and values, (H, step + 1, d_head)"
+    if generate:
+        table.caption += ("\n→: generated, the most likely token after the step before "
+                          "(greedy), then decoded as the next step")
     rows = np.zeros((length, length))
     for s in steps:
         rows[s.step, :s.step + 1] = s.attention[(block, head)]
     attention = render.heatmap(
         rows, title=f"block {block} head {head}: the new query's attention, one row per step",
-        row_labels=position_labels(run, row, "q")[:length],
-        col_labels=position_labels(run, row, "k")[:length], mask=causal_mask(length),
+        row_labels=[f"q{t}:{text}" for t, text in enumerate(texts)],
+        col_labels=[f"k{t}:{text}" for t, text in enumerate(texts)], mask=causal_mask(length),
         width=width(), vmin=0.0, vmax=1.0, precision=precision)
     worst = max(diffs)
-    summary = Text(f"every step equals the full causal forward: max |Δ logits| {worst:.1e}; "
+    forward = "the full causal forward" + (f" of the {given} given and {generate} generated "
+                                           f"tokens" if generate else "")
+    summary = Text(f"every step equals {forward}: max |Δ logits| {worst:.1e}; "
                    f"matmul FLOPs for {render.counted(length, 'token')}: {human(cached)} with "
                    f"the cache, {human(uncached)} recomputing each prefix "
                    f"({uncached / cached:.1f}x)",
@@ -73,5 +94,9 @@ def kv(
                          for s, d in zip(steps, diffs)],
                "flops": {"with_cache": cached, "without_cache": uncached},
                "max_abs_diff": worst}
-    emit(opts, [render.config_panel(describe(cfg, run, row), title="tfm kv"), table, attention,
-                summary], payload)
+    parts = [render.config_panel(describe(cfg, run, row), title="tfm kv"), table, attention,
+             summary]
+    if generate:
+        payload["generated"] = ids[given:]
+        parts.insert(2, Text(f"generated (greedy): {' '.join(texts[given:])}", style="bold"))
+    emit(opts, parts, payload)
