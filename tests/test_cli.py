@@ -136,6 +136,51 @@ def test_forward_save_round_trips_through_numpy(tmp_path):
         assert tfmcli.Config.from_json(str(npz["config"])) == cfg
 
 
+SAVE_RUNS = {   # every command that takes --save, with what its file holds
+    "forward": ([], {"param", "input", "config", "act", "loss"}),
+    "backward": ([], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
+    "gradcheck": ([], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
+    "attn": (["--query", 2], {"param", "input", "config", "act", "loss"}),
+    "kv": (["--generate", 2], {"param", "input", "config", "act", "loss"}),
+    "lens": ([], {"param", "input", "config", "act", "loss"}),
+    "check": (["--against", "torch"], {"param", "input", "config", "act", "loss", "grad",
+                                       "actgrad"}),
+    "compare": (["-L", 2], {"pre", "post"}),
+    "train": (["--steps", 20], {"param", "input", "config", "act", "loss"}),
+    "mask": ([], {"causal", "padding", "combined"}),
+    "pe": ([], {"pe"}),
+}
+
+
+def test_every_command_that_takes_save_writes_its_file(tmp_path):
+    """--save was once accepted and silently ignored by kv, check, compare and attn --query."""
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+    takes_save = {name for name, command in commands.items()
+                  if any("--save" in param.opts for param in command.params)}
+    assert takes_save == set(SAVE_RUNS)
+    for name, (args, groups) in SAVE_RUNS.items():
+        if name == "check":
+            pytest.importorskip("torch")
+        path = tmp_path / f"{name}.npz"
+        result = ok(name, *args, "--save", path, "--json")
+        with np.load(path, allow_pickle=False) as npz:
+            assert {key.split("/")[0] for key in npz.files} == groups, name
+            if "loss" in groups:   # the run the command showed
+                cfg = tfmcli.Config.from_json(str(npz["config"]))
+                assert cfg.seq_len == npz["input/tokens"].shape[1]
+    data = json.loads(result.stdout)   # pe's
+    np.testing.assert_array_equal(np.load(tmp_path / "pe.npz")["pe"], data["pe"])
+    with np.load(tmp_path / "compare.npz") as npz:
+        loss = json.loads(ok("compare", "-L", 2, "--json").stdout)["loss"]
+        assert float(npz["pre/loss"]) == loss["pre"] and float(npz["post/loss"]) == loss["post"]
+        assert "pre/param/ln_f.gamma" in npz.files and "post/param/ln_f.gamma" not in npz.files
+    with np.load(tmp_path / "kv.npz") as npz:   # the run kv decoded (the given tokens)
+        tokens = json.loads(ok("kv", "--generate", 2, "--json").stdout)["tokens"]
+        np.testing.assert_array_equal(npz["input/tokens"][0], tokens[:-2])
+
+
 def test_svg_is_what_was_printed(tmp_path):
     path = tmp_path / "out.svg"
     result = ok("mask", "--len", 3, "--svg", path)

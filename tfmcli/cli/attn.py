@@ -95,6 +95,7 @@ def render_steps(steps, precision, queries=None, keys=None):
 
 def explain_one_query(opts, run, fwd, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens."""
+    from tfmcli.io import run_arrays
     from tfmcli.steps import explain_query
 
     cfg = run.cfg
@@ -143,4 +144,4 @@ def explain_one_query(opts, run, fwd, block, head, row, t, precision):
                          "scaled": float(x.scores[s] * x.scale), "visible": bool(x.visible[s]),
                          "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}
                         for s in range(len(keys))]}
-    emit(opts, parts, payload)
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))

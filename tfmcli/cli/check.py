@@ -27,6 +27,7 @@ def check(
 
     Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
     """
+    from tfmcli.io import run_arrays
     from tfmcli.reference import (FLOOR, TOLERANCE, MissingTorch, compare, import_torch,
                                   torch_run)
 
@@ -58,6 +59,6 @@ def check(
     payload = {"against": against.value, "tolerance": tolerance, "passed": not failed,
                "rows": [{"name": r.name, "rel": r.rel, "passed": r.passed} for r in rows]}
     emit(opts, [render.config_panel(describe(cfg, run), title="tfm check"), table, verdict],
-         payload)
+         payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
     if failed:
         raise TfmError(f"tfm and torch differ beyond {tolerance:g} in {', '.join(failed)}")

@@ -23,12 +23,16 @@ def compare(opts: Options = None):
     Example: tfm compare --layers 6
     """
     from tfmcli.compare import GROUPS, gradient_norms, reading
+    from tfmcli.io import run_arrays
 
-    results = {}
+    results, arrays = {}, {}
     for norm in ("pre", "post"):
         opts.values["norm"] = norm
         run, fwd, grads = execute(opts, with_grads=True)
         results[norm] = (run, fwd, gradient_norms(grads, run.cfg.layers))
+        # --save: both runs, each in the npz layout under its own prefix (pre/param/..., post/...)
+        arrays.update({f"{norm}/{key}": value for key, value
+                       in run_arrays(run.cfg, run.params, run.inputs, fwd, grads).items()})
     (run, fwd_pre, pre), (_, fwd_post, post) = results["pre"], results["post"]
     keys = (*GROUPS, "resid")
     cells = [[str(a["block"])] + [f"{a[key]:.4f}  {b[key]:.4f}" for key in keys]
@@ -44,4 +48,5 @@ def compare(opts: Options = None):
     payload = {"config": json.loads(run.cfg.to_json()), "reading": text,
                "loss": {"pre": fwd_pre.loss, "post": fwd_post.loss},
                "pre": pre, "post": post}
-    emit(opts, [render.config_panel(panel, title="tfm compare"), table, Text(text)], payload)
+    emit(opts, [render.config_panel(panel, title="tfm compare"), table, Text(text)], payload,
+         arrays)

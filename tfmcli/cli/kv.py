@@ -30,6 +30,7 @@ def kv(
     Example: tfm kv --tokens 3,1,4,1,5,9,2,6 -L 2
     """
     import tfmcli
+    from tfmcli.io import run_arrays
     from tfmcli.kv import decode
     from tfmcli.masks import causal_mask
 
@@ -99,4 +100,4 @@ def kv(
     if generate:
         payload["generated"] = ids[given:]
         parts.insert(2, Text(f"generated (greedy): {' '.join(texts[given:])}", style="bold"))
-    emit(opts, parts, payload)
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
