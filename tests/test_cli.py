@@ -422,6 +422,8 @@ def test_attn_illustrated_prints_seed_002s_numbers():
     np.testing.assert_allclose(data["unscaled"]["context"],
                                [[1.9366, 6.6831, 1.5951], [2.0, 7.9640, 0.0540],
                                 [1.9997, 7.7599, 0.3584]], atol=1e-4)
+    # the options its refusal of model options names are allowed with it
+    assert "+1.94" in ok("attn", "--example", "illustrated", "--precision", 2).stdout
 
 
 def test_attn_numbers_its_steps_and_the_example_shows_the_first_five_then_both_softmaxes():

@@ -71,6 +71,11 @@ USAGE_ERRORS = [
     (["attn", "--head", "5"], ["'--head'", "5 is out of range"]),
     (["attn", "--row", "-1"], ["'--row'", "-1 is not allowed"]),
     (["attn", "--example", "paper"], ["'--example'", "'paper'", "illustrated"]),
+    # seed 002's example is fixed: a model option typed with it would be silently ignored
+    (["attn", "--example", "illustrated", "--query", "1"], ["'--example'", "takes no --query"]),
+    (["attn", "--example", "illustrated", "-d", "8"], ["'--example'", "takes no --d-model"]),
+    (["attn", "--example", "illustrated", "--tokens", "1,2"], ["takes no --tokens"]),
+    (["train", "--lr", "0.01", "--warmup", "50"], ["'--warmup'", "give one of --lr and --warmup"]),
     (["forward", "--precision", "13"], ["'--precision'", "13 is not allowed", "0..12"]),
     (["forward", "--precision", "-1"], ["'--precision'", "-1 is not allowed"]),
     (["gradcheck", "--step", "0"], ["'--step'", "0.0 is not allowed", "positive"]),

@@ -38,6 +38,7 @@ def attn(
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
                                  f"illustrated", param_hint="'--example'")
     if example == "illustrated":
+        refuse_model_options(opts)
         unscaled, scaled = illustrated_steps(1.0), illustrated_steps(1 / math.sqrt(3))
         parts = [Text("Seed 002's worked example: X (3x4) and integer W_Q, W_K, W_V (4x3), no "
                       "mask, no biases. The note's code takes softmax(Q K^T) WITHOUT the "
@@ -74,6 +75,17 @@ def attn(
                "steps": [{"name": s.name, "formula": s.formula, "value": jsonable(s.value)}
                          for s in steps]}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))
+
+
+def refuse_model_options(opts):
+    """Seed 002's example is fixed numbers: a model, tokens or a head typed with it would be
+    silently ignored, so each is an error."""
+    shown = ("precision", "json", "svg", "save", "example")
+    for param in opts.ctx.command.params:
+        if param.name not in shown and opts.explicit(param.name):
+            raise typer.BadParameter(
+                f"seed 002's worked example is fixed numbers, so it takes no {param.opts[0]}; "
+                f"with it: --precision, --json, --svg, --save", param_hint="'--example'")
 
 
 def render_steps(steps, precision, queries=None, keys=None):

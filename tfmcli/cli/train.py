@@ -56,6 +56,9 @@ def train(
     if lr is not None and not (np.isfinite(lr) and lr > 0):
         raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
                                  param_hint="'--lr'")
+    if lr is not None and opts.explicit("warmup"):
+        raise typer.BadParameter("a constant --lr replaces the warm-up schedule; give one of "
+                                 "--lr and --warmup", param_hint="'--warmup'")
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
     try:
         shown_tokens = parse_tokens(opts.tokens)
