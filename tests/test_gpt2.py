@@ -521,3 +521,20 @@ def test_kv_generates_what_the_shipped_checkpoint_learned():
     assert "generated (greedy): ␣the ␣mat ." in out and "→ ␣mat" in out
     line = error_line(run("kv", "--load", tiny, "--text", "The cat sat on", "--generate", 13), 2)
     assert "'--generate'" in line and "16 learned positions" in line and "0..12" in line
+
+
+def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):
+    # its weights are read, so --init draws nothing; with the tokens given, --seed neither
+    line = error_line(run("forward", "--load", checkpoint, "--init", "normal"), 2)
+    assert "'--init'" in line and "init='normal' changes nothing" in line
+    assert "read, not drawn" in line
+    line = error_line(run("forward", "--load", checkpoint, "--tokens", "1,2", "--seed", 5), 2)
+    assert "'--seed'" in line and "seed=5 changes nothing" in line and "tokens are given" in line
+    with pytest.raises(tfmcli.ConfigError) as caught:
+        tfmcli.load(checkpoint, tokens=[1, 2], seed=5)
+    assert caught.value.field == "seed"
+    # without tokens the seed draws them, and without --seed nothing is refused
+    data = json.loads(ok("kv", "--load", checkpoint, "--seed", 5, "-T", 3, "--json").stdout)
+    run_5 = tfmcli.load(checkpoint, seed=5, seq_len=3)
+    assert data["tokens"] == run_5.inputs.tokens[0].tolist()
+    assert run_5.inputs.tokens.tolist() != tfmcli.load(checkpoint, seq_len=3).inputs.tokens.tolist()

@@ -129,6 +129,13 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         if name in fields and fields[name] != flags[name] and not (tokens and name in INPUT_FIELDS):
             raise ConfigError(name, f"{name}={flags[name]!r} contradicts {load}, which has "
                                     f"{name}={fields[name]!r}; drop the flag or change the file")
+    if folder:   # a typed option the checkpoint leaves nothing to do would be silently ignored
+        unused = {"init": "its weights are read, not drawn"}
+        if tokens is not None:
+            unused["seed"] = "its weights are read, and the tokens are given"
+        for name in sorted(explicit & set(unused)):
+            raise ConfigError(name, f"{name}={flags[name]!r} changes nothing with --load "
+                                    f"{load}: {unused[name]}")
     if tokens is not None:
         inputs = inputs_from_tokens(tokens)
         _check_against_tokens(flags, explicit, inputs, "--text" if text else "--tokens")
