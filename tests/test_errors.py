@@ -76,6 +76,7 @@ USAGE_ERRORS = [
     (["attn", "--example", "illustrated", "-d", "8"], ["'--example'", "takes no --d-model"]),
     (["attn", "--example", "illustrated", "--tokens", "1,2"], ["takes no --tokens"]),
     (["train", "--lr", "0.01", "--warmup", "50"], ["'--warmup'", "give one of --lr and --warmup"]),
+    (["backward", "--head", "1"], ["'--head'", "head of a 4-D --show tensor; give --show too"]),
     (["forward", "--precision", "13"], ["'--precision'", "13 is not allowed", "0..12"]),
     (["forward", "--precision", "-1"], ["'--precision'", "-1 is not allowed"]),
     (["gradcheck", "--step", "0"], ["'--step'", "0.0 is not allowed", "positive"]),

@@ -52,6 +52,10 @@ def backward(
     def validate(cfg):
         check_indices(cfg, row, head, block)
         check_show(cfg, show, gradient=True)
+        if not show and opts.explicit("head"):   # the table has whole parameters, no heads
+            raise typer.BadParameter("it picks the head of a 4-D --show tensor; give --show "
+                                     "too (--show dblocks.0.attn.pattern --head 1)",
+                                     param_hint="'--head'")
         if layer == "ln_f" and cfg.norm == "post":
             raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
         names.extend(n for n in sizes.param_shapes(cfg)
