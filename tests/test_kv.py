@@ -166,14 +166,29 @@ def test_generate_0_is_the_given_tokens_alone_and_bad_counts_are_refused():
 def test_cli_kv_generates_with_the_cache_and_checks_each_step_against_the_full_forward():
     data = json.loads(ok("kv", "--tokens", "3,1,4", "-L", 2, "--generate", 5, "--json").stdout)
     cfg = tfmcli.Config(layers=2, batch=1, seq_len=3)
-    ids, _ = greedy_by_full_forwards(tfmcli.init_params(cfg), [3, 1, 4], cfg, 5)
+    ids, logits = greedy_by_full_forwards(tfmcli.init_params(cfg), [3, 1, 4], cfg, 5)
     assert data["tokens"] == ids and data["generated"] == ids[3:]
+    # each generated token's probability after the step before: the largest of that softmax
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    expected = [probs[t - 1, ids[t]] for t in range(3, 8)]
+    np.testing.assert_allclose(data["generated_probability"], expected, rtol=1e-12)
+    assert all(p == probs[t - 1].max() for p, t in zip(expected, range(3, 8)))
     assert [s["cache_len"] for s in data["steps"]] == list(range(1, 9))
     assert data["max_abs_diff"] <= 1e-12
     assert "generated" not in json.loads(ok("kv", "--tokens", "3,1,4", "--json").stdout)
     out = ok("kv", "--tokens", "3,1,4", "-L", 2, "--generate", 5).stdout
     assert f"generated (greedy): {' '.join(map(str, ids[3:]))}" in out
     assert f"→ {ids[3]}" in out and f"q7:{ids[7]}" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if re.match(r" \d +(→ )?\d ", line)}
+    assert rows["0"][1] == "—" and rows["1"][1] == f"{probs[0, 1]:.2f}"   # the given 1 after 3
+    assert rows["3"][:3] == ["→", str(ids[3]), f"{expected[0]:.2f}"]
+    header = next(line for line in out.splitlines() if line.startswith(" step"))
+    assert header.split()[:3] == ["step", "token", "p"]
+    plain = ok("kv", "--tokens", "3,1,4").stdout   # without --generate, as it always was
+    assert next(line for line in plain.splitlines() if line.startswith(" step")).split()[:4] == \
+        ["step", "token", "K,", "V"]
     assert "full causal forward of the 3 given and 5 generated tokens" in " ".join(out.split())
 
 

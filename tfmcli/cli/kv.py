@@ -32,6 +32,7 @@ def kv(
     import tfmcli
     from tfmcli.io import run_arrays
     from tfmcli.kv import decode
+    from tfmcli.ops import softmax_forward
     from tfmcli.masks import causal_mask
 
     def validate(cfg):
@@ -62,15 +63,23 @@ def kv(
     texts = [run.token_text(i) for i in ids]
     marked = texts[:given] + [f"→ {text}" for text in texts[given:]]
 
-    table = render.record_table(
-        ["step", "token", "K, V cache", "max |Δ logits|", "FLOPs cached", "no cache"],
-        [[str(s.step), marked[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
-          f"{s.flops_full:,}"] for s, d in zip(steps, diffs)],
-        title=f"decoding batch row {row}, one token per step", max_rows=rows_limit(full), left=2)
+    # each token's probability after the step before (softmax of its logits); none for the first
+    chance = [None] + [float(softmax_forward(steps[t - 1].logits)[0][ids[t]])
+                       for t in range(1, length)]
+    headers = ["step", "token", "K, V cache", "max |Δ logits|", "FLOPs cached", "no cache"]
+    cells = [[str(s.step), marked[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
+              f"{s.flops_full:,}"] for s, d in zip(steps, diffs)]
+    if generate:   # (without it the table is as it always was)
+        headers.insert(2, "p")
+        for t, row_cells in enumerate(cells):
+            row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")
+    table = render.record_table(headers, cells, title=f"decoding batch row {row}, one token "
+                                f"per step", max_rows=rows_limit(full), left=2)
     table.caption = "K, V cache: each block's cached keys and values, (H, step + 1, d_head)"
     if generate:
-        table.caption += ("\n→: generated, the most likely token after the step before "
-                          "(greedy), then decoded as the next step")
+        table.caption = (f"p: the token's probability after the step before\n{table.caption}\n"
+                         f"→: generated, the most likely token after the step before "
+                         f"(greedy), then decoded as the next step")
     rows = np.zeros((length, length))
     for s in steps:
         rows[s.step, :s.step + 1] = s.attention[(block, head)]
@@ -99,5 +108,6 @@ def kv(
              summary]
     if generate:
         payload["generated"] = ids[given:]
+        payload["generated_probability"] = chance[given:]
         parts.insert(2, Text(f"generated (greedy): {' '.join(texts[given:])}", style="bold"))
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
