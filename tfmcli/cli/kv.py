@@ -63,13 +63,13 @@ def kv(
     texts = [run.token_text(i) for i in ids]
     marked = texts[:given] + [f"→ {text}" for text in texts[given:]]
 
-    # each token's probability after the step before (softmax of its logits); none for the first
-    chance = [None] + [float(softmax_forward(steps[t - 1].logits)[0][ids[t]])
-                       for t in range(1, length)]
     headers = ["step", "token", "K, V cache", "max |Δ logits|", "FLOPs cached", "no cache"]
     cells = [[str(s.step), marked[s.step], str(s.cache_shape), f"{d:.1e}", f"{s.flops_cached:,}",
               f"{s.flops_full:,}"] for s, d in zip(steps, diffs)]
     if generate:   # (without it the table is as it always was)
+        # each token's probability after the step before (its softmax); none for the first
+        chance = [None] + [float(softmax_forward(steps[t - 1].logits)[0][ids[t]])
+                           for t in range(1, length)]
         headers.insert(2, "p")
         for t, row_cells in enumerate(cells):
             row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")

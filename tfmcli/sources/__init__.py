@@ -133,7 +133,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         unused = {"init": "its weights are read, not drawn"}
         if tokens is not None:
             unused["seed"] = "its weights are read, and the tokens are given"
-        for name in sorted(explicit & set(unused)):
+        name = min(explicit & set(unused), default=None)
+        if name is not None:
             raise ConfigError(name, f"{name}={flags[name]!r} changes nothing with --load "
                                     f"{load}: {unused[name]}")
     if tokens is not None:
