@@ -195,9 +195,18 @@ class Options:
     def config(self, **fixed) -> Config:
         """The Config these options describe (without --load), with ``fixed`` fields on top."""
         try:
-            return Config(**{**self.model_fields(), **fixed})
+            cfg = Config(**{**self.model_fields(), **fixed})
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
+        self.refuse_unused(cfg)
+        return cfg
+
+    def refuse_unused(self, cfg: Config) -> None:
+        """A typed option that this Config does not use would be silently ignored: an error."""
+        if self.explicit("n_ctx") and cfg.pe != "learned":
+            raise typer.BadParameter(f"it sets the rows of the learned positions (embed.W_pos), "
+                                     f"and this model's --pe is {cfg.pe}; add --pe learned",
+                                     param_hint="'--n-ctx'")
 
     def run(self):
         """The run these options describe (sources.resolve), parameters not yet drawn.
@@ -216,6 +225,7 @@ class Options:
             raise bad(e.field, str(e)) from None
         except MissingExtra as e:
             raise typer.BadParameter(str(e), param_hint="'--load'") from None
+        self.refuse_unused(run.cfg)
         if not self.values.get("force", False):
             check_memory(run.cfg)
         return run
