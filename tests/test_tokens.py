@@ -121,6 +121,23 @@ def test_forward_refuses_more_positions_than_the_learned_table():
         tfmcli.forward(tfmcli.init_params(cfg), tfmcli.inputs_from_tokens([1, 2, 3, 4, 5]), cfg)
 
 
+def test_forward_refuses_a_config_whose_lengths_the_inputs_contradict():
+    # the mask follows the inputs' lengths: cfg.replace(lengths=(4, 2)) on full rows ran unpadded
+    cfg = tfmcli.Config()
+    params, full = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    with pytest.raises(tfmcli.InputsError, match=re.escape(
+            "inputs.lengths are [4, 4], and cfg.lengths [4, 2]: tfmcli.make_inputs(cfg)")):
+        tfmcli.forward(params, full, cfg.replace(lengths=(4, 2)))
+    padded = cfg.replace(lengths=(4, 2))
+    loss = tfmcli.forward(params, tfmcli.make_inputs(padded), padded).loss
+    assert loss != tfmcli.forward(params, full, cfg).loss
+    # lengths=None takes the inputs' own, padded or not (the README's API example)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7]])
+    unset = cfg.replace(seq_len=5)
+    assert tfmcli.forward(params, inputs, unset).loss == \
+        tfmcli.forward(params, inputs, unset.replace(lengths=(5, 2))).loss
+
+
 def test_forward_takes_inputs_given_as_lists():
     cfg = tfmcli.Config(batch=1, seq_len=3)
     params = tfmcli.init_params(cfg)

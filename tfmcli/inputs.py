@@ -108,6 +108,11 @@ def checked_inputs(inputs: Inputs, cfg: Config) -> Inputs:
         if value.shape != shape:
             raise InputsError(f"inputs.{name} has shape {value.shape}, expected {shape} "
                               f"(B, T = {B}, {T}: the tokens' shape)")
+    if cfg.lengths is not None and lengths.tolist() != list(cfg.lengths):
+        # the forward pass masks by the inputs' lengths: the Config's would be silently ignored
+        raise InputsError(f"inputs.lengths are {lengths.tolist()}, and cfg.lengths "
+                          f"{list(cfg.lengths)}: tfmcli.make_inputs(cfg) makes inputs for a "
+                          f"Config, and cfg.replace(lengths=None) takes the inputs' lengths")
     outside = first_outside(inputs, vocab)
     if outside is not None:
         name, value = outside[:2]
