@@ -26,7 +26,11 @@ def agree(label, ours, note, atol=1e-8, digits=8, theirs="note"):
 
 
 def differ(label, ours, note, why, digits=8):
-    """The note is wrong here: both numbers, ≠, and why."""
+    """The note is wrong here: both numbers, ≠, and why; an AssertionError when the numbers
+    shown are the same (a ≠ over equal numbers would show nothing wrong)."""
+    if _short(ours, digits) == _short(note, digits):
+        raise AssertionError(f"{label}: marked {DIFFER}, but tfm and the note both show "
+                             f"{_short(ours, digits)}")
     print(f"  {DIFFER} {label}\n      tfm  {_short(ours, digits)}\n      note {_short(note, digits)}")
     print(textwrap.fill(why, width=88, initial_indent="      ", subsequent_indent="      "))
 

@@ -82,13 +82,14 @@ agree("db_shrink = sum of dout (In [39])", grads["b_shrink"],
       [0.18499614, 0.16850081, -0.27560304, 0.15080012, 0.24836641, 0.06211941])
 
 note_dpre = (DOUT * (c["k"] > 0)) @ P["W_shrink"].T          # In [49]: the mask from K
-differ("db_expand[:4]: the ReLU's mask (In [49])", grads["b_expand"][:4],
-       note_dpre.sum((0, 1))[:4],
-       "the note masks with K > 0 (the attention keys, all positive here: no mask at all) and "
-       "before the product; the ReLU's derivative is P > 0 of its own input P = x W_expand + "
-       "b_expand, applied after: (dout W_shrink^T) * (P > 0). P is negative at [1, 1, 9].")
 agree("the note's db_expand reproduced, as printed", note_dpre.sum((0, 1))[:4],
       [0.52807845, 0.02083732, 0.29501652, 0.11307535])
+differ("db_expand[9]: the ReLU's mask (In [49])", grads["b_expand"][9:10],
+       note_dpre.sum((0, 1))[9:10],
+       "the note masks with K > 0 (the attention keys, all positive here: no mask at all) and "
+       "before the product; the ReLU's derivative is P > 0 of its own input P = x W_expand + "
+       "b_expand, applied after: (dout W_shrink^T) * (P > 0). P is negative only at [1, 1, 9], "
+       "so the entries the note printed ([:4], above) agree and db_expand[9] does not.")
 
 note_dghat = note_dpre @ P["W_expand"].T
 ghat, dghat = c["ghat"], note_dghat                     # the note's own upstream gradient

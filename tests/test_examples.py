@@ -80,3 +80,16 @@ def test_agree_raises_when_the_numbers_differ():
 
     with pytest.raises(AssertionError, match="off by 1.00e-03"):
         agree("x", [1.0, 2.0], [1.0, 2.001], atol=1e-8)
+
+
+def test_differ_raises_when_the_numbers_it_shows_are_the_same(capsys):
+    # seed 003's ReLU mask once showed db_expand[:4], where the note happens to be right
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    from notes import differ
+
+    with pytest.raises(AssertionError, match=r"marked ≠, but tfm and the note both show"):
+        differ("x", [0.52807845, 0.1], [0.52807845, 0.1], "why")
+    differ("y", [0.52807845], [0.52807846], "why")   # the last digit shown differs
+    assert "≠ y" in capsys.readouterr().out
