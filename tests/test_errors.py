@@ -78,6 +78,8 @@ USAGE_ERRORS = [
     (["train", "--lr", "0.01", "--warmup", "50"], ["'--warmup'", "give one of --lr and --warmup"]),
     (["backward", "--head", "1"], ["'--head'", "head of a 4-D --show tensor; give --show too"]),
     (["forward", "--n-ctx", "9"], ["'--n-ctx'", "--pe is sinusoidal; add --pe learned"]),
+    (["kv", "--generate", "1001"], ["'--generate'", "1001 is not allowed", "0..1000"]),
+    (["kv", "--generate", "-1"], ["'--generate'", "-1 is not allowed"]),
     (["shapes", "--pe", "none", "--n-ctx", "9"], ["'--n-ctx'", "--pe is none"]),
     (["forward", "--precision", "13"], ["'--precision'", "13 is not allowed", "0..12"]),
     (["forward", "--precision", "-1"], ["'--precision'", "-1 is not allowed"]),

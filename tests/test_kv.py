@@ -179,6 +179,8 @@ def test_cli_kv_generates_with_the_cache_and_checks_each_step_against_the_full_f
     assert "generated" not in json.loads(ok("kv", "--tokens", "3,1,4", "--json").stdout)
     out = ok("kv", "--tokens", "3,1,4", "-L", 2, "--generate", 5).stdout
     assert f"generated (greedy): {' '.join(map(str, ids[3:]))}" in out
+    # under the table it lists, above the attention map
+    assert out.index("→: generated") < out.index("generated (greedy)") < out.index("one row per")
     assert f"→ {ids[3]}" in out and f"q7:{ids[7]}" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
             if re.match(r" \d +(→ )?\d ", line)}
