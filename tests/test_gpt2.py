@@ -336,12 +336,13 @@ def forum(tmp_path_factory):
 @given(text=st.lists(st.sampled_from(["[/", "]", "[red]", "[/]", "猫が好き", "😀", "é", "a", " ",
                                        "\n", "\t", "\x1b", "\x00", "\xa0", "\u202e", "\u0301",
                                        "\\", ":cat:"]), max_size=10).map("".join),
-       command=st.sampled_from(["forward", "backward", "lens", "kv", "attn"]))
+       command=st.sampled_from(["forward", "backward", "lens", "kv", "attn", "kv --generate 3"]))
 def test_any_text_prints_or_is_refused_in_one_line(forum, text, command):
     """Whatever is typed: exit 0 with no character that moves the cursor or prints nothing
     (a raw ESC, a NUL, an override) and no line past 80 columns, or exit 2 with one line
-    (no tokens, or too many for the 16 positions)."""
-    result = run(command, "--load", forum, "--text", text)
+    (no tokens, or too many for the 16 positions). Generated tokens can be any of the
+    vocabulary's, control bytes included."""
+    result = run(*command.split(), "--load", forum, "--text", text)
     if result.exit_code == 2:
         error_line(result, 2)
         return
