@@ -181,6 +181,28 @@ def test_every_command_that_takes_save_writes_its_file(tmp_path):
         np.testing.assert_array_equal(npz["input/tokens"][0], tokens[:-2])
 
 
+def test_forward_loss_shows_each_term_and_their_mean():
+    # a padded row and a --tokens row's last position (no target) are left out
+    data = ok_json("forward", "--tokens", "3,1,4,1,5", "--tokens", "2,7,1", "--loss")
+    terms = data["loss_terms"]
+    assert [(x["row"], x["position"]) for x in terms] == [(0, 0), (0, 1), (0, 2), (0, 3),
+                                                          (1, 0), (1, 1)]
+    assert [(x["token"], x["target"]) for x in terms] == [(3, 1), (1, 4), (4, 1), (1, 5),
+                                                          (2, 7), (7, 1)]
+    assert math.fsum(x["nll"] for x in terms) / 6 == pytest.approx(data["loss"], rel=1e-14)
+    assert all(x["nll"] == pytest.approx(-math.log(x["p"]), rel=1e-12) for x in terms)
+    cfg = tfmcli.Config(batch=2, seq_len=5, lengths=(5, 3))
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7, 1]])
+    fwd = tfmcli.forward(tfmcli.init_params(cfg), inputs, cfg)
+    assert terms[4]["p"] == fwd.acts["probs"][1, 0, 7]
+    out = ok("forward", "--loss").stdout
+    assert "the 8 terms sum to 20.694560; / 8 = 2.586820, the loss" in out
+    table = out.split("the loss term by term")[1].splitlines()
+    assert next(line.split() for line in table if line.split()[:2] == ["0", "0"]) == \
+        ["0", "0", "1", "4", "0.1502", "1.8958"]
+    assert "loss_terms" not in ok_json("forward") and "term by term" not in ok("forward").stdout
+
+
 def test_svg_is_what_was_printed(tmp_path):
     path = tmp_path / "out.svg"
     result = ok("mask", "--len", 3, "--svg", path)

@@ -316,6 +316,28 @@ def test_cross_entropy_is_mean_over_valid_positions_only(rng):
     assert ops.cross_entropy_forward(changed, targets, valid)[0] == loss
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cross_entropy_terms_are_the_losss_own_and_finite_where_p_underflows(rng, dtype):
+    logits, targets, valid = ce_setup(rng)
+    logits = logits.astype(dtype)
+    targets[~valid] = IGNORE   # never read
+    loss, probs, cache = ops.cross_entropy_forward(logits, targets, valid)
+    terms = ops.cross_entropy_terms(logits, targets, valid)
+    assert terms.shape == (2, 4) and terms.dtype == dtype
+    assert float(terms.sum() / cache.n) == loss            # the same bits
+    assert (terms[~valid] == 0).all()
+    ids = np.where(valid, targets, 0)
+    p = np.take_along_axis(probs, ids[..., None], axis=-1)[..., 0]
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(terms[valid], -np.log(p[valid]), rtol=rtol)
+    # a target 800 below the best logit: p is 0 in float64, its term the gap (log-sum-exp)
+    far = np.zeros((1, 1, 3))
+    far[0, 0, 0] = 800.0
+    term = ops.cross_entropy_terms(far, np.array([[1]]), np.array([[True]]))
+    assert ops.cross_entropy_forward(far, np.array([[1]]), np.array([[True]]))[1][0, 0, 1] == 0
+    assert term[0, 0] == pytest.approx(800.0, rel=1e-15)
+
+
 def test_cross_entropy_of_a_one_word_vocabulary_never_reads_an_ignored_target():
     """V = 1: the only id is 0, so an ignored position (-100) must stand in as 0; the loss of
     a certain prediction is 0 and its gradient 0."""

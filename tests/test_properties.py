@@ -307,6 +307,8 @@ def invocations(draw):
         args += maybe(draw, rate, "--show", *SHOW[command])
     if command == "forward" and draw(st.booleans()):
         args.append("--full")
+    if command == "forward" and draw(st.booleans()):
+        args.append("--loss")
     if command == "backward":
         args += maybe(draw, rate, "--layer",
                       ["embed", "attn", "ln1", "ln2", "ffn", "ln_f", "head", "all"], ["mlp", ""])

@@ -474,6 +474,18 @@ def cross_entropy_forward(logits, targets, valid):
     return loss, probs, CrossEntropyCache(probs, targets, valid, n)
 
 
+def cross_entropy_terms(logits, targets, valid):
+    """(B, T): each valid position's -log softmax(logits)[target], 0 elsewhere: the terms whose
+    sum over N is ``cross_entropy_forward``'s loss, made by the same operations (log-sum-exp,
+    so a probability that underflows to 0 still has a finite term), and so the same bits:
+    ``terms.sum() / n`` is the loss."""
+    targets = np.where(valid, targets, 0)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_total = np.log(np.exp(shifted).sum(axis=-1))
+    picked = np.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0] - log_total
+    return np.where(valid, -picked, 0.0)
+
+
 def cross_entropy_backward(cache):
     """dlogits = (P - Y) / N on valid positions, 0 elsewhere (seed 001).
 
