@@ -1,0 +1,98 @@
+"""tfm ln: one layer norm at one position, forward and backward, number by number."""
+
+from enum import Enum
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_range, choice, with_options)
+
+Which = Enum("Which", {name: name for name in ("ln1", "ln2", "ln_f")}, type=str)
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def ln(
+    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln_f: the final one, Pre-LN).")] = Which.ln1,
+    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
+    row: Row = 0,
+    position: Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")] = 0,
+    precision: Precision = 4,
+    full: Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to d 32).")] = False,
+    opts: Options = None,
+):
+    """One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.
+
+    Example: tfm ln --layer ln2 --position 3
+    """
+    from tfmcli.io import run_arrays
+    from tfmcli.layernorm import explain
+
+    name = "ln_f" if layer == Which.ln_f else f"blocks.{block}.{layer.value}"
+
+    def validate(cfg):
+        check_indices(cfg, row, None, block)
+        check_range(position, cfg.seq_len, "--position", "positions")
+        if layer == Which.ln_f and cfg.norm == "post":
+            raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
+        if layer == Which.ln_f and opts.explicit("block"):
+            raise typer.BadParameter("ln_f follows the last block; it takes no --block",
+                                     param_hint="'--block'")
+
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    cfg = run.cfg
+    x = explain(run.params, fwd, grads.acts[name + ".out"], cfg, name, row, position)
+    model_y = fwd.acts[name + ".out"][row, position]
+    y_off = float(np.abs(model_y - x.y).max())
+    dx_off = float(np.abs(x.numeric_dx - x.dx).max())
+    token = run.token_labels(row)[position]
+
+    def table(rows: dict):   # every column, wrapped in blocks, up to d 32 (or with --full)
+        return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
+                                   precision=precision, width=width(),
+                                   full=full or x.x.size <= 32)
+
+    def parts():
+        d = x.x.size
+        views = [
+            render.config_panel(describe(cfg, run, row), title=f"tfm ln: {name}, batch row "
+                                                               f"{row}, position {position}"),
+            Text(f"forward, at position {position} (token {token}): y = gamma * (x - mean) / "
+                 f"sqrt(var + eps) + beta", style="bold"),
+            Text(f"mean = sum(x) / {d} = {x.mean:.{precision + 4}g};  var = sum((x - mean)^2) "
+                 f"/ {d} = {x.var:.{precision + 4}g};  sqrt(var + eps) = "
+                 f"{x.std:.{precision + 4}g}  (eps {cfg.eps:g})"),
+            table({"x": x.x, "x - mean": x.centred, "xhat": x.xhat, "gamma": x.gamma,
+                   "beta": x.beta, "y": x.y}),
+            Text(f"the model's own y ({name}.out) differs from this by {y_off:.1e}",
+                 style="dim"),
+            Text("backward: dy = d loss / d y, from the backward pass; dxhat = dy * gamma",
+                 style="bold"),
+            Text(f"m1 = mean(dxhat) = {x.mean_dxhat:.{precision + 4}g};  m2 = mean(dxhat * "
+                 f"xhat) = {x.mean_dxhat_xhat:.{precision + 4}g}"),
+            table({"dy": x.dy, "dxhat": x.dxhat, "dxhat - m1": x.dxhat - x.mean_dxhat,
+                   "xhat * m2": x.xhat * x.mean_dxhat_xhat, "dx": x.dx}),
+            Text("dx = (dxhat - m1 - xhat * m2) / sqrt(var + eps);  this position's part of "
+                 "dgamma is dy * xhat, of dbeta dy", style="bold"),
+            Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
+                 style="dim")]
+        if not x.dy.any():
+            views.append(Text(f"dy is 0 here: position {position} of row {row} adds nothing to "
+                              f"the loss (padding, or no target), so no gradient flows",
+                              style="dim"))
+        return views
+
+    payload = {"layer": name, "row": row, "position": position, "token": token,
+               "x": x.x.tolist(), "mean": x.mean, "var": x.var, "std": x.std,
+               "xhat": x.xhat.tolist(), "gamma": x.gamma.tolist(), "beta": x.beta.tolist(),
+               "y": x.y.tolist(), "y_model_diff": y_off, "dy": x.dy.tolist(),
+               "dxhat": x.dxhat.tolist(), "mean_dxhat": x.mean_dxhat,
+               "mean_dxhat_xhat": x.mean_dxhat_xhat, "dx": x.dx.tolist(),
+               "dx_numeric_diff": dx_off}
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))

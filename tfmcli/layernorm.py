@@ -1,0 +1,87 @@
+"""One layer norm at one position, number by number, forward and backward (``tfm ln``).
+
+Seed 003 derived layer norm's backward by hand and got it wrong three ways; this recomputes
+every intermediate of one row from the model's own input to that layer norm, so that each
+number a learner derives can be checked: the forward from x to y, the backward from the
+upstream gradient dy to dx. The results are checked against the model (its own output of the
+layer norm) and against central differences (dx), not against the formulas that made them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tfmcli.config import Config
+from tfmcli.model import Forward
+
+
+def names(cfg: Config) -> list[str]:
+    """Every layer norm of the model, in forward order: 'blocks.0.ln1', ..., 'ln_f'."""
+    blocks = [f"blocks.{i}.{ln}" for i in range(cfg.layers) for ln in ("ln1", "ln2")]
+    return blocks + (["ln_f"] if cfg.norm == "pre" else [])
+
+
+def input_name(cfg: Config, name: str) -> str:
+    """The activation a layer norm reads. Pre-LN: ln1 the block's input, ln2 the residual
+    after attention, ln_f the last block's output; Post-LN: each the residual sum before it."""
+    if name == "ln_f":
+        return f"blocks.{cfg.layers - 1}.out"
+    block, ln = name.rsplit(".", 1)
+    if cfg.norm == "pre":
+        return f"{block}.in" if ln == "ln1" else f"{block}.resid1"
+    return f"{block}.resid1" if ln == "ln1" else f"{block}.resid2"
+
+
+class LayerNormExplained(NamedTuple):
+    x: np.ndarray          # (d,) the input row
+    mean: float            # sum(x) / d
+    centred: np.ndarray    # x - mean
+    var: float             # sum(centred^2) / d (biased, as in the model)
+    std: float             # sqrt(var + eps)
+    xhat: np.ndarray       # centred / std
+    gamma: np.ndarray
+    beta: np.ndarray
+    y: np.ndarray          # gamma * xhat + beta
+    dy: np.ndarray         # d loss / d y, from the backward pass
+    dxhat: np.ndarray      # dy * gamma
+    mean_dxhat: float      # sum(dxhat) / d
+    mean_dxhat_xhat: float  # sum(dxhat * xhat) / d
+    dx: np.ndarray         # (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) / std
+    numeric_dx: np.ndarray  # central differences of sum(dy * LN(x)) in x
+
+
+def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: str, row: int,
+            t: int, step: float = 1e-6) -> LayerNormExplained:
+    """Layer norm ``name`` at batch row ``row``, position ``t``; ``dy_all`` is the gradient of
+    the loss with respect to its output (``grads.acts[name + '.out']``)."""
+    x = fwd.acts[input_name(cfg, name)][row, t].astype(np.float64)
+    gamma = params[name + ".gamma"].astype(np.float64)
+    beta = params[name + ".beta"].astype(np.float64)
+    d = x.size
+    mean = float(x.sum() / d)
+    centred = x - mean
+    var = float((centred * centred).sum() / d)
+    std = float(np.sqrt(var + cfg.eps))
+    xhat = centred / std
+    dy = dy_all[row, t].astype(np.float64)
+    dxhat = dy * gamma
+    mean_dxhat = float(dxhat.sum() / d)
+    mean_dxhat_xhat = float((dxhat * xhat).sum() / d)
+    dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) / std
+
+    def contracted(row_x):   # sum(dy * LN(row_x)): its gradient in x is dx
+        c = row_x - row_x.mean()
+        return float(np.dot(dy, gamma * c / np.sqrt((c * c).mean() + cfg.eps) + beta))
+
+    numeric = np.empty(d)
+    for j in range(d):
+        h = step * max(1.0, abs(x[j]))
+        up, down = x.copy(), x.copy()
+        up[j] += h
+        down[j] -= h
+        numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
+    return LayerNormExplained(x, mean, centred, var, std, xhat, gamma, beta,
+                              gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat, dx,
+                              numeric)
