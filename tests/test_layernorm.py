@@ -83,6 +83,14 @@ def test_cli_ln_prints_the_steps_and_says_when_no_gradient_reaches_the_position(
     assert "dy is 0 here: position 3 of row 1 adds nothing to the loss" in " ".join(padded.split())
 
 
+def test_cli_ln_shows_every_column_up_to_d_32_and_wider_rows_with_full(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert "showing" not in ok("ln", "-d", 32, "-H", 1).stdout        # wrapped in blocks
+    wide = ok("ln", "-d", 33, "-H", 1).stdout
+    assert "showing 5 of 33 columns" in wide
+    assert "showing" not in ok("ln", "-d", 33, "-H", 1, "--full").stdout
+
+
 @pytest.mark.parametrize("args, option, needle", [
     (["--norm", "post", "--layer", "ln_f"], "'--layer'", "Post-LN has no ln_f"),
     (["--layer", "ln_f", "--block", "0"], "'--block'", "takes no --block"),
