@@ -74,6 +74,7 @@ def test_cli_ln_json_is_the_layer_norm_of_that_position():
 def test_cli_ln_prints_the_steps_and_says_when_no_gradient_reaches_the_position():
     out = ok("ln", "-t", 2).stdout
     assert "mean = sum(x) / 6 = 0.2680395;  var = sum((x - mean)^2) / 6 = 0.25374304" in out
+    assert "m1 = mean(dxhat) = 0.035179004;  m2 = mean(dxhat * xhat) = -0.042894512" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
             if line.split()[:1] in (["x"], ["dx"]) and line.split()[1][0] in "+-0"
             and line.split()[1] != "-"}   # the table rows: not "x - mean", not "dx = ..."
