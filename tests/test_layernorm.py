@@ -79,6 +79,11 @@ def test_cli_ln_prints_the_steps_and_says_when_no_gradient_reaches_the_position(
             if line.split()[:1] in (["x"], ["dx"]) and line.split()[1][0] in "+-0"
             and line.split()[1] != "-"}   # the table rows: not "x - mean", not "dx = ..."
     assert rows["x"][:2] == ["+0.8048", "-0.0129"] and rows["dx"][:2] == ["-0.1818", "-0.0927"]
+    terms = {label: line.split()[len(label.split()):] for line in out.splitlines()
+             for label in ("dxhat - m1", "xhat * m2") if line.split()[:3] == label.split()}
+    assert terms["dxhat - m1"][:2] == ["-0.1373", "-0.0228"]   # -0.1021 - 0.0352
+    assert terms["xhat * m2"][:2] == ["-0.0457", "+0.0239"]    # 1.0655 x -0.0429
+    assert json.loads(ok("ln", "--json").stdout)["position"] == 0   # the first, by default
     assert "dy is 0 here" not in out
     padded = ok("ln", "--lengths", "4,2", "--row", 1, "-t", 3).stdout
     assert "dy is 0 here: position 3 of row 1 adds nothing to the loss" in " ".join(padded.split())
