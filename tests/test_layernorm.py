@@ -1,6 +1,7 @@
 """tfm ln: one layer norm at one position, recomputed number by number, against the model."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,6 +46,21 @@ def test_each_layer_norm_recomputed_equals_the_model_and_its_backward(norm):
         np.testing.assert_allclose(dgamma, grads[name + ".gamma"], atol=1e-14)
         np.testing.assert_allclose(dbeta, grads[name + ".beta"], atol=1e-14)
         assert abs(grads[name + ".gamma"]).max() > 1e-3   # a comparison of something
+
+
+def test_explain_refuses_what_the_run_does_not_have():
+    cfg = tfmcli.Config(norm="post")
+    params = tfmcli.init_params(cfg)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    dy = tfmcli.backward(params, fwd, cfg).acts["blocks.0.ln1.out"]
+    for name, row, t, reason in (("ln_f", 0, 0, "no layer norm 'ln_f'; this model has "
+                                                "blocks.0.ln1, blocks.0.ln2"),
+                                 ("blocks.0.ln1", -1, 0, "row -1 is outside 0..1"),
+                                 ("blocks.0.ln1", 2, 0, "row 2 is outside 0..1"),
+                                 ("blocks.0.ln1", 0, 4, "position 4 is outside 0..3")):
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            layernorm.explain(params, fwd, dy, cfg, name, row, t)
+    assert layernorm.explain(params, fwd, dy, cfg, "blocks.0.ln1", 1, 3).x.shape == (6,)
 
 
 def test_the_input_of_each_layer_norm():

@@ -26,8 +26,8 @@ _LAZY = {
     "inputs_from_tokens": "tfmcli.inputs", "make_inputs": "tfmcli.inputs",
 }
 _SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
-    "config", "init", "inputs", "io", "kv", "lens", "masks", "memory", "model", "ops", "optim",
-    "parallel", "positional", "sources", "summary", "tasks", "train",
+    "config", "init", "inputs", "io", "kv", "layernorm", "lens", "masks", "memory", "model",
+    "ops", "optim", "parallel", "positional", "sources", "summary", "tasks", "train",
 }
 
 

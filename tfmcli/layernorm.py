@@ -55,7 +55,15 @@ class LayerNormExplained(NamedTuple):
 def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: str, row: int,
             t: int, step: float = 1e-6) -> LayerNormExplained:
     """Layer norm ``name`` at batch row ``row``, position ``t``; ``dy_all`` is the gradient of
-    the loss with respect to its output (``grads.acts[name + '.out']``)."""
+    the loss with respect to its output (``grads.acts[name + '.out']``). A name, row or
+    position the run does not have is a ``ValueError`` (NumPy would read row -1 as the last)."""
+    if name not in names(cfg):
+        raise ValueError(f"explain: no layer norm {name!r}; this model has "
+                         f"{', '.join(names(cfg))}")
+    B, T = fwd.inputs.tokens.shape
+    for value, upper, what in ((row, B, "row"), (t, T, "position")):
+        if not 0 <= value < upper:
+            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
     x = fwd.acts[input_name(cfg, name)][row, t].astype(np.float64)
     gamma = params[name + ".gamma"].astype(np.float64)
     beta = params[name + ".beta"].astype(np.float64)
