@@ -113,6 +113,34 @@ def test_every_small_config_runs_finite_with_masked_distributions(cfg):
     check_run(cfg, inputs, fwd, grads)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(max_layers=2))
+def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
+    """tfm forward --loss and tfm ln on any small config: the terms' mean is the loss to the
+    last bit; each layer norm recomputed at every position is the model's output, its dx
+    central differences', and its dgamma parts sum to the backward's."""
+    from tfmcli import layernorm, ops
+
+    params, inputs, fwd, grads = run(cfg)
+    cache = fwd.caches["loss"]
+    terms = ops.cross_entropy_terms(fwd.acts["logits"], cache.targets, cache.valid)
+    assert float(terms.sum() / cache.n) == fwd.loss
+    loose = 1e-4 if cfg.dtype == "float32" else 1e-10
+    for name in layernorm.names(cfg):
+        dy = grads.acts[name + ".out"]
+        dgamma = np.zeros(cfg.d_model)
+        for b in range(cfg.batch):
+            for t in range(cfg.seq_len):
+                x = layernorm.explain(params, fwd, dy, cfg, name, b, t)
+                np.testing.assert_allclose(x.y, fwd.acts[name + ".out"][b, t], rtol=0,
+                                           atol=loose * max(1.0, abs(x.y).max()))
+                np.testing.assert_allclose(x.numeric_dx, x.dx, rtol=0,
+                                           atol=1e-6 * max(1.0, abs(x.dx).max()))
+                dgamma += x.dy * x.xhat
+        np.testing.assert_allclose(dgamma, grads[name + ".gamma"], rtol=0,
+                                   atol=loose * max(1.0, abs(dgamma).max()))
+
+
 def resolvable(cfg, fwd) -> bool:
     """Central differences can measure this run at all.
 
