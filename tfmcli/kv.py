@@ -41,6 +41,13 @@ def step_flops(cfg: Config, cache_len: int) -> int:
     return cfg.layers * per_block + 2 * d * V
 
 
+def chosen_probabilities(steps: list[KVStep]) -> list[float | None]:
+    """Each step's token's probability after the step before (the softmax of that step's
+    logits at it); None for the first, which nothing came before."""
+    return [None] + [float(ops.softmax_forward(before.logits)[0][step.token])
+                     for before, step in zip(steps, steps[1:])]
+
+
 def _attend(q, K, V, scale):
     """q: (H, d_head) against K, V: (H, c, d_head) -> context (H, d_head), weights (H, c)."""
     scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)

@@ -48,7 +48,9 @@ class LayerNormExplained(NamedTuple):
     dxhat: np.ndarray      # dy * gamma
     mean_dxhat: float      # sum(dxhat) / d
     mean_dxhat_xhat: float  # sum(dxhat * xhat) / d
-    dx: np.ndarray         # (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) / std
+    dxhat_centred: np.ndarray  # dxhat - mean_dxhat
+    xhat_scaled: np.ndarray    # xhat * mean_dxhat_xhat
+    dx: np.ndarray         # (dxhat_centred - xhat_scaled) / std
     numeric_dx: np.ndarray  # central differences of sum(dy * LN(x)) in x
 
 
@@ -77,7 +79,8 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
     dxhat = dy * gamma
     mean_dxhat = float(dxhat.sum() / d)
     mean_dxhat_xhat = float((dxhat * xhat).sum() / d)
-    dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) / std
+    dxhat_centred, xhat_scaled = dxhat - mean_dxhat, xhat * mean_dxhat_xhat
+    dx = (dxhat_centred - xhat_scaled) / std
 
     def contracted(row_x):   # sum(dy * LN(row_x)): its gradient in x is dx
         c = row_x - row_x.mean()
@@ -91,5 +94,6 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
         down[j] -= h
         numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
     return LayerNormExplained(x, mean, centred, var, std, xhat, gamma, beta,
-                              gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat, dx,
+                              gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat,
+                              dxhat_centred, xhat_scaled, dx,
                               numeric)

@@ -31,8 +31,7 @@ def kv(
     """
     import tfmcli
     from tfmcli.io import run_arrays
-    from tfmcli.kv import decode
-    from tfmcli.ops import softmax_forward
+    from tfmcli.kv import chosen_probabilities, decode
     from tfmcli.masks import causal_mask
 
     def validate(cfg):
@@ -68,8 +67,7 @@ def kv(
               f"{s.flops_full:,}"] for s, d in zip(steps, diffs)]
     if generate:   # (without it the table is as it always was)
         # each token's probability after the step before (its softmax); none for the first
-        chance = [None] + [float(softmax_forward(steps[t - 1].logits)[0][ids[t]])
-                           for t in range(1, length)]
+        chance = chosen_probabilities(steps)
         headers.insert(2, "p")
         for t, row_cells in enumerate(cells):
             row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")

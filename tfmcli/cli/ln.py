@@ -76,8 +76,8 @@ def ln(
                  style="bold"),
             Text(f"m1 = mean(dxhat) = {x.mean_dxhat:.{precision + 4}g};  m2 = mean(dxhat * "
                  f"xhat) = {x.mean_dxhat_xhat:.{precision + 4}g}"),
-            table({"dy": x.dy, "dxhat": x.dxhat, "dxhat - m1": x.dxhat - x.mean_dxhat,
-                   "xhat * m2": x.xhat * x.mean_dxhat_xhat, "dx": x.dx}),
+            table({"dy": x.dy, "dxhat": x.dxhat, "dxhat - m1": x.dxhat_centred,
+                   "xhat * m2": x.xhat_scaled, "dx": x.dx}),
             Text("dx = (dxhat - m1 - xhat * m2) / sqrt(var + eps);  this position's part of "
                  "dgamma is dy * xhat, of dbeta dy", style="bold"),
             Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
