@@ -52,7 +52,8 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
                          "tests/test_model.py", "tests/test_gpt2.py"],
     "tfmcli/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
     "tfmcli/compare.py": ["tests/test_compare.py"],
-    "tfmcli/steps.py": ["tests/test_cli.py", "tests/test_tokens.py", "tests/test_seeds.py"],
+    "tfmcli/steps.py": ["tests/test_attn_backward.py", "tests/test_cli.py", "tests/test_tokens.py",
+                        "tests/test_seeds.py"],
     "tfmcli/sources/npz.py": ["tests/test_io.py", "tests/test_tokens.py"],
     "tfmcli/sources/gpt2.py": ["tests/test_gpt2.py"],
 }
@@ -68,7 +69,7 @@ CLI = [f"tfmcli/cli/{name}.py" for name in (
     "app", "attn", "backward", "check", "checks", "common", "compare", "forward", "gradcheck",
     "kv", "lens", "ln", "mask", "options", "pe", "shapes", "train")]
 CLI_TESTS = ["tests/test_errors.py", "tests/test_compare.py", "tests/test_kv.py",   # quick first
-             "tests/test_layernorm.py",
+             "tests/test_layernorm.py", "tests/test_attn_backward.py",
              "tests/test_seeds.py", "tests/test_startup.py", "tests/test_check.py",
              "tests/test_examples.py", "tests/test_io.py", "tests/test_tokens.py",
              "tests/test_cli.py", "tests/test_memory.py", "tests/test_gpt2.py",

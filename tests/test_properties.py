@@ -353,6 +353,9 @@ def invocations(draw):
             args += maybe(draw, rate, flag, ["0", "1"], BAD_INDEX)
         args += maybe(draw, rate, "--precision", ["0", "4", "12"], BAD_PRECISION)
         args += maybe(draw, rate, "--example", ["illustrated"], ["other", ""])
+        args += maybe(draw, rate, "--query", ["0", "2"], BAD_INDEX)
+        if draw(st.booleans()):
+            args.append("--backward")
     if command == "mask":
         args += maybe(draw, rate, "--len", ["1", "3", "7", "12"], ["-1", "0", "4097", "x"])
         args += maybe(draw, rate, "--lengths", ["4,2,6", "1", "7", "1,1"], ["8", "0", *BAD_LENGTHS])

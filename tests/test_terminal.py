@@ -21,7 +21,8 @@ from tfmcli.render import grad_table, shape_trace, tensor_table
 EVERY_COMMAND = [
     ["forward"], ["backward"], ["gradcheck", "--max-entries", "2"], ["shapes"], ["attn"],
     ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["kv"], ["lens"], ["ln"],
-    ["check"], ["compare"], ["forward", "--json"], ["--help"],
+    ["check"], ["compare"], ["forward", "--json"], ["attn", "--query", "2", "--backward"],
+    ["--help"],
     ["forward", "--help"],
 ]
 

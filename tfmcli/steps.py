@@ -118,3 +118,93 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     weighted = weights[:, None] * v                              # (T, d_head)
     return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
                           weighted.sum(axis=0))
+
+
+# ---------------------------------------------------------------- backward
+
+
+def head_backward_steps(dcontext, q, k, v, pattern, mask, scale):
+    """The backward of one head on one sequence, from the gradient of its context: where seed
+    003 stops (at dV), on through the softmax to dQ and dK.
+
+    dcontext, q, k, v: (T, d_head); pattern: (T, T) the softmax; mask: (T, T) bool.
+    """
+    dpattern = dcontext @ v.T                                    # (T, T)
+    dv = pattern.T @ dcontext                                    # (T, d_head)
+    row_sums = (dpattern * pattern).sum(axis=-1, keepdims=True)  # (T, 1)
+    dscaled = pattern * (dpattern - row_sums)                    # 0 on hidden keys
+    dq = dscaled @ k * scale
+    dk = dscaled.T @ q * scale
+    return [
+        Step("dcontext", "d loss / d context, from the backward pass", dcontext),
+        Step("dsoftmax", "dcontext @ V^T (every key; a hidden key's weight is 0, so it goes "
+             "no further)", dpattern),
+        Step("dV", "softmax^T @ dcontext", dv),
+        Step("dscaled scores", "softmax * (dsoftmax - rowsum(softmax * dsoftmax)); · = hidden "
+             "(exactly 0)", dscaled, mask),
+        Step("dQ", f"dscaled scores @ K x {scale:.6g} (1/sqrt(d_head))", dq),
+        Step("dK", f"dscaled scores^T @ Q x {scale:.6g} (1/sqrt(d_head))", dk),
+    ]
+
+
+def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
+                              head: int, row: int):
+    """head_backward_steps of a model run: ``dcontext_all`` is the gradient of the loss with
+    respect to the block's merged context (``grads.acts['blocks.i.attn.context']``, (B, T, d)).
+    The head's q, k, v and softmax are the model's own."""
+    p = f"blocks.{block}.attn."
+    q, k, v, pattern = (fwd.acts[p + name][row, head] for name in ("q", "k", "v", "pattern"))
+    dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
+    T = fwd.inputs.tokens.shape[1]
+    mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
+    return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head))
+
+
+class QueryBackward(NamedTuple):
+    """The backward of one row of one head's attention (``tfm attn --query t --backward``),
+    in float64 whatever the model's dtype."""
+
+    dcontext: np.ndarray   # (d_head,) d loss / d context row, from the backward pass
+    dproducts: np.ndarray  # (T, d_head) dcontext_i * v[s]_i; each row sums to dweights[s]
+    dweights: np.ndarray   # (T,) dcontext . v[s]: d loss / d weight of key s
+    weighted_sum: float    # sum over keys of weights * dweights
+    dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum): d loss / d scaled score
+    dscores: np.ndarray    # (T,) dscaled * scale: d loss / d (q . k)
+    dq_parts: np.ndarray   # (T, d_head) dscores[s] * k[s]; the rows sum to dq
+    dq: np.ndarray         # (d_head,)
+    dk_share: np.ndarray   # (T, d_head) dscores[s] * q: this query's part of each key's dk
+    dv_share: np.ndarray   # (T, d_head) weights[s] * dcontext: its part of each key's dv
+    numeric_dq: np.ndarray  # central differences of sum(dcontext * context) in q
+
+
+def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
+                           head: int, row: int, t: int, step: float = 1e-6) -> QueryBackward:
+    """The backward of query ``t`` (see explain_query), from ``dcontext_all`` as in
+    model_head_backward_steps. dq is checked against central differences of the one thing q
+    changes, ``sum(dcontext * context)``, not against the formula that made it."""
+    x = explain_query(fwd, cfg, block, head, row, t)
+    k, v, weights = (a.astype(np.float64) for a in (x.k, x.v, x.weights))
+    q = x.q.astype(np.float64)
+    dcontext = dcontext_all[row, t, head * cfg.d_head:(head + 1) * cfg.d_head].astype(np.float64)
+    dproducts = dcontext[None, :] * v                            # (T, d_head)
+    dweights = dproducts.sum(axis=-1)                            # (T,)
+    weighted_sum = float((weights * dweights).sum())
+    dscaled = weights * (dweights - weighted_sum)                # 0 where hidden
+    dscores = dscaled * x.scale
+    dq_parts = dscores[:, None] * k                              # (T, d_head)
+
+    def contracted(query):   # sum(dcontext * context(query)): its gradient in q is dq
+        scaled = np.where(x.visible, (k @ query) * x.scale, -np.inf)
+        w, _ = ops.softmax_forward(scaled)
+        return float(dcontext @ (w @ v))
+
+    numeric = np.empty(q.size)
+    for j in range(q.size):
+        h = step * max(1.0, abs(q[j]))
+        up, down = q.copy(), q.copy()
+        up[j] += h
+        down[j] -= h
+        numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
+    return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dscaled, dscores,
+                         dq_parts, dq_parts.sum(axis=0), dscores[:, None] * q[None, :],
+                         weights[:, None] * dcontext[None, :], numeric)

@@ -24,15 +24,18 @@ def attn(
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
     row: Row = 0,
     query: Annotated[Optional[int], typer.Option("--query", "-q", callback=bounded(0), help="Explain this query's row number by number: q . k, scale, mask, softmax, the sum of v.")] = None,
+    backward: Annotated[bool, typer.Option("--backward", help="The backward too, from the gradient of the context: dV, the softmax's backward, dQ and dK.")] = False,
     precision: Precision = 4,
     opts: Options = None,
 ):
     """One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.
 
+    With --backward, on from the context's gradient to dQ, dK and dV.
+
     Example: tfm attn --example illustrated
     """
     from tfmcli.io import jsonable, run_arrays
-    from tfmcli.steps import illustrated_steps, model_head_steps
+    from tfmcli.steps import illustrated_steps, model_head_backward_steps, model_head_steps
 
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
@@ -61,20 +64,34 @@ def attn(
         if query is not None:
             check_range(query, cfg.seq_len, "--query", "positions")
 
-    run, fwd, _ = execute(opts, with_grads=False, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=backward, validate=validate)
     cfg, params, inputs = run.cfg, run.params, run.inputs
     if query is not None:
-        explain_one_query(opts, run, fwd, block, head, row, query, precision)
+        explain_one_query(opts, run, fwd, grads, block, head, row, query, precision)
         return
     steps = model_head_steps(params, fwd, cfg, block, head, row)
+    queries, keys = position_labels(run, row, "q"), position_labels(run, row, "k")
     parts = [render.config_panel(describe(cfg, run, row),
                                  title=f"tfm attn: block {block}, head {head}, batch row {row}")]
-    parts += render_steps(steps, precision, position_labels(run, row, "q"),
-                          position_labels(run, row, "k"))
+    parts += render_steps(steps, precision, queries, keys)
     payload = {"block": block, "head": head, "row": row,
                "steps": [{"name": s.name, "formula": s.formula, "value": jsonable(s.value)}
                          for s in steps]}
-    emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))
+    if backward:
+        p = f"blocks.{block}.attn."
+        back = model_head_backward_steps(fwd, grads.acts[p + "context"], cfg, block, head, row)
+        own = {"dsoftmax": "pattern", "dV": "v", "dscaled scores": "scores", "dQ": "q",
+               "dK": "k"}   # the backward pass's own gradient of each step
+        off = max(float(np.abs(s.value - grads.acts[p + own[s.name]][row, head]).max())
+                  for s in back if s.name in own)
+        parts.append(Text("backward, from the gradient of this head's context", style="bold"))
+        parts += render_steps(back, precision, queries, keys, start=len(steps) + 1)
+        parts.append(Text(f"dsoftmax, dV, dscaled scores, dQ and dK differ from the backward "
+                          f"pass's own gradients by at most {off:.1e}", style="dim"))
+        payload["backward_steps"] = [{"name": s.name, "formula": s.formula,
+                                      "value": jsonable(s.value)} for s in back]
+        payload["backward_model_diff"] = off
+    emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
 
 
 def refuse_model_options(opts):
@@ -88,27 +105,33 @@ def refuse_model_options(opts):
                 f"with it: --precision, --json, --svg, --save", param_hint="'--example'")
 
 
-def render_steps(steps, precision, queries=None, keys=None):
-    """Each step's formula over its table; with labels, rows are the queries (tokens) and the
-    columns of a (T, T) step the keys."""
+VECTORS = {"X", "Q", "K", "V", "context", "dcontext", "dV", "dQ", "dK"}   # rows of features
+KEY_ROWS = {"K", "V", "dK", "dV"}   # one row per key
+
+
+def render_steps(steps, precision, queries=None, keys=None, start=1):
+    """Each step's formula over its table, numbered from ``start``; with labels, rows are the
+    queries (tokens), or the keys for K, V and their gradients, and the columns of a (T, T)
+    step the keys."""
     parts = []
-    for i, step in enumerate(steps, 1):
+    for i, step in enumerate(steps, start):
         parts.append(Text.assemble((f"{i}. {step.name} {step.value.shape}", "bold"),
                                    f"   {step.formula}"))
         labels = {}
         if queries is not None:
-            labels["row_labels"] = queries
-            if step.value.shape[1] == len(keys) and step.name not in ("X", "Q", "K", "V", "context"):
+            labels["row_labels"] = keys if step.name in KEY_ROWS else queries
+            if step.name not in VECTORS:
                 labels["col_labels"] = keys
         parts.append(render.tensor_table(step.value, precision=precision, width=width(),
                                          mask=step.mask, **labels))
     return parts
 
 
-def explain_one_query(opts, run, fwd, block, head, row, t, precision):
-    """tfm attn --query t: every number of one attention row, labelled by its tokens."""
+def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
+    """tfm attn --query t: every number of one attention row, labelled by its tokens; with
+    grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.steps import explain_query
+    from tfmcli.steps import explain_query, explain_query_backward
 
     cfg = run.cfg
     x = explain_query(fwd, cfg, block, head, row, t)
@@ -156,4 +179,66 @@ def explain_one_query(opts, run, fwd, block, head, row, t, precision):
                          "scaled": float(x.scores[s] * x.scale), "visible": bool(x.visible[s]),
                          "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}
                         for s in range(len(keys))]}
-    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
+    if grads is not None:
+        p = f"blocks.{block}.attn."
+        xb = explain_query_backward(fwd, grads.acts[p + "context"], cfg, block, head, row, t)
+        model = {name: grads.acts[p + act][row, head, t]
+                 for name, act in (("dq", "q"), ("dscaled", "scores"))}
+        offs = {"dscaled": float(np.abs(model["dscaled"] - xb.dscaled).max()),
+                "dq": float(np.abs(model["dq"] - xb.dq).max()),
+                "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
+        parts += query_backward_parts(xb, x, cfg, keys, seen, shown, dims, offs, table,
+                                      precision, row, t)
+        payload["backward"] = {
+            "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
+            "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"],
+            "dq_numeric_diff": offs["dq_numeric"], "dscaled_model_diff": offs["dscaled"],
+            "keys": [{"position": s, "dweight": float(xb.dweights[s]),
+                      "dscaled": float(xb.dscaled[s]), "dscore": float(xb.dscores[s]),
+                      "dk_share": xb.dk_share[s].tolist(), "dv_share": xb.dv_share[s].tolist()}
+                     for s in range(len(keys))]}
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
+
+
+def query_backward_parts(xb, x, cfg, keys, seen, shown, dims, offs, table, precision, row, t):
+    """Steps 6-9 of --query --backward: dcontext to dweights, the softmax's backward, dq, and
+    this query's share of each key's dk and dv."""
+    def num(value):
+        return render.fmt(value, precision) if value is not None else "·"
+
+    softmax_rows = [[keys[s], num(x.weights[s] if x.visible[s] else None),
+                     num(xb.dweights[s] if x.visible[s] else None),
+                     num(xb.dweights[s] - xb.weighted_sum if x.visible[s] else None),
+                     num(xb.dscaled[s] if x.visible[s] else None),
+                     num(xb.dscores[s] if x.visible[s] else None)]
+                    for s in range(len(keys))]
+    views = [
+        Text("backward, from dcontext = d loss / d context, the backward pass's for this query",
+             style="bold"),
+        table(xb.dcontext[None, :], None, ["dcontext"], dims),
+        Text("6. dcontext_i x v_i, and their sum: d loss / d weight, one per key", style="bold"),
+        table(np.column_stack([xb.dproducts[seen], xb.dweights[seen]]), None,
+              [f"dc·v {k}" for k in shown], dims + ["dweight"]),
+        Text("7. the softmax's backward: dscaled = weight x (dweight - S)", style="bold"),
+        Text(f"S = Σ weight x dweight = {xb.weighted_sum:.{precision + 4}g};  dscore = dscaled "
+             f"/ sqrt(d_head)"),
+        render.record_table(["key", "weight", "dweight", "dweight - S", "dscaled", "dscore"],
+                            softmax_rows),
+        Text(f"the backward pass's own dscaled row (attn.scores) differs by "
+             f"{offs['dscaled']:.1e}", style="dim"),
+        Text("8. dscore x k, and their sum: dq", style="bold"),
+        table(np.vstack([xb.dq_parts[seen], xb.dq]), None,
+              [f"ds·k {k}" for k in shown] + ["Σ dq"], dims),
+        Text(f"dq differs from the backward pass's own (attn.q) by {offs['dq']:.1e}, from "
+             f"central differences of sum(dcontext * context) by {offs['dq_numeric']:.1e}",
+             style="dim"),
+        Text("9. this query's share of each key's gradients: dk += dscore x q, dv += weight x "
+             "dcontext (every query's shares sum to the backward's dk and dv)", style="bold"),
+        table(np.column_stack([xb.dk_share[seen], xb.dv_share[seen]]), None, shown,
+              [f"dk {i}" for i in dims] + [f"dv {i}" for i in dims]),
+    ]
+    if not xb.dcontext.any():
+        views.append(Text(f"dcontext is 0 here: nothing the loss counts depends on position "
+                          f"{t} of row {row} through this head (padding, or no target), so no "
+                          f"gradient flows", style="dim"))
+    return views
