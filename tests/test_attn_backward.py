@@ -193,3 +193,22 @@ def test_attn_backward_saves_the_gradients_it_shows(tmp_path):
         dq = np.array(data["backward_steps"][4]["value"])
         np.testing.assert_allclose(dq, npz["actgrad/blocks.0.attn.q"][0, 0], atol=1e-15)
     assert {"grad", "actgrad"} <= groups
+
+
+def test_the_api_refuses_a_head_or_query_the_run_does_not_have():
+    """NumPy would read row -1 as the last, and head 3 of three as an empty slice."""
+    from tfmcli import steps
+    cfg, params, fwd = model_run()
+    dcontext = np.zeros((2, 5, 9))
+    for call, args, what in (
+            (steps.model_head_steps, (params, fwd, cfg, 0, 0, -1), "row -1 is outside 0..1"),
+            (steps.model_head_steps, (params, fwd, cfg, 0, 3, 0), "head 3 is outside 0..2"),
+            (steps.model_head_backward_steps, (fwd, dcontext, cfg, 2, 0, 0),
+             "block 2 is outside 0..1"),
+            (steps.explain_query, (fwd, cfg, 0, 0, 0, 5), "query 5 is outside 0..4"),
+            (steps.explain_query_backward, (fwd, dcontext, cfg, 0, 0, 2, 0),
+             "row 2 is outside 0..1")):
+        with pytest.raises(ValueError, match=what):
+            call(*args)
+    assert len(steps.model_head_steps(params, fwd, cfg, 1, 2, 1)) == 9   # the last of each
+    assert tfmcli.steps is steps

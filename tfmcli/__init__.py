@@ -27,7 +27,7 @@ _LAZY = {
 }
 _SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
     "config", "init", "inputs", "io", "kv", "layernorm", "lens", "masks", "memory", "model",
-    "ops", "optim", "parallel", "positional", "sources", "summary", "tasks", "train",
+    "ops", "optim", "parallel", "positional", "sources", "steps", "summary", "tasks", "train",
 }
 
 

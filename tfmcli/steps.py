@@ -52,8 +52,19 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale):
     ]
 
 
+def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int | None = None):
+    """A ``ValueError`` for a block, head, row or query the run does not have (NumPy would read
+    row -1 as the last, and a head past the last as an empty slice)."""
+    B, T = fwd.inputs.tokens.shape
+    bounds = [(block, cfg.layers, "block"), (head, cfg.heads, "head"), (row, B, "row")]
+    for value, upper, what in bounds + ([(t, T, "query")] if t is not None else []):
+        if not 0 <= value < upper:
+            raise ValueError(f"{what} {value} is outside 0..{upper - 1}")
+
+
 def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: int, row: int):
     """The steps of head ``head`` of block ``block`` for batch row ``row`` of a model run."""
+    check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}."
     x = fwd.acts[p + ("ln1.out" if cfg.norm == "pre" else "in")][row]     # (T, d)
     cols = slice(head * cfg.d_head, (head + 1) * cfg.d_head)
@@ -105,6 +116,7 @@ class QueryExplained(NamedTuple):
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
     """Query ``t`` of head ``head`` in block ``block``, batch row ``row``, from the model's own
     q, k and v (the ``attn.q/k/v`` activations), recomputed product by product."""
+    check_head(fwd, cfg, block, head, row, t)
     p = f"blocks.{block}.attn."
     q = fwd.acts[p + "q"][row, head, t]                          # (d_head,)
     k = fwd.acts[p + "k"][row, head]                             # (T, d_head)
@@ -152,6 +164,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
     """head_backward_steps of a model run: ``dcontext_all`` is the gradient of the loss with
     respect to the block's merged context (``grads.acts['blocks.i.attn.context']``, (B, T, d)).
     The head's q, k, v and softmax are the model's own."""
+    check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}.attn."
     q, k, v, pattern = (fwd.acts[p + name][row, head] for name in ("q", "k", "v", "pattern"))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
