@@ -128,6 +128,9 @@ differ("dV, batch 0, head 0, key 0 (In [83])", d["dv"][0, 0, 0],
 differ("dW_V row 0, first five (In [96])", grads["Wv"][0, :5],
        [-2.67500296, -2.06836852, -6.84482651, 1.07228382, -7.95097007],
        "likewise: right formula, wrong upstream gradient.")
+print("  (the note stops at dV and dW_V. The rest of attention's backward, through the softmax "
+      "to dQ and dK, is in `tfm attn --backward`, and one query's row of it number by number "
+      "in `tfm attn --query t --backward`.)")
 
 heading("The full right backward, every parameter, against central differences of sum(out * dout)")
 for name in ("Wq", "Wk", "Wv", "W_expand", "b_expand", "gamma", "beta", "W_shrink", "b_shrink"):
