@@ -141,6 +141,43 @@ def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
                                    atol=loose * max(1.0, abs(dgamma).max()))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(max_layers=2))
+def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
+    """tfm ffn and tfm attn --query --backward on any small config: each FFN recomputed at
+    every position is the model's, its dpre the backward's, and the parts sum to db_1; each
+    query's dq is the backward's, and every query's shares of dk and dv sum to the backward's."""
+    from tfmcli import feedforward, steps
+
+    params, inputs, fwd, grads = run(cfg)
+    loose = 1e-4 if cfg.dtype == "float32" else 1e-10
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        db_1 = np.zeros(cfg.ff)
+        for b in range(cfg.batch):
+            dk = np.zeros((cfg.heads, cfg.seq_len, cfg.d_head))
+            dv = np.zeros_like(dk)
+            for t in range(cfg.seq_len):
+                x = feedforward.explain(params, fwd, grads.acts[p + "ffn.out"], cfg, i, b, t)
+                np.testing.assert_allclose(x.out, fwd.acts[p + "ffn.out"][b, t], rtol=0,
+                                           atol=loose * max(1.0, abs(x.out).max()))
+                np.testing.assert_allclose(x.dpre, grads.acts[p + "ffn.pre"][b, t], rtol=0,
+                                           atol=loose * max(1.0, abs(x.dpre).max()))
+                db_1 += x.dpre
+                for h in range(cfg.heads):
+                    q = steps.explain_query_backward(fwd, grads.acts[p + "attn.context"], cfg,
+                                                     i, h, b, t)
+                    np.testing.assert_allclose(q.dq, grads.acts[p + "attn.q"][b, h, t], rtol=0,
+                                               atol=loose * max(1.0, abs(q.dq).max()))
+                    dk[h] += q.dk_share
+                    dv[h] += q.dv_share
+            for mine, act in ((dk, "k"), (dv, "v")):
+                np.testing.assert_allclose(mine, grads.acts[p + "attn." + act][b], rtol=0,
+                                           atol=loose * max(1.0, abs(mine).max()))
+        np.testing.assert_allclose(db_1, grads[p + "ffn.b_1"], rtol=0,
+                                   atol=loose * max(1.0, abs(db_1).max()))
+
+
 def resolvable(cfg, fwd) -> bool:
     """Central differences can measure this run at all.
 
@@ -309,9 +346,9 @@ def model_args(draw, rate, small=False):
 
 @st.composite
 def invocations(draw):
-    """A random command line for one of nine commands (without --save)."""
+    """A random command line for one of ten commands (without --save)."""
     command = draw(st.sampled_from(
-        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "ln"]))
+        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "ln", "ffn"]))
     args = [command]
     rate = draw(st.sampled_from([0, 0, 10, 40]))   # percent of options given an invalid value
     if command in ("forward", "backward", "attn", "shapes"):
@@ -321,6 +358,12 @@ def invocations(draw):
         for flag in ("--row", "--block", "-t"):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
         args += maybe(draw, rate, "--layer", ["ln1", "ln2", "ln_f"], ["ln3", ""])
+    if command == "ffn":
+        args += draw(model_args(rate))
+        for flag in ("--row", "--block", "-t"):
+            args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
+        if draw(st.booleans()):
+            args.append("--full")
     if command == "kv":   # one token at a time: keep the model small
         args += draw(model_args(rate, small=True))
         for flag in ("--row", "--head", "--block"):
@@ -367,7 +410,7 @@ def invocations(draw):
         args += maybe(draw, rate, "--len", ["1", "5", "16"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "-d", ["1", "7", "8"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "--precision", ["0", "3", "12"], BAD_PRECISION)
-    if command in ("forward", "backward", "gradcheck", "attn", "kv", "ln"):
+    if command in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn"):
         if draw(st.integers(0, 9)) == 0:
             args += ["--load", "no-such-file.npz"]   # exit 1
         if ABSURD not in args and draw(st.booleans()):
@@ -435,7 +478,7 @@ def test_any_command_line_exits_cleanly_and_saves_all_or_nothing(args, save, svg
         with np.load(folder / "out.npz", allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
         assert arrays, args
-        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "ln") and \
+        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn") and \
                 "--example" not in args:
             cfg = Config.from_json(str(arrays["config"][()]))
             assert {k[len("param/"):] for k in arrays if k.startswith("param/")} == set(

@@ -134,6 +134,7 @@ COMMANDS = {
     "shapes": "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.",
     "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
     "ln": "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.",
+    "ffn": "One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.",
     "mask": "The causal grid, the padding rows and each row's combined mask (True = may attend).",
     "pe": "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + wavelength.",
     "train": "Train a small model with Adam and the hand-written backward, then show what it learned.",

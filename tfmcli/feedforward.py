@@ -1,0 +1,94 @@
+"""One feed-forward sublayer at one position, number by number, forward and backward (``tfm ffn``).
+
+``FFN(x) = act(x W_1 + b_1) W_2 + b_2``. Seed 003 derived its backward by hand and took the
+ReLU's derivative from the wrong array (the attention's K, not the FFN's own pre-activation)
+and applied it before the product with ``W_2^T`` instead of after; this recomputes every
+intermediate of one row from the model's own input to that FFN, so that each number a learner
+derives can be checked. The activation and its slope are written out here, not taken from
+``ops``; the results are checked against the model's own activations, the backward pass's
+gradients and central differences.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from tfmcli.config import Config
+from tfmcli.model import Forward
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def input_name(cfg: Config, block: int) -> str:
+    """The activation the FFN of ``block`` reads: LN2's output in Pre-LN, LN1's in Post-LN."""
+    return f"blocks.{block}.{'ln2' if cfg.norm == 'pre' else 'ln1'}.out"
+
+
+def activation(pre: np.ndarray, name: str) -> np.ndarray:
+    """relu: max(pre, 0); gelu (tanh form): 0.5 pre (1 + tanh(sqrt(2/pi) (pre + 0.044715 pre^3)))."""
+    if name == "relu":
+        return np.maximum(pre, 0.0)
+    return 0.5 * pre * (1.0 + np.tanh(GELU_C * (pre + 0.044715 * pre ** 3)))
+
+
+def slope(pre: np.ndarray, name: str) -> np.ndarray:
+    """d act / d pre. relu: 1 where pre > 0, else 0 (0 at exactly 0, as PyTorch takes it);
+    gelu: 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2), t the tanh."""
+    if name == "relu":
+        return (pre > 0).astype(np.float64)
+    t = np.tanh(GELU_C * (pre + 0.044715 * pre ** 3))
+    return 0.5 * (1.0 + t) + 0.5 * pre * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * pre ** 2)
+
+
+class FFNExplained(NamedTuple):
+    x: np.ndarray          # (d,) the input row
+    pre: np.ndarray        # (d_ff,) x W_1 + b_1
+    hidden: np.ndarray     # (d_ff,) act(pre)
+    out: np.ndarray        # (d,) hidden W_2 + b_2
+    dout: np.ndarray       # (d,) d loss / d out, from the backward pass
+    dhidden: np.ndarray    # (d_ff,) dout W_2^T
+    slope: np.ndarray      # (d_ff,) act'(pre)
+    dpre: np.ndarray       # (d_ff,) dhidden * slope
+    dx: np.ndarray         # (d,) dpre W_1^T
+    numeric_slope: np.ndarray  # central differences of act at pre
+    numeric_dx: np.ndarray     # central differences of sum(dout * FFN(x)) in x
+
+
+def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block: int, row: int,
+            t: int, step: float = 1e-6) -> FFNExplained:
+    """The FFN of ``block`` at batch row ``row``, position ``t``, in float64; ``dout_all`` is
+    the gradient of the loss with respect to its output (``grads.acts['blocks.i.ffn.out']``).
+    A block, row or position the run does not have is a ``ValueError``."""
+    B, T = fwd.inputs.tokens.shape
+    for value, upper, what in ((block, cfg.layers, "block"), (row, B, "row"), (t, T, "position")):
+        if not 0 <= value < upper:
+            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    p = f"blocks.{block}.ffn."
+    W_1, b_1, W_2, b_2 = (params[p + name].astype(np.float64)
+                          for name in ("W_1", "b_1", "W_2", "b_2"))
+    x = fwd.acts[input_name(cfg, block)][row, t].astype(np.float64)
+    pre = x @ W_1 + b_1
+    hidden = activation(pre, cfg.activation)
+    dout = dout_all[row, t].astype(np.float64)
+    dhidden = dout @ W_2.T
+    s = slope(pre, cfg.activation)
+    dpre = dhidden * s
+
+    def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
+        return float(dout @ (activation(row_x @ W_1 + b_1, cfg.activation) @ W_2 + b_2))
+
+    numeric_dx = np.empty(x.size)
+    for j in range(x.size):
+        h = step * max(1.0, abs(x[j]))
+        up, down = x.copy(), x.copy()
+        up[j] += h
+        down[j] -= h
+        numeric_dx[j] = (contracted(up) - contracted(down)) / (2 * h)
+    h = step * np.maximum(1.0, np.abs(pre))
+    numeric_slope = (activation(pre + h, cfg.activation)
+                     - activation(pre - h, cfg.activation)) / (2 * h)
+    return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dpre @ W_1.T,
+                        numeric_slope, numeric_dx)
