@@ -154,3 +154,11 @@ def test_cli_ffn_shows_every_column_up_to_32_and_wider_rows_with_full(monkeypatc
 def test_bad_ffn_options(args, option, needle):
     line = error_line(run("ffn", *args), 2)
     assert option in line and needle in line
+
+
+def test_the_relu_slope_at_exactly_zero_is_zero_as_in_torch():
+    """The one point where ReLU has no derivative: PyTorch takes 0, and so does the model's
+    backward (ops.relu_backward); tfm ffn must show the same."""
+    pre = np.array([-1.0, 0.0, 2.0])
+    np.testing.assert_array_equal(feedforward.slope(pre, "relu"), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(feedforward.activation(pre, "relu"), [0.0, 0.0, 2.0])
