@@ -144,6 +144,7 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "kv": (["--generate", 2], {"param", "input", "config", "act", "loss"}),
     "ln": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "ffn": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
+    "loss": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "lens": ([], {"param", "input", "config", "act", "loss"}),
     "check": (["--against", "torch"], {"param", "input", "config", "act", "loss", "grad",
                                        "actgrad"}),

@@ -346,9 +346,10 @@ def model_args(draw, rate, small=False):
 
 @st.composite
 def invocations(draw):
-    """A random command line for one of ten commands (without --save)."""
+    """A random command line for one of eleven commands (without --save)."""
     command = draw(st.sampled_from(
-        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "ln", "ffn"]))
+        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "ln", "ffn",
+         "loss"]))
     args = [command]
     rate = draw(st.sampled_from([0, 0, 10, 40]))   # percent of options given an invalid value
     if command in ("forward", "backward", "attn", "shapes"):
@@ -364,6 +365,11 @@ def invocations(draw):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
         if draw(st.booleans()):
             args.append("--full")
+    if command == "loss":
+        args += draw(model_args(rate))
+        for flag in ("--row", "-t"):
+            args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
+        args += maybe(draw, rate, "-k", ["1", "8", "32"], ["0", "33", "x"])
     if command == "kv":   # one token at a time: keep the model small
         args += draw(model_args(rate, small=True))
         for flag in ("--row", "--head", "--block"):
@@ -410,7 +416,7 @@ def invocations(draw):
         args += maybe(draw, rate, "--len", ["1", "5", "16"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "-d", ["1", "7", "8"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "--precision", ["0", "3", "12"], BAD_PRECISION)
-    if command in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn"):
+    if command in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn", "loss"):
         if draw(st.integers(0, 9)) == 0:
             args += ["--load", "no-such-file.npz"]   # exit 1
         if ABSURD not in args and draw(st.booleans()):
@@ -478,7 +484,7 @@ def test_any_command_line_exits_cleanly_and_saves_all_or_nothing(args, save, svg
         with np.load(folder / "out.npz", allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
         assert arrays, args
-        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn") and \
+        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn", "loss") and \
                 "--example" not in args:
             cfg = Config.from_json(str(arrays["config"][()]))
             assert {k[len("param/"):] for k in arrays if k.startswith("param/")} == set(

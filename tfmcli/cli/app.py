@@ -135,6 +135,7 @@ COMMANDS = {
     "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
     "ln": "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.",
     "ffn": "One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.",
+    "loss": "The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.",
     "mask": "The causal grid, the padding rows and each row's combined mask (True = may attend).",
     "pe": "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + wavelength.",
     "train": "Train a small model with Adam and the hand-written backward, then show what it learned.",

@@ -1,0 +1,117 @@
+"""tfm loss: the LM head and the loss at one position, forward and backward, number by number."""
+
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_range, with_options)
+
+WHOLE = 32   # a vocabulary up to this size is shown whole; a larger one by its likeliest tokens
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def loss(
+    row: Row = 0,
+    position: Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")] = 0,
+    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 32), help="With more than 32 tokens in the vocabulary: how many of the likeliest to show beside the target.")] = 8,
+    precision: Precision = 4,
+    opts: Options = None,
+):
+    """The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.
+
+    Example: tfm loss --position 2
+    """
+    from tfmcli.io import run_arrays
+    from tfmcli.loss import explain, input_name, shown_ids
+
+    def validate(cfg):
+        check_indices(cfg, row)
+        check_range(position, cfg.seq_len, "--position", "positions")
+        if opts.explicit("top") and cfg.vocab <= WHOLE:
+            raise typer.BadParameter(f"a vocabulary of {cfg.vocab} is shown whole; -k picks "
+                                     f"tokens only above {WHOLE}", param_hint="'-k'")
+
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    cfg = run.cfg
+    x = explain(run.params, fwd, cfg, row, position)
+    forward_off = max(float(np.abs(fwd.acts[name][row, position] - mine).max())
+                      for name, mine in (("logits", x.logits), ("probs", x.probs)))
+    dlogits_off = float(np.abs(grads.acts["logits"][row, position] - x.dlogits).max())
+    dh_off = float(np.abs(grads.acts[input_name(cfg)][row, position] - x.dh).max())
+    dh_numeric_off = float(np.abs(x.numeric_dh - x.dh).max())
+    token = run.token_labels(row)[position]
+    ids = shown_ids(x.probs, x.target, top, WHOLE)
+    labels = [("y=" if i == x.target else "") + run.token_text(i) for i in ids]
+    p = "p[target]"
+
+    def vocab_table(rows: dict, caption=None):
+        return render.tensor_table(np.vstack([v[ids] for v in rows.values()]),
+                                   row_labels=list(rows), col_labels=labels, caption=caption,
+                                   precision=precision, width=width(), full=True)
+
+    def parts():
+        if x.target is None:
+            where = (f"position {position} (token {token}) has no target (padding, or the "
+                     f"row's last token): it adds nothing to the loss")
+        else:
+            text = run.token_text(x.target)
+            where = (f"position {position} (token {token}): the target y is the next token, "
+                     f"{text}" + ("" if text == str(x.target) else f" (id {x.target})"))
+        columns = (None if len(ids) == cfg.vocab else
+                   f"columns: {'the target and ' if x.target is not None else ''}the "
+                   f"{len(ids) - (x.target is not None)} likeliest of {cfg.vocab} tokens (-k)")
+        views = [
+            render.config_panel(describe(cfg, run, row),
+                                title=f"tfm loss: batch row {row}, position {position}"),
+            Text(f"forward: logits = h W_U + b_U, p = softmax(logits), the loss term -log "
+                 f"{p}", style="bold"),
+            Text(where),
+            Text(f"h = {input_name(cfg)} at this position (d {x.h.size})"),
+            render.tensor_table(x.h[None, :], row_labels=["h"], precision=precision,
+                                width=width(), full=x.h.size <= WHOLE),
+            Text(f"p = exp(logits - max) / sum:  max = {x.top:.{precision + 4}g},  sum = "
+                 f"{x.total:.{precision + 4}g}"),
+            vocab_table({"logits": x.logits, "logits - max": x.shifted, "exp": x.exps,
+                         "p": x.probs}, columns),
+            Text(f"the model's own logits and probs differ from these by {forward_off:.1e}",
+                 style="dim")]
+        if x.target is not None:
+            views += [
+                Text(f"-log {p} = log(sum) - (logits[target] - max) = "
+                     f"{x.term:.{precision + 4}g}"),
+                Text(f"the loss is the mean of N = {x.n} such terms: this one adds "
+                     f"{x.term_share:.{precision + 4}g}"),
+                Text("backward: dlogits = (p - y) / N, y = 1 at the target and 0 elsewhere",
+                     style="bold"),
+                vocab_table({"p - y": x.p_minus_y, "dlogits": x.dlogits}, columns),
+                Text("dh = dlogits W_U^T" + (" (tied: W_U = W_E^T, so dh = dlogits W_E)"
+                                             if cfg.tied_head else "")),
+                render.tensor_table(x.dh[None, :], row_labels=["dh"], precision=precision,
+                                    width=width(), full=x.dh.size <= WHOLE),
+                Text(f"dlogits differs from the backward pass's own by {dlogits_off:.1e}; dh "
+                     f"from the backward pass's ({input_name(cfg)}) by {dh_off:.1e}, from "
+                     f"central differences of -log {p} / N by {dh_numeric_off:.1e}",
+                     style="dim"),
+                Text("this position's part of " + ("W_E's gradient is dlogits^T h (V x d)"
+                                                    if cfg.tied_head else
+                                                    "dW_U is h^T dlogits (d x V)")
+                     + (", of db_U dlogits" if cfg.head_bias else ""), style="bold")]
+        else:
+            views.append(Text("no target, so dlogits and dh are 0 here", style="dim"))
+        return views
+
+    payload = {"row": row, "position": position, "token": token, "target": x.target,
+               "n": x.n, "input": input_name(cfg), "h": x.h.tolist(),
+               "logits": x.logits.tolist(), "max": x.top, "sum": x.total,
+               "probs": x.probs.tolist(), "term": x.term, "forward_model_diff": forward_off,
+               "dlogits": x.dlogits.tolist(), "dh": x.dh.tolist(),
+               "dlogits_model_diff": dlogits_off, "dh_model_diff": dh_off,
+               "dh_numeric_diff": dh_numeric_off, "shown": ids}
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
