@@ -96,7 +96,7 @@ def loss(
                 render.tensor_table(x.dh[None, :], row_labels=["dh"], precision=precision,
                                     width=width(), full=x.dh.size <= WHOLE),
                 Text(f"dlogits differs from the backward pass's own by {dlogits_off:.1e}; dh "
-                     f"from the backward pass's ({input_name(cfg)}) by {dh_off:.1e}, from "
+                     f"from its gradient of {input_name(cfg)} by {dh_off:.1e}, and from "
                      f"central differences of -log {p} / N by {dh_numeric_off:.1e}",
                      style="dim"),
                 Text("this position's part of " + ("W_E's gradient is dlogits^T h (V x d)"
