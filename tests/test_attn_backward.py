@@ -138,6 +138,7 @@ def test_attn_query_backward_lays_out_the_softmax_backward():
                          "--row", 0, "-L", 2, "-H", 3, "-d", 9, "-T", 5,
                          "--lengths", "5,3").stdout)["backward"]
     assert data["dq_model_diff"] < 1e-15 and data["dq_numeric_diff"] < 1e-9
+    assert data["dscaled_model_diff"] < 1e-15
     keys = data["keys"]
     assert [k["dscaled"] for k in keys[4:]] == [0.0]           # causal: key 4 is hidden
     assert sum(k["dscaled"] for k in keys) == pytest.approx(0, abs=1e-16)
@@ -147,6 +148,12 @@ def test_attn_query_backward_lays_out_the_softmax_backward():
         assert key["dscaled"] == pytest.approx(
             forward["weight"] * (key["dweight"] - data["weighted_sum"]), abs=1e-17)
     out = ok("attn", "--query", 2, "--backward").stdout
+    lines = [line.split() for line in out.splitlines()]
+    # step 4: key, score, scaled = score x 0.57735, mask, weight
+    assert ["k0:1", "-0.9921", "-0.5728", "visible", "+0.2622"] in lines
+    assert ["k1:4", "-1.0342", "-0.5971", "visible", "+0.2559"] in lines
+    # step 7: key, weight, dweight, dweight - S (S = -0.0852), dscaled, dscore
+    assert ["k0:1", "+0.2622", "+0.0285", "+0.1137", "+0.0298", "+0.0172"] in lines
     assert "S = Σ weight x dweight = -0.08518393" in out
     assert "dq differs from the backward pass's own (attn.q) by" in out
     assert "dcontext is 0 here" not in out

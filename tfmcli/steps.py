@@ -111,6 +111,7 @@ class QueryExplained(NamedTuple):
     v: np.ndarray         # (T, d_head)
     weighted: np.ndarray  # (T, d_head) weights[s] * v[s]; the rows sum to the context
     context: np.ndarray   # (d_head,)
+    scaled: np.ndarray    # (T,) scores * scale, before the mask
 
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
@@ -126,10 +127,11 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     products = q[None, :] * k                                    # (T, d_head)
     scores = products.sum(axis=-1)                               # (T,)
     scale = 1.0 / math.sqrt(cfg.d_head)
-    weights, _ = ops.softmax_forward(np.where(visible, scores * scale, -np.inf))
+    scaled = scores * scale
+    weights, _ = ops.softmax_forward(np.where(visible, scaled, -np.inf))
     weighted = weights[:, None] * v                              # (T, d_head)
     return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
-                          weighted.sum(axis=0))
+                          weighted.sum(axis=0), scaled)
 
 
 # ---------------------------------------------------------------- backward
@@ -181,6 +183,7 @@ class QueryBackward(NamedTuple):
     dproducts: np.ndarray  # (T, d_head) dcontext_i * v[s]_i; each row sums to dweights[s]
     dweights: np.ndarray   # (T,) dcontext . v[s]: d loss / d weight of key s
     weighted_sum: float    # sum over keys of weights * dweights
+    dweights_centred: np.ndarray  # (T,) dweights - weighted_sum
     dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum): d loss / d scaled score
     dscores: np.ndarray    # (T,) dscaled * scale: d loss / d (q . k)
     dq_parts: np.ndarray   # (T, d_head) dscores[s] * k[s]; the rows sum to dq
@@ -202,7 +205,8 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     dproducts = dcontext[None, :] * v                            # (T, d_head)
     dweights = dproducts.sum(axis=-1)                            # (T,)
     weighted_sum = float((weights * dweights).sum())
-    dscaled = weights * (dweights - weighted_sum)                # 0 where hidden
+    dweights_centred = dweights - weighted_sum
+    dscaled = weights * dweights_centred                         # 0 where hidden
     dscores = dscaled * x.scale
     dq_parts = dscores[:, None] * k                              # (T, d_head)
 
@@ -218,6 +222,6 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
         up[j] += h
         down[j] -= h
         numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
-    return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dscaled, dscores,
-                         dq_parts, dq_parts.sum(axis=0), dscores[:, None] * q[None, :],
+    return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
+                         dscores, dq_parts, dq_parts.sum(axis=0), dscores[:, None] * q[None, :],
                          weights[:, None] * dcontext[None, :], numeric)

@@ -147,7 +147,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                                    precision=precision, width=w)
 
     score_rows = [[keys[s], render.fmt(x.scores[s], precision),
-                   render.fmt(x.scores[s] * x.scale, precision),
+                   render.fmt(x.scaled[s], precision),
                    "visible" if x.visible[s] else "hidden",
                    render.fmt(x.weights[s], precision) if x.visible[s] else "·"]
                   for s in range(len(keys))]
@@ -176,7 +176,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                "q": x.q.tolist(), "scale": x.scale, "context": x.context.tolist(),
                "keys": [{"position": s, "token": keys[s], "k": x.k[s].tolist(),
                          "products": x.products[s].tolist(), "score": float(x.scores[s]),
-                         "scaled": float(x.scores[s] * x.scale), "visible": bool(x.visible[s]),
+                         "scaled": float(x.scaled[s]), "visible": bool(x.visible[s]),
                          "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}
                         for s in range(len(keys))]}
     if grads is not None:
@@ -208,7 +208,7 @@ def query_backward_parts(xb, x, cfg, keys, seen, shown, dims, offs, table, preci
 
     softmax_rows = [[keys[s], num(x.weights[s] if x.visible[s] else None),
                      num(xb.dweights[s] if x.visible[s] else None),
-                     num(xb.dweights[s] - xb.weighted_sum if x.visible[s] else None),
+                     num(xb.dweights_centred[s] if x.visible[s] else None),
                      num(xb.dscaled[s] if x.visible[s] else None),
                      num(xb.dscores[s] if x.visible[s] else None)]
                     for s in range(len(keys))]
