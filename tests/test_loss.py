@@ -113,6 +113,8 @@ def test_the_columns_shown_are_the_whole_vocabulary_or_the_target_and_the_likeli
     assert shown_ids(probs, 5, 4) == [5, 7, 8, 39, 38]
     assert shown_ids(probs, 39, 2) == [39, 7, 8]                     # the target not twice
     assert shown_ids(probs, None, 3) == [7, 8, 39]                   # no target
+    assert shown_ids(np.full(32, 1 / 32), 0, 2) == list(range(32))  # 32: still whole
+    assert shown_ids(np.full(33, 1 / 33), 5, 2) == [5, 0, 1]         # 33: the target and k
 
 
 def test_cli_loss_json_is_the_head_at_that_position():
@@ -159,6 +161,10 @@ def test_cli_loss_shows_the_target_and_the_likeliest_of_a_large_vocabulary():
     assert data["shown"] == [data["target"], *others[:3]]
     out = ok("loss", "-V", 40, "-t", 1).stdout
     assert "columns: the target and the 8 likeliest of 40 tokens (-k)" in out
+    assert len(json.loads(ok("loss", "-V", 32, "--json").stdout)["shown"]) == 32
+    assert len(json.loads(ok("loss", "-V", 33, "--json").stdout)["shown"]) == 9
+    assert "a vocabulary of 32 is shown whole" in error_line(run("loss", "-V", 32, "-k", 2), 2)
+    ok("loss", "-V", 33, "-k", 32)
 
 
 @pytest.mark.parametrize("args, option, needle", [
