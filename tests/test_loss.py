@@ -129,15 +129,18 @@ def test_cli_loss_json_is_the_head_at_that_position():
     assert data["target"] == int(tfmcli.make_inputs(cfg).targets[1, 2]) and data["n"] == 8
     assert data["shown"] == list(range(8)) and data["input"] == "ln_f.out"
     assert data["dh_numeric_diff"] < 1e-9 and data["dh_model_diff"] < 1e-15
+    assert data["forward_model_diff"] < 1e-14 and data["dlogits_model_diff"] < 1e-15
+    assert json.loads(ok("loss", "--json").stdout)["position"] == 0   # the first, by default
     assert data["term"] == pytest.approx(-np.log(data["probs"][data["target"]]), rel=1e-14)
 
 
 def test_cli_loss_prints_the_steps_and_the_target():
     out = ok("loss", "-t", 2).stdout
     assert "position 2 (token 6): the target y is the next token, 4" in out
-    assert "p = exp(logits - max) / sum:  max = 1.4032457,  sum = 4.3837183" in out
-    assert "-log p[target] = log(sum) - (logits[target] - max) = 2.6035674" in out
-    assert "the loss is the mean of N = 8 such terms: this one adds 0.32544592" in out
+    lines = out.splitlines()   # whole lines: each number to exactly its digits
+    assert "p = exp(logits - max) / sum:  max = 1.4032457,  sum = 4.3837183" in lines
+    assert "-log p[target] = log(sum) - (logits[target] - max) = 2.6035674" in lines
+    assert "the loss is the mean of N = 8 such terms: this one adds 0.32544592" in lines
     header = next(line for line in out.splitlines() if "y=4" in line)
     assert header.split() == ["0", "1", "2", "3", "y=4", "5", "6", "7"]
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
@@ -176,3 +179,10 @@ def test_cli_loss_shows_the_target_and_the_likeliest_of_a_large_vocabulary():
 def test_bad_loss_options(args, option, needle):
     line = error_line(run("loss", *args), 2)
     assert option in line and needle in line
+
+
+def test_cli_loss_shows_h_and_dh_whole_up_to_d_32(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert "showing" not in ok("loss", "-d", 32, "-H", 1).stdout       # wrapped in blocks
+    wide = ok("loss", "-d", 34, "-H", 1).stdout
+    assert len(re.findall(r"showing \d+ of 34 columns", wide)) == 2     # h and dh
