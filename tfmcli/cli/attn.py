@@ -187,7 +187,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         offs = {"dscaled": float(np.abs(model["dscaled"] - xb.dscaled).max()),
                 "dq": float(np.abs(model["dq"] - xb.dq).max()),
                 "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
-        parts += query_backward_parts(xb, x, cfg, keys, seen, shown, dims, offs, table,
+        parts += query_backward_parts(xb, x, keys, seen, shown, dims, offs, table,
                                       precision, row, t)
         payload["backward"] = {
             "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
@@ -200,7 +200,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
 
 
-def query_backward_parts(xb, x, cfg, keys, seen, shown, dims, offs, table, precision, row, t):
+def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision, row, t):
     """Steps 6-9 of --query --backward: dcontext to dweights, the softmax's backward, dq, and
     this query's share of each key's dk and dv."""
     def num(value):
