@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.config import Config
+from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -80,13 +81,7 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
         return float(dout @ (activation(row_x @ W_1 + b_1, cfg.activation) @ W_2 + b_2))
 
-    numeric_dx = np.empty(x.size)
-    for j in range(x.size):
-        h = step * max(1.0, abs(x[j]))
-        up, down = x.copy(), x.copy()
-        up[j] += h
-        down[j] -= h
-        numeric_dx[j] = (contracted(up) - contracted(down)) / (2 * h)
+    numeric_dx = central_differences(contracted, x, step)
     h = step * np.maximum(1.0, np.abs(pre))
     numeric_slope = (activation(pre + h, cfg.activation)
                      - activation(pre - h, cfg.activation)) / (2 * h)

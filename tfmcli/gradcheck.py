@@ -145,3 +145,20 @@ def gradcheck(
         checks.append(ParamCheck(name, params[name].shape, len(picks[name]), abs_err,
                                  float(rel), bool(rel <= tolerance)))
     return GradcheckReport(checks, tolerance, step, cfg.dtype)
+
+
+def central_differences(f: Callable, x, step: float = 1e-6):
+    """The gradient of the scalar function ``f`` at the vector ``x`` (float64) by central
+    differences, each entry's step relative to it (``step * max(1, |x_j|)``): the check that
+    ``tfm ln``, ``tfm ffn``, ``tfm loss`` and ``tfm attn --query --backward`` print beside the
+    formula they lay out."""
+    import numpy as np
+
+    grad = np.empty(x.size)
+    for j in range(x.size):
+        h = step * max(1.0, abs(x[j]))
+        up, down = x.copy(), x.copy()
+        up[j] += h
+        down[j] -= h
+        grad[j] = (f(up) - f(down)) / (2 * h)
+    return grad

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.config import Config
+from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward
 
 
@@ -86,14 +87,7 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
         c = row_x - row_x.mean()
         return float(np.dot(dy, gamma * c / np.sqrt((c * c).mean() + cfg.eps) + beta))
 
-    numeric = np.empty(d)
-    for j in range(d):
-        h = step * max(1.0, abs(x[j]))
-        up, down = x.copy(), x.copy()
-        up[j] += h
-        down[j] -= h
-        numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
     return LayerNormExplained(x, mean, centred, var, std, xhat, gamma, beta,
                               gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat,
                               dxhat_centred, xhat_scaled, dx,
-                              numeric)
+                              central_differences(contracted, x, step))

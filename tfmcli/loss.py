@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.config import Config
+from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward, head_weights
 
 
@@ -81,12 +82,7 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
         term = float(np.log(total) - shifted[target])
         p_minus_y = probs.copy()
         p_minus_y[target] -= 1.0
-        for j in range(h.size):
-            step_j = step * max(1.0, abs(h[j]))
-            up, down = h.copy(), h.copy()
-            up[j] += step_j
-            down[j] -= step_j
-            numeric[j] = (term_of(up) - term_of(down)) / (2 * step_j) / cache.n
+        numeric = central_differences(term_of, h, step) / cache.n
     dlogits = p_minus_y / cache.n
     return LossExplained(h, logits, top, shifted, exps, total, probs, target, cache.n, term,
                          term / cache.n, p_minus_y, dlogits, dlogits @ W_U.T, numeric)

@@ -14,6 +14,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config
+from tfmcli.gradcheck import central_differences
 from tfmcli.masks import combined_mask
 from tfmcli.model import Forward
 
@@ -215,13 +216,7 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
         w, _ = ops.softmax_forward(scaled)
         return float(dcontext @ (w @ v))
 
-    numeric = np.empty(q.size)
-    for j in range(q.size):
-        h = step * max(1.0, abs(q[j]))
-        up, down = q.copy(), q.copy()
-        up[j] += h
-        down[j] -= h
-        numeric[j] = (contracted(up) - contracted(down)) / (2 * h)
+    numeric = central_differences(contracted, q, step)
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq_parts.sum(axis=0), dscores[:, None] * q[None, :],
                          weights[:, None] * dcontext[None, :], numeric)
