@@ -8,7 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.common import (Position, Precision, Row, check_indices, describe, emit, execute,
+                               width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
 
@@ -25,7 +26,7 @@ FORMULAS = {
 def ffn(
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the feed-forward sublayer.")] = 0,
     row: Row = 0,
-    position: Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")] = 0,
+    position: Position = 0,
     precision: Precision = 4,
     full: Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to 32).")] = False,
     opts: Options = None,

@@ -8,7 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Precision, Row, check_indices, describe, emit, execute, width
+from tfmcli.cli.common import (Position, Precision, Row, check_indices, describe, emit, execute,
+                               width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
 
@@ -19,7 +20,7 @@ WHOLE = 32   # a vocabulary up to this size is shown whole; a larger one by its 
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def loss(
     row: Row = 0,
-    position: Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")] = 0,
+    position: Position = 0,
     top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 32), help="With more than 32 tokens in the vocabulary: how many of the likeliest to show beside the target.")] = 8,
     precision: Precision = 4,
     opts: Options = None,
