@@ -61,3 +61,6 @@ for name, array, grad, index in (("W[2, 5]", W, dW, (2, 5)), ("b[7]", b, db, (7,
     array[index] = original
     agree(f"d loss / d {name}: analytic vs numeric", grad[index], (plus - minus) / (2 * step),
           atol=1e-9, theirs="numeric")
+print("  (`tfm loss -t t` lays out one position of a model's run the same way: the logits, p,\n"
+      "   -log p[target], p - y, dZ = (p - y) / N and dh = dZ W^T, each against the backward\n"
+      "   pass and dh against central differences.)")
