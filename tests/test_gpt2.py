@@ -524,6 +524,23 @@ def test_kv_generates_what_the_shipped_checkpoint_learned():
     assert "'--generate'" in line and "16 learned positions" in line and "0..12" in line
 
 
+def test_loss_of_the_shipped_checkpoint_names_its_target_among_the_likeliest_tokens():
+    # examples/tiny-gpt2 knows "The cat sat on the mat.": after "the", the target " mat" is
+    # nearly certain; its vocabulary of 286 is shown by the target and the -k likeliest
+    tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
+    tok = tokenizers.Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    text = "The cat sat on the mat"
+    data = json.loads(ok("loss", "--load", tiny, "--text", text, "-t", 4, "-k", 3,
+                         "--json").stdout)
+    assert data["target"] == tok.encode(" mat").ids[0] and data["n"] == 5
+    assert data["shown"][0] == data["target"] and len(data["shown"]) == 4
+    assert data["probs"][data["target"]] > 0.99 and data["term"] < 0.01
+    assert data["dh_model_diff"] < 1e-15 and data["dh_numeric_diff"] < 1e-9
+    out = ok("loss", "--load", tiny, "--text", text, "-t", 4, "-k", 3).stdout
+    assert "the target y is the next token, ␣mat (id" in out and "y=␣mat" in out
+    assert "columns: the target and the 3 likeliest of 286 tokens (-k)" in out
+
+
 def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):
     # its weights are read, so --init draws nothing; with the tokens given, --seed neither
     line = error_line(run("forward", "--load", checkpoint, "--init", "normal"), 2)
