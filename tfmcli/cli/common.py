@@ -18,6 +18,7 @@ from tfmcli.errors import TfmError
 
 Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
 Row = Annotated[int, typer.Option("--row", callback=bounded(0), help="Batch row to show.")]
+WHOLE = 32   # the by-hand views (ln, ffn, loss) show a row up to this many columns whole, wrapped
 Position = Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")]
 Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]

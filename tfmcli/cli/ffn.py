@@ -8,8 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Position, Precision, Row, check_indices, describe, emit, execute,
-                               width)
+from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
+                               execute, width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
 
@@ -59,7 +59,7 @@ def ffn(
     def table(rows: dict):   # every column, wrapped in blocks, up to 32 (or with --full)
         size = next(iter(rows.values())).size
         return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
-                                   precision=precision, width=width(), full=full or size <= 32)
+                                   precision=precision, width=width(), full=full or size <= WHOLE)
 
     def parts():
         views = [

@@ -9,8 +9,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Position, Precision, Row, check_indices, describe, emit, execute,
-                               width)
+from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
+                               execute, width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, choice, with_options)
 
@@ -57,7 +57,7 @@ def ln(
     def table(rows: dict):   # every column, wrapped in blocks, up to d 32 (or with --full)
         return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
                                    precision=precision, width=width(),
-                                   full=full or x.x.size <= 32)
+                                   full=full or x.x.size <= WHOLE)
 
     def parts():
         d = x.x.size

@@ -8,12 +8,10 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Position, Precision, Row, check_indices, describe, emit, execute,
-                               width)
+from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
+                               execute, width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
-
-WHOLE = 32   # a vocabulary up to this size is shown whole; a larger one by its likeliest tokens
 
 
 @app.command()
