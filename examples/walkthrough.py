@@ -60,16 +60,18 @@ forward_flops, backward_flops = flops(big)
 print(f"{param_count(big):,} parameters, {forward_flops / 1e9:.1f} GFLOP forward, "
       f"{memory_estimate(big)['total'] / 2**30:.2f} GiB peak forward + backward")
 
-# %% 8. One position by hand, every intermediate: what tfm ln, ffn, loss and attn --query show
+# %% 8. One position by hand, every intermediate: what tfm embed, ln, ffn, loss and attn --query show
+embed = tfmcli.embedding.explain(params, fwd, grads, cfg, 0, 2)
 ln = tfmcli.layernorm.explain(params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1",
                               0, 2)
 ffn = tfmcli.feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 2)
 head = tfmcli.loss.explain(params, fwd, cfg, 0, 2)
 query = tfmcli.steps.explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0,
                                             0, 2)
-for name, analytic, numeric in (("ln1 dx", ln.dx, ln.numeric_dx),
+for name, analytic, numeric in (("embed dW_E", embed.dw_e[embed.checked], embed.numeric_dw_e),
+                                ("ln1 dx", ln.dx, ln.numeric_dx),
                                 ("ffn dx", ffn.dx, ffn.numeric_dx),
                                 ("loss dh", head.dh, head.numeric_dh),
                                 ("attn dq", query.dq, query.numeric_dq)):
-    print(f"{name:8} against central differences: {np.abs(analytic - numeric).max():.1e}")
+    print(f"{name:10} against central differences: {np.abs(analytic - numeric).max():.1e}")
 print(f"-log p(target) at (0, 2) = {head.term:.6f}, {head.term_share:.6f} of the loss")

@@ -505,6 +505,12 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
         assert rel(grads[name], theirs) <= 1e-9, name
     if padding:   # the position past every row's length gets no gradient
         np.testing.assert_array_equal(grads["embed.W_pos"][6:], 0)
+    # tfm embed's sums (each token's positions, and the tied head), against the oracle too
+    from tfmcli import embedding
+    x = embedding.explain(params, fwd, grads, cfg, 1, 2, entries=2)
+    assert x.token == 15 and x.head_part is not None
+    assert rel(x.dw_e, hf["transformer.wte.weight"].grad[15]) <= 1e-9
+    assert rel(x.dw_pos, hf["transformer.wpe.weight"].grad[2]) <= 1e-9
 
 
 def test_kv_generates_what_the_shipped_checkpoint_learned():

@@ -178,6 +178,37 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                                    atol=loose * max(1.0, abs(db_1).max()))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(max_layers=2), pe=st.sampled_from(["sinusoidal", "learned", "none"]),
+       tied=st.booleans())
+def test_each_embedding_row_by_hand_agrees_with_the_run(cfg, pe, tied):
+    """tfm embed on any small config, learned positions and a tied head included: x0 at every
+    position is the first block's input; dW_E's row of each token in the batch, and dW_pos's
+    row of each position, are the backward's; a token nowhere in the batch gets nothing back
+    but the tied head's part."""
+    from tfmcli import embedding
+
+    cfg = cfg.replace(pe=pe, tied_head=tied)
+    params, inputs, fwd, grads = run(cfg)
+    loose = 1e-4 if cfg.dtype == "float32" else 1e-10
+
+    def close(mine, theirs):
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=loose * max(1.0, abs(mine).max()))
+
+    seen = set()
+    for b in range(cfg.batch):
+        for t in range(cfg.seq_len):
+            x = embedding.explain(params, fwd, grads, cfg, b, t, entries=1)
+            close(x.x0, fwd.acts["blocks.0.in"][b, t])
+            close(x.dw_e, grads["embed.W_E"][x.token])
+            if pe == "learned":
+                close(x.dw_pos, grads["embed.W_pos"][t])
+            seen.add(x.token)
+    for token in set(range(cfg.vocab)) - seen:
+        if not tied:
+            assert not grads["embed.W_E"][token].any()
+
+
 def resolvable(cfg, fwd) -> bool:
     """Central differences can measure this run at all.
 
@@ -346,10 +377,10 @@ def model_args(draw, rate, small=False):
 
 @st.composite
 def invocations(draw):
-    """A random command line for one of eleven commands (without --save)."""
+    """A random command line for one of twelve commands (without --save)."""
     command = draw(st.sampled_from(
-        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "ln", "ffn",
-         "loss"]))
+        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "embed", "ln",
+         "ffn", "loss"]))
     args = [command]
     rate = draw(st.sampled_from([0, 0, 10, 40]))   # percent of options given an invalid value
     if command in ("forward", "backward", "attn", "shapes"):
@@ -362,6 +393,12 @@ def invocations(draw):
     if command == "ffn":
         args += draw(model_args(rate))
         for flag in ("--row", "--block", "-t"):
+            args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
+        if draw(st.booleans()):
+            args.append("--full")
+    if command == "embed":
+        args += draw(model_args(rate))
+        for flag in ("--row", "-t"):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
         if draw(st.booleans()):
             args.append("--full")
@@ -416,7 +453,8 @@ def invocations(draw):
         args += maybe(draw, rate, "--len", ["1", "5", "16"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "-d", ["1", "7", "8"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "--precision", ["0", "3", "12"], BAD_PRECISION)
-    if command in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn", "loss"):
+    if command in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "ln", "ffn",
+                   "loss"):
         if draw(st.integers(0, 9)) == 0:
             args += ["--load", "no-such-file.npz"]   # exit 1
         if ABSURD not in args and draw(st.booleans()):
@@ -484,7 +522,8 @@ def test_any_command_line_exits_cleanly_and_saves_all_or_nothing(args, save, svg
         with np.load(folder / "out.npz", allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
         assert arrays, args
-        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "ln", "ffn", "loss") and \
+        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "ln", "ffn",
+                       "loss") and \
                 "--example" not in args:
             cfg = Config.from_json(str(arrays["config"][()]))
             assert {k[len("param/"):] for k in arrays if k.startswith("param/")} == set(

@@ -20,7 +20,8 @@ from tfmcli.render import grad_table, shape_trace, tensor_table
 # One quick run of every command (and of the help), each writing more than one line.
 EVERY_COMMAND = [
     ["forward"], ["backward"], ["gradcheck", "--max-entries", "2"], ["shapes"], ["attn"],
-    ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["kv"], ["lens"], ["ln"], ["ffn"], ["loss"],
+    ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["kv"], ["lens"], ["embed"], ["ln"], ["ffn"],
+    ["loss"],
     ["check"], ["compare"], ["forward", "--json"], ["attn", "--query", "2", "--backward"],
     ["--help"],
     ["forward", "--help"],

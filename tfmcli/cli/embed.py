@@ -1,0 +1,153 @@
+"""tfm embed: the embedding and the positions at one position, forward and backward, number by number."""
+
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import config as sizes
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import (MAX_ROWS, WHOLE, Position, Precision, Row, check_indices,
+                               describe, emit, execute, width)
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, check_range,
+                                with_options)
+
+CHECKED, CHECKED_LARGE, LARGE = 8, 2, 10**7   # entries checked by central differences
+POSITIONS = {
+    "sinusoidal": "PE[t] = the sinusoidal table's row: PE[t, 2i] = sin(t / 10000^(2i/d)), "
+                  "PE[t, 2i+1] = cos(t / 10000^(2i/d))",
+    "learned": "PE[t] = W_pos[t], a learned row (a parameter)",
+    "none": "no positions: x0 = W_E[id]",
+}
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def embed(
+    row: Row = 0,
+    position: Position = 0,
+    precision: Precision = 4,
+    full: Annotated[bool, typer.Option("--full", help="Every column and every position of the token (without it, up to 32 columns and 40 positions).")] = False,
+    opts: Options = None,
+):
+    """The embedding at one position, number by number: W_E[id] + PE[t]; then dW_E[id], summed over every use of the token.
+
+    Example: tfm embed --position 2
+    """
+    from tfmcli.embedding import explain
+    from tfmcli.io import run_arrays
+    from tfmcli.loss import input_name as head_input
+
+    def validate(cfg):
+        check_indices(cfg, row)
+        check_range(position, cfg.seq_len, "--position", "positions")
+
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    cfg = run.cfg
+    # twice the whole model per entry checked: fewer on a large model (GPT-2 small: 0.16 s a run)
+    entries = CHECKED if sizes.param_count(cfg) <= LARGE else CHECKED_LARGE
+    x = explain(run.params, fwd, grads, cfg, row, position, entries)
+    forward_off = float(np.abs(fwd.acts["embed"][row, position] - x.w_e).max())
+    if x.pe is not None:
+        forward_off = max(forward_off, float(np.abs(fwd.acts["pe"][position] - x.pe).max()))
+    dw_e_off = float(np.abs(grads["embed.W_E"][x.token] - x.dw_e).max())
+    dw_e_numeric_off = float(np.abs(x.numeric_dw_e - x.dw_e[x.checked]).max())
+    dw_pos_off = dw_pos_numeric_off = None
+    if x.dw_pos is not None:
+        dw_pos_off = float(np.abs(grads["embed.W_pos"][position] - x.dw_pos).max())
+        dw_pos_numeric_off = float(np.abs(x.numeric_dw_pos - x.dw_pos[x.checked]).max())
+    labels = run.token_labels(row)
+    text = run.token_text(x.token)
+    named = text + ("" if text == str(x.token) else f" (id {x.token})")
+    n = len(x.occurrences)
+
+    def table(rows: dict, caption=None, mask=None):   # every column wrapped, up to 32 (or --full)
+        return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
+                                   caption=caption, precision=precision, width=width(),
+                                   full=full or cfg.d_model <= WHOLE, mask=mask)
+
+    def occurrences_table():
+        """dx0 at each position of the token (the first MAX_ROWS without --full), and the sum."""
+        shown = x.occurrences if full or n <= MAX_ROWS else x.occurrences[:MAX_ROWS]
+        rows = {f"({b},{t})": x.dx0[k] for k, (b, t) in enumerate(shown)}
+        left_out = n - len(shown)
+        if left_out:   # a row of dim dots, not numbers
+            rows[f"… {left_out} more"] = np.zeros(cfg.d_model)
+        rows["sum"] = x.embedding_part
+        mask = np.ones((len(rows), cfg.d_model), dtype=bool)
+        if left_out:
+            mask[-2] = False
+        return table(rows, f"{left_out} positions left out of the table (--full shows them)"
+                     if left_out else None, mask)
+
+    def parts():
+        where = f"position {position} of batch row {row} holds the token {named}"
+        views = [
+            render.config_panel(describe(cfg, run, row),
+                                title=f"tfm embed: batch row {row}, position {position}"),
+            Text("forward: x0 = W_E[id] + PE[t], the first block's input", style="bold"),
+            Text(where),
+            Text(POSITIONS[cfg.pe])]
+        rows = {f"W_E[{x.token}]": x.w_e}
+        if x.angle is not None:
+            rows["angle"] = x.angle
+        if x.pe is not None:
+            rows[f"PE[{position}]"] = x.pe
+        rows["x0"] = x.x0
+        views += [
+            table(rows, "angle: t / 10000^(2i/d) for columns 2i and 2i+1"
+                  if x.angle is not None else None),
+            Text("the model's own lookup (embed)" + (" and positions (pe)" if x.pe is not None
+                                                     else "")
+                 + f" differ from these by {forward_off:.1e}", style="dim"),
+            Text(f"backward: dW_E[{x.token}] sums dx0 over every position that holds the "
+                 f"token", style="bold"),
+            Text(f"the lookup copied row {x.token} to {n} position{'s' * (n > 1)} of the "
+                 f"batch, (row,position) " + ", ".join(f"({b},{t})" for b, t in
+                                                       x.occurrences[:8])
+                 + (", …" if n > 8 else "") + ": each one's dx0 flows back into it (the "
+                 "rows below)"),
+            occurrences_table()]
+        if x.head_part is not None:
+            views += [
+                Text(f"tied: the head's W_U is W_E^T, so row {x.token} is also the head's "
+                     f"column {x.token}: it adds sum over b, t of dlogits[b, t, {x.token}] "
+                     f"h[b, t] ({cfg.batch * cfg.seq_len} positions; h = {head_input(cfg)})"),
+                table({"lookup": x.embedding_part, "head": x.head_part,
+                       f"dW_E[{x.token}]": x.dw_e})]
+        checked = ("every entry" if x.checked.size == cfg.d_model else
+                   f"the {x.checked.size} entries with the largest gradient")
+        views.append(Text(
+            f"dW_E[{x.token}] differs from the backward pass's by {dw_e_off:.1e}, and from "
+            f"central differences of the loss (the whole model again, in float64; {checked}) "
+            f"by {dw_e_numeric_off:.1e}", style="dim"))
+        if x.dw_pos is not None:
+            views += [
+                Text(f"dW_pos[{position}] sums dx0 at position {position} over the batch "
+                     f"({cfg.batch} row{'s' * (cfg.batch > 1)})", style="bold"),
+                table({**{f"({b},{position})": x.dx0_at_t[b] for b in range(cfg.batch)},
+                       "sum": x.dw_pos}),
+                Text(f"dW_pos[{position}] differs from the backward pass's by "
+                     f"{dw_pos_off:.1e}, and from central differences of the loss by "
+                     f"{dw_pos_numeric_off:.1e}", style="dim")]
+        elif cfg.pe == "sinusoidal":
+            views.append(Text("the sinusoidal table is fixed, not learned: nothing to update "
+                              "there", style="dim"))
+        if not x.dw_e.any():
+            views.append(Text(f"dW_E[{x.token}] is 0: no position that holds {named} adds "
+                              f"to the loss", style="dim"))
+        return views
+
+    payload = {"row": row, "position": position, "token": labels[position], "id": x.token,
+               "w_e": x.w_e.tolist(), "pe": None if x.pe is None else x.pe.tolist(),
+               "x0": x.x0.tolist(), "forward_model_diff": forward_off,
+               "occurrences": [list(o) for o in x.occurrences], "dx0": x.dx0.tolist(),
+               "embedding_part": x.embedding_part.tolist(),
+               "head_part": None if x.head_part is None else x.head_part.tolist(),
+               "dW_E": x.dw_e.tolist(), "dW_E_model_diff": dw_e_off,
+               "dW_E_numeric_diff": dw_e_numeric_off, "checked": x.checked.tolist(),
+               "dW_pos": None if x.dw_pos is None else x.dw_pos.tolist(),
+               "dW_pos_model_diff": dw_pos_off, "dW_pos_numeric_diff": dw_pos_numeric_off}
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
