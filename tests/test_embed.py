@@ -121,6 +121,14 @@ def test_explain_leaves_the_weights_as_they_were_and_checks_the_largest():
     np.testing.assert_allclose(x.numeric_dw_e, x.dw_e[x.checked], atol=1e-8)
 
 
+def test_explain_checks_8_entries_of_a_wider_row_by_default():
+    cfg = tfmcli.Config(d_model=12, heads=2, pe="learned")
+    params = random_params(tfmcli.init_params(cfg), seed=2)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    x = embedding.explain(params, fwd, tfmcli.backward(params, fwd, cfg), cfg, 0, 0)
+    assert x.checked.size == 8 and x.numeric_dw_pos.shape == (8,)
+
+
 def test_explain_refuses_what_the_run_does_not_have():
     cfg, params, fwd, grads = model_run()
     for row, t, reason in ((-1, 0, "row -1 is outside 0..1"), (2, 0, "row 2 is outside 0..1"),
