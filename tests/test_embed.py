@@ -138,19 +138,20 @@ def test_explain_refuses_what_the_run_does_not_have():
 
 
 def test_cli_embed_json_is_the_embedding_at_that_position():
-    data = json.loads(ok("embed", "--row", 1, "-t", 3, "--pe", "learned", "--tied-head",
+    data = json.loads(ok("embed", "--row", 1, "-t", 2, "--pe", "learned", "--tied-head",
                          "--json").stdout)
     cfg = tfmcli.Config(pe="learned", tied_head=True)
     params = tfmcli.init_params(cfg)
     inputs = tfmcli.make_inputs(cfg)
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
-    token = int(inputs.tokens[1, 3])
+    token = int(inputs.tokens[1, 2])
     assert data["id"] == token and data["token"] == str(token)
     np.testing.assert_array_equal(data["w_e"], params["embed.W_E"][token])
-    np.testing.assert_array_equal(data["pe"], params["embed.W_pos"][3])
+    np.testing.assert_array_equal(data["pe"], params["embed.W_pos"][2])
     np.testing.assert_allclose(data["dW_E"], grads["embed.W_E"][token], atol=1e-15)
-    np.testing.assert_allclose(data["dW_pos"], grads["embed.W_pos"][3], atol=1e-15)
+    np.testing.assert_allclose(data["dW_pos"], grads["embed.W_pos"][2], atol=1e-15)
+    assert np.abs(data["dW_pos"]).max() > 1e-3   # position 2 is scored: not 0
     where = np.argwhere(inputs.tokens == token).tolist()
     assert data["occurrences"] == where and len(data["dx0"]) == len(where)
     np.testing.assert_allclose(np.sum(data["dx0"], axis=0), data["embedding_part"], atol=1e-15)
@@ -158,6 +159,7 @@ def test_cli_embed_json_is_the_embedding_at_that_position():
                                atol=1e-15)
     assert data["checked"] == list(range(6)) and data["dW_E_numeric_diff"] < 1e-8
     assert data["dW_pos_numeric_diff"] < 1e-8 and data["forward_model_diff"] == 0
+    assert data["dW_E_model_diff"] < 1e-15 and data["dW_pos_model_diff"] < 1e-15
     plain = json.loads(ok("embed", "--json").stdout)
     assert plain["position"] == 0 and plain["head_part"] is None and plain["dW_pos"] is None
 
@@ -177,11 +179,26 @@ def test_cli_embed_prints_the_sum_over_the_token_positions():
     assert rows["(0,3)"][1] == "-3.6198e-05"                     # one small entry: all in e
     assert rows["sum"][0] == "-9.4594e-02"                      # dx0 at (0,1) + (0,3) + (1,3)
     assert "the sinusoidal table is fixed, not learned: nothing to update there" in text
+    once = " ".join(ok("embed", "-t", 2).stdout.split())   # 6 is at (0, 2) only
+    assert "copied row 6 to 1 position of the batch, (row,position) (0,2): each" in once
+    twice = " ".join(ok("embed", "--tokens", "5,5", "-d", 4, "-H", 1).stdout.split())
+    assert "copied row 5 to 2 positions of the batch, (row,position) (0,0), (0,1):" in twice
     assert "tied:" not in text and "dW_pos" not in text
     tied = " ".join(ok("embed", "-t", 1, "--pe", "learned", "--tied-head").stdout.split())
     assert "row 4 is also the head's column 4" in tied and "dW_pos[1] sums dx0 at position 1 " \
-        "over the batch (2 rows)" in tied
+        "over the batch (2 rows)" in tied and "(8 positions; h = ln_f.out)" in tied
+    one = " ".join(ok("embed", "-B", 1, "-T", 3, "-t", 1, "--pe", "learned").stdout.split())
+    assert "dW_pos[1] sums dx0 at position 1 over the batch (1 row)" in one
     assert "the 2 entries with the largest gradient" not in tied and "every entry" in tied
+
+
+def test_cli_embed_lists_up_to_8_positions_in_its_sentence():
+    eight = " ".join(ok("embed", "--tokens", "5,5,5,5,5,5,5,5", "-d", 4, "-H", 1).stdout.split())
+    assert "to 8 positions of the batch, (row,position) (0,0), (0,1), (0,2), (0,3), (0,4), " \
+        "(0,5), (0,6), (0,7): each one's" in eight
+    nine = " ".join(ok("embed", "--tokens", "5,5,5,5,5,5,5,5,5", "-d", 4, "-H", 1).stdout.split())
+    assert "to 9 positions of the batch, (row,position) (0,0), (0,1), (0,2), (0,3), (0,4), " \
+        "(0,5), (0,6), (0,7), …: each one's" in nine
 
 
 def test_cli_embed_leaves_out_positions_past_40_unless_full():
@@ -189,13 +206,25 @@ def test_cli_embed_leaves_out_positions_past_40_unless_full():
     out = ok("embed", "--tokens", tokens, "-T", 45, "-d", 4, "-H", 1).stdout
     assert "… 5 more" in out and "5 positions left out of the table (--full shows them)" in out
     assert "(0,39)" in out and "(0,40)" not in out
+    dots = next(line for line in out.splitlines() if "… 5 more" in line)
+    assert dots.split()[3:] == ["·"] * 4   # a row of dots, not numbers
+    forty = ok("embed", "--tokens", ",".join(["5"] * 40), "-d", 4, "-H", 1).stdout
+    assert "(0,39)" in forty and "more" not in forty.split("backward:")[1]
     full = ok("embed", "--tokens", tokens, "-T", 45, "-d", 4, "-H", 1, "--full").stdout
     assert "(0,44)" in full and "… 5 more" not in full and "left out" not in full
 
 
+def test_cli_embed_shows_rows_whole_up_to_d_32(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert "showing" not in ok("embed", "-d", 32, "-H", 1).stdout       # wrapped in blocks
+    assert "showing" in ok("embed", "-d", 34, "-H", 1).stdout
+
+
 def test_cli_embed_checks_fewer_entries_on_a_large_model(monkeypatch):
     from tfmcli.cli import embed   # here, not at the top: the commands register lazily
-    monkeypatch.setattr(embed, "LARGE", 100)
+    monkeypatch.setattr(embed, "LARGE", 626)   # the toy's parameters: not more, so all 6
+    assert len(json.loads(ok("embed", "--json").stdout)["checked"]) == 6
+    monkeypatch.setattr(embed, "LARGE", 625)
     data = json.loads(ok("embed", "--json").stdout)
     assert len(data["checked"]) == 2
     assert data["checked"] == sorted(np.argsort(-np.abs(data["dW_E"]))[:2].tolist())
