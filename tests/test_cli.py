@@ -143,6 +143,7 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "attn": (["--query", 2], {"param", "input", "config", "act", "loss"}),
     "kv": (["--generate", 2], {"param", "input", "config", "act", "loss"}),
     "embed": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
+    "block": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "ln": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "ffn": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "loss": (["-t", 1], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),

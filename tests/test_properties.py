@@ -209,6 +209,28 @@ def test_each_embedding_row_by_hand_agrees_with_the_run(cfg, pe, tied):
             assert not grads["embed.W_E"][token].any()
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(max_layers=2))
+def test_each_block_by_hand_agrees_with_the_run(cfg):
+    """tfm block on any small config: at every position of every block, each sum and each path
+    recomputed from the other views' pieces is the run's activation or gradient it names."""
+    from tfmcli import block
+
+    params, inputs, fwd, grads = run(cfg)
+    loose = 1e-4 if cfg.dtype == "float32" else 1e-10
+    for i in range(cfg.layers):
+        for b in range(cfg.batch):
+            for t in range(cfg.seq_len):
+                x = block.explain(params, fwd, grads, cfg, i, b, t, entries=1)
+                for rows, tensors in ((x.forward, fwd.acts), (x.backward, grads.acts)):
+                    for r in rows:
+                        if r.model is not None:
+                            theirs = tensors[f"blocks.{i}.{r.model}"][b, t]
+                            np.testing.assert_allclose(
+                                r.value, theirs, rtol=0,
+                                atol=loose * max(1.0, abs(r.value).max()), err_msg=r.name)
+
+
 def resolvable(cfg, fwd) -> bool:
     """Central differences can measure this run at all.
 
@@ -377,10 +399,10 @@ def model_args(draw, rate, small=False):
 
 @st.composite
 def invocations(draw):
-    """A random command line for one of twelve commands (without --save)."""
+    """A random command line for one of thirteen commands (without --save)."""
     command = draw(st.sampled_from(
-        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "embed", "ln",
-         "ffn", "loss"]))
+        ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "embed",
+         "block", "ln", "ffn", "loss"]))
     args = [command]
     rate = draw(st.sampled_from([0, 0, 10, 40]))   # percent of options given an invalid value
     if command in ("forward", "backward", "attn", "shapes"):
@@ -391,6 +413,12 @@ def invocations(draw):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
         args += maybe(draw, rate, "--layer", ["ln1", "ln2", "ln_f"], ["ln3", ""])
     if command == "ffn":
+        args += draw(model_args(rate))
+        for flag in ("--row", "--block", "-t"):
+            args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
+        if draw(st.booleans()):
+            args.append("--full")
+    if command == "block":
         args += draw(model_args(rate))
         for flag in ("--row", "--block", "-t"):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
@@ -453,8 +481,8 @@ def invocations(draw):
         args += maybe(draw, rate, "--len", ["1", "5", "16"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "-d", ["1", "7", "8"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "--precision", ["0", "3", "12"], BAD_PRECISION)
-    if command in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "ln", "ffn",
-                   "loss"):
+    if command in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "block", "ln",
+                   "ffn", "loss"):
         if draw(st.integers(0, 9)) == 0:
             args += ["--load", "no-such-file.npz"]   # exit 1
         if ABSURD not in args and draw(st.booleans()):
@@ -522,8 +550,8 @@ def test_any_command_line_exits_cleanly_and_saves_all_or_nothing(args, save, svg
         with np.load(folder / "out.npz", allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
         assert arrays, args
-        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "ln", "ffn",
-                       "loss") and \
+        if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "block", "ln",
+                       "ffn", "loss") and \
                 "--example" not in args:
             cfg = Config.from_json(str(arrays["config"][()]))
             assert {k[len("param/"):] for k in arrays if k.startswith("param/")} == set(

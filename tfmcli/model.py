@@ -254,6 +254,14 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
     return dx
 
 
+def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths) -> np.ndarray:
+    """Block ``block`` alone on ``x`` (B, T, d), by the clear reference path: its output
+    (B, T, d). ``lengths`` (B,) are the rows' lengths, for the padding mask. ``params`` need
+    hold only that block's parameters."""
+    mask = combined_mask(np.asarray(lengths), x.shape[1], cfg.causal)              # (B, T, T)
+    return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": False})
+
+
 # ---------------------------------------------------------------- the model
 
 

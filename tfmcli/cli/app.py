@@ -134,6 +134,7 @@ COMMANDS = {
     "shapes": "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.",
     "embed": "The embedding at one position, number by number: W_E[id] + PE[t]; then dW_E[id], summed over every use of the token.",
     "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
+    "block": "One block's residual stream at one position: x, each sublayer's output and each sum; then dz back to dx, path by path.",
     "ln": "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.",
     "ffn": "One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.",
     "loss": "The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.",

@@ -1,0 +1,140 @@
+"""One block at one position: the residual stream, forward and backward (``tfm block``).
+
+Seed 003 writes the Pre-LN block as ``y = x + ATTN(LN1(x))``, ``z = y + FFN(LN2(y))``, and its
+backward with the residual split out: the gradient at y is the gradient at z carried straight
+through, plus what comes back through the FFN and LN2; the gradient at x is the gradient at y,
+plus what comes back through attention and LN1. Post-LN puts each layer norm after its sum
+(``y = LN1(x + ATTN(x))``, ``z = LN2(y + FFN(y))``), so nothing reaches x untouched.
+
+This lays out each sum at one position, and each path of the backward from pieces the other
+views explain: the FFN's input gradient ``dpre W_1^T`` (``tfm ffn``), attention's, which sums
+what reaches this position as a query, as a key and as a value (``dq W_Q^T + dk W_K^T + dv
+W_V^T``; ``tfm attn --backward``), and each layer norm's backward (``tfm ln``). The sums are
+checked against the backward pass, and dx against central differences of the block itself.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tfmcli import layernorm, ops
+from tfmcli.config import Config
+from tfmcli.gradcheck import central_differences
+from tfmcli.model import Forward, Gradients, block_forward
+
+
+class Row(NamedTuple):
+    name: str
+    formula: str
+    value: np.ndarray    # (d,) float64
+    model: str | None    # the run's activation (forward) or gradient (backward) it must equal
+
+
+class BlockExplained(NamedTuple):
+    forward: list[Row]     # x, the sublayers' outputs and each sum, in order
+    backward: list[Row]    # dz back to dx, each path and each sum
+    checked: np.ndarray    # the entries of dx checked by central differences
+    numeric_dx: np.ndarray  # d sum(dz * block(x)) / d x[row, t, checked], the whole row's dz
+
+
+def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: int, row: int,
+            t: int, entries: int = 32, step: float = 1e-6) -> BlockExplained:
+    """Block ``block`` at batch row ``row``, position ``t``, in float64. Central differences
+    run the block again on the row, twice per entry of x checked: every entry when d is no more
+    than ``entries``, else those with the largest gradient. A block, row or position the run
+    does not have is a ``ValueError``."""
+    B, T = fwd.inputs.tokens.shape
+    for value, upper, what in ((block, cfg.layers, "block"), (row, B, "row"),
+                               (t, T, "position")):
+        if not 0 <= value < upper:
+            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    p = f"blocks.{block}."
+
+    def act(name):
+        return fwd.acts[p + name][row, t].astype(np.float64)
+
+    def grad(name):
+        return grads.acts[p + name][row, t].astype(np.float64)
+
+    def ln(name):
+        return layernorm.explain(params, fwd, grads.acts[p + name + ".out"], cfg, p + name, row,
+                                 t)
+
+    def merged(name):   # (d,): this position's gradient of q, k or v, its heads side by side
+        return ops.merge_heads(grads.acts[p + "attn." + name][row:row + 1])[0, t].astype(
+            np.float64)
+
+    def weight(name):
+        return params[p + name].astype(np.float64)
+
+    ln1, ln2 = ln("ln1"), ln("ln2")
+    x, attn, ffn = act("in"), act("attn.out"), act("ffn.out")
+    through_ffn = grad("ffn.pre") @ weight("ffn.W_1").T
+    via = {name: merged(name.lower()) @ weight(f"attn.W_{name}").T for name in "QKV"}
+    through_attn = via["Q"] + via["K"] + via["V"]
+    dz = grad("out")
+    above = (f"from block {block + 1}" if block + 1 < cfg.layers else
+             "from ln_f" if cfg.norm == "pre" else "from the head")
+    attention_rows = [
+        Row("via q", "dq W_Q^T: as a query", via["Q"], None),
+        Row("via k", "dk W_K^T: as a key, from every query that sees it", via["K"], None),
+        Row("via v", "dv W_V^T: as a value, from every query that sees it", via["V"], None)]
+    if cfg.norm == "pre":
+        y = x + attn
+        dy = dz + ln2.dx
+        forward = [
+            Row("x", "the block's input", x, None),
+            Row("attn", "MHA(LN1(x)), attention's output", attn, None),
+            Row("y", "x + attn", y, "resid1"),
+            Row("ffn", "FFN(LN2(y)), the feed-forward's output", ffn, None),
+            Row("z", "y + ffn, the block's output", y + ffn, "out")]
+        backward = [
+            Row("dz", f"{above}: the gradient at the block's output", dz, None),
+            Row("dffn in", "dpre W_1^T: the FFN's input gradient", through_ffn, "ln2.out"),
+            Row("ffn path", "LN2's backward of dffn in", ln2.dx, None),
+            Row("dy", "dz + ffn path (dz carried straight through)", dy,
+                "resid1"),
+            *attention_rows,
+            Row("dattn in", "via q + via k + via v", through_attn, "ln1.out"),
+            Row("attn path", "LN1's backward of dattn in", ln1.dx, None),
+            Row("dx", "dy + attn path", dy + ln1.dx, "in")]
+    else:
+        forward = [
+            Row("x", "the block's input", x, None),
+            Row("attn", "MHA(x), attention's output", attn, None),
+            Row("r1", "x + attn", x + attn, "resid1"),
+            Row("y", "LN1(r1)", ln1.y, "ln1.out"),
+            Row("ffn", "FFN(y), the feed-forward's output", ffn, None),
+            Row("r2", "y + ffn", ln1.y + ffn, "resid2"),
+            Row("z", "LN2(r2), the block's output", ln2.y, "out")]
+        dy = ln2.dx + through_ffn
+        backward = [
+            Row("dz", f"{above}: the gradient at the block's output", dz, None),
+            Row("dr2", "LN2's backward of dz", ln2.dx, "resid2"),
+            Row("ffn path", "dpre W_1^T: the FFN's input gradient", through_ffn, None),
+            Row("dy", "dr2 + ffn path (dr2 carried straight through)", dy,
+                "ln1.out"),
+            Row("dr1", "LN1's backward of dy", ln1.dx, "resid1"),
+            *attention_rows,
+            Row("attn path", "via q + via k + via v", through_attn, None),
+            Row("dx", "dr1 + attn path", ln1.dx + through_attn, "in")]
+
+    # sum(dz * block(x)) over the row's every position: its gradient in x[row, t] is dx
+    mine = {name: value.astype(np.float64) for name, value in params.items()
+            if name.startswith(p)}
+    cfg64 = cfg.replace(dtype="float64")
+    xs = fwd.acts[p + "in"][row:row + 1].astype(np.float64)                   # (1, T, d)
+    dzs = grads.acts[p + "out"][row].astype(np.float64)                       # (T, d)
+    lengths = fwd.inputs.lengths[row:row + 1]
+    dx = backward[-1].value
+    checked = np.sort(np.argsort(-np.abs(dx), kind="stable")[:entries])
+
+    def contracted(values):
+        nudged = xs.copy()
+        nudged[0, t, checked] = values
+        return float(np.sum(dzs * block_forward(mine, nudged, cfg64, block, lengths)[0]))
+
+    numeric = central_differences(contracted, xs[0, t, checked].copy(), step)
+    return BlockExplained(forward, backward, checked, numeric)

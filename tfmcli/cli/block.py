@@ -1,0 +1,113 @@
+"""tfm block: one block's residual stream at one position, forward and backward, number by number."""
+
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
+                               execute, width)
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_range, with_options)
+
+SHAPES = {
+    "pre": ("Pre-LN: y = x + MHA(LN1(x)),  z = y + FFN(LN2(y))",
+            "the gradient at each sum is the one after it, carried straight through, plus what "
+            "comes back through the sublayer and its layer norm"),
+    "post": ("Post-LN: y = LN1(x + MHA(x)),  z = LN2(y + FFN(y))",
+             "each layer norm's backward comes first; then the gradient at each sum is carried "
+             "straight through, plus what comes back through the sublayer"),
+}
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def block(
+    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block to show.")] = 0,
+    row: Row = 0,
+    position: Position = 0,
+    precision: Precision = 4,
+    full: Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to 32).")] = False,
+    opts: Options = None,
+):
+    """One block's residual stream at one position: x, each sublayer's output and each sum; then dz back to dx, path by path.
+
+    Example: tfm block --position 2
+    """
+    from tfmcli.block import explain
+    from tfmcli.io import run_arrays
+
+    def validate(cfg):
+        check_indices(cfg, row, None, block)
+        check_range(position, cfg.seq_len, "--position", "positions")
+
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    cfg = run.cfg
+    x = explain(run.params, fwd, grads, cfg, block, row, position)
+    p = f"blocks.{block}."
+
+    def off(rows, tensors):   # the largest difference from the run's own, over rows that have one
+        return max((float(np.abs(tensors[p + r.model][row, position] - r.value).max())
+                    for r in rows if r.model is not None), default=0.0)
+
+    forward_off, backward_off = off(x.forward, fwd.acts), off(x.backward, grads.acts)
+    dx = x.backward[-1].value
+    numeric_off = float(np.abs(x.numeric_dx - dx[x.checked]).max())
+    token = run.token_labels(row)[position]
+    shape, backward_shape = SHAPES[cfg.norm]
+
+    def table(rows):   # every column, wrapped in blocks, up to 32 (or with --full)
+        return render.tensor_table(np.vstack([r.value for r in rows]),
+                                   row_labels=[r.name for r in rows], precision=precision,
+                                   width=width(), full=full or cfg.d_model <= WHOLE)
+
+    def legend(rows):   # each row's formula and its length (L2 norm), in one notation
+        from tfmcli.render.numbers import notation
+
+        label = max(len(r.name) for r in rows)
+        lengths = [float(np.linalg.norm(r.value)) for r in rows]
+        style = notation(lengths)
+        return Text("\n".join(f"{r.name:>{label}}  |{render.fmt(n, precision, style, sign=False)}"
+                              f"|  {r.formula}" for r, n in zip(rows, lengths)), style="dim")
+
+    def named(rows):
+        return ", ".join(f"{r.name} ({r.model})" for r in rows if r.model is not None)
+
+    def parts():
+        views = [
+            render.config_panel(describe(cfg, run, row), title=f"tfm block: block {block}, "
+                                                               f"batch row {row}, position "
+                                                               f"{position}"),
+            Text(f"forward: the residual stream of block {block} at position {position} "
+                 f"(token {token})", style="bold"),
+            Text(shape),
+            table(x.forward),
+            legend(x.forward),
+            Text(f"{named(x.forward)} differ from the model's own by {forward_off:.1e}",
+                 style="dim"),
+            Text("backward: " + backward_shape, style="bold"),
+            table(x.backward),
+            legend(x.backward),
+            Text(f"{named(x.backward)} differ from the backward pass's own by "
+                 f"{backward_off:.1e}; dx from central differences of sum(dz * block(x)) over "
+                 f"the row's positions by {numeric_off:.1e}", style="dim"),
+            Text("|...|: each row's length; the paths come from tfm ffn, tfm attn --backward "
+                 "and tfm ln, which lay them out", style="dim")]
+        if not dx.any():
+            views.append(Text(f"dx is 0 here: position {position} of row {row} reaches "
+                              f"nothing the loss counts (padding)", style="dim"))
+        return views
+
+    def rows_json(rows):
+        return [{"name": r.name, "formula": r.formula, "value": r.value.tolist(),
+                 "model": None if r.model is None else p + r.model} for r in rows]
+
+    payload = {"block": block, "row": row, "position": position, "token": token,
+               "norm": cfg.norm, "forward": rows_json(x.forward),
+               "backward": rows_json(x.backward), "forward_model_diff": forward_off,
+               "backward_model_diff": backward_off, "checked": x.checked.tolist(),
+               "dx_numeric_diff": numeric_off}
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
