@@ -48,6 +48,10 @@ def test_the_help_loads_neither_numpy_nor_a_command_and_reads_as_with_every_comm
     assert {f"tfmcli.cli.{name}" for name in COMMANDS} <= loaded_by_app
     assert listed == full
     assert all(name in listed for name in COMMANDS)
+    # every summary whole: rich reads "[t]" in help as markup and drops it
+    words = " ".join(line.strip("│ ") for line in listed.splitlines())
+    for summary in COMMANDS.values():
+        assert " ".join(summary.split()) in " ".join(words.split()), summary
 
 
 def test_a_command_loads_its_own_module_and_not_the_model():

@@ -132,7 +132,7 @@ COMMANDS = {
     "backward": "Forward + hand-written backward: a gradient table per parameter (and --check).",
     "gradcheck": "Check every parameter's gradient against central differences; exit 1 if any fails.",
     "shapes": "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.",
-    "embed": "The embedding at one position, number by number: W_E[id] + PE[t]; then dW_E[id], summed over every use of the token.",
+    "embed": "The embedding at one position, number by number: the token's row of W_E plus the position's; then its gradient, summed over every use of the token.",
     "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
     "block": "One block's residual stream at one position: x, each sublayer's output and each sum; then dz back to dx, path by path.",
     "ln": "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.",

@@ -32,7 +32,7 @@ def embed(
     full: Annotated[bool, typer.Option("--full", help="Every column and every position of the token (without it, up to 32 columns and 40 positions).")] = False,
     opts: Options = None,
 ):
-    """The embedding at one position, number by number: W_E[id] + PE[t]; then dW_E[id], summed over every use of the token.
+    """The embedding at one position, number by number: the token's row of W_E plus the position's; then its gradient, summed over every use of the token.
 
     Example: tfm embed --position 2
     """
