@@ -60,8 +60,9 @@ forward_flops, backward_flops = flops(big)
 print(f"{param_count(big):,} parameters, {forward_flops / 1e9:.1f} GFLOP forward, "
       f"{memory_estimate(big)['total'] / 2**30:.2f} GiB peak forward + backward")
 
-# %% 8. One position by hand, every intermediate: what tfm embed, ln, ffn, loss and attn --query show
+# %% 8. One position by hand, every intermediate: tfm embed, ln, ffn, block, loss, attn --query
 embed = tfmcli.embedding.explain(params, fwd, grads, cfg, 0, 2)
+block = tfmcli.block.explain(params, fwd, grads, cfg, 0, 0, 2)
 ln = tfmcli.layernorm.explain(params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1",
                               0, 2)
 ffn = tfmcli.feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 2)
@@ -71,6 +72,8 @@ query = tfmcli.steps.explain_query_backward(fwd, grads.acts["blocks.0.attn.conte
 for name, analytic, numeric in (("embed dW_E", embed.dw_e[embed.checked], embed.numeric_dw_e),
                                 ("ln1 dx", ln.dx, ln.numeric_dx),
                                 ("ffn dx", ffn.dx, ffn.numeric_dx),
+                                ("block dx", block.backward[-1].value[block.checked],
+                                 block.numeric_dx),
                                 ("loss dh", head.dh, head.numeric_dh),
                                 ("attn dq", query.dq, query.numeric_dq)):
     print(f"{name:10} against central differences: {np.abs(analytic - numeric).max():.1e}")

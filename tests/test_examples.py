@@ -17,7 +17,7 @@ def test_walkthrough_runs_and_its_checks_hold(capsys):
     assert abs(analytic - numeric) < 1e-8
     assert "84,334,417 parameters" in out
     checks = [l for l in out.splitlines() if "against central differences:" in l]
-    assert [l.split()[0] for l in checks] == ["embed", "ln1", "ffn", "loss", "attn"]
+    assert [l.split()[0] for l in checks] == ["embed", "ln1", "ffn", "block", "loss", "attn"]
     assert all(float(l.split()[-1]) < 1e-8 for l in checks)
     assert "-log p(target) at (0, 2) = 2.603567, 0.325446 of the loss" in out
 
