@@ -183,6 +183,14 @@ def test_cli_block_prints_each_sum_with_its_length():
     assert "dx is 0 here: position 3 of row 1 reaches nothing the loss counts" in padded
 
 
+def test_cli_block_shows_rows_whole_up_to_d_32(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert "showing" not in ok("block", "-d", 32, "-H", 1).stdout       # wrapped in blocks
+    wide = ok("block", "-d", 34, "-H", 1).stdout
+    assert len(re.findall(r"showing \d+ of 34 columns", wide)) == 2     # forward and backward
+    assert "showing" not in ok("block", "-d", 34, "-H", 1, "--full").stdout
+
+
 @pytest.mark.parametrize("args, option, needle", [
     (["-t", "4"], "'--position'", "0..3"),
     (["--row", "2"], "'--row'", "0..1"),

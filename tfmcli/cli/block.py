@@ -50,8 +50,8 @@ def block(
     p = f"blocks.{block}."
 
     def off(rows, tensors):   # the largest difference from the run's own, over rows that have one
-        return max((float(np.abs(tensors[p + r.model][row, position] - r.value).max())
-                    for r in rows if r.model is not None), default=0.0)
+        return max(float(np.abs(tensors[p + r.model][row, position] - r.value).max())
+                   for r in rows if r.model is not None)
 
     forward_off, backward_off = off(x.forward, fwd.acts), off(x.backward, grads.acts)
     dx = x.backward[-1].value
