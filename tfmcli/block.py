@@ -22,7 +22,7 @@ import numpy as np
 from tfmcli import layernorm, ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, Gradients, block_forward
+from tfmcli.model import Forward, Gradients, block_forward, check_within
 
 
 class Row(NamedTuple):
@@ -46,10 +46,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
     than ``entries``, else those with the largest gradient. A block, row or position the run
     does not have is a ``ValueError``."""
     B, T = fwd.inputs.tokens.shape
-    for value, upper, what in ((block, cfg.layers, "block"), (row, B, "row"),
-                               (t, T, "position")):
-        if not 0 <= value < upper:
-            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    check_within("explain", block=(block, cfg.layers), row=(row, B), position=(t, T))
     p = f"blocks.{block}."
 
     def act(name):

@@ -20,7 +20,7 @@ import numpy as np
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.loss import input_name as head_input
-from tfmcli.model import Forward, Gradients, unchecked_forward
+from tfmcli.model import Forward, Gradients, check_within, unchecked_forward
 
 
 class EmbedExplained(NamedTuple):
@@ -54,9 +54,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
     not have is a ``ValueError``."""
     tokens = fwd.inputs.tokens
     B, T = tokens.shape
-    for value, upper, what in ((row, B, "row"), (t, T, "position")):
-        if not 0 <= value < upper:
-            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    check_within("explain", row=(row, B), position=(t, T))
     d = cfg.d_model
     token = int(tokens[row, t])
     w_e = params["embed.W_E"][token].astype(np.float64)

@@ -18,7 +18,7 @@ import numpy as np
 
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward
+from tfmcli.model import Forward, check_within
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -64,9 +64,7 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     the gradient of the loss with respect to its output (``grads.acts['blocks.i.ffn.out']``).
     A block, row or position the run does not have is a ``ValueError``."""
     B, T = fwd.inputs.tokens.shape
-    for value, upper, what in ((block, cfg.layers, "block"), (row, B, "row"), (t, T, "position")):
-        if not 0 <= value < upper:
-            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    check_within("explain", block=(block, cfg.layers), row=(row, B), position=(t, T))
     p = f"blocks.{block}.ffn."
     W_1, b_1, W_2, b_2 = (params[p + name].astype(np.float64)
                           for name in ("W_1", "b_1", "W_2", "b_2"))

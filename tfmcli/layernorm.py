@@ -15,7 +15,7 @@ import numpy as np
 
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward
+from tfmcli.model import Forward, check_within
 
 
 def names(cfg: Config) -> list[str]:
@@ -64,9 +64,7 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
         raise ValueError(f"explain: no layer norm {name!r}; this model has "
                          f"{', '.join(names(cfg))}")
     B, T = fwd.inputs.tokens.shape
-    for value, upper, what in ((row, B, "row"), (t, T, "position")):
-        if not 0 <= value < upper:
-            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    check_within("explain", row=(row, B), position=(t, T))
     x = fwd.acts[input_name(cfg, name)][row, t].astype(np.float64)
     gamma = params[name + ".gamma"].astype(np.float64)
     beta = params[name + ".beta"].astype(np.float64)

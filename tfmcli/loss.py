@@ -15,7 +15,7 @@ import numpy as np
 
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, head_weights
+from tfmcli.model import Forward, check_within, head_weights
 
 
 def input_name(cfg: Config) -> str:
@@ -55,9 +55,7 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
     """The head and the loss at batch row ``row``, position ``t``, in float64. A row or
     position the run does not have is a ``ValueError``."""
     B, T = fwd.inputs.tokens.shape
-    for value, upper, what in ((row, B, "row"), (t, T, "position")):
-        if not 0 <= value < upper:
-            raise ValueError(f"explain: {what} {value} is outside 0..{upper - 1}")
+    check_within("explain", row=(row, B), position=(t, T))
     W_U, b_U = head_weights(params, cfg)
     W_U, b_U = np.asarray(W_U, dtype=np.float64), np.asarray(b_U, dtype=np.float64)
     cache = fwd.caches["loss"]

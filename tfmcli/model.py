@@ -254,6 +254,17 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
     return dx
 
 
+def check_within(caller: str | None, **bounds: tuple[int, int]) -> None:
+    """A ``ValueError`` for the first index outside its range, each given as ``what=(value,
+    upper)`` for ``0..upper - 1``: the views' explainers name the row, position, block or head
+    they were asked for this way (NumPy would read row -1 as the last, and a head past the last
+    as an empty slice)."""
+    for what, (value, upper) in bounds.items():
+        if not 0 <= value < upper:
+            prefix = f"{caller}: " if caller else ""
+            raise ValueError(f"{prefix}{what} {value} is outside 0..{upper - 1}")
+
+
 def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths) -> np.ndarray:
     """Block ``block`` alone on ``x`` (B, T, d), by the clear reference path: its output
     (B, T, d). ``lengths`` (B,) are the rows' lengths, for the padding mask. ``params`` need

@@ -16,7 +16,7 @@ from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.masks import combined_mask
-from tfmcli.model import Forward
+from tfmcli.model import Forward, check_within
 
 
 class Step(NamedTuple):
@@ -57,10 +57,8 @@ def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: in
     """A ``ValueError`` for a block, head, row or query the run does not have (NumPy would read
     row -1 as the last, and a head past the last as an empty slice)."""
     B, T = fwd.inputs.tokens.shape
-    bounds = [(block, cfg.layers, "block"), (head, cfg.heads, "head"), (row, B, "row")]
-    for value, upper, what in bounds + ([(t, T, "query")] if t is not None else []):
-        if not 0 <= value < upper:
-            raise ValueError(f"{what} {value} is outside 0..{upper - 1}")
+    check_within(None, block=(block, cfg.layers), head=(head, cfg.heads), row=(row, B),
+                 **({"query": (t, T)} if t is not None else {}))
 
 
 def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: int, row: int):
