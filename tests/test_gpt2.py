@@ -547,6 +547,26 @@ def test_loss_of_the_shipped_checkpoint_names_its_target_among_the_likeliest_tok
     assert "columns: the target and the 3 likeliest of 286 tokens (-k)" in out
 
 
+def test_the_views_by_hand_on_the_shipped_checkpoint_as_the_readme_tells():
+    """tfm embed's tied part of ' the', and tfm block's vanishing gradient through a saturated
+    softmax: block 1's heads weigh the key ' the' at 1 or under 1e-119 from the one query that
+    sees it and counts, so via k is about 1e-123 and via v 2e-6."""
+    from tfmcli import block, embedding
+
+    tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
+    run_ = tfmcli.load(tiny, text="The cat sat on the mat")
+    fwd = tfmcli.forward(run_.params, run_.inputs, run_.cfg)
+    grads = tfmcli.backward(run_.params, fwd, run_.cfg)
+    e = embedding.explain(run_.params, fwd, grads, run_.cfg, 0, 4)
+    assert run_.token_text(e.token) == "␣the" and np.abs(e.head_part).max() > 1e-6
+    weights = fwd.acts["blocks.1.attn.pattern"][0, :, 4, 4]
+    assert all(w == 1.0 or w < 1e-119 for w in weights)
+    _, d = (dict((r.name, r.value) for r in rows)
+            for rows in block.explain(run_.params, fwd, grads, run_.cfg, 1, 0, 4)[:2])
+    assert 1e-126 < np.linalg.norm(d["via k"]) < 1e-120
+    assert 1e-6 < np.linalg.norm(d["via v"]) < 1e-5
+
+
 def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):
     # its weights are read, so --init draws nothing; with the tokens given, --seed neither
     line = error_line(run("forward", "--load", checkpoint, "--init", "normal"), 2)
