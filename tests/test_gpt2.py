@@ -565,6 +565,12 @@ def test_the_views_by_hand_on_the_shipped_checkpoint_as_the_readme_tells():
             for rows in block.explain(run_.params, fwd, grads, run_.cfg, 1, 0, 4)[:2])
     assert 1e-126 < np.linalg.norm(d["via k"]) < 1e-120
     assert 1e-6 < np.linalg.norm(d["via v"]) < 1e-5
+    out = ok("block", "--load", tiny, "--text", "The cat sat on the mat", "-t", 4, "--block",
+             1).stdout
+    legend = [line for line in out.splitlines() if re.match(r" *[\w ]+  \|", line)]
+    assert len(legend) == 15   # 5 forward rows, 10 backward; via k's three-digit exponent:
+    assert re.search(r"via k  \|\d\.\d{4}e-1\d\d\|", out)
+    assert len({line.index("|", line.index("|") + 1) for line in legend[5:]}) == 1   # aligned
 
 
 def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):

@@ -70,8 +70,10 @@ def block(
         label = max(len(r.name) for r in rows)
         lengths = [float(np.linalg.norm(r.value)) for r in rows]
         style = notation(lengths)
-        return Text("\n".join(f"{r.name:>{label}}  |{render.fmt(n, precision, style, sign=False)}"
-                              f"|  {r.formula}" for r, n in zip(rows, lengths)), style="dim")
+        written = [render.fmt(n, precision, style, sign=False) for n in lengths]
+        wide = max(len(w) for w in written)   # e-123 is wider than e-06
+        return Text("\n".join(f"{r.name:>{label}}  |{w:>{wide}}|  {r.formula}"
+                              for r, w in zip(rows, written)), style="dim")
 
     def named(rows):
         return ", ".join(f"{r.name} ({r.model})" for r in rows if r.model is not None)
