@@ -48,6 +48,7 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
     "tfmcli/loss.py": ["tests/test_loss.py"],
     "tfmcli/embedding.py": ["tests/test_embed.py"],
     "tfmcli/block.py": ["tests/test_block.py"],
+    "tfmcli/adam.py": ["tests/test_adam.py"],
     "tfmcli/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
     "tfmcli/tasks.py": ["tests/test_train.py"],
     "tfmcli/train.py": ["tests/test_train.py"],
@@ -70,11 +71,12 @@ RENDER_TESTS = ["tests/test_render.py", "tests/test_heatmap.py", "tests/test_see
                 "tests/test_train.py", "tests/test_gpt2.py"]
 TESTS |= {path: RENDER_TESTS for path in RENDER}   # the views: what a user reads, drawn
 CLI = [f"tfmcli/cli/{name}.py" for name in (
-    "app", "attn", "backward", "block", "check", "checks", "common", "compare", "embed",
+    "adam", "app", "attn", "backward", "block", "check", "checks", "common", "compare", "embed",
     "forward", "gradcheck", "ffn", "kv", "lens", "ln", "loss", "mask", "options", "pe", "shapes", "train")]
 CLI_TESTS = ["tests/test_errors.py", "tests/test_compare.py", "tests/test_kv.py",   # quick first
              "tests/test_layernorm.py", "tests/test_feedforward.py", "tests/test_loss.py",
-             "tests/test_embed.py", "tests/test_block.py", "tests/test_attn_backward.py",
+             "tests/test_embed.py", "tests/test_block.py", "tests/test_adam.py",
+             "tests/test_attn_backward.py",
              "tests/test_seeds.py", "tests/test_startup.py", "tests/test_check.py",
              "tests/test_examples.py", "tests/test_io.py", "tests/test_tokens.py",
              "tests/test_cli.py", "tests/test_memory.py", "tests/test_gpt2.py",

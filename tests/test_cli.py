@@ -151,6 +151,7 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "check": (["--against", "torch"], {"param", "input", "config", "act", "loss", "grad",
                                        "actgrad"}),
     "compare": (["-L", 2], {"pre", "post"}),
+    "adam": (["--steps", 1], {"param", "input", "config", "act", "loss"}),
     "train": (["--steps", 20], {"param", "input", "config", "act", "loss"}),
     "mask": ([], {"causal", "padding", "combined"}),
     "pe": ([], {"pe"}),

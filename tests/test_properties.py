@@ -399,10 +399,10 @@ def model_args(draw, rate, small=False):
 
 @st.composite
 def invocations(draw):
-    """A random command line for one of thirteen commands (without --save)."""
+    """A random command line for one of fourteen commands (without --save)."""
     command = draw(st.sampled_from(
         ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe", "kv", "embed",
-         "block", "ln", "ffn", "loss"]))
+         "block", "ln", "ffn", "loss", "adam"]))
     args = [command]
     rate = draw(st.sampled_from([0, 0, 10, 40]))   # percent of options given an invalid value
     if command in ("forward", "backward", "attn", "shapes"):
@@ -418,6 +418,13 @@ def invocations(draw):
             args += maybe(draw, rate, flag, ["0", "1", "2"], BAD_INDEX)
         if draw(st.booleans()):
             args.append("--full")
+    if command == "adam":   # a few forward and backward passes: keep the model small
+        args += draw(model_args(rate, small=True))
+        args += maybe(draw, rate, "--param", ["blocks.0.ffn.W_1", "embed.W_E", "ln_f.beta"],
+                      ["W_Q", "", "blocks.9.ffn.W_1"])
+        args += maybe(draw, rate, "--steps", ["1", "3"], ["0", "11", "x"])
+        args += maybe(draw, rate, "-k", ["1", "8"], ["0", "9", "x"])
+        args += maybe(draw, rate, "--lr", ["0.01", "1e300"], ["-1", "nan", "0", "x"])
     if command == "block":
         args += draw(model_args(rate))
         for flag in ("--row", "--block", "-t"):
@@ -482,7 +489,7 @@ def invocations(draw):
         args += maybe(draw, rate, "-d", ["1", "7", "8"], ["-1", "0", "100001", "x"])
         args += maybe(draw, rate, "--precision", ["0", "3", "12"], BAD_PRECISION)
     if command in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "block", "ln",
-                   "ffn", "loss"):
+                   "ffn", "loss", "adam"):
         if draw(st.integers(0, 9)) == 0:
             args += ["--load", "no-such-file.npz"]   # exit 1
         if ABSURD not in args and draw(st.booleans()):
@@ -551,7 +558,7 @@ def test_any_command_line_exits_cleanly_and_saves_all_or_nothing(args, save, svg
             arrays = {key: npz[key] for key in npz.files}
         assert arrays, args
         if args[0] in ("forward", "backward", "gradcheck", "attn", "kv", "embed", "block", "ln",
-                       "ffn", "loss") and \
+                       "ffn", "loss", "adam") and \
                 "--example" not in args:
             cfg = Config.from_json(str(arrays["config"][()]))
             assert {k[len("param/"):] for k in arrays if k.startswith("param/")} == set(

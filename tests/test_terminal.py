@@ -20,7 +20,7 @@ from tfmcli.render import grad_table, shape_trace, tensor_table
 # One quick run of every command (and of the help), each writing more than one line.
 EVERY_COMMAND = [
     ["forward"], ["backward"], ["gradcheck", "--max-entries", "2"], ["shapes"], ["attn"],
-    ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["kv"], ["lens"], ["embed"], ["block"], ["ln"], ["ffn"],
+    ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["adam"], ["kv"], ["lens"], ["embed"], ["block"], ["ln"], ["ffn"],
     ["loss"],
     ["check"], ["compare"], ["forward", "--json"], ["attn", "--query", "2", "--backward"],
     ["--help"],

@@ -26,7 +26,7 @@ _LAZY = {
     "inputs_from_tokens": "tfmcli.inputs", "make_inputs": "tfmcli.inputs",
 }
 _SUBMODULES = {   # tfmcli.io.save_npz, tfmcli.optim.adam_step, ...: every module but gradcheck
-    "block", "config", "embedding", "feedforward", "init", "inputs", "io", "kv", "layernorm", "lens", "loss", "masks", "memory", "model",
+    "adam", "block", "config", "embedding", "feedforward", "init", "inputs", "io", "kv", "layernorm", "lens", "loss", "masks", "memory", "model",
     "ops", "optim", "parallel", "positional", "sources", "steps", "summary", "tasks", "train",
 }
 

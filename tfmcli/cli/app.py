@@ -140,6 +140,7 @@ COMMANDS = {
     "loss": "The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.",
     "mask": "The causal grid, the padding rows and each row's combined mask (True = may attend).",
     "pe": "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + wavelength.",
+    "adam": "Adam by hand: a few entries of one parameter through a few updates, m, v, their corrections and the step.",
     "train": "Train a small model with Adam and the hand-written backward, then show what it learned.",
     "kv": "Decode batch row --row one token at a time with a KV cache; each step against the full pass.",
     "lens": "The logit lens: after each block, the next tokens the model would predict there.",

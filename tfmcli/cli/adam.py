@@ -1,0 +1,107 @@
+"""tfm adam: a few entries of one parameter through a few Adam steps, every term of the update."""
+
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import Precision, describe, emit, execute, width
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_name, with_options)
+from tfmcli.errors import TfmError
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+def adam(
+    param: Annotated[str, typer.Option("--param", metavar="NAME", help="The parameter whose entries are followed.")] = "blocks.0.ffn.W_1",
+    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 10), help="Adam updates on the run's own batch (1..10).")] = 3,
+    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 8), help="How many entries: those with the largest gradient at step 1 (1..8).")] = 4,
+    warmup: Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(t^-0.5, t warmup^-1.5).")] = 100,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")] = None,
+    precision: Precision = 4,
+    opts: Options = None,
+):
+    """Adam by hand: a few entries of one parameter through a few updates, m, v, their corrections and the step.
+
+    Example: tfm adam --param blocks.0.attn.W_Q --lr 0.01
+    """
+    from tfmcli.adam import explain
+    from tfmcli.config import param_shapes
+    from tfmcli.io import run_arrays
+    from tfmcli.model import first_nonfinite
+
+    if lr is not None and not (np.isfinite(lr) and lr > 0):
+        raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
+                                 param_hint="'--lr'")
+    if lr is not None and opts.explicit("warmup"):
+        raise typer.BadParameter("a constant --lr replaces the warm-up schedule; give one of "
+                                 "--lr and --warmup", param_hint="'--warmup'")
+
+    def validate(cfg):
+        shapes = param_shapes(cfg)
+        name = check_name(param, shapes, flag="--param")
+        size = int(np.prod(shapes[name]))
+        if top > size:
+            raise typer.BadParameter(f"{name} has {size} entries; -k picks at most that many",
+                                     param_hint="'-k'")
+
+    run, _, _ = execute(opts, with_grads=False, validate=validate)
+    cfg = run.cfg
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+            x = explain(run.params, run.inputs, cfg, param, steps, top, warmup, lr)
+    except FloatingPointError as e:
+        raise TfmError(f"training overflowed {cfg.dtype} ({e}); use a smaller --lr") from None
+    if first_nonfinite(x.params) or not np.isfinite(x.final.loss):
+        raise TfmError("training produced NaN or Inf; use a smaller --lr")
+    labels = [f"[{','.join(map(str, e))}]" for e in x.entries]
+    engine_off = max(float(np.abs(s.p - s.engine_p).max()) for s in x.steps)
+    schedule = (f"constant lr {lr:g}" if lr is not None else
+                f"lr = d^-0.5 min(t^-0.5, t warmup^-1.5), d {cfg.d_model}, warmup {warmup}")
+
+    def table(rows: dict):
+        return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
+                                   col_labels=labels, precision=precision, width=width(),
+                                   full=True)
+
+    def parts():
+        views = [
+            render.config_panel(describe(cfg, run), title=f"tfm adam: {param}, {steps} "
+                                                          f"step{'s' * (steps > 1)}"),
+            Text("Adam on this run's own batch (beta1 0.9, beta2 0.98, eps 1e-9):", style="bold"),
+            Text("m = 0.9 m + 0.1 g,  v = 0.98 v + 0.02 g^2,  m_hat = m / (1 - 0.9^t),  "
+                 "v_hat = v / (1 - 0.98^t),  step = lr m_hat / (sqrt(v_hat) + eps),  "
+                 "p = p - step"),
+            Text(schedule),
+            Text(f"the {len(labels)} entries of {param} with the largest gradient at step 1"),
+            table({"p before": x.p0})]
+        for s in x.steps:
+            views += [
+                Text(f"step {s.t}: lr {s.lr:.{precision}e}, loss before it "
+                     f"{s.loss:.{precision + 2}f}", style="bold"),
+                table({"g": s.g, "m": s.m, "v": s.v, "m_hat": s.m_hat, "v_hat": s.v_hat,
+                       "step": s.update, "p": s.p})]
+            if s.t == 1:
+                views.append(Text("at t = 1 the corrections make m_hat = g and v_hat = g^2: "
+                                  "each entry moves by lr g / (|g| + eps), about lr whatever "
+                                  "the size of its gradient", style="dim"))
+        losses = [s.loss for s in x.steps] + [x.final.loss]
+        views += [
+            Text("loss: " + " → ".join(f"{value:.{precision + 2}f}" for value in losses)),
+            Text(f"p differs from what tfmcli.optim.adam_step leaves (every parameter, in "
+                 f"{cfg.dtype}) by {engine_off:.1e}", style="dim")]
+        return views
+
+    payload = {"param": param, "entries": [list(e) for e in x.entries], "p0": x.p0.tolist(),
+               "lr": lr, "warmup": None if lr is not None else warmup,
+               "steps": [{"t": s.t, "lr": s.lr, "loss": s.loss, "g": s.g.tolist(),
+                          "m": s.m.tolist(), "v": s.v.tolist(), "m_hat": s.m_hat.tolist(),
+                          "v_hat": s.v_hat.tolist(), "step": s.update.tolist(),
+                          "p": s.p.tolist(), "engine_p": s.engine_p.tolist()}
+                         for s in x.steps],
+               "final_loss": x.final.loss, "engine_diff": engine_off}
+    emit(opts, parts, payload, run_arrays(cfg, x.params, run.inputs, x.final))
