@@ -95,6 +95,16 @@ def test_a_float32_run_is_written_out_in_float64():
     np.testing.assert_allclose(x.steps[-1].engine_p, x.steps[-1].p, atol=1e-6)
 
 
+def test_explain_by_default_takes_3_steps_of_4_entries_on_the_schedule():
+    cfg, params, inputs = setup()
+    x = adam.explain(params, inputs, cfg, "blocks.0.ffn.b_1")
+    assert len(x.steps) == 3 and len(x.entries) == 4
+    assert [s.lr for s in x.steps] == [warmup_lr(t, 8, 100) for t in (1, 2, 3)]
+    one = adam.explain(params, inputs, cfg, "ln_f.gamma", steps=1, k=1)   # the least
+    assert len(one.steps) == 1 and one.entries == [(int(np.argmax(np.abs(
+        tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)["ln_f.gamma"]))),)]
+
+
 def test_explain_refuses_a_parameter_or_a_count_it_cannot_follow():
     cfg, params, inputs = setup()
     with pytest.raises(ValueError, match="no parameter 'W_Q'"):
@@ -140,8 +150,13 @@ def test_cli_adam_prints_each_step():
     step = next(line for line in lines if line.split()[:1] == ["step"] and len(line.split()) == 5)
     assert step.split()[1:] == ["-4.0825e-04", "-4.0825e-04", "+4.0825e-04", "+4.0825e-04"]
     assert "about lr whatever the size of its gradient" in " ".join(out.split())
+    note = next(i for i, line in enumerate(lines) if line.startswith("at t = 1 the"))
+    assert lines[note - 10].startswith("step 1:") and lines[note + 2].startswith("step 2:")
     constant = ok("adam", "--lr", "0.5", "--steps", 1).stdout
-    assert "constant lr 0.5" in constant and "tfm adam: blocks.0.ffn.W_1, 1 step" in constant
+    assert "constant lr 0.5" in constant and "tfm adam: blocks.0.ffn.W_1, 1 step " in constant
+    assert "tfm adam: blocks.0.ffn.W_1, 2 steps " in ok("adam", "--steps", 2).stdout
+    ok("adam", "--warmup", 1, "--steps", 1)                              # the least warm-up
+    ok("adam", "--param", "blocks.0.ln1.gamma", "-k", 6, "--steps", 1)    # every entry
 
 
 @pytest.mark.parametrize("args, option, needle", [
@@ -150,6 +165,8 @@ def test_cli_adam_prints_each_step():
     (["--steps", "11"], "'--steps'", "1..10"),
     (["-k", "9"], "'-k'", "1..8"),
     (["--lr", "-1"], "'--lr'", "a positive number"),
+    (["--lr", "0"], "'--lr'", "a positive number"),
+    (["--warmup", "0"], "'--warmup'", "0"),
     (["--lr", "0.1", "--warmup", "5"], "'--warmup'", "give one of --lr and --warmup"),
 ])
 def test_bad_adam_options(args, option, needle):
