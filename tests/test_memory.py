@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import tfmcli
 from tfmcli.cli import options
 from tfmcli.cli import app
-from tfmcli.config import Config, memory_estimate
+from tfmcli.config import Config, memory_estimate, param_count
 
 runner = CliRunner()
 
@@ -218,6 +218,20 @@ def test_refusal_is_against_the_memory_available(monkeypatch):
     assert len(refused.stderr.splitlines()) == 1 and "--force" in refused.stderr
     forced = runner.invoke(app, [*args, "--force"])
     assert forced.exit_code == 0, forced.output
+
+
+def test_adam_counts_its_copy_of_the_parameters_and_its_moments(monkeypatch):
+    """tfm adam holds three more arrays of every parameter: refused between the two needs."""
+    cfg = Config(batch=4, seq_len=64, d_model=32)
+    need = memory_estimate(cfg)["total"]
+    args = ["adam", "-B", "4", "-T", "64", "-d", "32", "--steps", "1", "--json"]
+    monkeypatch.setattr(options, "available_memory", lambda: need + 3 * param_count(cfg) * 8)
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.setattr(options, "available_memory", lambda: need + 3 * param_count(cfg) * 8 - 1)
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and len(refused.stderr.splitlines()) == 1
+    assert "a copy of the parameters and Adam's moments" in refused.stderr
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
 
 
 def test_shapes_reports_a_huge_config_without_allocating():

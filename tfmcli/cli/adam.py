@@ -10,7 +10,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Precision, describe, emit, execute, width
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_name, with_options)
+                                check_memory, check_name, with_options)
 from tfmcli.errors import TfmError
 
 
@@ -30,7 +30,7 @@ def adam(
     Example: tfm adam --param blocks.0.attn.W_Q --lr 0.01
     """
     from tfmcli.adam import explain
-    from tfmcli.config import param_shapes
+    from tfmcli.config import param_count, param_shapes
     from tfmcli.io import run_arrays
     from tfmcli.model import first_nonfinite
 
@@ -42,6 +42,9 @@ def adam(
                                  "--lr and --warmup", param_hint="'--warmup'")
 
     def validate(cfg):
+        if not opts.values.get("force", False):   # a copy of the parameters and Adam's m and v
+            check_memory(cfg, 3 * param_count(cfg) * cfg.np_dtype.itemsize,
+                         "forward + backward with a copy of the parameters and Adam's moments")
         shapes = param_shapes(cfg)
         name = check_name(param, shapes, flag="--param")
         size = int(np.prod(shapes[name]))

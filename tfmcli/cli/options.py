@@ -305,11 +305,13 @@ def binary_size(n: int) -> str:
         n /= 1024
 
 
-def check_memory(cfg: Config):
-    need, have = memory_estimate(cfg)["total"], available_memory()
+def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward"):
+    """A usage error when the run's estimate (and ``extra`` bytes that a command adds, for
+    ``what``) exceeds the memory available."""
+    need, have = memory_estimate(cfg)["total"] + extra, available_memory()
     if need > have:
         raise typer.BadParameter(
-            f"this run needs about {binary_size(need)} for forward + backward (see tfm shapes), more than "
+            f"this run needs about {binary_size(need)} for {what} (see tfm shapes), more than "
             f"the {binary_size(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
             f"--layers, or pass --force", param_hint="'--batch' / '--seq-len' / '--d-model'")
 
