@@ -191,6 +191,34 @@ def test_cli_block_shows_rows_whole_up_to_d_32(monkeypatch):
     assert "showing" not in ok("block", "-d", 34, "-H", 1, "--full").stdout
 
 
+def test_cli_block_checks_fewer_entries_of_a_costly_block(monkeypatch):
+    from tfmcli.cli import block as command   # here, not at the top: commands register lazily
+    monkeypatch.setattr(command, "CHEAP", 4 * 6 * 6)   # the toy's T d^2: not more, so all 6
+    assert len(json.loads(ok("block", "--json").stdout)["checked"]) == 6
+    monkeypatch.setattr(command, "CHEAP", 4 * 6 * 6 - 1)
+    data = json.loads(ok("block", "--json").stdout)
+    dx = np.abs(data["backward"][-1]["value"])
+    assert data["checked"] == sorted(np.argsort(-dx, kind="stable")[:4].tolist())
+
+
+def test_block_forward_fast_equals_the_reference_path():
+    """The public block_forward, on a padded batch longer than one query block, both ways."""
+    from tfmcli.model import block_forward
+
+    for causal in (True, False):
+        cfg = tfmcli.Config(batch=2, seq_len=300, d_model=16, heads=2, causal=causal,
+                            lengths=(300, 170), norm="post")
+        params = random_params(tfmcli.init_params(cfg), seed=1)
+        x = np.random.default_rng(0).normal(size=(2, 300, 16))
+        fast = block_forward(params, x, cfg, 0, [300, 170])
+        reference = block_forward(params, x, cfg, 0, [300, 170], fast=False)
+        np.testing.assert_allclose(fast, reference, rtol=0, atol=1e-12)
+        cut = block_forward(params, x[:, :100], cfg.replace(seq_len=100, lengths=None), 0,
+                            [100, 100])
+        if causal:   # a causal block's first 100 positions do not see the rest
+            np.testing.assert_allclose(cut[0], fast[0, :100], rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("args, option, needle", [
     (["-t", "4"], "'--position'", "0..3"),
     (["--row", "2"], "'--row'", "0..1"),

@@ -265,12 +265,19 @@ def check_within(caller: str | None, **bounds: tuple[int, int]) -> None:
             raise ValueError(f"{prefix}{what} {value} is outside 0..{upper - 1}")
 
 
-def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths) -> np.ndarray:
-    """Block ``block`` alone on ``x`` (B, T, d), by the clear reference path: its output
-    (B, T, d). ``lengths`` (B,) are the rows' lengths, for the padding mask. ``params`` need
-    hold only that block's parameters."""
-    mask = combined_mask(np.asarray(lengths), x.shape[1], cfg.causal)              # (B, T, T)
-    return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": False})
+def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
+                  fast: bool = True) -> np.ndarray:
+    """Block ``block`` alone on ``x`` (B, T, d): its output (B, T, d). ``lengths`` (B,) are the
+    rows' lengths, for the padding mask; ``params`` need hold only that block's parameters;
+    ``fast=False`` takes the clear reference path, as ``forward`` does."""
+    B, T = x.shape[:2]
+    if fast:
+        mask = _fast_mask(tuple(int(n) for n in lengths), T, cfg.causal, cfg.dtype,
+                          ops.QUERY_BLOCK)
+    else:
+        mask = combined_mask(np.asarray(lengths), T, cfg.causal)                   # (B, T, T)
+    with _engine(fast, cfg, B, T):
+        return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": fast})
 
 
 # ---------------------------------------------------------------- the model
