@@ -222,12 +222,12 @@ def test_cli_embed_shows_rows_whole_up_to_d_32(monkeypatch):
 
 def test_cli_embed_checks_fewer_entries_on_a_large_model(monkeypatch):
     from tfmcli.cli import embed   # here, not at the top: the commands register lazily
-    monkeypatch.setattr(embed, "LARGE", 626)   # the toy's parameters: not more, so all 6
+    monkeypatch.setattr(embed, "LARGE", 8448)   # the toy's forward FLOPs: not more, so all 6
     assert len(json.loads(ok("embed", "--json").stdout)["checked"]) == 6
-    monkeypatch.setattr(embed, "LARGE", 625)
+    monkeypatch.setattr(embed, "LARGE", 8447)
     data = json.loads(ok("embed", "--json").stdout)
-    assert len(data["checked"]) == 2
-    assert data["checked"] == sorted(np.argsort(-np.abs(data["dW_E"]))[:2].tolist())
+    assert data["checked"] == [int(np.argmax(np.abs(data["dW_E"])))]
+    assert tfmcli.config.flops(tfmcli.Config())[0] == 8448
 
 
 @pytest.mark.parametrize("args, option, needle", [
