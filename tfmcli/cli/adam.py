@@ -1,6 +1,6 @@
 """tfm adam: a few entries of one parameter through a few Adam steps, every term of the update."""
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -8,7 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Precision, describe, emit, execute, width
+from tfmcli.cli.common import (Precision, Rate, Warmup, check_rate, describe, emit, execute,
+                               width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_memory, check_name, with_options)
 from tfmcli.errors import TfmError
@@ -20,8 +21,8 @@ def adam(
     param: Annotated[str, typer.Option("--param", metavar="NAME", help="The parameter whose entries are followed.")] = "blocks.0.ffn.W_1",
     steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 10), help="Adam updates on the run's own batch (1..10).")] = 3,
     top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 8), help="How many entries: those with the largest gradient at step 1 (1..8).")] = 4,
-    warmup: Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(t^-0.5, t warmup^-1.5).")] = 100,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")] = None,
+    warmup: Warmup = 100,
+    lr: Rate = None,
     precision: Precision = 4,
     opts: Options = None,
 ):
@@ -34,12 +35,7 @@ def adam(
     from tfmcli.io import run_arrays
     from tfmcli.model import first_nonfinite
 
-    if lr is not None and not (np.isfinite(lr) and lr > 0):
-        raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
-                                 param_hint="'--lr'")
-    if lr is not None and opts.explicit("warmup"):
-        raise typer.BadParameter("a constant --lr replaces the warm-up schedule; give one of "
-                                 "--lr and --warmup", param_hint="'--warmup'")
+    check_rate(opts, lr)
 
     def validate(cfg):
         if not opts.values.get("force", False):   # a copy of the parameters and Adam's m and v

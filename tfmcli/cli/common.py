@@ -23,6 +23,19 @@ Position = Annotated[int, typer.Option("--position", "-t", callback=bounded(0), 
 Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
 MAX_ROWS = 40  # table rows shown without --full: one screenful
+# Adam's learning rate, for tfm train and tfm adam: seed 004's warm-up schedule, or a constant
+Warmup = Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")]
+Rate = Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")]
+
+
+def check_rate(opts: Options, lr):
+    """--lr must be a positive number, and replaces the schedule that --warmup shapes."""
+    if lr is not None and not (np.isfinite(lr) and lr > 0):
+        raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
+                                 param_hint="'--lr'")
+    if lr is not None and opts.explicit("warmup"):
+        raise typer.BadParameter("a constant --lr replaces the warm-up schedule; give one of "
+                                 "--lr and --warmup", param_hint="'--warmup'")
 
 
 def rows_limit(full: bool):

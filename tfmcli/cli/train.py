@@ -3,7 +3,7 @@
 import json
 import time
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -15,7 +15,7 @@ from rich.text import Text
 import tfmcli
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import describe, emit, height, position_labels, width
+from tfmcli.cli.common import Rate, Warmup, check_rate, describe, emit, height, position_labels, width
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import ConfigError
 from tfmcli.tasks import TASKS, make_batch
@@ -36,8 +36,8 @@ TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
 def train(
     task: Annotated[Task, choice("--task", choices=Task, help="What to do with the symbols before the separator.")] = Task.copy,
     steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 1_000_000), help="Training steps (1..1000000).")] = 600,
-    warmup: Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")] = 100,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")] = None,
+    warmup: Warmup = 100,
+    lr: Rate = None,
     length: Annotated[int, typer.Option("--len", "-n", callback=bounded(1, 256), help="Symbols per example before the separator (1..256); T = 2 n.")] = 8,
     symbols: Annotated[int, typer.Option("--symbols", callback=bounded(2, 10_000), help="Distinct symbols (2..10000); the separator is the next id, V = symbols + 1.")] = 10,
     opts: Options = None,
@@ -53,12 +53,7 @@ def train(
     from tfmcli.sources import Run, parse_tokens
     from tfmcli.train import evaluate
 
-    if lr is not None and not (np.isfinite(lr) and lr > 0):
-        raise typer.BadParameter(f"{lr} is not allowed (allowed: a positive number)",
-                                 param_hint="'--lr'")
-    if lr is not None and opts.explicit("warmup"):
-        raise typer.BadParameter("a constant --lr replaces the warm-up schedule; give one of "
-                                 "--lr and --warmup", param_hint="'--warmup'")
+    check_rate(opts, lr)
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
     try:
         shown_tokens = parse_tokens(opts.tokens)
