@@ -191,6 +191,23 @@ def test_cli_block_shows_rows_whole_up_to_d_32(monkeypatch):
     assert "showing" not in ok("block", "-d", 34, "-H", 1, "--full").stdout
 
 
+def test_the_views_chain_from_the_loss_to_the_embedding():
+    """The README's "view by view": tfm loss's dh is tfm ln --layer ln_f's dy, its dx is tfm
+    block's dz, and block's dx is tfm embed's dx0 row at the same position."""
+    def view(*args):
+        return json.loads(ok(*args, "-t", 2, "--json").stdout)
+
+    dh = view("loss")["dh"]
+    ln_f = view("ln", "--layer", "ln_f")
+    blk = view("block")
+    embed = view("embed")
+    np.testing.assert_allclose(ln_f["dy"], dh, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(blk["backward"][0]["value"], ln_f["dx"], rtol=0, atol=1e-15)
+    row = embed["occurrences"].index([0, 2])
+    np.testing.assert_allclose(embed["dx0"][row], blk["backward"][-1]["value"], rtol=0,
+                               atol=1e-15)
+
+
 def test_cli_block_checks_fewer_entries_of_a_costly_block(monkeypatch):
     from tfmcli.cli import block as command   # here, not at the top: commands register lazily
     monkeypatch.setattr(command, "CHEAP", 4 * 6 * 6)   # the toy's T d^2: not more, so all 6
