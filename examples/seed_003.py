@@ -130,7 +130,8 @@ differ("dW_V row 0, first five (In [96])", grads["Wv"][0, :5],
        "likewise: right formula, wrong upstream gradient.")
 print("  (the note stops at dV and dW_V. The rest of attention's backward, through the softmax "
       "to dQ and dK, is in `tfm attn --backward`, and one query's row of it number by number "
-      "in `tfm attn --query t --backward`.)")
+      "in `tfm attn --query t --backward`; the residual sums it splits out (In [67]), with "
+      "every path into them, in `tfm block --position t`.)")
 
 heading("The full right backward, every parameter, against central differences of sum(out * dout)")
 for name in ("Wq", "Wk", "Wv", "W_expand", "b_expand", "gamma", "beta", "W_shrink", "b_shrink"):

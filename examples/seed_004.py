@@ -32,6 +32,8 @@ agree("the peak lr = (512 * 200)^-0.5", max(lrs), 1 / math.sqrt(512 * 200), atol
       theirs="formula")
 print("  lr at steps 1, 100, 200, 400, 1000: "
       + ", ".join(f"{warmup_lr(s, 512, 200):.3e}" for s in (1, 100, 200, 400, 1000)))
+print("  (Adam with these constants, each term of its update for a few weights, step by step: "
+      "tfm adam --warmup 200)")
 
 heading("Cross-entropy with reduction='sum' (3.2: the three sums the note prints)")
 logits = np.array([[0.1, 0.3, 7.3], [33, 5, 1], [4, 10, 0.1]])[None]       # (1, 3, 3)
