@@ -67,6 +67,11 @@ def adam(
                                    col_labels=labels, precision=precision, width=width(),
                                    full=True)
 
+    def tokens_named():   # W_E's rows are tokens: say which, when they have a text of their own
+        ids = sorted({e[0] for e in x.entries}) if param == "embed.W_E" else []
+        named = [f"{i} {run.token_text(i)}" for i in ids if run.token_text(i) != str(i)]
+        return f" (rows: token {', '.join(named)})" if named else ""
+
     def parts():
         views = [
             render.config_panel(describe(cfg, run), title=f"tfm adam: {param}, {steps} "
@@ -76,7 +81,8 @@ def adam(
                  "v_hat = v / (1 - 0.98^t),  step = lr m_hat / (sqrt(v_hat) + eps),  "
                  "p = p - step"),
             Text(schedule),
-            Text(f"the {len(labels)} entries of {param} with the largest gradient at step 1"),
+            Text(f"the {len(labels)} entries of {param} with the largest gradient at step 1"
+                 + tokens_named()),
             table({"p before": x.p0})]
         for s in x.steps:
             views += [
