@@ -22,6 +22,7 @@ WHOLE = 32   # the by-hand views (ln, ffn, loss) show a row up to this many colu
 Position = Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")]
 Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
+WideRows = Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to 32).")]
 MAX_ROWS = 40  # table rows shown without --full: one screenful
 # Adam's learning rate, for tfm train and tfm adam: seed 004's warm-up schedule, or a constant
 Warmup = Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")]

@@ -8,8 +8,8 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
-                               execute, width)
+from tfmcli.cli.common import (WHOLE, Position, Precision, Row, WideRows, check_indices,
+                               describe, emit, execute, width)
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, with_options)
 
@@ -28,7 +28,7 @@ def ffn(
     row: Row = 0,
     position: Position = 0,
     precision: Precision = 4,
-    full: Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to 32).")] = False,
+    full: WideRows = False,
     opts: Options = None,
 ):
     """One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.
