@@ -575,15 +575,18 @@ def test_the_views_by_hand_on_the_shipped_checkpoint_as_the_readme_tells():
 
 def test_adam_names_the_tokens_of_the_embedding_rows_it_follows():
     tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
-    args = ["adam", "--load", tiny, "--text", "The cat sat on the mat", "--param", "embed.W_E",
-            "--lr", "0.001", "--steps", 1, "-k", 3]
-    data = json.loads(ok(*args, "--json").stdout)
-    ids = sorted({e[0] for e in data["entries"]})
     tok = tokenizers.Tokenizer.from_file(str(tiny / "tokenizer.json"))
-    out = " ".join(ok(*args).stdout.split())
-    named = ", ".join(f"{i} {tok.id_to_token(i).replace('Ġ', '␣')}" for i in ids)
-    assert f"with the largest gradient at step 1 (rows: token {named})" in out
-    assert "(rows: token" not in ok("adam", "--param", "embed.W_E").stdout   # ids: no text
+    for k, rows in ((3, 1), (8, 3)):   # the 8 largest entries sit in three rows
+        args = ["adam", "--load", tiny, "--text", "The cat sat on the mat", "--param",
+                "embed.W_E", "--lr", "0.001", "--steps", 1, "-k", k]
+        data = json.loads(ok(*args, "--json").stdout)
+        ids = sorted({e[0] for e in data["entries"]})
+        assert len(ids) == rows
+        out = " ".join(ok(*args).stdout.split())
+        named = ", ".join(f"{i}: {tok.id_to_token(i).replace('Ġ', '␣')}" for i in ids)
+        row = "row" + "s" * (rows > 1)
+        assert f"with the largest gradient at step 1 ({row} {named})" in out
+    assert "(row" not in ok("adam", "--param", "embed.W_E").stdout   # ids only: nothing to name
 
 
 def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):

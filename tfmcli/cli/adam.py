@@ -69,8 +69,8 @@ def adam(
 
     def tokens_named():   # W_E's rows are tokens: say which, when they have a text of their own
         ids = sorted({e[0] for e in x.entries}) if param == "embed.W_E" else []
-        named = [f"{i} {run.token_text(i)}" for i in ids if run.token_text(i) != str(i)]
-        return f" (rows: token {', '.join(named)})" if named else ""
+        named = [f"{i}: {run.token_text(i)}" for i in ids if run.token_text(i) != str(i)]
+        return f" (row{'s' * (len(named) > 1)} {', '.join(named)})" if named else ""
 
     def parts():
         views = [
