@@ -21,6 +21,7 @@ from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.loss import input_name as head_input
 from tfmcli.model import Forward, Gradients, check_within, unchecked_forward
+from tfmcli.positional import angles, sinusoidal
 
 
 class EmbedExplained(NamedTuple):
@@ -41,11 +42,6 @@ class EmbedExplained(NamedTuple):
     numeric_dw_pos: np.ndarray | None  # (len(checked),) the same for W_pos[t, j]; learned only
 
 
-def angles(t: int, d: int) -> np.ndarray:
-    """(d,): the angle of each column at position t, t / 10000^(2i/d) for columns 2i and 2i+1."""
-    return t / 10000.0 ** (2 * (np.arange(d) // 2) / d)
-
-
 def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int, t: int,
             entries: int = 8, step: float = 1e-6) -> EmbedExplained:
     """The embedding at batch row ``row``, position ``t``, in float64. Central differences run
@@ -59,9 +55,8 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
     token = int(tokens[row, t])
     w_e = params["embed.W_E"][token].astype(np.float64)
     angle = pe = None
-    if cfg.pe == "sinusoidal":
-        angle = angles(t, d)
-        pe = np.where(np.arange(d) % 2 == 0, np.sin(angle), np.cos(angle))
+    if cfg.pe == "sinusoidal":   # the table's row t, beside its angles
+        angle, pe = angles(t, d), sinusoidal(t + 1, d)[t]
     elif cfg.pe == "learned":
         pe = params["embed.W_pos"][t].astype(np.float64)
     x0 = w_e if pe is None else w_e + pe

@@ -12,11 +12,16 @@ def sinusoidal(T, d, dtype=np.float64):
     of the next pair, whose cosine would fall outside the matrix. (Seed 004's loop divides by
     10000^(2*j/d) with j already even, and gives the cosine its own exponent: both are wrong.)
     """
-    pos = np.arange(T, dtype=np.float64)[:, None]              # (T, 1)
-    i = np.arange(d) // 2                                      # pair index of each column
-    angle = pos / 10000.0 ** (2 * i / d)                       # (T, d)
+    angle = angles(np.arange(T, dtype=np.float64)[:, None], d)    # (T, d)
     pe = np.where(np.arange(d) % 2 == 0, np.sin(angle), np.cos(angle))
     return pe.astype(dtype)
+
+
+def angles(pos, d):
+    """(..., d): the angle of each column at position(s) ``pos``, ``pos / 10000^(2i/d)`` for
+    the column pair (2i, 2i+1)."""
+    i = np.arange(d) // 2                                      # pair index of each column
+    return pos / 10000.0 ** (2 * i / d)
 
 
 def wavelengths(d):
