@@ -107,6 +107,11 @@ CONFIGS = [
     pytest.param(dict(batch=1, seq_len=32, d_model=96, heads=4, vocab=20000, layers=2,
                       pe="learned", n_ctx=256, tied_head=True, head_bias=False,
                       activation="gelu"), id="gpt2-like-tied-f64"),
+    # RoPE: the turned queries and keys and their gradients, its two tables cached
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      pe="rope"), id="rope-pre-f64"),
+    pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
+                      norm="post", dtype="float32", pe="rope"), id="rope-T-dominates-post-f32"),
 ]
 
 

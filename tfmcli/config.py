@@ -20,7 +20,8 @@ from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu")
-PES = ("sinusoidal", "learned", "none")
+PES = ("sinusoidal", "learned", "none", "rope")
+ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
 DTYPES = ("float64", "float32")
 MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
@@ -45,8 +46,10 @@ class Config:
     lengths : tuple of int or None
         Valid length of each batch row, ``1 <= len <= T``; keys at ``>= len`` are hidden and those
         positions are left out of the loss. ``None`` means every row is full.
-    pe : {"sinusoidal", "learned", "none"}
-        ``learned`` adds the rows of the parameter ``embed.W_pos (n_ctx, d)`` (GPT-2's ``wpe``).
+    pe : {"sinusoidal", "learned", "none", "rope"}
+        ``learned`` adds the rows of the parameter ``embed.W_pos (n_ctx, d)`` (GPT-2's ``wpe``);
+        ``rope`` adds nothing to the embedding and turns each head's queries and keys by
+        their position's angles instead (``positional.rope_angles``; no parameters).
     init : {"normal", "uniform", "xavier", "kaiming"}
     dtype : {"float64", "float32"}
     eps : float
@@ -264,13 +267,15 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     heads = (B, H, T, cfg.d_head)
     shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     shapes["embed"] = btd
-    if cfg.pe != "none":
+    if cfg.pe in ADDED_PES:
         shapes["pe"] = (T, d)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        attn = [(p + "attn.q", heads), (p + "attn.k", heads), (p + "attn.v", heads),
-                (p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
-                (p + "attn.context", btd), (p + "attn.out", btd)]
+        attn = [(p + "attn.q", heads), (p + "attn.k", heads), (p + "attn.v", heads)]
+        if cfg.pe == "rope":   # q and k turned by their positions' angles
+            attn += [(p + "attn.q_rot", heads), (p + "attn.k_rot", heads)]
+        attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
+                 (p + "attn.context", btd), (p + "attn.out", btd)]
         ffn = [(p + "ffn.pre", (B, T, F)), (p + "ffn.act", (B, T, F)), (p + "ffn.out", btd)]
         shapes[p + "in"] = btd
         if cfg.norm == "pre":
@@ -342,7 +347,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's tanh, the boolean mask). On top of that comes one transient: the forward's largest
+    GELU's tanh, the boolean mask, RoPE's two tables). On top of that comes one transient: the forward's largest
     temporary (a (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward,
     which briefly holds about three (B, T, d_ff) arrays. ``tests/test_memory.py`` holds this
     within 8% of what tracemalloc measures (0.956-1.003 of it).
@@ -352,14 +357,16 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
     pre, gelu = cfg.norm == "pre", cfg.activation == "gelu"
-    sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe != "none"  # learned: a view of W_pos
+    sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
+    rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     params = param_count(cfg)
     # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
-    acts = (L * (10 * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * T * d + positions * btd
-            + pre * btd + 2 * btv)
+    acts = (L * ((10 + 2 * rope) * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * T * d
+            + positions * btd + pre * btd + 2 * btv)
     # their gradients: 8 x BTd a block (a sum shares its terms' gradient), and the embedding's
-    dacts = L * (8 * btd + 2 * bhtt + 2 * btf) + btd + pre * btd + positions * T * d + 2 * btv
-    caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf
+    dacts = (L * ((8 + 2 * rope) * btd + 2 * bhtt + 2 * btf) + btd + pre * btd + positions * T * d
+             + 2 * btv)
+    caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf + rope * 2 * T * cfg.d_head
     forward_transient = max(bhtt, btv)
     backward_transient = 3 * btf if gelu else 0
     transient = max(forward_transient - params - dacts, backward_transient, 0)

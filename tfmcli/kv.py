@@ -16,7 +16,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import head_weights, positions
+from tfmcli.model import head_weights, positions, rope_tables
 
 
 class KVStep(NamedTuple):
@@ -59,11 +59,17 @@ def _ln(x, P, name, cfg):
     return ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)[0]
 
 
-def _mha_step(x, P, p, cfg, K, V, t):
-    """Attention of position t's row x (d,): its k, v join the cache at t; returns (out, weights)."""
+def _mha_step(x, P, p, cfg, K, V, t, rope):
+    """Attention of position t's row x (d,): its k, v join the cache at t; returns (out, weights).
+    With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's angles
+    first: a cached key keeps the turn of its own position, and no step turns it again."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])[0].reshape(H, dh)
-    K[:, t] = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(H, dh)
+    k = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(H, dh)
+    if rope is not None:
+        cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
+        q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
+    K[:, t] = k
     V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])[0].reshape(H, dh)
     context, weights = _attend(q, K[:, :t + 1], V[:, :t + 1], 1.0 / math.sqrt(dh))
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P[p + "attn.b_O"])[0]
@@ -107,6 +113,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                           f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
+    rope = rope_tables(T, dh, cfg.dtype) if cfg.pe == "rope" else None
     K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     V = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []
@@ -119,11 +126,11 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         for i in range(cfg.layers):
             p = f"blocks.{i}."
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
-                out, weights = _mha_step(_ln(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t)
+                out, weights = _mha_step(_ln(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t, rope)
                 y = x + out
                 x = y + _ffn_step(_ln(y, P, p + "ln2", cfg), P, p, cfg)
             else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t)
+                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope)
                 y = _ln(x + out, P, p + "ln1", cfg)
                 x = _ln(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
             attention.update({(i, h): weights[h] for h in range(H)})

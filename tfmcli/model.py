@@ -16,8 +16,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tfmcli import ops, parallel
-from tfmcli.config import Config, param_misfit
+from tfmcli import ops, parallel, positional
+from tfmcli.config import ADDED_PES, Config, param_misfit
 from tfmcli.errors import InputsError
 from tfmcli.inputs import (   # noqa: F401 (also re-exported: tfmcli.model.IGNORE as before)
     IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs)
@@ -106,6 +106,11 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])
     v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
     q, k, v = (ops.split_heads(t, H) for t in (q, k, v))                 # (B, H, T, d_head)
+    acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
+    if cfg.pe == "rope":   # each query and key turned by its position's angles
+        cos, sin = rope_tables(q.shape[2], cfg.d_head, cfg.dtype)      # (T, d_head)
+        q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
+        acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     scale = 1.0 / math.sqrt(cfg.d_head)
     if caches["fast"]:   # mask: an ops.AttentionMask
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale)
@@ -113,8 +118,8 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale)
     context = ops.merge_heads(context)                                  # (B, T, d)
     out, co = ops.linear_forward(context, P[p + "attn.W_O"], P[p + "attn.b_O"])
-    acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v, p + "attn.scores": scores,
-                 p + "attn.pattern": ca.pattern, p + "attn.context": context, p + "attn.out": out})
+    acts.update({p + "attn.scores": scores, p + "attn.pattern": ca.pattern,
+                 p + "attn.context": context, p + "attn.out": out})
     caches[p + "attn"] = (cq, ck, cv, ca, co)
     return out
 
@@ -125,7 +130,12 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     attention_backward = ops.attention_backward_fast if caches["fast"] else ops.attention_backward
     dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
     dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
-                  p + "attn.scores": dscores, p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
+                  p + "attn.scores": dscores})
+    if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
+        cos, sin = rope_tables(dq.shape[2], cfg.d_head, cfg.dtype)
+        dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
+        dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
+    dacts.update({p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
     dx_parts = []   # x feeds q, k and v: its gradient is the sum of the three
     for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv)):
         dx_part, grads[p + f"attn.W_{name}"], grads[p + f"attn.b_{name}"] = ops.linear_backward(
@@ -174,7 +184,8 @@ def _ln_backward(dout, name, caches, grads, dacts):
 
 
 def positions(params: dict, cfg: Config, T: int):
-    """(T, d) what is added to the embedding at each position, or None (``pe="none"``).
+    """(T, d) what is added to the embedding at each position, or None (``pe="none"`` and
+    ``"rope"``, which turns queries and keys instead: ``rope_tables``).
 
     Sinusoidal: the fixed table; learned: the first T rows of ``embed.W_pos`` (a view).
     """
@@ -191,6 +202,16 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
     table = sinusoidal(T, d, np.dtype(dtype))
     table.flags.writeable = False
     return table
+
+
+@functools.lru_cache(maxsize=8)
+def rope_tables(T: int, d_head: int, dtype: str):
+    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size for
+    every forward and backward after it (read-only: shared)."""
+    tables = positional.rope_tables(T, d_head, np.dtype(dtype))
+    for table in tables:
+        table.flags.writeable = False
+    return tables
 
 
 @functools.lru_cache(maxsize=8)
@@ -392,7 +413,7 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     with parallel.deferred():
         dx, dW_U = _head_and_blocks_backward(caches, cfg, grads, dacts)
     dacts["embed"] = dx
-    if cfg.pe != "none":
+    if cfg.pe in ADDED_PES:
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
     if cfg.pe == "learned":   # rows past T were not used: their gradient is 0
         grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])

@@ -194,6 +194,34 @@ def merge_heads(x):
     return x.swapaxes(1, 2).reshape(B, T, H * dh)             # (B, T, d)
 
 
+def rotate_half(x):
+    """(..., d_head): RoPE's quarter turn of each pair (i, i + d_head // 2), ``(a, b) -> (-b,
+    a)``; an odd d_head's last dimension, which RoPE leaves unrotated, gives 0."""
+    m = x.shape[-1] // 2
+    out = np.zeros_like(x)
+    np.negative(x[..., m:2 * m], out=out[..., :m])
+    out[..., m:2 * m] = x[..., :m]
+    return out
+
+
+def rope_forward(x, cos, sin):
+    """RoPE: every pair (i, i + d_head // 2) of x (B, H, T, d_head) turned by its angle at its
+    position, ``x cos + rotate_half(x) sin`` (cos, sin: (T, d_head), ``positional.rope_tables``).
+    Returns the rotated array; the backward needs only the tables."""
+    out = x * cos
+    out += rotate_half(x) * sin
+    return out
+
+
+def rope_backward(dout, cos, sin):
+    """The rotation's transpose, which is its inverse (a turn back by the same angle):
+    ``dout cos - rotate_half(dout) sin``. (A pair's sines are equal, so rotate_half(dout) sin
+    is rotate_half(dout sin).)"""
+    dx = dout * cos
+    dx -= rotate_half(dout) * sin
+    return dx
+
+
 class AttentionCache(NamedTuple):
     q: np.ndarray        # (B, H, T, d_head)
     k: np.ndarray

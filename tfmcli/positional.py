@@ -1,4 +1,5 @@
-"""Sinusoidal positional encoding."""
+"""Positional encodings: the sinusoidal table added to the embedding, and RoPE's rotation
+angles (applied to each head's queries and keys, ``ops.rope_forward``)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,32 @@ def wavelengths(d):
     """(d,): the period in positions of each column, 2 pi * 10000^(2i/d)."""
     i = np.arange(d) // 2
     return 2 * np.pi * 10000.0 ** (2 * i / d)
+
+
+ROPE_BASE = 10000.0
+
+
+def rope_angles(T, d_head):
+    """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / 10000^(2i/n)``,
+    n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even).
+
+    Pair i is the dimensions (i, i + d_head // 2) of a head, the "rotate half" layout of
+    GPT-NeoX and Hugging Face's LLaMA (the RoFormer paper pairs neighbours (2i, 2i + 1): the
+    same rotations, with a head's dimensions in another order). An odd d_head leaves its last
+    dimension unrotated, as GPT-NeoX's ``rotary_pct`` leaves the dimensions past its rotated
+    ones."""
+    m = d_head // 2
+    n = 2 * m
+    return np.arange(T, dtype=np.float64)[:, None] / ROPE_BASE ** (2 * np.arange(m) / max(n, 1))
+
+
+def rope_tables(T, d_head, dtype=np.float64):
+    """(cos, sin), each (T, d_head): the cosine and sine of each dimension's angle at each
+    position (``rope_angles``, pair i's angle at dimensions i and i + d_head // 2; an odd
+    d_head's last dimension has cos 1 and sin 0, unrotated)."""
+    angle = rope_angles(T, d_head)                                 # (T, m)
+    cos, sin = np.ones((T, d_head)), np.zeros((T, d_head))
+    m = d_head // 2
+    cos[:, :m] = cos[:, m:2 * m] = np.cos(angle)
+    sin[:, :m] = sin[:, m:2 * m] = np.sin(angle)
+    return cos.astype(dtype), sin.astype(dtype)

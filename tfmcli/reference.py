@@ -1,7 +1,8 @@
 """tfm's model written again in plain PyTorch, for ``tfm check --against torch`` and the tests.
 
 It shares nothing with tfm's engine but the parameter dict and the inputs: the embedding is
-indexing, the positional encoding is computed in torch (the PyTorch-tutorial form), layer norm
+indexing, the positional encoding is computed in torch (the PyTorch-tutorial form; RoPE in
+Hugging Face's LLaMA form, ``q cos + rotate_half(q) sin``), layer norm
 is ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``,
 the loss is ``F.cross_entropy`` with ``ignore_index=-100``, and every gradient comes from
 autograd. PyTorch is imported only when this runs (the optional extra ``tfmcli[torch]``).
@@ -47,6 +48,22 @@ def torch_sinusoidal(T, d):
     return pe
 
 
+def torch_rope(x):
+    """RoPE as Hugging Face's LLaMA writes it: inverse frequencies ``1 / 10000^(arange(0, n, 2)
+    / n)`` over the n = 2 (d_head // 2) rotated dimensions, each angle repeated for the two
+    halves, ``x cos + rotate_half(x) sin``; an odd d_head's last dimension passes as it is."""
+    torch = import_torch()
+    T, dh = x.shape[-2], x.shape[-1]
+    n = 2 * (dh // 2)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, n / 2)
+    emb = torch.cat([angle, angle], dim=-1)                                   # (T, n)
+    turned, rest = x[..., :n], x[..., n:]
+    x1, x2 = turned[..., : n // 2], turned[..., n // 2:]
+    rotate_half = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([turned * emb.cos() + rotate_half * emb.sin(), rest], dim=-1)
+
+
 def torch_run(params, inputs, cfg) -> TorchRun:
     """Forward and backward in float64 torch on tfm's parameters and inputs."""
     torch = import_torch()
@@ -76,6 +93,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             return y.view(B, T, H, dh).transpose(1, 2)                        # (B, H, T, dh)
 
         q, k, v = project("Q"), project("K"), project("V")
+        if cfg.pe == "rope":
+            q, k = torch_rope(q), torch_rope(k)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
         scores = scores.masked_fill(~mask, float("-inf"))
         pattern = torch.softmax(scores, dim=-1)

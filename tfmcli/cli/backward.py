@@ -77,7 +77,8 @@ def backward(
     def parts():   # drawn only without --json
         return [render.config_panel(describe(cfg, run, row), title="tfm backward"),
                 render.grad_table({n: grads[n] for n in names}, checks, precision=precision,
-                                  max_rows=rows_limit(full)),
+                                  max_rows=rows_limit(full),
+                                  rope=cfg.pe == "rope"),
                 *shown, Text(f"loss = {fwd.loss:.{precision + 2}f}", style="bold"),
                 *([verdict(report)] if report is not None else [])]
     payload = lambda: {   # noqa: E731  (computed only for --json)

@@ -39,7 +39,8 @@ def gradcheck(
     report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
     checks = {c.name: c for c in report.params}
     parts = [render.config_panel(describe(cfg, run), title="tfm gradcheck"),
-             render.grad_table(dict(grads), checks, max_rows=rows_limit(full)),
+             render.grad_table(dict(grads), checks, max_rows=rows_limit(full),
+                              rope=cfg.pe == "rope"),
              Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {step:g}; error = "
                   f"max |analytic - numeric| / largest |gradient| of the tensor", style="dim"),
              verdict(report)]

@@ -34,6 +34,7 @@ class PE(str, Enum):
     sinusoidal = "sinusoidal"
     learned = "learned"
     none = "none"
+    rope = "rope"
 
 
 class Init(str, Enum):

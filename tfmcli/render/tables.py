@@ -337,7 +337,7 @@ def _check_cells(check) -> list[Text | str]:
 
 
 def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | None = None, *,
-               precision: int = 4, max_rows: int | None = None) -> Table:
+               precision: int = 4, max_rows: int | None = None, rope: bool = False) -> Table:
     """One row per parameter gradient: shape, L2 norm, max |g|, mean, and the gradcheck verdict.
 
     Parameters
@@ -351,6 +351,9 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
     precision : int
     max_rows : int, optional
         Beyond this many rows, show the first and last halves around a "… N more" row.
+    rope : bool
+        The model turns its queries and keys (``pe="rope"``): b_K's gradient is not 0 there,
+        and the note under the table says why instead of calling it noise.
 
     Returns
     -------
@@ -373,13 +376,17 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
 
     add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3})
     if any(name.endswith("attn.b_K") for name in grads):
-        table.caption = B_K_NOTE if table.caption is None else f"{table.caption}\n{B_K_NOTE}"
+        note = B_K_ROPE_NOTE if rope else B_K_NOTE
+        table.caption = note if table.caption is None else f"{table.caption}\n{note}"
     return table
 
 
 # d loss / d b_K is 0 in exact arithmetic (docs/derivations.md), whatever the weights and mask.
 B_K_NOTE = ("b_K: 0 in exact arithmetic, since q·b_K adds the same number to every score of a "
             "query's row and softmax ignores a shift; its numbers here are rounding noise")
+# Under RoPE it is not: key s's bias is turned by s's angles, so q·R_s b_K differs by key.
+B_K_ROPE_NOTE = ("b_K: not 0 under RoPE: each key's bias is turned by its own position's angles, "
+                 "so q·R_s b_K differs from key to key and softmax sees it")
 
 
 def config_panel(rows: Mapping[str, str], *, title: str = "config") -> Panel:

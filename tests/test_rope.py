@@ -1,0 +1,320 @@
+"""RoPE (``pe="rope"``): the rotation, its backward, and the model with it, against central
+differences, the torch reference, and Hugging Face's own GPT-NeoX (rotary attention, Pre-LN,
+tanh GELU), at random O(1) parameters; the fast path against the reference, the KV cache
+against the full forward, and the property RoPE exists for: a score depends on the offset
+between query and key, not on where the pair sits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, random_params, run
+from tfmcli import ops
+from tfmcli.config import activation_shapes, memory_estimate
+from tfmcli.positional import rope_angles, rope_tables
+
+
+def rope_cfg(**fields):
+    base = dict(d_model=8, heads=2, pe="rope", seq_len=5, lengths=(5, 3))
+    return tfmcli.Config(**{**base, **fields})
+
+
+# ---------------------------------------------------------------- the rotation alone
+
+
+def test_tables_hold_the_angles_of_each_pair():
+    """Pair i is the dimensions (i, i + d_head/2), at angle t / 10000^(2i/d_head)."""
+    cos, sin = rope_tables(6, 8)
+    angle = np.arange(6)[:, None] / 10000.0 ** (np.arange(4) / 4)   # 2i/8 = i/4
+    np.testing.assert_allclose(cos[:, :4], np.cos(angle), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(cos[:, 4:], np.cos(angle), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(sin[:, 4:], np.sin(angle), rtol=0, atol=1e-15)
+    assert rope_angles(6, 8)[5, 1] == pytest.approx(5 / 10000 ** 0.25, rel=1e-15)
+
+
+def test_an_odd_head_leaves_its_last_dimension_unrotated():
+    """d_head 3: one pair (0, 1) at angle t (2i/n with n = 2 rotated dimensions), dimension
+    2 passed as it is."""
+    cos, sin = rope_tables(4, 3)
+    np.testing.assert_array_equal(cos[:, 2], 1.0)
+    np.testing.assert_array_equal(sin[:, 2], 0.0)
+    np.testing.assert_allclose(sin[:, 0], np.sin(np.arange(4.0)), rtol=0, atol=1e-15)
+    x = np.random.default_rng(0).normal(size=(1, 1, 4, 3))
+    out = ops.rope_forward(x, cos, sin)
+    np.testing.assert_array_equal(out[..., 2], x[..., 2])
+
+
+def test_the_rotation_keeps_lengths_and_turns_each_pair_by_its_angle():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 3, 7, 8))
+    cos, sin = rope_tables(7, 8)
+    out = ops.rope_forward(x, cos, sin)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1),
+                               rtol=1e-13)
+    # pair 1 of position 3, as a complex number, turned by exp(i * angle)
+    angle = rope_angles(7, 8)[3, 1]
+    z = (x[0, 0, 3, 1] + 1j * x[0, 0, 3, 5]) * np.exp(1j * angle)
+    assert out[0, 0, 3, 1] == pytest.approx(z.real, abs=1e-14)
+    assert out[0, 0, 3, 5] == pytest.approx(z.imag, abs=1e-14)
+
+
+@pytest.mark.parametrize("d_head", [8, 5])
+def test_the_backward_is_the_transpose_against_central_differences(d_head):
+    """d <dout, rope(x)> / dx, entry by entry, against rope_backward(dout) (a random upstream
+    gradient)."""
+    rng = np.random.default_rng(2)
+    x, dout = rng.normal(size=(2, 4, d_head)), rng.normal(size=(2, 4, d_head))
+    cos, sin = rope_tables(4, d_head)
+    analytic = ops.rope_backward(dout, cos, sin)
+    numeric = np.zeros_like(x)
+    h = 1e-6
+    for idx in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[idx] += h
+        down[idx] -= h
+        numeric[idx] = ((dout * ops.rope_forward(up, cos, sin)).sum()
+                        - (dout * ops.rope_forward(down, cos, sin)).sum()) / (2 * h)
+    np.testing.assert_allclose(analytic, numeric, rtol=0, atol=1e-8)
+    assert np.abs(analytic - dout).max() > 0.1   # the turn back is not the identity
+
+
+def test_a_score_depends_only_on_the_offset():
+    """RoPE's point: q at t against k at s scores the same as at t + n against s + n."""
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=8), rng.normal(size=8)
+    cos, sin = rope_tables(12, 8)
+
+    def score(t, s):
+        return ops.rope_forward(q, cos[t], sin[t]) @ ops.rope_forward(k, cos[s], sin[s])
+
+    for t, s in [(3, 1), (5, 5), (2, 7)]:
+        assert score(t + 4, s + 4) == pytest.approx(score(t, s), rel=1e-12)
+    assert abs(score(3, 1) - score(3, 2)) > 1e-3   # and it does depend on the offset
+
+
+# ---------------------------------------------------------------- the model with RoPE
+
+
+def test_the_trace_names_the_turned_queries_and_keys():
+    cfg = rope_cfg()
+    shapes = activation_shapes(cfg)
+    names = list(shapes)
+    assert "pe" not in names   # nothing is added to the embedding
+    i = names.index("blocks.0.attn.v")
+    assert names[i + 1:i + 3] == ["blocks.0.attn.q_rot", "blocks.0.attn.k_rot"]
+    fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
+    assert list(fwd.acts) == names
+    assert fwd.acts["blocks.0.attn.q_rot"].shape == (2, 2, 5, 4)
+    cos, sin = rope_tables(5, 4)
+    np.testing.assert_allclose(fwd.acts["blocks.0.attn.k_rot"],
+                               ops.rope_forward(fwd.acts["blocks.0.attn.k"], cos, sin), rtol=1e-15)
+    # position 0 is not turned at all
+    np.testing.assert_array_equal(fwd.acts["blocks.0.attn.q_rot"][:, :, 0],
+                                  fwd.acts["blocks.0.attn.q"][:, :, 0])
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(norm="post", activation="gelu", layers=2),
+                                    dict(d_model=6, heads=2), dict(tied_head=True, causal=False)],
+                         ids=["pre", "post-gelu-L2", "odd-d_head", "tied-noncausal"])
+def test_gradients_match_central_differences_at_random_parameters(fields):
+    cfg = rope_cfg(**fields)
+    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
+                              tfmcli.make_inputs(cfg), cfg)
+    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
+    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+
+
+def test_b_K_has_a_gradient_under_rope():
+    """Without RoPE d loss / d b_K is 0 (q·b_K shifts a row of scores); key s's bias turned by
+    s's angles is a different number for each key, so under RoPE it is not."""
+    cfg = rope_cfg()
+    params = random_params(tfmcli.init_params(cfg), seed=5)
+    inputs = tfmcli.make_inputs(cfg)
+    rope = tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)
+    plain_cfg = cfg.replace(pe="none")
+    plain = tfmcli.backward(params, tfmcli.forward(params, inputs, plain_cfg), plain_cfg)
+    assert np.abs(rope["blocks.0.attn.b_K"]).max() > 1e-3
+    assert np.abs(plain["blocks.0.attn.b_K"]).max() < 1e-15
+
+
+def test_fast_path_equals_the_reference():
+    cfg = rope_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=6)
+    inputs = tfmcli.make_inputs(cfg)
+    fast = tfmcli.forward(params, inputs, cfg)
+    slow = tfmcli.forward(params, inputs, cfg, fast=False)
+    assert fast.loss == pytest.approx(slow.loss, rel=1e-12)
+    g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
+    for name in params:
+        scale = np.abs(g_slow[name]).max()
+        assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
+    for name in ("blocks.1.attn.q_rot", "blocks.1.attn.k"):
+        np.testing.assert_allclose(g_fast.acts[name], g_slow.acts[name], rtol=0,
+                                   atol=1e-12 * np.abs(g_slow.acts[name]).max())
+
+
+def test_kv_cache_equals_the_full_forward():
+    """A cached key keeps the turn of its own position; each step's logits equal the full
+    causal forward's at that position."""
+    cfg = rope_cfg(batch=1, seq_len=6, lengths=None, layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=7)
+    tokens = [3, 1, 4, 1, 5, 2]
+    steps = tfmcli.kv.decode(params, tokens, cfg)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
+    logits = np.array([s.logits for s in steps])
+    np.testing.assert_allclose(logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
+    # the same ids at other positions give other logits: the positions count
+    assert np.abs(logits[1] - logits[3]).max() > 1e-3
+
+
+def test_memory_estimate_counts_the_turned_arrays():
+    """q_rot and k_rot a block and their gradients; the tables with the caches (the measured
+    peak: tests/test_memory.py's rope configs)."""
+    cfg = rope_cfg(batch=2, seq_len=64, lengths=None, d_model=64, heads=4)
+    rope, plain = memory_estimate(cfg), memory_estimate(cfg.replace(pe="none"))
+    btd = 2 * 64 * 64 * 8
+    assert rope["activations"] - plain["activations"] == 2 * btd
+    assert rope["activation grads"] - plain["activation grads"] == 2 * btd
+    assert rope["caches"] - plain["caches"] == 2 * 64 * 16 * 8
+
+
+# ---------------------------------------------------------------- the oracles
+
+
+def test_matches_the_torch_reference_at_random_parameters():
+    pytest.importorskip("torch")
+    from tfmcli import reference
+
+    for fields in (dict(), dict(norm="post", layers=2, activation="gelu"), dict(d_model=6)):
+        cfg = rope_cfg(**fields)
+        params = random_params(tfmcli.init_params(cfg), seed=8)
+        inputs = tfmcli.make_inputs(cfg)
+        fwd = tfmcli.forward(params, inputs, cfg)
+        grads = tfmcli.backward(params, fwd, cfg)
+        rows = reference.compare(fwd, grads, reference.torch_run(params, inputs, cfg), cfg)
+        assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+        assert max(r.rel for r in rows) < 1e-12
+
+
+def neox_from(params, cfg, rotary_ndims):
+    """Hugging Face's GPTNeoXForCausalLM (sequential residual, rotary on ``rotary_ndims`` of
+    each head, tanh GELU) holding tfm's parameters, in float64."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    d, H, dh = cfg.d_model, cfg.heads, cfg.d_head
+    config = transformers.GPTNeoXConfig(
+        vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
+        num_attention_heads=H, intermediate_size=cfg.ff, hidden_act="gelu_new",
+        max_position_embeddings=64, rotary_pct=rotary_ndims / dh, rotary_emb_base=10000,
+        layer_norm_eps=cfg.eps, use_parallel_residual=False, attention_bias=True,
+        tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0)
+    # its "eager" attention takes the softmax in float32; torch's own kernel stays in float64
+    config._attn_implementation = "sdpa"
+    neox = transformers.GPTNeoXForCausalLM(config).double().eval()
+    assert neox.gpt_neox.layers[0].attention.rotary_ndims == rotary_ndims
+    t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
+    state = {"gpt_neox.embed_in.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
+             "gpt_neox.final_layer_norm.weight": t["ln_f.gamma"],
+             "gpt_neox.final_layer_norm.bias": t["ln_f.beta"]}
+    for i in range(cfg.layers):
+        p, n = f"blocks.{i}.", f"gpt_neox.layers.{i}."
+        # query_key_value: per head its q, k and v rows, one after another
+        W = torch.stack([t[p + f"attn.W_{w}"].T.reshape(H, dh, d) for w in "QKV"], 1)
+        b = torch.stack([t[p + f"attn.b_{w}"].reshape(H, dh) for w in "QKV"], 1)
+        state.update({
+            n + "input_layernorm.weight": t[p + "ln1.gamma"], n + "input_layernorm.bias": t[p + "ln1.beta"],
+            n + "post_attention_layernorm.weight": t[p + "ln2.gamma"],
+            n + "post_attention_layernorm.bias": t[p + "ln2.beta"],
+            n + "attention.query_key_value.weight": W.reshape(3 * d, d),
+            n + "attention.query_key_value.bias": b.reshape(3 * d),
+            n + "attention.dense.weight": t[p + "attn.W_O"].T, n + "attention.dense.bias": t[p + "attn.b_O"],
+            n + "mlp.dense_h_to_4h.weight": t[p + "ffn.W_1"].T, n + "mlp.dense_h_to_4h.bias": t[p + "ffn.b_1"],
+            n + "mlp.dense_4h_to_h.weight": t[p + "ffn.W_2"].T, n + "mlp.dense_4h_to_h.bias": t[p + "ffn.b_2"]})
+    missing, unexpected = neox.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m or "masked_bias" in m for m in missing), missing
+    # GPT-NeoX makes its angles in float32 (``position_ids.float() * inv_freq``), so its model
+    # agrees with any float64 one to about 1e-8. Its tables must be tfm's to float32's
+    # rounding; then its rotary module makes them in float64 (the same layout: each angle
+    # twice, ``cat((freqs, freqs))``), and the rest of the model is held to 1e-12.
+    rotary = neox.gpt_neox.rotary_emb
+    positions = torch.arange(cfg.seq_len)[None]
+    cos32, sin32 = rotary(torch.zeros(1, dtype=torch.float64), positions)
+    cos, sin = rope_tables(cfg.seq_len, rotary_ndims)
+    assert np.abs(cos32[0].numpy() - cos).max() < 1e-6 and np.abs(sin32[0].numpy() - sin).max() < 1e-6
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_ndims, 2, dtype=torch.float64) / rotary_ndims)
+
+    def float64_tables(x, position_ids):
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    rotary.forward = float64_tables
+    return neox
+
+
+@pytest.mark.parametrize("d_model, heads", [(8, 2), (12, 2)], ids=["d_head-4", "d_head-6"])
+def test_matches_hugging_face_gpt_neox_at_random_parameters(d_model, heads):
+    """Loss, logits and the gradients of the rotated projections (and every other weight)
+    against GPT-NeoX's autograd, padding included."""
+    torch = pytest.importorskip("torch")
+    cfg = rope_cfg(d_model=d_model, heads=heads, layers=2, activation="gelu", head_bias=False)
+    params = random_params(tfmcli.init_params(cfg), seed=9)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    neox = neox_from(params, cfg, cfg.d_head)
+    mask = torch.as_tensor(np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]).long()
+    logits = neox(input_ids=torch.as_tensor(inputs.tokens), attention_mask=mask).logits
+    valid = torch.as_tensor((inputs.targets != tfmcli.IGNORE)
+                            & (np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]))
+    targets = torch.as_tensor(inputs.targets)
+    loss = torch.nn.functional.cross_entropy(logits[valid], targets[valid])
+    loss.backward()
+    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
+    ours = fwd.acts["logits"][valid.numpy()]
+    np.testing.assert_allclose(ours, logits[valid].detach().numpy(), rtol=0, atol=1e-12)
+    layer = neox.gpt_neox.layers[1].attention.query_key_value
+    H, dh, d = cfg.heads, cfg.d_head, cfg.d_model
+    dW = layer.weight.grad.reshape(H, 3, dh, d).numpy()
+    db = layer.bias.grad.reshape(H, 3, dh).numpy()
+    for j, w in enumerate("QKV"):
+        theirs = dW[:, j].reshape(d, d).T
+        np.testing.assert_allclose(grads[f"blocks.1.attn.W_{w}"], theirs, rtol=0,
+                                   atol=1e-12 * np.abs(theirs).max())
+        np.testing.assert_allclose(grads[f"blocks.1.attn.b_{w}"], db[:, j].reshape(d), rtol=0,
+                                   atol=1e-12 * np.abs(db).max())
+    emb = neox.gpt_neox.embed_in.weight.grad.numpy()
+    np.testing.assert_allclose(grads["embed.W_E"], emb, rtol=0, atol=1e-12 * np.abs(emb).max())
+
+
+def test_an_odd_head_matches_gpt_neox_partial_rotation():
+    """d_head 5: tfm turns 4 dimensions and leaves the fifth, as GPT-NeoX with rotary_pct 4/5
+    (its angles over the 4 rotated dimensions, as tfm's)."""
+    torch = pytest.importorskip("torch")
+    cfg = rope_cfg(d_model=10, heads=2, lengths=None, activation="gelu", head_bias=False)
+    params = random_params(tfmcli.init_params(cfg), seed=10)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    neox = neox_from(params, cfg, 4)
+    logits = neox(input_ids=torch.as_tensor(inputs.tokens)).logits.detach().numpy()
+    np.testing.assert_allclose(fwd.acts["logits"], logits, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_pe_rope_runs_from_the_command_line_and_says_so():
+    result = ok("forward", "--pe", "rope", "-d", "8")
+    assert "rope" in result.stdout
+    assert "blocks.0.attn.q_rot" in result.stdout and "\npe " not in result.stdout
+    result = ok("backward", "--pe", "rope", "-d", "8")
+    assert "not 0 under RoPE" in result.stdout
+    assert "rounding noise" not in result.stdout.split("b_K:")[1]
+
+
+def test_n_ctx_is_still_only_for_learned_positions():
+    line = error_line(run("forward", "--pe", "rope", "--n-ctx", "8"), 2)
+    assert "--n-ctx" in line and "learned" in line
