@@ -318,3 +318,76 @@ def test_pe_rope_runs_from_the_command_line_and_says_so():
 def test_n_ctx_is_still_only_for_learned_positions():
     line = error_line(run("forward", "--pe", "rope", "--n-ctx", "8"), 2)
     assert "--n-ctx" in line and "learned" in line
+
+
+# ---------------------------------------------------------------- the views
+
+
+def rope_run(**fields):
+    cfg = rope_cfg(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=11)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    return cfg, params, fwd, tfmcli.backward(params, fwd, cfg)
+
+
+def test_attn_steps_turn_q_and_k_and_match_the_model():
+    """tfm attn's steps recompute the head from its input: Q_rot and K_rot between V and the
+    scores, the softmax the model's pattern; backward, dQ_rot and dK_rot, then the turn back
+    to the gradients of Q and K."""
+    from tfmcli.steps import model_head_backward_steps, model_head_steps
+
+    cfg, params, fwd, grads = rope_run()
+    steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, 0, 1, 1)}
+    assert list(steps)[3:6] == ["V", "Q_rot", "K_rot"]
+    np.testing.assert_allclose(steps["Q_rot"], fwd.acts["blocks.0.attn.q_rot"][1, 1], atol=1e-14)
+    np.testing.assert_allclose(steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14)
+    back = {s.name: s.value for s in model_head_backward_steps(
+        fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 1, 1)}
+    assert list(back)[-4:] == ["dQ_rot", "dK_rot", "dQ", "dK"]
+    for step, act in (("dQ_rot", "q_rot"), ("dK_rot", "k_rot"), ("dQ", "q"), ("dK", "k")):
+        own = grads.acts[f"blocks.0.attn.{act}"][1, 1]
+        np.testing.assert_allclose(back[step], own, rtol=0, atol=1e-15)
+        assert np.abs(own).max() > 1e-4, act
+    assert np.abs(back["dQ"] - back["dQ_rot"]).max() > 1e-4   # the turn back did something
+
+
+def test_attn_query_under_rope_scores_the_turned_vectors():
+    from tfmcli.steps import explain_query, explain_query_backward
+
+    cfg, params, fwd, grads = rope_run()
+    x = explain_query(fwd, cfg, 0, 0, 0, 3)
+    np.testing.assert_array_equal(x.q, fwd.acts["blocks.0.attn.q_rot"][0, 0, 3])
+    context = fwd.acts["blocks.0.attn.context"][0, 3, :cfg.d_head]
+    np.testing.assert_allclose(x.context, context, rtol=0, atol=1e-15)
+    xb = explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0, 0, 3)
+    np.testing.assert_allclose(xb.dq, grads.acts["blocks.0.attn.q_rot"][0, 0, 3], atol=1e-16)
+    np.testing.assert_allclose(xb.dq_turned_back, grads.acts["blocks.0.attn.q"][0, 0, 3],
+                               rtol=0, atol=1e-16)
+    assert np.abs(xb.dq_turned_back - xb.dq).max() > 1e-5
+    plain_cfg = cfg.replace(pe="none")
+    plain = tfmcli.forward(params, fwd.inputs, plain_cfg)
+    plain_grads = tfmcli.backward(params, plain, plain_cfg)
+    assert explain_query_backward(plain, plain_grads.acts["blocks.0.attn.context"], plain_cfg,
+                                  0, 0, 0, 3).dq_turned_back is None
+
+
+def test_attn_query_json_checks_the_turn_back_against_the_model():
+    import json
+
+    out = json.loads(ok("attn", "--pe", "rope", "-d", "8", "--query", "3", "--backward",
+                        "--json").stdout)["backward"]
+    assert len(out["dq_turned_back"]) == 4
+    assert out["dq_turned_back_model_diff"] < 1e-15 and out["dq_model_diff"] < 1e-15
+    assert out["dq_turned_back"] != out["dq"]
+    text = ok("attn", "--pe", "rope", "-d", "8", "--query", "3", "--backward").stdout
+    assert "(attn.q_rot) by" in text and "8b. RoPE's turn back at position 3" in text
+
+
+def test_embed_under_rope_adds_nothing_at_the_embedding():
+    import json
+
+    out = json.loads(ok("embed", "--pe", "rope", "--position", "2", "--json").stdout)
+    assert out["pe"] is None and out["x0"] == out["w_e"]
+    text = ok("embed", "--pe", "rope").stdout
+    assert "x0 = W_E[id], the first block's input" in text and "+ PE[t]" not in text

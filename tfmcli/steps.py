@@ -16,7 +16,7 @@ from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.masks import combined_mask
-from tfmcli.model import Forward, check_within
+from tfmcli.model import Forward, check_within, rope_tables
 
 
 class Step(NamedTuple):
@@ -26,31 +26,46 @@ class Step(NamedTuple):
     mask: np.ndarray | None = None   # True = may attend: hidden cells are drawn as "·"
 
 
-def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale):
+ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t's angles"
+
+
+def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
     """The steps of one head on one sequence.
 
-    x: (T, d); W_*: (d, d_head); b_*: (d_head,); mask: (T, T) bool, True = may attend.
+    x: (T, d); W_*: (d, d_head); b_*: (d_head,); mask: (T, T) bool, True = may attend;
+    rope: None, or RoPE's (cos, sin) tables (T, d_head), which turn Q and K before the scores.
     """
     q = x @ W_Q + b_Q                                            # (T, d_head)
     k = x @ W_K + b_K
     v = x @ W_V + b_V
+    steps = [Step("X", "input to attention, one row of the batch", x),
+             Step("Q", "Q = X W_Q + b_Q", q),
+             Step("K", "K = X W_K + b_K", k),
+             Step("V", "V = X W_V + b_V", v)]
+    product = "Q K^T"
+    if rope is not None:
+        q, k = ops.rope_forward(q, *rope), ops.rope_forward(k, *rope)
+        steps += [Step("Q_rot", ROPE_FORMULA.format("Q"), q),
+                  Step("K_rot", ROPE_FORMULA.format("K"), k)]
+        product = "Q_rot K_rot^T"
     scores = q @ k.T                                             # (T, T)
     scaled = scores * scale
     masked = np.where(mask, scaled, -np.inf)
     pattern, _ = ops.softmax_forward(masked)
     context = pattern @ v                                        # (T, d_head)
-    return [
-        Step("X", "input to attention, one row of the batch", x),
-        Step("Q", "Q = X W_Q + b_Q", q),
-        Step("K", "K = X W_K + b_K", k),
-        Step("V", "V = X W_V + b_V", v),
-        Step("scores", "Q K^T", scores),
-        Step("scaled scores", f"Q K^T / sqrt(d_head) = Q K^T x {scale:.6g}", scaled),
+    return steps + [
+        Step("scores", product, scores),
+        Step("scaled scores", f"{product} / sqrt(d_head) = {product} x {scale:.6g}", scaled),
         Step("masked scores", "-inf where the mask hides a key", masked),
         Step("softmax", "softmax over keys, row max subtracted; · = hidden (exactly 0)",
              pattern, mask),
         Step("context", "softmax @ V", context),
     ]
+
+
+def _rope(cfg: Config, T: int):
+    """RoPE's (cos, sin) tables for T positions when the model turns its queries and keys."""
+    return rope_tables(T, cfg.d_head, cfg.dtype) if cfg.pe == "rope" else None
 
 
 def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int | None = None):
@@ -72,7 +87,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         weights += [params[p + f"attn.W_{w}"][:, cols], params[p + f"attn.b_{w}"][cols]]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
-    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head))
+    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=_rope(cfg, T))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     return steps
@@ -115,11 +130,13 @@ class QueryExplained(NamedTuple):
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
     """Query ``t`` of head ``head`` in block ``block``, batch row ``row``, from the model's own
-    q, k and v (the ``attn.q/k/v`` activations), recomputed product by product."""
+    q, k and v (the ``attn.q/k/v`` activations; under RoPE the turned ``attn.q_rot/k_rot``),
+    recomputed product by product."""
     check_head(fwd, cfg, block, head, row, t)
     p = f"blocks.{block}.attn."
-    q = fwd.acts[p + "q"][row, head, t]                          # (d_head,)
-    k = fwd.acts[p + "k"][row, head]                             # (T, d_head)
+    turned = "_rot" if cfg.pe == "rope" else ""
+    q = fwd.acts[p + "q" + turned][row, head, t]                 # (d_head,)
+    k = fwd.acts[p + "k" + turned][row, head]                    # (T, d_head)
     v = fwd.acts[p + "v"][row, head]
     T = k.shape[0]
     visible = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row, t]   # (T,)
@@ -136,11 +153,13 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
 # ---------------------------------------------------------------- backward
 
 
-def head_backward_steps(dcontext, q, k, v, pattern, mask, scale):
+def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None):
     """The backward of one head on one sequence, from the gradient of its context: where seed
     003 stops (at dV), on through the softmax to dQ and dK.
 
-    dcontext, q, k, v: (T, d_head); pattern: (T, T) the softmax; mask: (T, T) bool.
+    dcontext, q, k, v: (T, d_head); pattern: (T, T) the softmax; mask: (T, T) bool; rope:
+    None, or RoPE's (cos, sin) tables, when q and k are the turned ones: then dQ_rot and
+    dK_rot, and the turn back to dQ and dK.
     """
     dpattern = dcontext @ v.T                                    # (T, T)
     dv = pattern.T @ dcontext                                    # (T, d_head)
@@ -148,7 +167,7 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale):
     dscaled = pattern * (dpattern - row_sums)                    # 0 on hidden keys
     dq = dscaled @ k * scale
     dk = dscaled.T @ q * scale
-    return [
+    steps = [
         Step("dcontext", "d loss / d context, from the backward pass", dcontext),
         Step("dsoftmax", "dcontext @ V^T (every key; a hidden key's weight is 0, so it goes "
              "no further)", dpattern),
@@ -158,20 +177,33 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale):
         Step("dQ", f"dscaled scores @ K x {scale:.6g} (1/sqrt(d_head))", dq),
         Step("dK", f"dscaled scores^T @ Q x {scale:.6g} (1/sqrt(d_head))", dk),
     ]
+    if rope is None:
+        return steps
+    # q and k were turned (RoPE): what came out is their gradient; the turn back gives Q's, K's
+    steps[4:] = [Step("dQ_rot", f"dscaled scores @ K_rot x {scale:.6g} (1/sqrt(d_head))", dq),
+                 Step("dK_rot", f"dscaled scores^T @ Q_rot x {scale:.6g} (1/sqrt(d_head))", dk),
+                 Step("dQ", "the turn back: dQ_rot cos - rotate_half(dQ_rot) sin",
+                      ops.rope_backward(dq, *rope)),
+                 Step("dK", "the turn back: dK_rot cos - rotate_half(dK_rot) sin",
+                      ops.rope_backward(dk, *rope))]
+    return steps
 
 
 def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
                               head: int, row: int):
     """head_backward_steps of a model run: ``dcontext_all`` is the gradient of the loss with
     respect to the block's merged context (``grads.acts['blocks.i.attn.context']``, (B, T, d)).
-    The head's q, k, v and softmax are the model's own."""
+    The head's q, k, v and softmax are the model's own (q and k turned, under RoPE)."""
     check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}.attn."
-    q, k, v, pattern = (fwd.acts[p + name][row, head] for name in ("q", "k", "v", "pattern"))
+    turned = "_rot" if cfg.pe == "rope" else ""
+    q, k, v, pattern = (fwd.acts[p + name][row, head]
+                        for name in ("q" + turned, "k" + turned, "v", "pattern"))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
-    return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head))
+    return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
+                               _rope(cfg, T))
 
 
 class QueryBackward(NamedTuple):
@@ -190,6 +222,7 @@ class QueryBackward(NamedTuple):
     dk_share: np.ndarray   # (T, d_head) dscores[s] * q: this query's part of each key's dk
     dv_share: np.ndarray   # (T, d_head) weights[s] * dcontext: its part of each key's dv
     numeric_dq: np.ndarray  # central differences of sum(dcontext * context) in q
+    dq_turned_back: np.ndarray | None = None   # RoPE: the gradient of q before its turn
 
 
 def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
@@ -215,6 +248,9 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
         return float(dcontext @ (w @ v))
 
     numeric = central_differences(contracted, q, step)
+    dq = dq_parts.sum(axis=0)
+    rope = _rope(cfg, t + 1)   # under RoPE q is the turned one: turned back, q's own gradient
+    turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
-                         dscores, dq_parts, dq_parts.sum(axis=0), dscores[:, None] * q[None, :],
-                         weights[:, None] * dcontext[None, :], numeric)
+                         dscores, dq_parts, dq, dscores[:, None] * q[None, :],
+                         weights[:, None] * dcontext[None, :], numeric, turned_back)

@@ -81,12 +81,13 @@ def attn(
         p = f"blocks.{block}.attn."
         back = model_head_backward_steps(fwd, grads.acts[p + "context"], cfg, block, head, row)
         own = {"dsoftmax": "pattern", "dV": "v", "dscaled scores": "scores", "dQ": "q",
-               "dK": "k"}   # the backward pass's own gradient of each step
+               "dK": "k", "dQ_rot": "q_rot", "dK_rot": "k_rot"}   # the backward pass's own
         off = max(float(np.abs(s.value - grads.acts[p + own[s.name]][row, head]).max())
                   for s in back if s.name in own)
+        checked = [s.name for s in back if s.name in own]
         parts.append(Text("backward, from the gradient of this head's context", style="bold"))
         parts += render_steps(back, precision, queries, keys, start=len(steps) + 1)
-        parts.append(Text(f"dsoftmax, dV, dscaled scores, dQ and dK differ from the backward "
+        parts.append(Text(f"{', '.join(checked[:-1])} and {checked[-1]} differ from the backward "
                           f"pass's own gradients by at most {off:.1e}", style="dim"))
         payload["backward_steps"] = [{"name": s.name, "formula": s.formula,
                                       "value": jsonable(s.value)} for s in back]
@@ -105,8 +106,9 @@ def refuse_model_options(opts):
                 f"with it: --precision, --json, --svg, --save", param_hint="'--example'")
 
 
-VECTORS = {"X", "Q", "K", "V", "context", "dcontext", "dV", "dQ", "dK"}   # rows of features
-KEY_ROWS = {"K", "V", "dK", "dV"}   # one row per key
+VECTORS = {"X", "Q", "K", "V", "Q_rot", "K_rot", "context", "dcontext", "dV", "dQ", "dK",
+           "dQ_rot", "dK_rot"}   # rows of features
+KEY_ROWS = {"K", "V", "K_rot", "dK", "dV", "dK_rot"}   # one row per key
 
 
 def render_steps(steps, precision, queries=None, keys=None, start=1):
@@ -134,6 +136,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     from tfmcli.steps import explain_query, explain_query_backward
 
     cfg = run.cfg
+    rope = cfg.pe == "rope"   # q and k are the turned ones
     x = explain_query(fwd, cfg, block, head, row, t)
     labels = position_labels(run, row)
     keys = position_labels(run, row, "k")
@@ -154,9 +157,11 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     parts = [
         render.config_panel(describe(cfg, run, row), title=f"tfm attn: block {block}, head "
                                                           f"{head}, query {labels[t]}"),
-        Text(f"1. the query q = row {t} of Q (token {labels[t]})", style="bold"),
+        Text(f"1. the query q = row {t} of Q (token {labels[t]})" + (
+             f", turned by RoPE at position {t} (attn.q_rot)" if rope else ""), style="bold"),
         table(x.q[None, :], None, [position_labels(run, row, "q")[t]], dims),
-        Text("2. each visible key k = a row of K", style="bold"),
+        Text("2. each visible key k = a row of K" + (
+             ", each turned at its own position (attn.k_rot)" if rope else ""), style="bold"),
         table(x.k[seen], None, shown, dims),
         Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),
         table(np.column_stack([x.products[seen], x.scores[seen]]), None, shown,
@@ -183,16 +188,21 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         p = f"blocks.{block}.attn."
         xb = explain_query_backward(fwd, grads.acts[p + "context"], cfg, block, head, row, t)
         model = {name: grads.acts[p + act][row, head, t]
-                 for name, act in (("dq", "q"), ("dscaled", "scores"))}
+                 for name, act in (("dq", "q_rot" if rope else "q"), ("dscaled", "scores"))}
         offs = {"dscaled": float(np.abs(model["dscaled"] - xb.dscaled).max()),
                 "dq": float(np.abs(model["dq"] - xb.dq).max()),
                 "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
+        if rope:
+            offs["dq_turned_back"] = float(np.abs(grads.acts[p + "q"][row, head, t]
+                                                  - xb.dq_turned_back).max())
         parts += query_backward_parts(xb, x, keys, seen, shown, dims, offs, table,
                                       precision, row, t)
         payload["backward"] = {
             "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
             "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"],
             "dq_numeric_diff": offs["dq_numeric"], "dscaled_model_diff": offs["dscaled"],
+            **({"dq_turned_back": xb.dq_turned_back.tolist(),
+                "dq_turned_back_model_diff": offs["dq_turned_back"]} if rope else {}),
             "keys": [{"position": s, "dweight": float(xb.dweights[s]),
                       "dscaled": float(xb.dscaled[s]), "dscore": float(xb.dscores[s]),
                       "dk_share": xb.dk_share[s].tolist(), "dv_share": xb.dv_share[s].tolist()}
@@ -205,6 +215,8 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
     this query's share of each key's dk and dv."""
     def num(value):
         return render.fmt(value, precision) if value is not None else "·"
+
+    rope = xb.dq_turned_back is not None   # q and k are the turned ones
 
     softmax_rows = [[keys[s], num(x.weights[s] if x.visible[s] else None),
                      num(xb.dweights[s] if x.visible[s] else None),
@@ -229,9 +241,14 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
         Text("8. dscore x k, and their sum: dq", style="bold"),
         table(np.vstack([xb.dq_parts[seen], xb.dq]), None,
               [f"ds·k {k}" for k in shown] + ["Σ dq"], dims),
-        Text(f"dq differs from the backward pass's own (attn.q) by {offs['dq']:.1e}, from "
-             f"central differences of sum(dcontext * context) by {offs['dq_numeric']:.1e}",
-             style="dim"),
+        Text(f"dq differs from the backward pass's own (attn.q{'_rot' if rope else ''}) by "
+             f"{offs['dq']:.1e}, from central differences of sum(dcontext * context) by "
+             f"{offs['dq_numeric']:.1e}", style="dim"),
+        *([Text(f"8b. RoPE's turn back at position {t}: dq cos - rotate_half(dq) sin, the "
+                f"gradient of q before its turn", style="bold"),
+           table(xb.dq_turned_back[None, :], None, ["dq before"], dims),
+           Text(f"it differs from the backward pass's own (attn.q) by "
+                f"{offs['dq_turned_back']:.1e}", style="dim")] if rope else []),
         Text("9. this query's share of each key's gradients: dk += dscore x q, dv += weight x "
              "dcontext (every query's shares sum to the backward's dk and dv)", style="bold"),
         table(np.column_stack([xb.dk_share[seen], xb.dv_share[seen]]), None, shown,

@@ -22,6 +22,8 @@ POSITIONS = {
                   "PE[t, 2i+1] = cos(t / 10000^(2i/d))",
     "learned": "PE[t] = W_pos[t], a learned row (a parameter)",
     "none": "no positions: x0 = W_E[id]",
+    "rope": "RoPE adds nothing here: x0 = W_E[id]; each head's q and k are turned by their "
+            "position's angles instead (tfm attn)",
 }
 
 
@@ -88,7 +90,8 @@ def embed(
         views = [
             render.config_panel(describe(cfg, run, row),
                                 title=f"tfm embed: batch row {row}, position {position}"),
-            Text("forward: x0 = W_E[id] + PE[t], the first block's input", style="bold"),
+            Text(f"forward: x0 = W_E[id]{' + PE[t]' if x.pe is not None else ''}, the first "
+                 f"block's input", style="bold"),
             Text(where),
             Text(POSITIONS[cfg.pe])]
         rows = {f"W_E[{x.token}]": x.w_e}
@@ -100,9 +103,9 @@ def embed(
         views += [
             table(rows, "angle: t / 10000^(2i/d) for columns 2i and 2i+1"
                   if x.angle is not None else None),
-            Text("the model's own lookup (embed)" + (" and positions (pe)" if x.pe is not None
-                                                     else "")
-                 + f" differ from these by {forward_off:.1e}", style="dim"),
+            Text("the model's own lookup (embed)" + (" and positions (pe) differ from these"
+                                                     if x.pe is not None else " differs from it")
+                 + f" by {forward_off:.1e}", style="dim"),
             Text(f"backward: dW_E[{x.token}] sums dx0 over every position that holds the "
                  f"token", style="bold"),
             Text(f"the lookup copied row {x.token} to {n} position{'s' * (n > 1)} of the "
