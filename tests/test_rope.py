@@ -391,3 +391,33 @@ def test_embed_under_rope_adds_nothing_at_the_embedding():
     assert out["pe"] is None and out["x0"] == out["w_e"]
     text = ok("embed", "--pe", "rope").stdout
     assert "x0 = W_E[id], the first block's input" in text and "+ PE[t]" not in text
+
+
+def test_pe_rope_shows_the_angles_and_a_score_that_depends_on_the_offset():
+    import json
+
+    out = json.loads(ok("pe", "--rope", "--len", "9", "-d", "6", "--json").stdout)
+    angles, score = np.array(out["angles"]), np.array(out["score"])
+    assert angles.shape == (9, 3) and score.shape == (9, 9)
+    cos, sin = rope_tables(9, 6)
+    np.testing.assert_array_equal(np.array(out["cos"]), cos)
+    np.testing.assert_array_equal(np.array(out["sin"]), sin)
+    assert angles[4, 1] == pytest.approx(4 / 10000 ** (2 / 6), rel=1e-15)
+    # the score of u with itself: sum over pairs of 2 cos(offset * theta_i) / d, on every diagonal
+    theta = 1 / 10000.0 ** (np.arange(3) / 3)
+    for offset in range(9):
+        expected = 2 * np.cos(offset * theta).sum() / 6
+        np.testing.assert_allclose(np.diagonal(score, offset), expected, rtol=0, atol=1e-15)
+        np.testing.assert_allclose(np.diagonal(score, -offset), expected, rtol=0, atol=1e-15)
+    text = ok("pe", "--rope", "--len", "9", "-d", "7").stdout
+    assert "dimension 6 is not turned" in text and "+ 1/7 (the unturned dimension)" in text
+    assert "cos of each pair's angle (9 positions x 3 pairs)" in text
+
+
+@pytest.mark.parametrize("args, option, allowed", [
+    (["-d", "1"], "'--d-model'", "at least 2"),
+    (["--len", "4001"], "'--len'", "at most 4,000"),
+])
+def test_pe_rope_refuses_what_it_cannot_draw(args, option, allowed):
+    line = error_line(run("pe", "--rope", *args), 2)
+    assert option in line and allowed in line

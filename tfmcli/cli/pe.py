@@ -1,4 +1,4 @@
-"""tfm pe: the sinusoidal positional-encoding matrix."""
+"""tfm pe: the sinusoidal positional-encoding matrix, or RoPE's angles (--rope)."""
 
 from typing import Annotated
 
@@ -15,7 +15,8 @@ from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, with_options
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def pe(
     length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 100_000), help="Positions N.")] = 16,
-    d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine).")] = 16,
+    d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine); with --rope a head's width d_head.")] = 16,
+    rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -29,6 +30,9 @@ def pe(
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
                                  f"20,000,000", param_hint="'--len' / '--d-model'")
+    if rope:
+        rope_view(opts, length, d_model, precision)
+        return
     matrix = sinusoidal(length, d_model)
     waves = wavelengths(d_model)
     col_labels = [f"{'sin' if j % 2 == 0 else 'cos'} λ{waves[j]:.3g}" for j in range(d_model)]
@@ -54,3 +58,59 @@ def pe(
         parts.append(render.tensor_table(matrix, title="values", precision=precision, row_labels=rows,
                                          col_labels=col_labels, width=width()))
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})
+
+
+MAX_ROPE_LEN = 4_000   # the score map is len x len: 16 million values at most
+
+
+def rope_view(opts, length, d_head, precision):
+    """tfm pe --rope: the cosine and sine of each pair's angle at each position, and the score
+    of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s."""
+    import numpy as np
+
+    from tfmcli import ops
+    from tfmcli.io import jsonable
+    from tfmcli.positional import rope_angles, rope_tables
+
+    if d_head < 2:
+        raise typer.BadParameter(f"{d_head} is a head of one dimension, which RoPE leaves "
+                                 f"unturned; at least 2", param_hint="'--d-model'")
+    if length > MAX_ROPE_LEN:
+        raise typer.BadParameter(f"{length} positions make a {length} x {length} score map; with "
+                                 f"--rope at most {MAX_ROPE_LEN:,}", param_hint="'--len'")
+    angles = rope_angles(length, d_head)                                  # (T, m)
+    m = d_head // 2
+    cos, sin = rope_tables(length, d_head)
+    u = ops.rope_forward(np.full((length, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d)
+    score = u @ u.T                                                       # (T, T)
+    rows = [f"p{p}" for p in range(length)]
+    pairs = [f"({i},{i + m})" for i in range(m)]
+    waves = 2 * np.pi * 10000.0 ** (2 * np.arange(m) / (2 * m))
+    parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by t / "
+                  f"10000^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
+                  + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
+                  style="bold")]
+    for name, table in (("cos", np.cos(angles)), ("sin", np.sin(angles))):
+        parts.append(render.heatmap(table, title=f"{name} of each pair's angle ({length} "
+                                                 f"positions x {m} pairs)",
+                                    row_labels=rows, col_labels=pairs, width=width(),
+                                    vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
+    parts.append(Text(f"pair (0,{m}) turns once every {waves[0]:.3g} positions, pair "
+                      f"({m - 1},{2 * m - 1}) once every {waves[-1]:.3g}", style="dim"))
+    parts.append(render.heatmap(score, title="u_rot(t) . u_rot(s), u = (1, ..., 1) / "
+                                             "sqrt(d_head): the same along every diagonal",
+                                row_labels=rows, col_labels=[f"s{s}" for s in range(length)],
+                                width=width(), vmin=-1.0, vmax=1.0, diverging=True,
+                                precision=precision))
+    offsets = [score[t, 0] for t in range(length)]
+    spread = max(float(np.abs(np.diagonal(score, -k) - offsets[k]).max())
+                 for k in range(length))
+    parts.append(Text(f"a score depends on t - s only: along each diagonal it varies by at "
+                      f"most {spread:.1e}; it is Σ_i 2 cos((t - s) / 10000^(2i/{2 * m})) / "
+                      f"{d_head}" + (f" + 1/{d_head} (the unturned dimension)"
+                                     if d_head % 2 else "")
+                      + f": 1 at t = s, {offsets[-1]:+.3f} at t - s = {length - 1}",
+                      style="dim"))
+    emit(opts, parts, {"angles": jsonable(angles), "cos": jsonable(cos), "sin": jsonable(sin),
+                       "score": jsonable(score)},
+         {"angles": angles, "cos": cos, "sin": sin, "score": score})
