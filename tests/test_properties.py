@@ -68,7 +68,7 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
         d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
         layers=draw(st.integers(1, max_layers)), norm=draw(st.sampled_from(["pre", "post"])),
         activation=draw(st.sampled_from(["relu", "gelu"])), causal=draw(st.booleans()),
-        lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none"])),
+        lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)))
 
@@ -146,10 +146,12 @@ def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
 def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
     """tfm ffn and tfm attn --query --backward on any small config: each FFN recomputed at
     every position is the model's, its dpre the backward's, and the parts sum to db_1; each
-    query's dq is the backward's, and every query's shares of dk and dv sum to the backward's."""
+    query's dq is the backward's, and every query's shares of dk and dv sum to the backward's
+    (under RoPE those of the turned q and k, and dq turned back is q's)."""
     from tfmcli import feedforward, steps
 
     params, inputs, fwd, grads = run(cfg)
+    turned = "_rot" if cfg.pe == "rope" else ""
     loose = 1e-4 if cfg.dtype == "float32" else 1e-10
     for i in range(cfg.layers):
         p = f"blocks.{i}."
@@ -167,11 +169,15 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                 for h in range(cfg.heads):
                     q = steps.explain_query_backward(fwd, grads.acts[p + "attn.context"], cfg,
                                                      i, h, b, t)
-                    np.testing.assert_allclose(q.dq, grads.acts[p + "attn.q"][b, h, t], rtol=0,
-                                               atol=loose * max(1.0, abs(q.dq).max()))
+                    np.testing.assert_allclose(q.dq, grads.acts[p + "attn.q" + turned][b, h, t],
+                                               rtol=0, atol=loose * max(1.0, abs(q.dq).max()))
+                    if turned:
+                        np.testing.assert_allclose(q.dq_turned_back,
+                                                   grads.acts[p + "attn.q"][b, h, t], rtol=0,
+                                                   atol=loose * max(1.0, abs(q.dq).max()))
                     dk[h] += q.dk_share
                     dv[h] += q.dv_share
-            for mine, act in ((dk, "k"), (dv, "v")):
+            for mine, act in ((dk, "k" + turned), (dv, "v")):
                 np.testing.assert_allclose(mine, grads.acts[p + "attn." + act][b], rtol=0,
                                            atol=loose * max(1.0, abs(mine).max()))
         np.testing.assert_allclose(db_1, grads[p + "ffn.b_1"], rtol=0,
@@ -179,7 +185,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg=configs(max_layers=2), pe=st.sampled_from(["sinusoidal", "learned", "none"]),
+@given(cfg=configs(max_layers=2), pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
        tied=st.booleans())
 def test_each_embedding_row_by_hand_agrees_with_the_run(cfg, pe, tied):
     """tfm embed on any small config, learned positions and a tied head included: x0 at every
