@@ -315,6 +315,13 @@ def test_pe_rope_runs_from_the_command_line_and_says_so():
     assert "rounding noise" not in result.stdout.split("b_K:")[1]
 
 
+def test_block_under_rope_says_its_dq_and_dk_are_turned_back():
+    """tfm block's via q and via k take the gradients of q and k before the turn (the property
+    tests check the paths on RoPE configs); the view says so, and only under RoPE."""
+    assert "gradients of q and k before their turn" in ok("block", "--pe", "rope").stdout
+    assert "RoPE" not in ok("block").stdout
+
+
 def test_n_ctx_is_still_only_for_learned_positions():
     line = error_line(run("forward", "--pe", "rope", "--n-ctx", "8"), 2)
     assert "--n-ctx" in line and "learned" in line

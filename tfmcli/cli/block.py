@@ -102,6 +102,9 @@ def block(
                  f"the row's positions by {numeric_off:.1e}", style="dim"),
             Text("|...|: each row's length; the paths come from tfm ffn, tfm attn --backward "
                  "and tfm ln, which lay them out", style="dim")]
+        if cfg.pe == "rope":
+            views.append(Text("RoPE: dq and dk here are the gradients of q and k before their "
+                              "turn (tfm attn --backward turns them back)", style="dim"))
         if not dx.any():
             views.append(Text(f"dx is 0 here: position {position} of row {row} reaches "
                               f"nothing the loss counts (padding)", style="dim"))
