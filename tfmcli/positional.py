@@ -31,9 +31,6 @@ def wavelengths(d):
     return 2 * np.pi * 10000.0 ** (2 * i / d)
 
 
-ROPE_BASE = 10000.0
-
-
 def rope_angles(T, d_head):
     """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / 10000^(2i/n)``,
     n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even).
@@ -43,9 +40,8 @@ def rope_angles(T, d_head):
     same rotations, with a head's dimensions in another order). An odd d_head leaves its last
     dimension unrotated, as GPT-NeoX's ``rotary_pct`` leaves the dimensions past its rotated
     ones."""
-    m = d_head // 2
-    n = 2 * m
-    return np.arange(T, dtype=np.float64)[:, None] / ROPE_BASE ** (2 * np.arange(m) / max(n, 1))
+    n = 2 * (d_head // 2)   # the sinusoidal table's angles over n columns: one per pair
+    return angles(np.arange(T, dtype=np.float64)[:, None], n)[:, 0::2]
 
 
 def rope_tables(T, d_head, dtype=np.float64):
@@ -58,3 +54,15 @@ def rope_tables(T, d_head, dtype=np.float64):
     cos[:, :m] = cos[:, m:2 * m] = np.cos(angle)
     sin[:, :m] = sin[:, m:2 * m] = np.sin(angle)
     return cos.astype(dtype), sin.astype(dtype)
+
+
+def rope_scores(T, d_head):
+    """(T, T): ``u_rot(t) . u_rot(s)`` for u = (1, ..., 1) / sqrt(d_head), one vector turned
+    at t against itself turned at s (``tfm pe --rope``). It depends on t - s only: it is
+    ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for an odd head's unturned
+    dimension."""
+    from tfmcli import ops
+
+    cos, sin = rope_tables(T, d_head)
+    u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)
+    return u @ u.T

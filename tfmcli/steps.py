@@ -249,7 +249,7 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
 
     numeric = central_differences(contracted, q, step)
     dq = dq_parts.sum(axis=0)
-    rope = _rope(cfg, t + 1)   # under RoPE q is the turned one: turned back, q's own gradient
+    rope = _rope(cfg, len(k))   # under RoPE q is the turned one: turned back, q's own gradient
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],

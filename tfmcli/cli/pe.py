@@ -68,9 +68,8 @@ def rope_view(opts, length, d_head, precision):
     of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s."""
     import numpy as np
 
-    from tfmcli import ops
     from tfmcli.io import jsonable
-    from tfmcli.positional import rope_angles, rope_tables
+    from tfmcli.positional import rope_angles, rope_scores, rope_tables, wavelengths
 
     if d_head < 2:
         raise typer.BadParameter(f"{d_head} is a head of one dimension, which RoPE leaves "
@@ -81,11 +80,10 @@ def rope_view(opts, length, d_head, precision):
     angles = rope_angles(length, d_head)                                  # (T, m)
     m = d_head // 2
     cos, sin = rope_tables(length, d_head)
-    u = ops.rope_forward(np.full((length, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d)
-    score = u @ u.T                                                       # (T, T)
+    score = rope_scores(length, d_head)                                   # (T, T)
     rows = [f"p{p}" for p in range(length)]
     pairs = [f"({i},{i + m})" for i in range(m)]
-    waves = 2 * np.pi * 10000.0 ** (2 * np.arange(m) / (2 * m))
+    waves = wavelengths(2 * m)[0::2]                                      # one per pair
     parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by t / "
                   f"10000^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
                   + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
