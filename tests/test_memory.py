@@ -112,6 +112,12 @@ CONFIGS = [
                       pe="rope"), id="rope-pre-f64"),
     pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
                       norm="post", dtype="float32", pe="rope"), id="rope-T-dominates-post-f32"),
+    # SwiGLU: the gate, its gradient and its sigmoid a block, the slope in the backward
+    pytest.param(dict(batch=8, seq_len=64, d_model=64, heads=2, d_ff=1024, vocab=256, layers=2,
+                      activation="swiglu"), id="wide-ffn-swiglu"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      activation="swiglu", norm="post", dtype="float32", pe="rope"),
+                 id="swiglu-rope-post-f32"),
 ]
 
 

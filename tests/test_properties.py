@@ -67,7 +67,7 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
         batch=B, seq_len=T, d_model=d, heads=draw(st.sampled_from(divisors(d))),
         d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
         layers=draw(st.integers(1, max_layers)), norm=draw(st.sampled_from(["pre", "post"])),
-        activation=draw(st.sampled_from(["relu", "gelu"])), causal=draw(st.booleans()),
+        activation=draw(st.sampled_from(["relu", "gelu", "swiglu"])), causal=draw(st.booleans()),
         lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)))
@@ -145,7 +145,8 @@ def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
 @given(cfg=configs(max_layers=2))
 def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
     """tfm ffn and tfm attn --query --backward on any small config: each FFN recomputed at
-    every position is the model's, its dpre the backward's, and the parts sum to db_1; each
+    every position is the model's, its dpre (and SwiGLU's dgate) the backward's, and the parts
+    sum to db_1 (db_gate); each
     query's dq is the backward's, and every query's shares of dk and dv sum to the backward's
     (under RoPE those of the turned q and k, and dq turned back is q's)."""
     from tfmcli import feedforward, steps
@@ -155,7 +156,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
     loose = 1e-4 if cfg.dtype == "float32" else 1e-10
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        db_1 = np.zeros(cfg.ff)
+        db_1, db_gate = np.zeros(cfg.ff), np.zeros(cfg.ff)
         for b in range(cfg.batch):
             dk = np.zeros((cfg.heads, cfg.seq_len, cfg.d_head))
             dv = np.zeros_like(dk)
@@ -166,6 +167,10 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                 np.testing.assert_allclose(x.dpre, grads.acts[p + "ffn.pre"][b, t], rtol=0,
                                            atol=loose * max(1.0, abs(x.dpre).max()))
                 db_1 += x.dpre
+                if cfg.activation == "swiglu":   # the gate's gradient, and the dx it adds
+                    np.testing.assert_allclose(x.dgate, grads.acts[p + "ffn.gate"][b, t], rtol=0,
+                                               atol=loose * max(1.0, abs(x.dgate).max()))
+                    db_gate += x.dgate
                 for h in range(cfg.heads):
                     q = steps.explain_query_backward(fwd, grads.acts[p + "attn.context"], cfg,
                                                      i, h, b, t)
@@ -182,6 +187,9 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                                            atol=loose * max(1.0, abs(mine).max()))
         np.testing.assert_allclose(db_1, grads[p + "ffn.b_1"], rtol=0,
                                    atol=loose * max(1.0, abs(db_1).max()))
+        if cfg.activation == "swiglu":
+            np.testing.assert_allclose(db_gate, grads[p + "ffn.b_gate"], rtol=0,
+                                       atol=loose * max(1.0, abs(db_gate).max()))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

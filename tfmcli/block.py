@@ -7,7 +7,8 @@ plus what comes back through attention and LN1. Post-LN puts each layer norm aft
 (``y = LN1(x + ATTN(x))``, ``z = LN2(y + FFN(y))``), so nothing reaches x untouched.
 
 This lays out each sum at one position, and each path of the backward from pieces the other
-views explain: the FFN's input gradient ``dpre W_1^T`` (``tfm ffn``), attention's, which sums
+views explain: the FFN's input gradient ``dpre W_1^T`` (with SwiGLU ``+ dgate W_gate^T``;
+``tfm ffn``), attention's, which sums
 what reaches this position as a query, as a key and as a value (``dq W_Q^T + dk W_K^T + dv
 W_V^T``; ``tfm attn --backward``), and each layer norm's backward (``tfm ln``). The sums are
 checked against the backward pass, and dx against central differences of the block itself.
@@ -69,6 +70,10 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
     ln1, ln2 = ln("ln1"), ln("ln2")
     x, attn, ffn = act("in"), act("attn.out"), act("ffn.out")
     through_ffn = grad("ffn.pre") @ weight("ffn.W_1").T
+    ffn_formula = "dpre W_1^T: the FFN's input gradient"
+    if cfg.activation == "swiglu":   # x feeds the gate too
+        through_ffn = through_ffn + grad("ffn.gate") @ weight("ffn.W_gate").T
+        ffn_formula = "dpre W_1^T + dgate W_gate^T: the FFN's input gradient"
     via = {name: merged(name.lower()) @ weight(f"attn.W_{name}").T for name in "QKV"}
     through_attn = via["Q"] + via["K"] + via["V"]
     dz = grad("out")
@@ -89,7 +94,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
             Row("z", "y + ffn, the block's output", y + ffn, "out")]
         backward = [
             Row("dz", f"{above}: the gradient at the block's output", dz, None),
-            Row("dffn in", "dpre W_1^T: the FFN's input gradient", through_ffn, "ln2.out"),
+            Row("dffn in", ffn_formula, through_ffn, "ln2.out"),
             Row("ffn path", "LN2's backward of dffn in", ln2.dx, None),
             Row("dy", "dz + ffn path (dz carried straight through)", dy,
                 "resid1"),
@@ -110,7 +115,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
         backward = [
             Row("dz", f"{above}: the gradient at the block's output", dz, None),
             Row("dr2", "LN2's backward of dz", ln2.dx, "resid2"),
-            Row("ffn path", "dpre W_1^T: the FFN's input gradient", through_ffn, None),
+            Row("ffn path", ffn_formula, through_ffn, None),
             Row("dy", "dr2 + ffn path (dr2 carried straight through)", dy,
                 "ln1.out"),
             Row("dr1", "LN1's backward of dy", ln1.dx, "resid1"),

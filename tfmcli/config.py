@@ -19,7 +19,7 @@ import numpy as np
 from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu")
+ACTIVATIONS = ("relu", "gelu", "swiglu")
 PES = ("sinusoidal", "learned", "none", "rope")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
@@ -39,8 +39,10 @@ class Config:
         Hidden width of the feed-forward network; ``None`` means ``4 * d_model``.
     norm : {"pre", "post"}
         Where layer norm sits (see the README's Conventions).
-    activation : {"relu", "gelu"}
-        FFN non-linearity; gelu is the tanh approximation.
+    activation : {"relu", "gelu", "swiglu"}
+        FFN non-linearity; gelu is the tanh approximation. ``swiglu`` gates instead (LLaMA's
+        FFN): ``(silu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``, with the parameters
+        ``ffn.W_gate (d, d_ff)`` and ``ffn.b_gate (d_ff,)`` besides the other two layers'.
     causal : bool
         Query t sees only keys <= t.
     lengths : tuple of int or None
@@ -215,6 +217,9 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
             shapes[p + f"attn.b_{w}"] = (d,)
         shapes[p + "ln2.gamma"] = (d,)
         shapes[p + "ln2.beta"] = (d,)
+        if cfg.activation == "swiglu":   # the gate, which silu turns into each unit's weight
+            shapes[p + "ffn.W_gate"] = (d, F)
+            shapes[p + "ffn.b_gate"] = (F,)
         shapes[p + "ffn.W_1"] = (d, F)
         shapes[p + "ffn.b_1"] = (F,)
         shapes[p + "ffn.W_2"] = (F, d)
@@ -277,6 +282,8 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
                  (p + "attn.context", btd), (p + "attn.out", btd)]
         ffn = [(p + "ffn.pre", (B, T, F)), (p + "ffn.act", (B, T, F)), (p + "ffn.out", btd)]
+        if cfg.activation == "swiglu":   # act = silu(gate) * pre
+            ffn.insert(0, (p + "ffn.gate", (B, T, F)))
         shapes[p + "in"] = btd
         if cfg.norm == "pre":
             order = [(p + "ln1.out", btd), *attn, (p + "resid1", btd),
@@ -336,7 +343,7 @@ def flops(cfg: Config) -> tuple[int, int]:
     B, T, d, F, V = cfg.batch, cfg.seq_len, cfg.d_model, cfg.ff, cfg.vocab
     per_block = 2 * B * T * d * d * 4          # Q, K, V, O projections
     per_block += 2 * 2 * B * T * T * d         # Q K^T and pattern @ V over all heads
-    per_block += 2 * 2 * B * T * d * F         # W_1 and W_2
+    per_block += 2 * (2 + (cfg.activation == "swiglu")) * B * T * d * F   # W_1 (W_gate), W_2
     forward = cfg.layers * per_block + 2 * B * T * d * V
     return forward, 2 * forward
 
@@ -347,9 +354,10 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's tanh, the boolean mask, RoPE's two tables). On top of that comes one transient: the forward's largest
-    temporary (a (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward,
-    which briefly holds about three (B, T, d_ff) arrays. ``tests/test_memory.py`` holds this
+    GELU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables). On top of that comes
+    one transient: the forward's largest temporary (a (B, H, T, T) or (B, T, V) array, at the end
+    of the forward), or GELU's backward, which briefly holds about three (B, T, d_ff) arrays
+    (SwiGLU's one, its slope). ``tests/test_memory.py`` holds this
     within 8% of what tracemalloc measures (0.956-1.003 of it).
     """
     item = np.dtype(cfg.dtype).itemsize
@@ -357,18 +365,19 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
     pre, gelu = cfg.norm == "pre", cfg.activation == "gelu"
+    swiglu = cfg.activation == "swiglu"   # the gate a block, its gradient; its sigmoid cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     params = param_count(cfg)
     # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
-    acts = (L * ((10 + 2 * rope) * btd + 2 * bhtt + 2 * btf) + btd + sinusoidal * T * d
+    acts = (L * ((10 + 2 * rope) * btd + 2 * bhtt + (2 + swiglu) * btf) + btd + sinusoidal * T * d
             + positions * btd + pre * btd + 2 * btv)
     # their gradients: 8 x BTd a block (a sum shares its terms' gradient), and the embedding's
-    dacts = (L * ((8 + 2 * rope) * btd + 2 * bhtt + 2 * btf) + btd + pre * btd + positions * T * d
+    dacts = (L * ((8 + 2 * rope) * btd + 2 * bhtt + (2 + swiglu) * btf) + btd + pre * btd + positions * T * d
              + 2 * btv)
-    caches = (2 * L + pre) * (btd + B * T) + gelu * L * btf + rope * 2 * T * cfg.d_head
+    caches = (2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
     forward_transient = max(bhtt, btv)
-    backward_transient = 3 * btf if gelu else 0
+    backward_transient = 3 * btf if gelu else btf if swiglu else 0
     transient = max(forward_transient - params - dacts, backward_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,

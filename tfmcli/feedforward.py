@@ -1,6 +1,7 @@
 """One feed-forward sublayer at one position, number by number, forward and backward (``tfm ffn``).
 
-``FFN(x) = act(x W_1 + b_1) W_2 + b_2``. Seed 003 derived its backward by hand and took the
+``FFN(x) = act(x W_1 + b_1) W_2 + b_2``, or with SwiGLU ``(silu(x W_gate + b_gate) * (x W_1 +
+b_1)) W_2 + b_2``. Seed 003 derived its backward by hand and took the
 ReLU's derivative from the wrong array (the attention's K, not the FFN's own pre-activation)
 and applied it before the product with ``W_2^T`` instead of after; this recomputes every
 intermediate of one row from the model's own input to that FFN, so that each number a learner
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward, check_within
@@ -29,22 +31,31 @@ def input_name(cfg: Config, block: int) -> str:
 
 
 def activation(pre: np.ndarray, name: str) -> np.ndarray:
-    """relu: max(pre, 0); gelu (tanh form): 0.5 pre (1 + tanh(sqrt(2/pi) (pre + 0.044715 pre^3)))."""
+    """relu: max(pre, 0); gelu (tanh form): 0.5 pre (1 + tanh(sqrt(2/pi) (pre + 0.044715 pre^3)));
+    silu (SwiGLU's gate): pre sigmoid(pre) = pre / (1 + exp(-pre))."""
     if name == "relu":
         return np.maximum(pre, 0.0)
+    if name == "silu":
+        return pre * ops.sigmoid(pre)
     return 0.5 * pre * (1.0 + np.tanh(GELU_C * (pre + 0.044715 * pre ** 3)))
 
 
 def slope(pre: np.ndarray, name: str) -> np.ndarray:
     """d act / d pre. relu: 1 where pre > 0, else 0 (0 at exactly 0, as PyTorch takes it);
-    gelu: 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2), t the tanh."""
+    gelu: 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2), t the tanh;
+    silu: s (1 + pre (1 - s)), s = sigmoid(pre)."""
     if name == "relu":
         return (pre > 0).astype(np.float64)
+    if name == "silu":
+        s = ops.sigmoid(pre)
+        return s * (1.0 + pre * (1.0 - s))
     t = np.tanh(GELU_C * (pre + 0.044715 * pre ** 3))
     return 0.5 * (1.0 + t) + 0.5 * pre * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * pre ** 2)
 
 
 class FFNExplained(NamedTuple):
+    """With SwiGLU, ``gate`` and ``dgate`` are set, ``hidden`` is silu(gate) * pre, ``slope``
+    silu'(gate), ``dpre`` dhidden * silu(gate), and ``dx`` takes dgate W_gate^T as well."""
     x: np.ndarray          # (d,) the input row
     pre: np.ndarray        # (d_ff,) x W_1 + b_1
     hidden: np.ndarray     # (d_ff,) act(pre)
@@ -54,8 +65,10 @@ class FFNExplained(NamedTuple):
     slope: np.ndarray      # (d_ff,) act'(pre)
     dpre: np.ndarray       # (d_ff,) dhidden * slope
     dx: np.ndarray         # (d,) dpre W_1^T
-    numeric_slope: np.ndarray  # central differences of act at pre
+    numeric_slope: np.ndarray  # central differences of act at pre (silu at gate)
     numeric_dx: np.ndarray     # central differences of sum(dout * FFN(x)) in x
+    gate: np.ndarray | None = None    # (d_ff,) x W_gate + b_gate (SwiGLU)
+    dgate: np.ndarray | None = None   # (d_ff,) dhidden * pre * silu'(gate) (SwiGLU)
 
 
 def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block: int, row: int,
@@ -69,19 +82,37 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     W_1, b_1, W_2, b_2 = (params[p + name].astype(np.float64)
                           for name in ("W_1", "b_1", "W_2", "b_2"))
     x = fwd.acts[input_name(cfg, block)][row, t].astype(np.float64)
-    pre = x @ W_1 + b_1
-    hidden = activation(pre, cfg.activation)
     dout = dout_all[row, t].astype(np.float64)
-    dhidden = dout @ W_2.T
-    s = slope(pre, cfg.activation)
-    dpre = dhidden * s
+    if cfg.activation == "swiglu":
+        W_gate, b_gate = (params[p + name].astype(np.float64) for name in ("W_gate", "b_gate"))
+
+        def hidden_of(row_x):   # silu(x W_gate + b_gate) * (x W_1 + b_1)
+            return activation(row_x @ W_gate + b_gate, "silu") * (row_x @ W_1 + b_1)
+    else:
+        def hidden_of(row_x):
+            return activation(row_x @ W_1 + b_1, cfg.activation)
+
+    pre, hidden, dhidden = x @ W_1 + b_1, hidden_of(x), dout @ W_2.T
 
     def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
-        return float(dout @ (activation(row_x @ W_1 + b_1, cfg.activation) @ W_2 + b_2))
+        return float(dout @ (hidden_of(row_x) @ W_2 + b_2))
 
     numeric_dx = central_differences(contracted, x, step)
-    h = step * np.maximum(1.0, np.abs(pre))
-    numeric_slope = (activation(pre + h, cfg.activation)
-                     - activation(pre - h, cfg.activation)) / (2 * h)
-    return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dpre @ W_1.T,
-                        numeric_slope, numeric_dx)
+    gate = dgate = None
+    if cfg.activation == "swiglu":   # the product rule: each factor's gradient is the other's
+        gate, name = x @ W_gate + b_gate, "silu"
+        s = slope(gate, name)
+        dpre = dhidden * activation(gate, name)
+        dgate = dhidden * pre * s
+        dx = dpre @ W_1.T + dgate @ W_gate.T
+        at = gate
+    else:
+        name = cfg.activation
+        s = slope(pre, name)
+        dpre = dhidden * s
+        dx = dpre @ W_1.T
+        at = pre
+    h = step * np.maximum(1.0, np.abs(at))
+    numeric_slope = (activation(at + h, name) - activation(at - h, name)) / (2 * h)
+    return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dx,
+                        numeric_slope, numeric_dx, gate, dgate)

@@ -33,11 +33,11 @@ def step_flops(cfg: Config, cache_len: int) -> int:
     """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys.
 
     Per block: the four projections of one row (8 d^2), the new query against every cached key
-    and the weighted sum of the cached values (4 cache_len d), the FFN (4 d d_ff); then the
-    head of one position (2 d V).
+    and the weighted sum of the cached values (4 cache_len d), the FFN (4 d d_ff, 6 d d_ff with
+    SwiGLU's gate); then the head of one position (2 d V).
     """
     d, F, V = cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 8 * d * d + 4 * cache_len * d + 4 * d * F
+    per_block = 8 * d * d + 4 * cache_len * d + 2 * (2 + (cfg.activation == "swiglu")) * d * F
     return cfg.layers * per_block + 2 * d * V
 
 
@@ -77,8 +77,12 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
 
 
 def _ffn_step(x, P, p, cfg):
-    act_forward, _ = ops.ACTIVATIONS[cfg.activation]
-    hidden = act_forward(ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])[0])[0]
+    pre = ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])[0]
+    if cfg.activation == "swiglu":
+        gate = ops.linear_forward(x, P[p + "ffn.W_gate"], P[p + "ffn.b_gate"])[0]
+        hidden = ops.swiglu_forward(gate, pre)[0]
+    else:
+        hidden = ops.ACTIVATIONS[cfg.activation][0](pre)[0]
     return ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])[0]
 
 

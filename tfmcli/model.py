@@ -147,22 +147,35 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
 
 
 def _ffn_forward(x, P, p, cfg, acts, caches):
-    act_forward, _ = ops.ACTIVATIONS[cfg.activation]
+    cgate = None
+    if cfg.activation == "swiglu":   # act = silu(x W_gate + b_gate) * pre
+        gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P[p + "ffn.b_gate"])
+        acts[p + "ffn.gate"] = gate
     pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])  # (B, T, d_ff)
-    hidden, cact = act_forward(pre)
+    if cgate is None:
+        hidden, cact = ops.ACTIVATIONS[cfg.activation][0](pre)
+    else:
+        hidden, cact = ops.swiglu_forward(gate, pre)
     out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])  # (B, T, d)
     acts.update({p + "ffn.pre": pre, p + "ffn.act": hidden, p + "ffn.out": out})
-    caches[p + "ffn"] = (c1, cact, c2)
+    caches[p + "ffn"] = (cgate, c1, cact, c2)
     return out
 
 
 def _ffn_backward(dout, p, cfg, caches, grads, dacts):
-    _, act_backward = ops.ACTIVATIONS[cfg.activation]
-    c1, cact, c2 = caches[p + "ffn"]
+    cgate, c1, cact, c2 = caches[p + "ffn"]
     dhidden, grads[p + "ffn.W_2"], grads[p + "ffn.b_2"] = ops.linear_backward(dout, c2)
-    dpre = act_backward(dhidden, cact)
+    dacts.update({p + "ffn.out": dout, p + "ffn.act": dhidden})
+    if cgate is None:
+        dpre = ops.ACTIVATIONS[cfg.activation][1](dhidden, cact)
+    else:
+        dgate, dpre = ops.swiglu_backward(dhidden, cact)
     dx, grads[p + "ffn.W_1"], grads[p + "ffn.b_1"] = ops.linear_backward(dpre, c1)
-    dacts.update({p + "ffn.out": dout, p + "ffn.act": dhidden, p + "ffn.pre": dpre})
+    dacts[p + "ffn.pre"] = dpre
+    if cgate is not None:   # x feeds the gate too: its gradient is the sum of the two
+        dx_gate, grads[p + "ffn.W_gate"], grads[p + "ffn.b_gate"] = ops.linear_backward(dgate, cgate)
+        dacts[p + "ffn.gate"] = dgate
+        dx += dx_gate
     return dx
 
 

@@ -162,6 +162,43 @@ def gelu_backward(dout, cache):
 ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gelu_backward)}
 
 
+def sigmoid(x):
+    """1 / (1 + exp(-x)), as PyTorch makes it. Below x = -709 exp(-x) is inf and the result
+    exactly 0, as it should be. (The form 0.5 (1 + tanh(x / 2)) needs no exp, but loses the
+    digits of a small result: 1.7e-4 relative at x = -30.)"""
+    with np.errstate(over="ignore"):
+        s = np.exp(-x)
+    s += 1.0
+    return np.divide(1.0, s, out=s)
+
+
+def swiglu_forward(gate, pre):
+    """SwiGLU's hidden units: silu(gate) * pre, silu(g) = g sigmoid(g) (PaLM's and LLaMA's
+    FFN; ``gate = x W_gate + b_gate`` and ``pre = x W_1 + b_1``, both (..., d_ff))."""
+    sig = sigmoid(gate)
+    hidden = gate * sig
+    hidden *= pre
+    return hidden, (gate, pre, sig)
+
+
+def swiglu_backward(dhidden, cache):
+    """dhidden: (..., d_ff) -> (dgate, dpre).
+
+    dpre = dhidden silu(gate); dgate = dhidden pre silu'(gate), where
+    silu'(g) = sigmoid(g) (1 + g (1 - sigmoid(g))): the product rule on g sigmoid(g), with
+    sigmoid' = sigmoid (1 - sigmoid)."""
+    gate, pre, sig = cache
+    dpre = dhidden * gate
+    dpre *= sig
+    slope = 1.0 - sig
+    slope *= gate
+    slope += 1.0
+    slope *= sig
+    dgate = dhidden * pre
+    dgate *= slope
+    return dgate, dpre
+
+
 # ---------------------------------------------------------------- softmax
 
 

@@ -105,7 +105,10 @@ def torch_run(params, inputs, cfg) -> TorchRun:
 
     def ffn(x, p):
         h = x @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]
-        h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
+        if cfg.activation == "swiglu":   # as Hugging Face's LlamaMLP: silu(gate) * up
+            h = F.silu(x @ P[p + "ffn.W_gate"] + P[p + "ffn.b_gate"]) * h
+        else:
+            h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
         return h @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
 
     x = P["embed.W_E"][tokens]

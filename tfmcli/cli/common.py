@@ -103,7 +103,8 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "sizes": f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
                  f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}",
         "norm": "Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN",
-        "activation": cfg.activation + (" (tanh approx.)" if cfg.activation == "gelu" else ""),
+        "activation": cfg.activation + {"gelu": " (tanh approx.)",
+                                         "swiglu": " (silu(gate) * pre)"}.get(cfg.activation, ""),
         "mask": mask,
         "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else ""),
         "init": cfg.init,

@@ -18,6 +18,9 @@ FORMULAS = {
              "relu'(pre) = 1 where pre > 0, else 0 (pre: the ReLU's own input)"),
     "gelu": ("gelu(pre) = 0.5 pre (1 + t),  t = tanh(sqrt(2/pi) (pre + 0.044715 pre^3))",
              "gelu'(pre) = 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2)"),
+    "swiglu": ("silu(gate) = gate sigmoid(gate) = gate / (1 + exp(-gate));  hidden = silu(gate) "
+               "* pre",
+               "silu'(gate) = s (1 + gate (1 - s)),  s = sigmoid(gate)"),
 }
 
 
@@ -33,9 +36,11 @@ def ffn(
 ):
     """One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.
 
+    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre.
+
     Example: tfm ffn --position 2 --activation gelu
     """
-    from tfmcli.feedforward import explain, input_name
+    from tfmcli.feedforward import activation, explain, input_name
     from tfmcli.io import run_arrays
 
     def validate(cfg):
@@ -46,15 +51,56 @@ def ffn(
     cfg = run.cfg
     p = f"blocks.{block}.ffn."
     x = explain(run.params, fwd, grads.acts[p + "out"], cfg, block, row, position)
-    model = {"pre": fwd.acts[p + "pre"], "act": fwd.acts[p + "act"], "out": fwd.acts[p + "out"]}
-    forward_off = max(float(np.abs(model[name][row, position] - mine).max())
-                      for name, mine in (("pre", x.pre), ("act", x.hidden), ("out", x.out)))
-    backward_off = max(float(np.abs(grads.acts[p + name][row, position] - mine).max())
-                       for name, mine in (("act", x.dhidden), ("pre", x.dpre)))
+    gated = x.gate is not None   # SwiGLU
+    mine = {"pre": x.pre, "act": x.hidden, "out": x.out, **({"gate": x.gate} if gated else {})}
+    forward_off = max(float(np.abs(fwd.acts[p + name][row, position] - value).max())
+                      for name, value in mine.items())
+    mine = {"act": x.dhidden, "pre": x.dpre, **({"gate": x.dgate} if gated else {})}
+    backward_off = max(float(np.abs(grads.acts[p + name][row, position] - value).max())
+                       for name, value in mine.items())
     slope_off = float(np.abs(x.numeric_slope - x.slope).max())
     dx_off = float(np.abs(x.numeric_dx - x.dx).max())
     token = run.token_labels(row)[position]
     act, (act_formula, slope_formula) = cfg.activation, FORMULAS[cfg.activation]
+    unit, slope_name = ("silu", "silu'(gate)") if gated else (act, f"{act}'(pre)")
+    mine_names = ("ffn.gate, ffn.pre, ffn.act and ffn.out" if gated else
+                  "pre, act and out (ffn.pre, ffn.act, ffn.out)")
+
+    def plain_forward():
+        return [
+            Text(f"forward, at position {position} (token {token}): out = {act}(x W_1 + b_1) "
+                 f"W_2 + b_2", style="bold"),
+            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  pre = x W_1 + "
+                 f"b_1 (d_ff {x.pre.size})"),
+            Text(act_formula),
+            table({"x": x.x}),
+            table({"pre": x.pre, f"{act}(pre)": x.hidden})]
+
+    def gated_forward():
+        return [
+            Text(f"forward, at position {position} (token {token}): out = (silu(x W_gate + "
+                 f"b_gate) * (x W_1 + b_1)) W_2 + b_2", style="bold"),
+            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  gate = x W_gate "
+                 f"+ b_gate, pre = x W_1 + b_1 (d_ff {x.pre.size})"),
+            Text(act_formula),
+            table({"x": x.x}),
+            table({"gate": x.gate, "silu(gate)": activation(x.gate, "silu"), "pre": x.pre,
+                   "hidden": x.hidden})]
+
+    def plain_backward():
+        return [
+            Text(f"dpre = dhidden * {act}'(pre), after the product with W_2^T;  dx = dpre W_1^T"),
+            table({"dout": x.dout}),
+            table({"dhidden": x.dhidden, f"{act}'(pre)": x.slope, "dpre": x.dpre})]
+
+    def gated_backward():
+        return [
+            Text("dpre = dhidden * silu(gate);  dgate = dhidden * pre * silu'(gate) (the "
+                 "product rule: each factor's gradient holds the other);  dx = dpre W_1^T + "
+                 "dgate W_gate^T"),
+            table({"dout": x.dout}),
+            table({"dhidden": x.dhidden, "silu'(gate)": x.slope, "dpre": x.dpre,
+                   "dgate": x.dgate})]
 
     def table(rows: dict):   # every column, wrapped in blocks, up to 32 (or with --full)
         size = next(iter(rows.values())).size
@@ -65,28 +111,23 @@ def ffn(
         views = [
             render.config_panel(describe(cfg, run, row), title=f"tfm ffn: block {block}, batch "
                                                                f"row {row}, position {position}"),
-            Text(f"forward, at position {position} (token {token}): out = {act}(x W_1 + b_1) "
-                 f"W_2 + b_2", style="bold"),
-            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  pre = x W_1 + "
-                 f"b_1 (d_ff {x.pre.size})"),
-            Text(act_formula),
-            table({"x": x.x}),
-            table({"pre": x.pre, f"{act}(pre)": x.hidden}),
+            *(gated_forward() if gated else plain_forward()),
             table({"out": x.out}),
-            Text(f"the model's own pre, act and out (ffn.pre, ffn.act, ffn.out) differ from "
-                 f"these by {forward_off:.1e}", style="dim"),
+            Text(f"the model's own {mine_names} differ from these by "
+                 f"{forward_off:.1e}", style="dim"),
             Text("backward: dout = d loss / d out, from the backward pass", style="bold"),
             Text("dhidden = dout W_2^T"),
             Text(slope_formula),
-            Text(f"dpre = dhidden * {act}'(pre), after the product with W_2^T;  dx = dpre W_1^T"),
-            table({"dout": x.dout}),
-            table({"dhidden": x.dhidden, f"{act}'(pre)": x.slope, "dpre": x.dpre}),
+            *(gated_backward() if gated else plain_backward()),
             table({"dx": x.dx}),
-            Text(f"dhidden and dpre differ from the backward pass's own by {backward_off:.1e}; "
-                 f"{act}'(pre) from central differences of {act} by {slope_off:.1e}; dx from "
-                 f"central differences of sum(dout * FFN(x)) by {dx_off:.1e}", style="dim"),
-            Text("this position's part of dW_1 is x^T dpre (the outer product, d x d_ff), of "
-                 "db_1 dpre; of dW_2 hidden^T dout, of db_2 dout", style="bold")]
+            Text(f"{'dhidden, dpre and dgate' if gated else 'dhidden and dpre'} differ from the "
+                 f"backward pass's own by {backward_off:.1e}; {slope_name} from central "
+                 f"differences of {unit} by {slope_off:.1e}; dx from central differences of "
+                 f"sum(dout * FFN(x)) by {dx_off:.1e}", style="dim"),
+            Text(("this position's part of dW_gate is x^T dgate (the outer product, d x d_ff), "
+                  "of db_gate dgate; of dW_1 x^T dpre, of db_1 dpre; " if gated else
+                  "this position's part of dW_1 is x^T dpre (the outer product, d x d_ff), of "
+                  "db_1 dpre; ") + "of dW_2 hidden^T dout, of db_2 dout", style="bold")]
         if not x.dout.any():
             views.append(Text(f"dout is 0 here: position {position} of row {row} adds nothing "
                               f"to the loss through this block (padding, or no target), so no "
@@ -100,4 +141,6 @@ def ffn(
                "dhidden": x.dhidden.tolist(), "slope": x.slope.tolist(), "dpre": x.dpre.tolist(),
                "dx": x.dx.tolist(), "backward_model_diff": backward_off,
                "slope_numeric_diff": slope_off, "dx_numeric_diff": dx_off}
+    if gated:   # SwiGLU: hidden is silu(gate) * pre, slope silu'(gate)
+        payload.update({"gate": x.gate.tolist(), "dgate": x.dgate.tolist()})
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
