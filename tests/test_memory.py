@@ -118,6 +118,9 @@ CONFIGS = [
     pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
                       activation="swiglu", norm="post", dtype="float32", pe="rope"),
                  id="swiglu-rope-post-f32"),
+    # RMSNorm: no betas (its caches are layer norm's)
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      rms_norm=True, activation="swiglu", pe="rope"), id="llama-like-rms-f64"),
 ]
 
 

@@ -70,7 +70,8 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
         activation=draw(st.sampled_from(["relu", "gelu", "swiglu"])), causal=draw(st.booleans()),
         lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
-        dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)))
+        dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)),
+        rms_norm=draw(st.booleans()))
 
 
 def check_run(cfg, inputs, fwd, grads):
@@ -251,10 +252,11 @@ def resolvable(cfg, fwd) -> bool:
     Not across a ReLU kink (within reach of a step), and not at a layer norm whose input
     variance is below a few eps: there, with d = 2, xhat = delta / sqrt(delta^2 + eps) bends on
     a scale of sqrt(eps) ~ 3e-3 or less, and no step is both above rounding and below
-    truncation. (d = 1 is exactly flat: xhat is 0 whatever the input.)
+    truncation. (d = 1 is exactly flat: xhat is 0 whatever the input; not RMSNorm's, x / sqrt(x^2
+    + eps), which bends within sqrt(eps) of 0.)
     """
     for cache in fwd.caches.values():
-        if isinstance(cache, ops.LayerNormCache) and cfg.d_model > 1:
+        if isinstance(cache, ops.LayerNormCache) and (cfg.d_model > 1 or cfg.rms_norm):
             if np.any(cache.rstd > 1 / math.sqrt(10 * cfg.eps)):   # var < 9 eps
                 return False
     if cfg.activation == "relu":
@@ -348,8 +350,8 @@ BAD_PRECISION = ["-1", "13", "99", "x"]
 BAD_LENGTHS = ["a,b", "", "0", "9,9,9", "1,,2", "2.5", "-1", "1;2", ",", " "]
 CHOICES = {
     "--norm": (["pre", "post", "PRE"], ["mid", ""]),
-    "--activation": (["relu", "gelu", "GELU"], ["tanh"]),
-    "--pe": (["sinusoidal", "none"], ["learned"]),
+    "--activation": (["relu", "gelu", "GELU", "swiglu"], ["tanh"]),
+    "--pe": (["sinusoidal", "none", "rope"], ["learned"]),
     "--init": (["normal", "uniform", "xavier", "kaiming"], ["zeros"]),
     "--dtype": (["float64", "float32"], ["float16", "int8"]),
 }
@@ -406,6 +408,8 @@ def model_args(draw, rate, small=False):
         args += maybe(draw, rate, flag, valid, invalid)
     if draw(st.booleans()):
         args.append(draw(st.sampled_from(["--causal", "--no-causal"])))
+    if draw(st.booleans()):
+        args.append(draw(st.sampled_from(["--rms-norm", "--layer-norm"])))
     args += maybe(draw, rate, "--eps", ["1e-5", "0.1", "1e300"], ["0", "-1", "nan", "inf", "x"])
     args += maybe(draw, rate, "--seed", ["0", "7", "123456789"], ["-1", "x"])
     return args

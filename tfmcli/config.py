@@ -66,6 +66,9 @@ class Config:
         ``head.W_U``.
     head_bias : bool
         The head adds ``head.b_U`` (GPT-2's head has none).
+    rms_norm : bool
+        Every norm is RMSNorm (LLaMA's): ``x / sqrt(mean(x^2) + eps) * gamma``, no mean taken
+        out and no ``beta``; the parameters ``ln1.gamma``, ``ln2.gamma``, ``ln_f.gamma`` only.
     """
 
     batch: int = 2
@@ -87,6 +90,7 @@ class Config:
     n_ctx: int | None = None
     tied_head: bool = False
     head_bias: bool = True
+    rms_norm: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -126,7 +130,7 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias"):
+        for name in ("tied_head", "head_bias", "rms_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -211,12 +215,14 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         shapes[p + "ln1.gamma"] = (d,)
-        shapes[p + "ln1.beta"] = (d,)
+        if not cfg.rms_norm:
+            shapes[p + "ln1.beta"] = (d,)
         for w in "QKVO":
             shapes[p + f"attn.W_{w}"] = (d, d)
             shapes[p + f"attn.b_{w}"] = (d,)
         shapes[p + "ln2.gamma"] = (d,)
-        shapes[p + "ln2.beta"] = (d,)
+        if not cfg.rms_norm:
+            shapes[p + "ln2.beta"] = (d,)
         if cfg.activation == "swiglu":   # the gate, which silu turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
             shapes[p + "ffn.b_gate"] = (F,)
@@ -226,7 +232,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         shapes[p + "ffn.b_2"] = (d,)
     if cfg.norm == "pre":
         shapes["ln_f.gamma"] = (d,)
-        shapes["ln_f.beta"] = (d,)
+        if not cfg.rms_norm:
+            shapes["ln_f.beta"] = (d,)
     if not cfg.tied_head:
         shapes["head.W_U"] = (d, V)
     if cfg.head_bias:

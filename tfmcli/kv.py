@@ -16,7 +16,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import head_weights, positions, rope_tables
+from tfmcli.model import head_weights, normalise, positions, rope_tables
 
 
 class KVStep(NamedTuple):
@@ -55,8 +55,6 @@ def _attend(q, K, V, scale):
     return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
 
 
-def _ln(x, P, name, cfg):
-    return ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)[0]
 
 
 def _mha_step(x, P, p, cfg, K, V, t, rope):
@@ -130,16 +128,16 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         for i in range(cfg.layers):
             p = f"blocks.{i}."
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
-                out, weights = _mha_step(_ln(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t, rope)
+                out, weights = _mha_step(normalise(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t, rope)
                 y = x + out
-                x = y + _ffn_step(_ln(y, P, p + "ln2", cfg), P, p, cfg)
+                x = y + _ffn_step(normalise(y, P, p + "ln2", cfg), P, p, cfg)
             else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
                 out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope)
-                y = _ln(x + out, P, p + "ln1", cfg)
-                x = _ln(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
+                y = normalise(x + out, P, p + "ln1", cfg)
+                x = normalise(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
             attention.update({(i, h): weights[h] for h in range(H)})
         if cfg.norm == "pre":
-            x = _ln(x, P, "ln_f", cfg)
+            x = normalise(x, P, "ln_f", cfg)
         logits = ops.linear_forward(x, *head_weights(P, cfg))[0]               # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
         steps.append(KVStep(t, int(token), (H, t + 1, dh), attention, logits,

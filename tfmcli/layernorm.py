@@ -36,6 +36,8 @@ def input_name(cfg: Config, name: str) -> str:
 
 
 class LayerNormExplained(NamedTuple):
+    """With RMSNorm (``rms``) no mean is taken out: ``mean`` and ``mean_dxhat`` are 0,
+    ``centred`` is x, ``dxhat_centred`` dxhat, ``var`` the mean square, ``beta`` 0."""
     x: np.ndarray          # (d,) the input row
     mean: float            # sum(x) / d
     centred: np.ndarray    # x - mean
@@ -53,6 +55,7 @@ class LayerNormExplained(NamedTuple):
     xhat_scaled: np.ndarray    # xhat * mean_dxhat_xhat
     dx: np.ndarray         # (dxhat_centred - xhat_scaled) / std
     numeric_dx: np.ndarray  # central differences of sum(dy * LN(x)) in x
+    rms: bool = False      # RMSNorm: y = gamma * x / sqrt(mean(x^2) + eps)
 
 
 def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: str, row: int,
@@ -67,25 +70,25 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
     check_within("explain", row=(row, B), position=(t, T))
     x = fwd.acts[input_name(cfg, name)][row, t].astype(np.float64)
     gamma = params[name + ".gamma"].astype(np.float64)
-    beta = params[name + ".beta"].astype(np.float64)
-    d = x.size
-    mean = float(x.sum() / d)
+    d, rms = x.size, cfg.rms_norm
+    beta = np.zeros(d) if rms else params[name + ".beta"].astype(np.float64)
+    mean = 0.0 if rms else float(x.sum() / d)
     centred = x - mean
     var = float((centred * centred).sum() / d)
     std = float(np.sqrt(var + cfg.eps))
     xhat = centred / std
     dy = dy_all[row, t].astype(np.float64)
     dxhat = dy * gamma
-    mean_dxhat = float(dxhat.sum() / d)
+    mean_dxhat = 0.0 if rms else float(dxhat.sum() / d)
     mean_dxhat_xhat = float((dxhat * xhat).sum() / d)
     dxhat_centred, xhat_scaled = dxhat - mean_dxhat, xhat * mean_dxhat_xhat
     dx = (dxhat_centred - xhat_scaled) / std
 
     def contracted(row_x):   # sum(dy * LN(row_x)): its gradient in x is dx
-        c = row_x - row_x.mean()
+        c = row_x if rms else row_x - row_x.mean()
         return float(np.dot(dy, gamma * c / np.sqrt((c * c).mean() + cfg.eps) + beta))
 
     return LayerNormExplained(x, mean, centred, var, std, xhat, gamma, beta,
                               gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat,
                               dxhat_centred, xhat_scaled, dx,
-                              central_differences(contracted, x, step))
+                              central_differences(contracted, x, step), rms)

@@ -13,7 +13,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config
-from tfmcli.model import Forward, head_weights
+from tfmcli.model import Forward, head_weights, normalise
 
 
 class LensRow(NamedTuple):
@@ -42,7 +42,7 @@ def logit_lens(params: dict, fwd: Forward, cfg: Config, row: int, k: int = 3) ->
     for name, stream in streams:
         x = fwd.acts[stream][row]                                   # (T, d)
         if cfg.norm == "pre":
-            x, _ = ops.layer_norm_forward(x, params["ln_f.gamma"], params["ln_f.beta"], cfg.eps)
+            x = normalise(x, params, "ln_f", cfg)
         logits, _ = ops.linear_forward(x, W_U, b_U)                 # (T, V)
         probs, _ = ops.softmax_forward(logits)
         top = top_k(probs, k)                                       # (T, k)

@@ -179,16 +179,30 @@ def _ffn_backward(dout, p, cfg, caches, grads, dacts):
     return dx
 
 
+def normalise(x, P, name, cfg):
+    """The output of norm ``name`` ('blocks.0.ln1', ..., 'ln_f') on x, by the reference
+    functions, no cache kept: layer norm, or RMSNorm with ``cfg.rms_norm``."""
+    if cfg.rms_norm:
+        return ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)[0]
+    return ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)[0]
+
+
 def _ln_forward(x, P, name, cfg, acts, caches):
-    layer_norm = ops.layer_norm_forward_fast if caches["fast"] else ops.layer_norm_forward
-    out, caches[name] = layer_norm(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+    if cfg.rms_norm:   # one implementation on both paths
+        out, caches[name] = ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)
+    else:
+        layer_norm = ops.layer_norm_forward_fast if caches["fast"] else ops.layer_norm_forward
+        out, caches[name] = layer_norm(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
     acts[name + ".out"] = out
     return out
 
 
-def _ln_backward(dout, name, caches, grads, dacts):
-    layer_norm = ops.layer_norm_backward_fast if caches["fast"] else ops.layer_norm_backward
-    dx, grads[name + ".gamma"], grads[name + ".beta"] = layer_norm(dout, caches[name])
+def _ln_backward(dout, name, cfg, caches, grads, dacts):
+    if cfg.rms_norm:
+        dx, grads[name + ".gamma"] = ops.rms_norm_backward(dout, caches[name])
+    else:
+        layer_norm = ops.layer_norm_backward_fast if caches["fast"] else ops.layer_norm_backward
+        dx, grads[name + ".gamma"], grads[name + ".beta"] = layer_norm(dout, caches[name])
     dacts[name + ".out"] = dout
     return dx
 
@@ -273,15 +287,15 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
     if cfg.norm == "pre":
         dacts[p + "resid2"] = dz
         dy = dz + _ln_backward(_ffn_backward(dz, p, cfg, caches, grads, dacts),
-                               p + "ln2", caches, grads, dacts)
+                               p + "ln2", cfg, caches, grads, dacts)
         dacts[p + "resid1"] = dy
         dx = dy + _ln_backward(_mha_backward(dy, p, cfg, caches, grads, dacts),
-                               p + "ln1", caches, grads, dacts)
+                               p + "ln1", cfg, caches, grads, dacts)
     else:
-        dr = _ln_backward(dz, p + "ln2", caches, grads, dacts)
+        dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)
         dacts[p + "resid2"] = dr
         dy = dr + _ffn_backward(dr, p, cfg, caches, grads, dacts)
-        dr = _ln_backward(dy, p + "ln1", caches, grads, dacts)
+        dr = _ln_backward(dy, p + "ln1", cfg, caches, grads, dacts)
         dacts[p + "resid1"] = dr
         dx = dr + _mha_backward(dr, p, cfg, caches, grads, dacts)
     dacts[p + "in"] = dx
@@ -453,7 +467,7 @@ def _head_and_blocks_backward(caches, cfg, grads, dacts):
     if cfg.head_bias:
         grads["head.b_U"] = db_U
     if cfg.norm == "pre":
-        dx = _ln_backward(dx, "ln_f", caches, grads, dacts)
+        dx = _ln_backward(dx, "ln_f", cfg, caches, grads, dacts)
     for i in reversed(range(cfg.layers)):
         dx = _block_backward(dx, i, cfg, caches, grads, dacts)
     return dx, dW_U

@@ -128,6 +128,27 @@ def layer_norm_backward(dout, cache):
     return dx, dgamma, dbeta
 
 
+def rms_norm_forward(x, gamma, eps):
+    """RMSNorm (LLaMA's): x / sqrt(mean(x^2) + eps) * gamma over the last axis; no mean taken
+    out, no beta. Its cache is layer norm's, xhat = x * rstd."""
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)   # (..., 1)
+    xhat = x * rstd
+    return xhat * gamma, LayerNormCache(xhat, rstd, gamma)
+
+
+def rms_norm_backward(dout, cache):
+    """dout: (..., C) -> dx (..., C), dgamma (C,).
+
+    dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dxhat = dout * gamma: layer norm's with
+    no mean(dxhat) term, since no mean was taken out."""
+    xhat, rstd, gamma = cache
+    C = xhat.shape[-1]
+    dgamma = (dout * xhat).reshape(-1, C).sum(axis=0)
+    dxhat = dout * gamma
+    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    return dx, dgamma
+
+
 # ---------------------------------------------------------------- activations
 
 

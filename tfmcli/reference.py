@@ -85,6 +85,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     patterns = {}
 
     def layer_norm(x, name):
+        if cfg.rms_norm:
+            return F.rms_norm(x, (d,), P[name + ".gamma"], cfg.eps)
         return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
 
     def attention(x, p):

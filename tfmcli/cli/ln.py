@@ -30,6 +30,8 @@ def ln(
 ):
     """One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.
 
+    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta.
+
     Example: tfm ln --layer ln2 --position 3
     """
     from tfmcli.io import run_arrays
@@ -59,11 +61,39 @@ def ln(
                                    precision=precision, width=width(),
                                    full=full or x.x.size <= WHOLE)
 
+    def rms_parts(d):   # RMSNorm: no mean taken out, no beta
+        return [
+            Text(f"forward, at position {position} (token {token}): y = gamma * x / "
+                 f"sqrt(mean(x^2) + eps)  (RMSNorm: no mean taken out, no beta)", style="bold"),
+            Text(f"mean(x^2) = sum(x^2) / {d} = {x.var:.{precision + 4}g};  sqrt(mean(x^2) + "
+                 f"eps) = {x.std:.{precision + 4}g}  (eps {cfg.eps:g})"),
+            table({"x": x.x, "xhat": x.xhat, "gamma": x.gamma, "y": x.y}),
+            Text(f"the model's own y ({name}.out) differs from this by {y_off:.1e}",
+                 style="dim"),
+            Text("backward: dy = d loss / d y, from the backward pass; dxhat = dy * gamma",
+                 style="bold"),
+            Text(f"m2 = mean(dxhat * xhat) = {x.mean_dxhat_xhat:.{precision + 4}g}  (no m1 = "
+                 f"mean(dxhat): no mean was taken out)"),
+            table({"dy": x.dy, "dxhat": x.dxhat, "xhat * m2": x.xhat_scaled, "dx": x.dx}),
+            Text("dx = (dxhat - xhat * m2) / sqrt(mean(x^2) + eps);  this position's part of "
+                 "dgamma is dy * xhat", style="bold"),
+            Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
+                 style="dim")]
+
     def parts():
         d = x.x.size
-        views = [
-            render.config_panel(describe(cfg, run, row), title=f"tfm ln: {name}, batch row "
-                                                               f"{row}, position {position}"),
+        views = [render.config_panel(describe(cfg, run, row), title=f"tfm ln: {name}, batch "
+                                                                    f"row {row}, position "
+                                                                    f"{position}"),
+                 *(rms_parts(d) if x.rms else layer_norm_parts(d))]
+        if not x.dy.any():
+            views.append(Text(f"dy is 0 here: position {position} of row {row} adds nothing to "
+                              f"the loss (padding, or no target), so no gradient flows",
+                              style="dim"))
+        return views
+
+    def layer_norm_parts(d):
+        return [
             Text(f"forward, at position {position} (token {token}): y = gamma * (x - mean) / "
                  f"sqrt(var + eps) + beta", style="bold"),
             Text(f"mean = sum(x) / {d} = {x.mean:.{precision + 4}g};  var = sum((x - mean)^2) "
@@ -83,11 +113,6 @@ def ln(
                  "dgamma is dy * xhat, of dbeta dy", style="bold"),
             Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
                  style="dim")]
-        if not x.dy.any():
-            views.append(Text(f"dy is 0 here: position {position} of row {row} adds nothing to "
-                              f"the loss (padding, or no target), so no gradient flows",
-                              style="dim"))
-        return views
 
     payload = {"layer": name, "row": row, "position": position, "token": token,
                "x": x.x.tolist(), "mean": x.mean, "var": x.var, "std": x.std,
@@ -95,5 +120,5 @@ def ln(
                "y": x.y.tolist(), "y_model_diff": y_off, "dy": x.dy.tolist(),
                "dxhat": x.dxhat.tolist(), "mean_dxhat": x.mean_dxhat,
                "mean_dxhat_xhat": x.mean_dxhat_xhat, "dx": x.dx.tolist(),
-               "dx_numeric_diff": dx_off}
+               "dx_numeric_diff": dx_off, "rms_norm": x.rms}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))

@@ -143,6 +143,7 @@ MODEL_OPTIONS = [
     ("n_ctx", Annotated[Optional[int], _opt("--n-ctx", panel=MODEL, callback=bounded(1), help="Learned positions (rows of embed.W_pos; default T) (>= 1).")], D.n_ctx),
     ("tied_head", Annotated[bool, _opt("--tied-head/--untied-head", panel=MODEL, help="Head reuses the embedding: logits = h W_E^T (GPT-2).")], D.tied_head),
     ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
+    ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
     ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2 checkpoint folder (config.json + model.safetensors).")], None),
@@ -162,6 +163,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "norm": "--norm", "activation": "--activation", "causal": "--causal",
          "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
+         "rms_norm": "--rms-norm",
          "tokens": "--tokens", "text": "--text"}
 
 

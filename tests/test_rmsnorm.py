@@ -1,0 +1,257 @@
+"""RMSNorm (``rms_norm=True``): the norm and its backward, and the model with it, against
+central differences, the torch reference and Hugging Face's whole LLaMA (RMSNorm, rotary
+attention, a SwiGLU MLP, every bias on), at random O(1) parameters; the fast path, the KV
+cache and the logit lens with it; ``tfm ln``'s RMSNorm view.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import ok, random_params
+from tfmcli import ops
+from tfmcli.config import activation_shapes, memory_estimate, param_shapes
+from tfmcli.gradcheck import central_differences
+
+
+def rms_cfg(**fields):
+    base = dict(d_model=8, heads=2, rms_norm=True, seq_len=5, lengths=(5, 3))
+    return tfmcli.Config(**{**base, **fields})
+
+
+# ---------------------------------------------------------------- the norm alone
+
+
+def test_rms_norm_divides_by_the_root_mean_square_and_keeps_the_mean():
+    x = np.array([[1.0, 2.0, 3.0, 6.0]])
+    gamma = np.array([1.0, 2.0, 0.5, 1.0])
+    y, cache = ops.rms_norm_forward(x, gamma, 0.0)
+    rms = np.sqrt((1 + 4 + 9 + 36) / 4)
+    np.testing.assert_allclose(y, x / rms * gamma, rtol=1e-15)
+    # unlike layer norm, a shift of every entry is not taken out
+    shifted, _ = ops.rms_norm_forward(x + 10.0, gamma, 0.0)
+    assert np.abs(shifted - y).max() > 0.1
+    assert cache.rstd[0, 0] == pytest.approx(1 / rms, rel=1e-15)
+
+
+def test_rms_norm_backward_against_central_differences():
+    """dx and dgamma at a random gamma, from a random upstream gradient."""
+    rng = np.random.default_rng(0)
+    x, dout = rng.normal(size=(3, 6)), rng.normal(size=(3, 6))
+    gamma = rng.uniform(0.5, 1.5, 6)
+    dx, dgamma = ops.rms_norm_backward(dout, ops.rms_norm_forward(x, gamma, 1e-5)[1])
+
+    def in_x(flat):
+        return float((dout * ops.rms_norm_forward(flat.reshape(3, 6), gamma, 1e-5)[0]).sum())
+
+    def in_gamma(g):
+        return float((dout * ops.rms_norm_forward(x, g, 1e-5)[0]).sum())
+
+    np.testing.assert_allclose(dx.ravel(), central_differences(in_x, x.ravel()), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(dgamma, central_differences(in_gamma, gamma), rtol=0, atol=1e-8)
+    # layer norm's mean(dxhat) term would not belong here: dx does not sum to 0 along a row
+    assert np.abs(dx.sum(axis=-1)).max() > 1e-3
+
+
+# ---------------------------------------------------------------- the model
+
+
+def test_parameters_lose_beta_and_the_trace_keeps_its_names():
+    cfg = rms_cfg(layers=2)
+    names = list(param_shapes(cfg))
+    assert not [n for n in names if n.endswith(".beta")]
+    assert {"blocks.0.ln1.gamma", "blocks.1.ln2.gamma", "ln_f.gamma"} <= set(names)
+    layer = cfg.replace(rms_norm=False)
+    assert len(param_shapes(layer)) - len(names) == 5   # ln1, ln2 of two blocks, and ln_f
+    assert list(activation_shapes(cfg)) == list(activation_shapes(layer))
+    assert memory_estimate(layer)["params"] - memory_estimate(cfg)["params"] == 5 * 8 * 8
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(norm="post", layers=2),
+                                    dict(activation="swiglu", pe="rope", layers=2)],
+                         ids=["pre", "post-L2", "swiglu-rope-L2"])
+def test_gradients_match_central_differences_at_random_parameters(fields):
+    cfg = rms_cfg(**fields)
+    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
+                              tfmcli.make_inputs(cfg), cfg)
+    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
+    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+
+
+def test_fast_path_equals_the_reference():
+    cfg = rms_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, layers=2, norm="post")
+    params = random_params(tfmcli.init_params(cfg), seed=6)
+    inputs = tfmcli.make_inputs(cfg)
+    fast = tfmcli.forward(params, inputs, cfg)
+    slow = tfmcli.forward(params, inputs, cfg, fast=False)
+    assert fast.loss == pytest.approx(slow.loss, rel=1e-12)
+    g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
+    largest = max(np.abs(g).max() for g in g_slow.values())
+    for name in params:   # b_K's gradient is 0 but for rounding: measured against the largest
+        scale = largest if name.endswith("attn.b_K") else np.abs(g_slow[name]).max()
+        assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
+
+
+def test_kv_cache_and_logit_lens_use_the_rms_norm():
+    cfg = rms_cfg(batch=1, seq_len=6, lengths=None, layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=7)
+    tokens = [3, 1, 4, 1, 5, 2]
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
+    steps = tfmcli.kv.decode(params, tokens, cfg)
+    np.testing.assert_allclose(np.array([s.logits for s in steps]), fwd.acts["logits"][0],
+                               rtol=0, atol=1e-12)
+    last = tfmcli.lens.logit_lens(params, fwd, cfg, row=0)[-1]   # the last block's output
+    np.testing.assert_allclose(last.logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
+
+
+def test_a_file_without_its_config_is_read_as_rms_norm_and_swiglu(tmp_path):
+    """An npz of parameters alone: no beta means RMSNorm, a W_gate SwiGLU."""
+    cfg = rms_cfg(activation="swiglu", lengths=None)
+    params = random_params(tfmcli.init_params(cfg), seed=8)
+    path = tmp_path / "bare.npz"
+    np.savez(path, **{"param/" + name: value for name, value in params.items()})
+    data = json.loads(ok("forward", "--load", path, "-T", 5, "--json").stdout)
+    assert data["config"]["rms_norm"] is True and data["config"]["activation"] == "swiglu"
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg.replace(batch=2)), cfg)
+    assert data["loss"] == pytest.approx(fwd.loss, rel=1e-12)
+
+
+# ---------------------------------------------------------------- the oracles
+
+
+def test_matches_the_torch_reference_at_random_parameters():
+    pytest.importorskip("torch")
+    from tfmcli import reference
+
+    for fields in (dict(), dict(norm="post", layers=2), dict(dtype="float32", activation="swiglu")):
+        cfg = rms_cfg(**fields)
+        params = random_params(tfmcli.init_params(cfg), seed=9)
+        inputs = tfmcli.make_inputs(cfg)
+        fwd = tfmcli.forward(params, inputs, cfg)
+        grads = tfmcli.backward(params, fwd, cfg)
+        rows = reference.compare(fwd, grads, reference.torch_run(params, inputs, cfg), cfg)
+        assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+        assert any(r.name == "grad blocks.0.ln1.gamma" for r in rows)
+        if cfg.dtype == "float64":   # b_K's gradient, 0 but for rounding, aside
+            assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
+
+
+def llama_from(params, cfg):
+    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP, with
+    ``attention_bias`` and ``mlp_bias``) holding tfm's parameters, in float64. LLaMA makes its
+    RoPE angles in float32 and its RMSNorm in float32 whatever the model's dtype; both are
+    checked against tfm's to float32's rounding, then made in float64."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    d, dh = cfg.d_model, cfg.d_head
+    config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
+        intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
+        rms_norm_eps=cfg.eps, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
+    state = {"model.embed_tokens.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
+             "model.norm.weight": t["ln_f.gamma"]}
+    for i in range(cfg.layers):
+        p, n = f"blocks.{i}.", f"model.layers.{i}."
+        state.update({n + "input_layernorm.weight": t[p + "ln1.gamma"],
+                      n + "post_attention_layernorm.weight": t[p + "ln2.gamma"]})
+        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
+            state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
+            state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
+        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
+            state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
+            state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), missing
+
+    norm = model.model.norm
+    x = torch.tensor(np.random.default_rng(0).normal(size=(3, d)))
+    ours = ops.rms_norm_forward(x.numpy(), params["ln_f.gamma"], cfg.eps)[0]
+    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6   # its float32 norm
+
+    def float64_norm(module):
+        def forward(h):
+            return module.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                    + module.variance_epsilon))
+        return forward
+
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.forward = float64_norm(module)
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+
+    def float64_tables(x, position_ids):
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    model.model.rotary_emb.forward = float64_tables
+    return model
+
+
+def test_matches_hugging_face_llama_at_random_parameters():
+    """The whole LLaMA block (--rms-norm --activation swiglu --pe rope --no-head-bias): loss,
+    logits and the gradient of every parameter, every bias and gamma drawn, against LLaMA's
+    autograd, padding included."""
+    torch = pytest.importorskip("torch")
+    cfg = rms_cfg(layers=2, pe="rope", activation="swiglu", head_bias=False, d_ff=12)
+    params = random_params(tfmcli.init_params(cfg), seed=11)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    model = llama_from(params, cfg)
+    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
+    logits = model(input_ids=torch.as_tensor(inputs.tokens),
+                   attention_mask=torch.as_tensor(keys).long()).logits
+    valid = torch.as_tensor((inputs.targets != tfmcli.IGNORE) & keys)
+    loss = torch.nn.functional.cross_entropy(logits[valid], torch.as_tensor(inputs.targets)[valid])
+    loss.backward()
+    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
+    np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
+                               rtol=0, atol=1e-12)
+    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
+              "head.W_U": model.lm_head.weight.grad.T, "ln_f.gamma": model.model.norm.weight.grad}
+    for i, layer in enumerate(model.model.layers):
+        p = f"blocks.{i}."
+        theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
+                       p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
+        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
+            theirs[p + f"attn.W_{w}"] = getattr(layer.self_attn, name).weight.grad.T
+            theirs[p + f"attn.b_{w}"] = getattr(layer.self_attn, name).bias.grad
+        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
+            theirs[p + f"ffn.W_{w}"] = getattr(layer.mlp, name).weight.grad.T
+            theirs[p + f"ffn.b_{w}"] = getattr(layer.mlp, name).bias.grad
+    assert set(theirs) == set(params)
+    for name, grad in theirs.items():
+        grad = grad.numpy()
+        np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * np.abs(grad).max(),
+                                   err_msg=name)
+
+
+# ---------------------------------------------------------------- the view
+
+
+def test_ln_view_lays_out_rms_norm():
+    data = json.loads(ok("ln", "--rms-norm", "--layer", "ln2", "-t", 1, "--json").stdout)
+    x = np.array(data["x"])
+    assert data["rms_norm"] is True and data["mean"] == 0.0
+    assert data["var"] == pytest.approx((x * x).mean(), rel=1e-14)   # the mean square
+    np.testing.assert_allclose(data["xhat"], x / np.sqrt((x * x).mean() + 1e-5), rtol=1e-14)
+    assert data["y_model_diff"] < 1e-14 and data["dx_numeric_diff"] < 1e-8
+    assert not json.loads(ok("ln", "--layer", "ln2", "-t", 1, "--json").stdout)["rms_norm"]
+    text = ok("ln", "--rms-norm", "-t", 1).stdout
+    assert "dx = (dxhat - xhat * m2) / sqrt(mean(x^2) + eps)" in text
+    def beta_rows(out):
+        return [line for line in out.splitlines() if line.strip().startswith("beta ")]
+
+    assert not beta_rows(text) and beta_rows(ok("ln", "-t", 1).stdout)   # layer norm's has one
