@@ -90,3 +90,54 @@ def grid_rows(text: str, labels) -> list[list[str]]:
         if parts and parts[0] in labels:
             rows.append(parts[1:])
     return rows
+
+
+# ---------------------------------------------------------------- Hugging Face oracles
+
+
+def float64_rotary(rotary, d_rot: int) -> None:
+    """Have a Hugging Face rotary module make its (cos, sin) in float64: LLaMA, StableLM and
+    GPT-NeoX make them in float32 whatever the model's dtype, which holds a float64 model to
+    about 1e-8. The same layout (each angle twice, ``cat((freqs, freqs))``), base 10000."""
+    import torch
+
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
+
+    def tables(x, position_ids):
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    rotary.forward = tables
+
+
+def hf_loss_backward(model, inputs, cfg):
+    """(loss, logits, valid) of a Hugging Face causal LM on tfm's inputs, padding as its
+    attention mask, the mean cross-entropy over tfm's scored positions; the backward done."""
+    import torch
+
+    from tfmcli import IGNORE
+
+    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
+    logits = model(input_ids=torch.as_tensor(inputs.tokens),
+                   attention_mask=torch.as_tensor(keys).long()).logits
+    valid = torch.as_tensor((inputs.targets != IGNORE) & keys)
+    loss = torch.nn.functional.cross_entropy(logits[valid], torch.as_tensor(inputs.targets)[valid])
+    loss.backward()
+    return loss, logits, valid
+
+
+def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
+    """The fast path's loss and parameter gradients against the reference's, to 1e-12 (b_K's,
+    0 but for rounding, against the largest gradient); returns both runs' gradients."""
+    import tfmcli
+
+    fast = tfmcli.forward(params, inputs, cfg)
+    slow = tfmcli.forward(params, inputs, cfg, fast=False)
+    assert fast.loss == pytest.approx(slow.loss, rel=1e-12)
+    g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
+    largest = max(np.abs(g).max() for g in g_slow.values())
+    for name in params:
+        scale = largest if name.endswith("attn.b_K") else np.abs(g_slow[name]).max()
+        assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
+    return g_fast, g_slow

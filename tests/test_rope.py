@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run
+from helpers import error_line, float64_rotary, ok, random_params, run
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate
 from tfmcli.positional import rope_angles, rope_tables
@@ -244,14 +244,7 @@ def neox_from(params, cfg, rotary_ndims):
     cos32, sin32 = rotary(torch.zeros(1, dtype=torch.float64), positions)
     cos, sin = rope_tables(cfg.seq_len, rotary_ndims)
     assert np.abs(cos32[0].numpy() - cos).max() < 1e-6 and np.abs(sin32[0].numpy() - sin).max() < 1e-6
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_ndims, 2, dtype=torch.float64) / rotary_ndims)
-
-    def float64_tables(x, position_ids):
-        freqs = position_ids[..., None].double() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
-
-    rotary.forward = float64_tables
+    float64_rotary(rotary, rotary_ndims)
     return neox
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import ok, random_params
+from helpers import (assert_fast_equals_reference, float64_rotary, hf_loss_backward, ok,
+                     random_params)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -125,14 +126,7 @@ def test_fast_path_equals_the_reference():
     cfg = swiglu_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2)
     params = random_params(tfmcli.init_params(cfg), seed=6)
     inputs = tfmcli.make_inputs(cfg)
-    fast = tfmcli.forward(params, inputs, cfg)
-    slow = tfmcli.forward(params, inputs, cfg, fast=False)
-    assert fast.loss == pytest.approx(slow.loss, rel=1e-12)
-    g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
-    largest = max(np.abs(g).max() for g in g_slow.values())
-    for name in params:   # b_K's gradient is 0 but for rounding: measured against the largest
-        scale = largest if name.endswith("attn.b_K") else np.abs(g_slow[name]).max()
-        assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
+    g_fast, g_slow = assert_fast_equals_reference(cfg, params, inputs)
     np.testing.assert_allclose(g_fast.acts["blocks.0.ffn.gate"], g_slow.acts["blocks.0.ffn.gate"],
                                rtol=0, atol=1e-12 * np.abs(g_slow.acts["blocks.0.ffn.gate"]).max())
 
@@ -240,14 +234,7 @@ def stablelm_from(params, cfg):
             state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), missing
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, dh, 2, dtype=torch.float64) / dh)
-
-    def float64_tables(x, position_ids):
-        freqs = position_ids[..., None].double() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
-
-    model.model.rotary_emb.forward = float64_tables
+    float64_rotary(model.model.rotary_emb, dh)
     return model
 
 
@@ -256,7 +243,7 @@ def test_matches_hugging_face_stablelm_at_random_parameters():
     the layer norms and the embedding, against StableLM's autograd, padding included. StableLM
     has no FFN, output-projection or head biases: those are set to 0 here (LlamaMLP's test
     above draws the FFN's)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     cfg = swiglu_cfg(layers=2, pe="rope", head_bias=False, d_ff=12)
     params = random_params(tfmcli.init_params(cfg), seed=11)
     for name in params:
@@ -266,12 +253,7 @@ def test_matches_hugging_face_stablelm_at_random_parameters():
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
     model = stablelm_from(params, cfg)
-    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
-    logits = model(input_ids=torch.as_tensor(inputs.tokens),
-                   attention_mask=torch.as_tensor(keys).long()).logits
-    valid = torch.as_tensor((inputs.targets != tfmcli.IGNORE) & keys)
-    loss = torch.nn.functional.cross_entropy(logits[valid], torch.as_tensor(inputs.targets)[valid])
-    loss.backward()
+    loss, logits, valid = hf_loss_backward(model, inputs, cfg)
     assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
     np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
                                rtol=0, atol=1e-12)
