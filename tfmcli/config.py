@@ -340,6 +340,12 @@ def param_groups(cfg: Config) -> OrderedDict[str, int]:
     return per_layers(groups_of, cfg)
 
 
+def ffn_products(cfg: Config) -> int:
+    """The FFN's matrix products of d x d_ff multiply-adds per row: W_1 and W_2, and SwiGLU's
+    W_gate."""
+    return 3 if cfg.activation == "swiglu" else 2
+
+
 def flops(cfg: Config) -> tuple[int, int]:
     """(forward, backward) floating-point operations of the matrix products, 2 per multiply-add.
 
@@ -350,7 +356,7 @@ def flops(cfg: Config) -> tuple[int, int]:
     B, T, d, F, V = cfg.batch, cfg.seq_len, cfg.d_model, cfg.ff, cfg.vocab
     per_block = 2 * B * T * d * d * 4          # Q, K, V, O projections
     per_block += 2 * 2 * B * T * T * d         # Q K^T and pattern @ V over all heads
-    per_block += 2 * (2 + (cfg.activation == "swiglu")) * B * T * d * F   # W_1 (W_gate), W_2
+    per_block += 2 * ffn_products(cfg) * B * T * d * F   # W_1, W_2 (and W_gate)
     forward = cfg.layers * per_block + 2 * B * T * d * V
     return forward, 2 * forward
 

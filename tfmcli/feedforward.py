@@ -67,8 +67,9 @@ class FFNExplained(NamedTuple):
     dx: np.ndarray         # (d,) dpre W_1^T
     numeric_slope: np.ndarray  # central differences of act at pre (silu at gate)
     numeric_dx: np.ndarray     # central differences of sum(dout * FFN(x)) in x
-    gate: np.ndarray | None = None    # (d_ff,) x W_gate + b_gate (SwiGLU)
-    dgate: np.ndarray | None = None   # (d_ff,) dhidden * pre * silu'(gate) (SwiGLU)
+    gate: np.ndarray | None = None       # (d_ff,) x W_gate + b_gate (SwiGLU)
+    silu_gate: np.ndarray | None = None  # (d_ff,) silu(gate), each unit's weight (SwiGLU)
+    dgate: np.ndarray | None = None      # (d_ff,) dhidden * pre * silu'(gate) (SwiGLU)
 
 
 def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block: int, row: int,
@@ -83,36 +84,34 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
                           for name in ("W_1", "b_1", "W_2", "b_2"))
     x = fwd.acts[input_name(cfg, block)][row, t].astype(np.float64)
     dout = dout_all[row, t].astype(np.float64)
-    if cfg.activation == "swiglu":
+    gated = cfg.activation == "swiglu"
+    if gated:
         W_gate, b_gate = (params[p + name].astype(np.float64) for name in ("W_gate", "b_gate"))
 
-        def hidden_of(row_x):   # silu(x W_gate + b_gate) * (x W_1 + b_1)
+    def hidden_of(row_x):   # act(x W_1 + b_1), or silu(x W_gate + b_gate) * (x W_1 + b_1)
+        if gated:
             return activation(row_x @ W_gate + b_gate, "silu") * (row_x @ W_1 + b_1)
-    else:
-        def hidden_of(row_x):
-            return activation(row_x @ W_1 + b_1, cfg.activation)
-
-    pre, hidden, dhidden = x @ W_1 + b_1, hidden_of(x), dout @ W_2.T
+        return activation(row_x @ W_1 + b_1, cfg.activation)
 
     def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
         return float(dout @ (hidden_of(row_x) @ W_2 + b_2))
 
-    numeric_dx = central_differences(contracted, x, step)
-    gate = dgate = None
-    if cfg.activation == "swiglu":   # the product rule: each factor's gradient is the other's
-        gate, name = x @ W_gate + b_gate, "silu"
-        s = slope(gate, name)
-        dpre = dhidden * activation(gate, name)
-        dgate = dhidden * pre * s
+    pre, dhidden = x @ W_1 + b_1, dout @ W_2.T
+    gate = silu_gate = dgate = None
+    if gated:   # the product rule: each factor's gradient holds the other
+        name, gate = "silu", x @ W_gate + b_gate
+        silu_gate, s = activation(gate, name), slope(gate, name)
+        hidden = silu_gate * pre
+        dpre, dgate = dhidden * silu_gate, dhidden * pre * s
         dx = dpre @ W_1.T + dgate @ W_gate.T
-        at = gate
     else:
         name = cfg.activation
-        s = slope(pre, name)
+        hidden, s = activation(pre, name), slope(pre, name)
         dpre = dhidden * s
         dx = dpre @ W_1.T
-        at = pre
+    at = gate if gated else pre   # where the slope is taken
     h = step * np.maximum(1.0, np.abs(at))
     numeric_slope = (activation(at + h, name) - activation(at - h, name)) / (2 * h)
     return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dx,
-                        numeric_slope, numeric_dx, gate, dgate)
+                        numeric_slope, central_differences(contracted, x, step), gate,
+                        silu_gate, dgate)

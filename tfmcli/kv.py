@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli import ops
-from tfmcli.config import Config, flops
+from tfmcli.config import Config, ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
 from tfmcli.model import head_weights, normalise, positions, rope_tables
 
@@ -37,7 +37,7 @@ def step_flops(cfg: Config, cache_len: int) -> int:
     SwiGLU's gate); then the head of one position (2 d V).
     """
     d, F, V = cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 8 * d * d + 4 * cache_len * d + 2 * (2 + (cfg.activation == "swiglu")) * d * F
+    per_block = 8 * d * d + 4 * cache_len * d + 2 * ffn_products(cfg) * d * F
     return cfg.layers * per_block + 2 * d * V
 
 
@@ -53,8 +53,6 @@ def _attend(q, K, V, scale):
     scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)
     weights, _ = ops.softmax_forward(scores)
     return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
-
-
 
 
 def _mha_step(x, P, p, cfg, K, V, t, rope):

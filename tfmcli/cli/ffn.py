@@ -40,7 +40,7 @@ def ffn(
 
     Example: tfm ffn --position 2 --activation gelu
     """
-    from tfmcli.feedforward import activation, explain, input_name
+    from tfmcli.feedforward import explain, input_name
     from tfmcli.io import run_arrays
 
     def validate(cfg):
@@ -52,12 +52,13 @@ def ffn(
     p = f"blocks.{block}.ffn."
     x = explain(run.params, fwd, grads.acts[p + "out"], cfg, block, row, position)
     gated = x.gate is not None   # SwiGLU
-    mine = {"pre": x.pre, "act": x.hidden, "out": x.out, **({"gate": x.gate} if gated else {})}
+    forward_mine = {"pre": x.pre, "act": x.hidden, "out": x.out,
+                    **({"gate": x.gate} if gated else {})}
     forward_off = max(float(np.abs(fwd.acts[p + name][row, position] - value).max())
-                      for name, value in mine.items())
-    mine = {"act": x.dhidden, "pre": x.dpre, **({"gate": x.dgate} if gated else {})}
+                      for name, value in forward_mine.items())
+    backward_mine = {"act": x.dhidden, "pre": x.dpre, **({"gate": x.dgate} if gated else {})}
     backward_off = max(float(np.abs(grads.acts[p + name][row, position] - value).max())
-                       for name, value in mine.items())
+                       for name, value in backward_mine.items())
     slope_off = float(np.abs(x.numeric_slope - x.slope).max())
     dx_off = float(np.abs(x.numeric_dx - x.dx).max())
     token = run.token_labels(row)[position]
@@ -84,7 +85,7 @@ def ffn(
                  f"+ b_gate, pre = x W_1 + b_1 (d_ff {x.pre.size})"),
             Text(act_formula),
             table({"x": x.x}),
-            table({"gate": x.gate, "silu(gate)": activation(x.gate, "silu"), "pre": x.pre,
+            table({"gate": x.gate, "silu(gate)": x.silu_gate, "pre": x.pre,
                    "hidden": x.hidden})]
 
     def plain_backward():

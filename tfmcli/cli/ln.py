@@ -80,18 +80,6 @@ def ln(
             Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
                  style="dim")]
 
-    def parts():
-        d = x.x.size
-        views = [render.config_panel(describe(cfg, run, row), title=f"tfm ln: {name}, batch "
-                                                                    f"row {row}, position "
-                                                                    f"{position}"),
-                 *(rms_parts(d) if x.rms else layer_norm_parts(d))]
-        if not x.dy.any():
-            views.append(Text(f"dy is 0 here: position {position} of row {row} adds nothing to "
-                              f"the loss (padding, or no target), so no gradient flows",
-                              style="dim"))
-        return views
-
     def layer_norm_parts(d):
         return [
             Text(f"forward, at position {position} (token {token}): y = gamma * (x - mean) / "
@@ -113,6 +101,18 @@ def ln(
                  "dgamma is dy * xhat, of dbeta dy", style="bold"),
             Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
                  style="dim")]
+
+    def parts():
+        d = x.x.size
+        views = [render.config_panel(describe(cfg, run, row), title=f"tfm ln: {name}, batch "
+                                                                    f"row {row}, position "
+                                                                    f"{position}"),
+                 *(rms_parts(d) if x.rms else layer_norm_parts(d))]
+        if not x.dy.any():
+            views.append(Text(f"dy is 0 here: position {position} of row {row} adds nothing to "
+                              f"the loss (padding, or no target), so no gradient flows",
+                              style="dim"))
+        return views
 
     payload = {"layer": name, "row": row, "position": position, "token": token,
                "x": x.x.tolist(), "mean": x.mean, "var": x.var, "std": x.std,
