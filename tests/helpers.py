@@ -141,3 +141,76 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
         scale = largest if name.endswith("attn.b_K") else np.abs(g_slow[name]).max()
         assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
     return g_fast, g_slow
+
+
+def llama_from(params, cfg):
+    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP, with
+    ``attention_bias`` and ``mlp_bias``, ``num_key_value_heads`` tfm's ``h_kv``) holding tfm's
+    parameters, in float64. LLaMA makes its
+    RoPE angles in float32 and its RMSNorm in float32 whatever the model's dtype; both are
+    checked against tfm's to float32's rounding, then made in float64."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tfmcli import ops
+
+    d, dh = cfg.d_model, cfg.d_head
+    config = transformers.LlamaConfig(
+        vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
+        intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
+        rms_norm_eps=cfg.eps, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
+    state = {"model.embed_tokens.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
+             "model.norm.weight": t["ln_f.gamma"]}
+    for i in range(cfg.layers):
+        p, n = f"blocks.{i}.", f"model.layers.{i}."
+        state.update({n + "input_layernorm.weight": t[p + "ln1.gamma"],
+                      n + "post_attention_layernorm.weight": t[p + "ln2.gamma"]})
+        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
+            state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
+            state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
+        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
+            state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
+            state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), missing
+
+    norm = model.model.norm
+    x = torch.tensor(np.random.default_rng(0).normal(size=(3, d)))
+    ours = ops.rms_norm_forward(x.numpy(), params["ln_f.gamma"], cfg.eps)[0]
+    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6   # its float32 norm
+
+    def float64_norm(module):
+        def forward(h):
+            return module.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                    + module.variance_epsilon))
+        return forward
+
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.forward = float64_norm(module)
+    float64_rotary(model.model.rotary_emb, dh)
+    return model
+
+
+def llama_grads(model) -> dict:
+    """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
+    float64 arrays (weights transposed to tfm's ``(in, out)``)."""
+    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
+              "head.W_U": model.lm_head.weight.grad.T, "ln_f.gamma": model.model.norm.weight.grad}
+    for i, layer in enumerate(model.model.layers):
+        p = f"blocks.{i}."
+        theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
+                       p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
+        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
+            theirs[p + f"attn.W_{w}"] = getattr(layer.self_attn, name).weight.grad.T
+            theirs[p + f"attn.b_{w}"] = getattr(layer.self_attn, name).bias.grad
+        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
+            theirs[p + f"ffn.W_{w}"] = getattr(layer.mlp, name).weight.grad.T
+            theirs[p + f"ffn.b_{w}"] = getattr(layer.mlp, name).bias.grad
+    return {name: grad.numpy() for name, grad in theirs.items()}

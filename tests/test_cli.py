@@ -63,8 +63,9 @@ def test_a_count_of_one_is_singular_and_no_figure_is_followed_by_two_spaces():
     assert ok("forward", "--tokens", "3,1").stdout.rstrip().endswith(
         "(mean cross-entropy over 1 position)")
     assert ok("forward").stdout.rstrip().endswith("(mean cross-entropy over 8 positions)")
-    kv = " ".join(ok("kv", "-T", 1).stdout.split("\n")[-3:])
+    kv = " ".join(ok("kv", "-T", 1).stdout.split())
     assert "for 1 token: 984 with the cache, 984 recomputing each prefix (1.0x)" in kv
+    assert "K, V cache after 1 step: 2 x 1 block x (2, 1, 3) = 12 numbers (96 B)" in kv
     one = ok("gradcheck", "-d", 1, "-H", 1, "-V", 1, "-T", 1, "-B", 1, "--d-ff", 1).stdout
     assert "checked 21 of 21 entries" in one
     assert "forward 18, backward 36 (matmuls" in ok(

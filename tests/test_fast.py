@@ -53,16 +53,16 @@ def assert_paths_agree(cfg, params, inputs):
        norm=st.sampled_from(["pre", "post"]), activation=st.sampled_from(["relu", "gelu", "swiglu"]),
        causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
        tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
-       block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans())
+       block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans())
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
-                                        seed, block, rms):
+                                        seed, block, rms, grouped):
     """Small query blocks, so that keys are skipped at these small sizes too."""
     rng = np.random.default_rng(seed)
     lengths = tuple(int(n) for n in rng.integers(1, T + 1, B)) if pad else None
     cfg = tfmcli.Config(batch=B, seq_len=T, d_model=2 * H * 2, heads=H, vocab=9, norm=norm,
                         activation=activation, causal=causal, lengths=lengths, pe=pe,
                         tied_head=tied, head_bias=not tied, layers=layers, seed=seed,
-                        rms_norm=rms)
+                        rms_norm=rms, kv_heads=1 if grouped else None)
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     with mock.patch.object(ops, "QUERY_BLOCK", block):
         assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))

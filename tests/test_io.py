@@ -305,7 +305,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     changed = dict(seed=7, batch=3, seq_len=5, d_model=8, heads=4, d_ff=12, vocab=11, layers=2,
                    norm="post", activation="gelu", causal=False, lengths=(5, 2, 3), pe="learned",
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
-                   head_bias=False, rms_norm=True)
+                   head_bias=False, rms_norm=True, kv_heads=2)
     assert set(changed) == {f.name for f in dataclasses.fields(Config)}   # every field
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
@@ -313,7 +313,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     flags = ["--seed", 7, "-B", 3, "-T", 5, "-d", 8, "-H", 4, "--d-ff", 12, "-V", 11, "-L", 2,
              "--norm", "post", "--activation", "gelu", "--no-causal", "--lengths", "5,2,3",
              "--pe", "learned", "--init", "normal", "--dtype", "float32", "--eps", 0.1,
-             "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm"]
+             "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm", "--kv-heads", 2]
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
     loaded = json.loads(run("forward", "--load", path, "--json").stdout)

@@ -63,8 +63,9 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
     T = draw(st.integers(1, 6))
     d = draw(st.integers(1, 12))
     lengths = draw(st.none() | st.tuples(*[st.integers(1, T)] * B))
+    H = draw(st.sampled_from(divisors(d)))
     return Config(
-        batch=B, seq_len=T, d_model=d, heads=draw(st.sampled_from(divisors(d))),
+        batch=B, seq_len=T, d_model=d, heads=H, kv_heads=draw(st.none() | st.sampled_from(divisors(H))),
         d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
         layers=draw(st.integers(1, max_layers)), norm=draw(st.sampled_from(["pre", "post"])),
         activation=draw(st.sampled_from(["relu", "gelu", "swiglu"])), causal=draw(st.booleans()),
@@ -159,7 +160,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
         p = f"blocks.{i}."
         db_1, db_gate = np.zeros(cfg.ff), np.zeros(cfg.ff)
         for b in range(cfg.batch):
-            dk = np.zeros((cfg.heads, cfg.seq_len, cfg.d_head))
+            dk = np.zeros((cfg.h_kv, cfg.seq_len, cfg.d_head))   # grouped: the shared heads
             dv = np.zeros_like(dk)
             for t in range(cfg.seq_len):
                 x = feedforward.explain(params, fwd, grads.acts[p + "ffn.out"], cfg, i, b, t)
@@ -181,8 +182,8 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                         np.testing.assert_allclose(q.dq_turned_back,
                                                    grads.acts[p + "attn.q"][b, h, t], rtol=0,
                                                    atol=loose * max(1.0, abs(q.dq).max()))
-                    dk[h] += q.dk_share
-                    dv[h] += q.dv_share
+                    dk[h // cfg.group] += q.dk_share   # a shared head sums its group's
+                    dv[h // cfg.group] += q.dv_share
             for mine, act in ((dk, "k" + turned), (dv, "v")):
                 np.testing.assert_allclose(mine, grads.acts[p + "attn." + act][b], rtol=0,
                                            atol=loose * max(1.0, abs(mine).max()))
@@ -393,6 +394,8 @@ def model_args(draw, rate, small=False):
     H = draw(pick(st.sampled_from(divisors(small_int(d, 1))),
                   ["-1", "0", "3", "5", "abc"], rate))
     args = ["-B", str(B), "-T", str(T), "-d", str(d), "-H", str(H)]
+    args += maybe(draw, rate, "--kv-heads", st.sampled_from(divisors(small_int(H, 1))),
+                  ["0", "-1", "5", "x"])
     args += maybe(draw, rate, "-V", st.integers(1, 10 if not small else 4), bad)
     args += maybe(draw, rate, "-L", st.integers(1, 3 if not small else 2), ["-1", "0", "x"])
     args += maybe(draw, rate, "--d-ff", st.integers(1, 8), ["0", "-2", "x"])

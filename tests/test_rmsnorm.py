@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, float64_rotary, hf_loss_backward, ok,
-                     random_params)
+from helpers import (assert_fast_equals_reference, hf_loss_backward, llama_from, llama_grads,
+                     ok, random_params)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -134,58 +134,6 @@ def test_matches_the_torch_reference_at_random_parameters():
             assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
 
 
-def llama_from(params, cfg):
-    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP, with
-    ``attention_bias`` and ``mlp_bias``) holding tfm's parameters, in float64. LLaMA makes its
-    RoPE angles in float32 and its RMSNorm in float32 whatever the model's dtype; both are
-    checked against tfm's to float32's rounding, then made in float64."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    d, dh = cfg.d_model, cfg.d_head
-    config = transformers.LlamaConfig(
-        vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
-        intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
-        rms_norm_eps=cfg.eps, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
-    model = transformers.LlamaForCausalLM(config).double().eval()
-    t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
-    state = {"model.embed_tokens.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
-             "model.norm.weight": t["ln_f.gamma"]}
-    for i in range(cfg.layers):
-        p, n = f"blocks.{i}.", f"model.layers.{i}."
-        state.update({n + "input_layernorm.weight": t[p + "ln1.gamma"],
-                      n + "post_attention_layernorm.weight": t[p + "ln2.gamma"]})
-        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
-            state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
-            state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
-        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
-            state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
-            state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), missing
-
-    norm = model.model.norm
-    x = torch.tensor(np.random.default_rng(0).normal(size=(3, d)))
-    ours = ops.rms_norm_forward(x.numpy(), params["ln_f.gamma"], cfg.eps)[0]
-    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6   # its float32 norm
-
-    def float64_norm(module):
-        def forward(h):
-            return module.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
-                                                    + module.variance_epsilon))
-        return forward
-
-    for module in model.modules():
-        if isinstance(module, LlamaRMSNorm):
-            module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, dh)
-    return model
-
-
 def test_matches_hugging_face_llama_at_random_parameters():
     """The whole LLaMA block (--rms-norm --activation swiglu --pe rope --no-head-bias): loss,
     logits and the gradient of every parameter, every bias and gamma drawn, against LLaMA's
@@ -201,21 +149,9 @@ def test_matches_hugging_face_llama_at_random_parameters():
     assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
     np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
                                rtol=0, atol=1e-12)
-    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
-              "head.W_U": model.lm_head.weight.grad.T, "ln_f.gamma": model.model.norm.weight.grad}
-    for i, layer in enumerate(model.model.layers):
-        p = f"blocks.{i}."
-        theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
-                       p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
-        for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
-            theirs[p + f"attn.W_{w}"] = getattr(layer.self_attn, name).weight.grad.T
-            theirs[p + f"attn.b_{w}"] = getattr(layer.self_attn, name).bias.grad
-        for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
-            theirs[p + f"ffn.W_{w}"] = getattr(layer.mlp, name).weight.grad.T
-            theirs[p + f"ffn.b_{w}"] = getattr(layer.mlp, name).bias.grad
+    theirs = llama_grads(model)
     assert set(theirs) == set(params)
     for name, grad in theirs.items():
-        grad = grad.numpy()
         np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * np.abs(grad).max(),
                                    err_msg=name)
 

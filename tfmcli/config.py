@@ -69,6 +69,11 @@ class Config:
     rms_norm : bool
         Every norm is RMSNorm (LLaMA's): ``x / sqrt(mean(x^2) + eps) * gamma``, no mean taken
         out and no ``beta``; the parameters ``ln1.gamma``, ``ln2.gamma``, ``ln_f.gamma`` only.
+    kv_heads : int or None
+        Heads of keys and values (grouped-query attention, LLaMA 2's and 3's; 1 is multi-query
+        attention). Each serves ``heads // kv_heads`` query heads in turn: key head j those
+        numbered ``j * group .. (j + 1) * group - 1``. ``attn.W_K`` and ``attn.W_V`` are then
+        ``(d, kv_heads * d_head)``. ``None`` means ``heads`` (every head its own keys).
     """
 
     batch: int = 2
@@ -91,6 +96,7 @@ class Config:
     tied_head: bool = False
     head_bias: bool = True
     rms_norm: bool = False
+    kv_heads: int | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -102,7 +108,7 @@ class Config:
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        for name in ("d_ff", "n_ctx"):
+        for name in ("d_ff", "n_ctx", "kv_heads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
@@ -112,6 +118,12 @@ class Config:
                 "heads",
                 f"d_model={self.d_model} is not divisible by heads={self.heads}; "
                 f"allowed heads: {', '.join(str(h) for h in divisors(self.d_model))}",
+            )
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ConfigError(
+                "kv_heads",
+                f"kv_heads={self.kv_heads} does not divide heads={self.heads}; "
+                f"allowed kv_heads: {', '.join(str(h) for h in divisors(self.heads))}",
             )
         for name, choices in (("norm", NORMS), ("activation", ACTIVATIONS), ("pe", PES),
                               ("init", INITS), ("dtype", DTYPES)):
@@ -144,6 +156,21 @@ class Config:
     @property
     def d_head(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def h_kv(self) -> int:
+        """Heads of keys and values actually used: ``kv_heads``, or ``heads`` when not given."""
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head: 1 unless grouped (``kv_heads`` < ``heads``)."""
+        return self.heads // self.h_kv
+
+    @property
+    def d_kv(self) -> int:
+        """Width of the keys (and of the values) over all their heads: ``h_kv * d_head``."""
+        return self.h_kv * self.d_head
 
     @property
     def ff(self) -> int:
@@ -217,9 +244,10 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         shapes[p + "ln1.gamma"] = (d,)
         if not cfg.rms_norm:
             shapes[p + "ln1.beta"] = (d,)
-        for w in "QKVO":
-            shapes[p + f"attn.W_{w}"] = (d, d)
-            shapes[p + f"attn.b_{w}"] = (d,)
+        for w in "QKVO":   # grouped: fewer heads of keys and values, so narrower W_K, W_V
+            width = cfg.d_kv if w in "KV" else d
+            shapes[p + f"attn.W_{w}"] = (d, width)
+            shapes[p + f"attn.b_{w}"] = (width,)
         shapes[p + "ln2.gamma"] = (d,)
         if not cfg.rms_norm:
             shapes[p + "ln2.beta"] = (d,)
@@ -277,15 +305,16 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     B, T, d, H, F, V = cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab
     btd = (B, T, d)
     heads = (B, H, T, cfg.d_head)
+    kv_heads = (B, cfg.h_kv, T, cfg.d_head)   # H of them unless grouped
     shapes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
     shapes["embed"] = btd
     if cfg.pe in ADDED_PES:
         shapes["pe"] = (T, d)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        attn = [(p + "attn.q", heads), (p + "attn.k", heads), (p + "attn.v", heads)]
+        attn = [(p + "attn.q", heads), (p + "attn.k", kv_heads), (p + "attn.v", kv_heads)]
         if cfg.pe == "rope":   # q and k turned by their positions' angles
-            attn += [(p + "attn.q_rot", heads), (p + "attn.k_rot", heads)]
+            attn += [(p + "attn.q_rot", heads), (p + "attn.k_rot", kv_heads)]
         attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
                  (p + "attn.context", btd), (p + "attn.out", btd)]
         ffn = [(p + "ffn.pre", (B, T, F)), (p + "ffn.act", (B, T, F)), (p + "ffn.out", btd)]
@@ -354,7 +383,7 @@ def flops(cfg: Config) -> tuple[int, int]:
     dQ, dK and dpattern, dV), so it is twice the forward. Element-wise work is left out.
     """
     B, T, d, F, V = cfg.batch, cfg.seq_len, cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 2 * B * T * d * d * 4          # Q, K, V, O projections
+    per_block = 2 * B * T * d * (2 * d + 2 * cfg.d_kv)   # Q, K, V, O projections
     per_block += 2 * 2 * B * T * T * d         # Q K^T and pattern @ V over all heads
     per_block += 2 * ffn_products(cfg) * B * T * d * F   # W_1, W_2 (and W_gate)
     forward = cfg.layers * per_block + 2 * B * T * d * V
@@ -367,11 +396,13 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables). On top of that comes
+    GELU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped attention's
+    keys and values repeated to every head). On top of that comes
     one transient: the forward's largest temporary (a (B, H, T, T) or (B, T, V) array, at the end
     of the forward), or GELU's backward, which briefly holds about three (B, T, d_ff) arrays
-    (SwiGLU's one, its slope). ``tests/test_memory.py`` holds this
-    within 8% of what tracemalloc measures (0.956-1.003 of it).
+    (SwiGLU's one, its slope; grouped attention's dk and dv at every head, two (B, T, d)).
+    ``tests/test_memory.py`` holds this
+    within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
     item = np.dtype(cfg.dtype).itemsize
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
@@ -381,16 +412,20 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     swiglu = cfg.activation == "swiglu"   # the gate a block, its gradient; its sigmoid cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
-    params = param_count(cfg)
-    # per block: ln/resid/q/k/v/context/out arrays (10 x BTd), scores and pattern, FFN hidden x 2
-    acts = (L * ((10 + 2 * rope) * btd + 2 * bhtt + (2 + swiglu) * btf) + btd + sinusoidal * T * d
-            + positions * btd + pre * btd + 2 * btv)
-    # their gradients: 8 x BTd a block (a sum shares its terms' gradient), and the embedding's
-    dacts = (L * ((8 + 2 * rope) * btd + 2 * bhtt + (2 + swiglu) * btf) + btd + pre * btd + positions * T * d
-             + 2 * btv)
-    caches = (2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
+    btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
+    grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
+    params = param_count(cfg)   # backward makes dk, dv at H heads before their sums
+    # per block: ln/resid/q/context/out arrays (8 x BTd), k and v, scores and pattern, FFN hidden x 2
+    acts = (L * ((8 + rope) * btd + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf) + btd
+            + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
+    # their gradients: 6 x BTd and dk, dv a block (a sum shares its terms' gradient), and the
+    # embedding's
+    dacts = (L * ((6 + rope) * btd + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf) + btd
+             + pre * btd + positions * T * d + 2 * btv)
+    caches = ((2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
+              + grouped * L * 2 * btd)
     forward_transient = max(bhtt, btv)
-    backward_transient = 3 * btf if gelu else btf if swiglu else 0
+    backward_transient = max(3 * btf if gelu else btf if swiglu else 0, grouped * 2 * btd)
     transient = max(forward_transient - params - dacts, backward_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,

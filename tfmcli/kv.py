@@ -22,7 +22,7 @@ from tfmcli.model import head_weights, normalise, positions, rope_tables
 class KVStep(NamedTuple):
     step: int             # the position decoded (0-based); the cache then holds step + 1 keys
     token: int
-    cache_shape: tuple    # (H, cache_len, d_head): each block's K and V after this step
+    cache_shape: tuple    # (H_kv, cache_len, d_head): each block's K and V after this step
     attention: dict       # (block, head) -> (cache_len,) the new query's attention weights
     logits: np.ndarray    # (V,)
     flops_cached: int     # matmul FLOPs of this step with the cache
@@ -32,12 +32,12 @@ class KVStep(NamedTuple):
 def step_flops(cfg: Config, cache_len: int) -> int:
     """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys.
 
-    Per block: the four projections of one row (8 d^2), the new query against every cached key
-    and the weighted sum of the cached values (4 cache_len d), the FFN (4 d d_ff, 6 d d_ff with
-    SwiGLU's gate); then the head of one position (2 d V).
+    Per block: the four projections of one row (8 d^2; 4 d^2 + 4 d d_kv when grouped), the new
+    query against every cached key and the weighted sum of the cached values (4 cache_len d),
+    the FFN (4 d d_ff, 6 d d_ff with SwiGLU's gate); then the head of one position (2 d V).
     """
     d, F, V = cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 8 * d * d + 4 * cache_len * d + 2 * ffn_products(cfg) * d * F
+    per_block = 4 * d * d + 4 * d * cfg.d_kv + 4 * cache_len * d + 2 * ffn_products(cfg) * d * F
     return cfg.layers * per_block + 2 * d * V
 
 
@@ -58,16 +58,20 @@ def _attend(q, K, V, scale):
 def _mha_step(x, P, p, cfg, K, V, t, rope):
     """Attention of position t's row x (d,): its k, v join the cache at t; returns (out, weights).
     With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's angles
-    first: a cached key keeps the turn of its own position, and no step turns it again."""
+    first: a cached key keeps the turn of its own position, and no step turns it again. Grouped
+    (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it serves."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])[0].reshape(H, dh)
-    k = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(H, dh)
+    k = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(cfg.h_kv, dh)
     if rope is not None:
         cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
     K[:, t] = k
-    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])[0].reshape(H, dh)
-    context, weights = _attend(q, K[:, :t + 1], V[:, :t + 1], 1.0 / math.sqrt(dh))
+    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])[0].reshape(cfg.h_kv, dh)
+    keys, values = K[:, :t + 1], V[:, :t + 1]                     # (H_kv, t + 1, d_head)
+    if cfg.group > 1:
+        keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
+    context, weights = _attend(q, keys, values, 1.0 / math.sqrt(dh))
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P[p + "attn.b_O"])[0]
     return out, weights                                           # (d,), (H, t + 1)
 
@@ -87,7 +91,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     ``generate`` tokens more, each the most likely next token after the step before (greedy:
     the argmax of its logits, the lowest id on a tie), decoded with the same cache.
 
-    Each block's cache is allocated once, (H, T, d_head) for K and for V, and filled one
+    Each block's cache is allocated once, (H_kv, T, d_head) for K and for V, and filled one
     position per step; the step's attention reads the filled part ``[:, :t + 1]``. The
     block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
     One step per position: ``len(tokens) + generate`` in all, the generated ones last.
@@ -114,8 +118,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     rope = rope_tables(T, dh, cfg.dtype) if cfg.pe == "rope" else None
-    K = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
-    V = [np.zeros((H, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    K = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    V = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []
     for t in range(T):
         if t == len(tokens):   # past the given tokens: the last step's most likely next token
@@ -138,6 +142,6 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             x = normalise(x, P, "ln_f", cfg)
         logits = ops.linear_forward(x, *head_weights(P, cfg))[0]               # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
-        steps.append(KVStep(t, int(token), (H, t + 1, dh), attention, logits,
+        steps.append(KVStep(t, int(token), (cfg.h_kv, t + 1, dh), attention, logits,
                             step_flops(cfg, t + 1), full))
     return steps

@@ -105,12 +105,15 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])   # (B, T, d)
     k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])
     v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
-    q, k, v = (ops.split_heads(t, H) for t in (q, k, v))                 # (B, H, T, d_head)
+    q = ops.split_heads(q, H)                                           # (B, H, T, d_head)
+    k, v = ops.split_heads(k, cfg.h_kv), ops.split_heads(v, cfg.h_kv)   # (B, H_kv, T, d_head)
     acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
     if cfg.pe == "rope":   # each query and key turned by its position's angles
         cos, sin = rope_tables(q.shape[2], cfg.d_head, cfg.dtype)      # (T, d_head)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
+    if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
+        k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
     scale = 1.0 / math.sqrt(cfg.d_head)
     if caches["fast"]:   # mask: an ops.AttentionMask
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale)
@@ -131,6 +134,8 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
     dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
                   p + "attn.scores": dscores})
+    if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
+        dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
     if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
         cos, sin = rope_tables(dq.shape[2], cfg.d_head, cfg.dtype)
         dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})

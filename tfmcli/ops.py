@@ -252,6 +252,19 @@ def merge_heads(x):
     return x.swapaxes(1, 2).reshape(B, T, H * dh)             # (B, T, d)
 
 
+def repeat_kv(x, group):
+    """(B, H_kv, T, d_head) -> (B, H_kv * group, T, d_head): each key (or value) head once for
+    each of the ``group`` query heads it serves, in turn (Hugging Face's ``repeat_kv``)."""
+    return np.repeat(x, group, axis=1)
+
+
+def repeat_kv_backward(dout, group):
+    """(B, H_kv * group, T, d_head) -> (B, H_kv, T, d_head): a head that served ``group`` query
+    heads gets the sum of their gradients."""
+    B, H, T, dh = dout.shape
+    return dout.reshape(B, H // group, group, T, dh).sum(axis=2)
+
+
 def rotate_half(x):
     """(..., d_head): RoPE's quarter turn of each pair (i, i + d_head // 2), ``(a, b) -> (-b,
     a)``; an odd d_head's last dimension, which RoPE leaves unrotated, gives 0."""

@@ -90,13 +90,15 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
 
     def attention(x, p):
-        def project(w):
+        def project(w, heads):
             y = x @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"]
-            return y.view(B, T, H, dh).transpose(1, 2)                        # (B, H, T, dh)
+            return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
 
-        q, k, v = project("Q"), project("K"), project("V")
+        q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
         if cfg.pe == "rope":
             q, k = torch_rope(q), torch_rope(k)
+        k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
+        v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
         scores = scores.masked_fill(~mask, float("-inf"))
         pattern = torch.softmax(scores, dim=-1)

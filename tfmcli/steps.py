@@ -81,16 +81,26 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
     check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}."
     x = fwd.acts[p + ("ln1.out" if cfg.norm == "pre" else "in")][row]     # (T, d)
-    cols = slice(head * cfg.d_head, (head + 1) * cfg.d_head)
     weights = []
-    for w in "QKV":
+    for w in "QKV":   # grouped: the head reads the keys and values of the head it shares
+        h = head if w == "Q" else head // cfg.group
+        cols = slice(h * cfg.d_head, (h + 1) * cfg.d_head)
         weights += [params[p + f"attn.W_{w}"][:, cols], params[p + f"attn.b_{w}"][cols]]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
     steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=_rope(cfg, T))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
+    if cfg.group > 1:   # K and V are a shared head's: say whose
+        shared = f" (key head {head // cfg.group}, shared by query heads {sharing(cfg, head)})"
+        steps[2:4] = [s._replace(formula=s.formula + shared) for s in steps[2:4]]
     return steps
+
+
+def sharing(cfg: Config, head: int) -> str:
+    """The query heads that share head ``head``'s keys and values, as 'a..b' (grouped)."""
+    first = head // cfg.group * cfg.group
+    return f"{first}..{first + cfg.group - 1}"
 
 
 # The integer worked example of seed 002 (three inputs of width 4, d_k = 3).
@@ -136,8 +146,8 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     p = f"blocks.{block}.attn."
     turned = "_rot" if cfg.pe == "rope" else ""
     q = fwd.acts[p + "q" + turned][row, head, t]                 # (d_head,)
-    k = fwd.acts[p + "k" + turned][row, head]                    # (T, d_head)
-    v = fwd.acts[p + "v"][row, head]
+    k = fwd.acts[p + "k" + turned][row, head // cfg.group]       # (T, d_head): grouped, shared
+    v = fwd.acts[p + "v"][row, head // cfg.group]
     T = k.shape[0]
     visible = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row, t]   # (T,)
     products = q[None, :] * k                                    # (T, d_head)
@@ -197,8 +207,9 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
     check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}.attn."
     turned = "_rot" if cfg.pe == "rope" else ""
-    q, k, v, pattern = (fwd.acts[p + name][row, head]
-                        for name in ("q" + turned, "k" + turned, "v", "pattern"))
+    shared = head // cfg.group   # grouped: the key and value head this head reads
+    q, k, v, pattern = (fwd.acts[p + name][row, h] for name, h in (
+        ("q" + turned, head), ("k" + turned, shared), ("v", shared), ("pattern", head)))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]

@@ -35,7 +35,7 @@ def attn(
     Example: tfm attn --example illustrated
     """
     from tfmcli.io import jsonable, run_arrays
-    from tfmcli.steps import illustrated_steps, model_head_backward_steps, model_head_steps
+    from tfmcli.steps import illustrated_steps, model_head_backward_steps, model_head_steps, sharing
 
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
@@ -82,11 +82,27 @@ def attn(
         back = model_head_backward_steps(fwd, grads.acts[p + "context"], cfg, block, head, row)
         own = {"dsoftmax": "pattern", "dV": "v", "dscaled scores": "scores", "dQ": "q",
                "dK": "k", "dQ_rot": "q_rot", "dK_rot": "k_rot"}   # the backward pass's own
-        off = max(float(np.abs(s.value - grads.acts[p + own[s.name]][row, head]).max())
-                  for s in back if s.name in own)
+        values = {s.name: s.value for s in back}
+        shared = head // cfg.group
+        if cfg.group > 1:   # a shared key head's gradient: the sum of its query heads' shares
+            siblings = range(shared * cfg.group, (shared + 1) * cfg.group)
+            for name in SHARED_GRADS & set(values):
+                values[name] = sum(
+                    next(s.value for s in model_head_backward_steps(
+                        fwd, grads.acts[p + "context"], cfg, block, h, row) if s.name == name)
+                    for h in siblings)
+        off = max(float(np.abs(values[name] - grads.acts[p + own[name]][
+                  row, shared if name in SHARED_GRADS else head]).max())
+                  for name in values if name in own)
         checked = [s.name for s in back if s.name in own]
         parts.append(Text("backward, from the gradient of this head's context", style="bold"))
         parts += render_steps(back, precision, queries, keys, start=len(steps) + 1)
+        if cfg.group > 1:
+            own_share = [s.name for s in back if s.name in SHARED_GRADS]
+            parts.append(Text(f"{', '.join(own_share[:-1])} and {own_share[-1]} are head "
+                              f"{head}'s share: key head {shared}'s gradients are the sums over "
+                              f"query heads {sharing(cfg, head)}, and those sums are checked",
+                              style="dim"))
         parts.append(Text(f"{', '.join(checked[:-1])} and {checked[-1]} differ from the backward "
                           f"pass's own gradients by at most {off:.1e}", style="dim"))
         payload["backward_steps"] = [{"name": s.name, "formula": s.formula,
@@ -109,6 +125,7 @@ def refuse_model_options(opts):
 VECTORS = {"X", "Q", "K", "V", "Q_rot", "K_rot", "context", "dcontext", "dV", "dQ", "dK",
            "dQ_rot", "dK_rot"}   # rows of features
 KEY_ROWS = {"K", "V", "K_rot", "dK", "dV", "dK_rot"}   # one row per key
+SHARED_GRADS = {"dK", "dV", "dK_rot"}   # grouped: a key head's, summed over its query heads
 
 
 def render_steps(steps, precision, queries=None, keys=None, start=1):
@@ -133,7 +150,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.steps import explain_query, explain_query_backward
+    from tfmcli.steps import explain_query, explain_query_backward, sharing
 
     cfg = run.cfg
     rope = cfg.pe == "rope"   # q and k are the turned ones
@@ -161,6 +178,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
              f", turned by RoPE at position {t} (attn.q_rot)" if rope else ""), style="bold"),
         table(x.q[None, :], None, [position_labels(run, row, "q")[t]], dims),
         Text("2. each visible key k = a row of K" + (
+             f" of key head {head // cfg.group}, shared by query heads {sharing(cfg, head)}"
+             if cfg.group > 1 else "") + (
              ", each turned at its own position (attn.k_rot)" if rope else ""), style="bold"),
         table(x.k[seen], None, shown, dims),
         Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),

@@ -10,7 +10,8 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, check_indices, describe, emit, execute,
                                rows_limit, width)
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, binary_size,
+                                bounded, with_options)
 from tfmcli.cli.shapes import human
 
 
@@ -73,7 +74,8 @@ def kv(
             row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")
     table = render.record_table(headers, cells, title=f"decoding batch row {row}, one token "
                                 f"per step", max_rows=rows_limit(full), left=2)
-    table.caption = "K, V cache: each block's cached keys and values, (H, step + 1, d_head)"
+    table.caption = (f"K, V cache: each block's cached keys and values, "
+                     f"({'H_kv' if cfg.group > 1 else 'H'}, step + 1, d_head)")
     if generate:
         table.caption = (f"p: the token's probability after the step before\n{table.caption}\n"
                          f"→: generated, the most likely token after the step before "
@@ -94,6 +96,15 @@ def kv(
                    f"the cache, {human(uncached)} recomputing each prefix "
                    f"({uncached / cached:.1f}x)",
                    style="bold")
+    numbers = 2 * cfg.layers * cfg.h_kv * length * cfg.d_head   # K and V of every block, at the end
+    memory = (f"K, V cache after {render.counted(length, 'step')}: 2 x "
+              f"{render.counted(cfg.layers, 'block')} x {(cfg.h_kv, length, cfg.d_head)} = "
+              f"{numbers:,} numbers ({binary_size(numbers * cfg.np_dtype.itemsize)})")
+    if cfg.group > 1:
+        memory += (f"\ngrouped: {render.counted(cfg.h_kv, 'key and value head')} for "
+                   f"{cfg.heads} query heads, {cfg.group}x smaller than ungrouped")
+    if cfg.pe == "rope":
+        memory += "\nRoPE: each key is cached turned at its own position, and never turned again"
     payload = {"row": row, "tokens": [s.token for s in steps],
                "steps": [{"step": s.step, "token": s.token, "cache_len": s.step + 1,
                           "cache_shape": list(s.cache_shape), "max_abs_diff": d,
@@ -101,9 +112,9 @@ def kv(
                           "attention": s.attention[(block, head)].tolist()}
                          for s, d in zip(steps, diffs)],
                "flops": {"with_cache": cached, "without_cache": uncached},
-               "max_abs_diff": worst}
+               "max_abs_diff": worst, "cache_numbers": numbers}
     parts = [render.config_panel(describe(cfg, run, row), title="tfm kv"), table, attention,
-             summary]
+             summary, Text(memory)]
     if generate:
         payload["generated"] = ids[given:]
         payload["generated_probability"] = chance[given:]

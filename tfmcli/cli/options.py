@@ -129,6 +129,7 @@ MODEL_OPTIONS = [
     ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, callback=bounded(1), help="Sequence length T (>= 1).")], D.seq_len),
     ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, callback=bounded(1), help="Model width d (>= 1).")], D.d_model),
     ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, callback=bounded(1), help="Attention heads H (must divide d) (>= 1).")], D.heads),
+    ("kv_heads", Annotated[Optional[int], _opt("--kv-heads", panel=MODEL, callback=bounded(1), help="Key/value heads (grouped-query attention, LLaMA 2/3; 1: multi-query); each serves H / kv-heads query heads (must divide H; default H).")], D.kv_heads),
     ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, callback=bounded(1), help="FFN hidden width (default 4 x d) (>= 1).")], D.d_ff),
     ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
     ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
@@ -139,7 +140,7 @@ MODEL_OPTIONS = [
     ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
     ("init", Annotated[Init, choice("--init", choices=Init, panel=MODEL, help="Weight initialisation.")], Init(D.init)),
     ("dtype", Annotated[DType, choice("--dtype", choices=DType, panel=MODEL, help="Floating-point type of every array.")], DType(D.dtype)),
-    ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm epsilon (> 0).")], D.eps),
+    ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm (or RMSNorm) epsilon, inside the square root (> 0).")], D.eps),
     ("n_ctx", Annotated[Optional[int], _opt("--n-ctx", panel=MODEL, callback=bounded(1), help="Learned positions (rows of embed.W_pos; default T) (>= 1).")], D.n_ctx),
     ("tied_head", Annotated[bool, _opt("--tied-head/--untied-head", panel=MODEL, help="Head reuses the embedding: logits = h W_E^T (GPT-2).")], D.tied_head),
     ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
@@ -163,7 +164,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "norm": "--norm", "activation": "--activation", "causal": "--causal",
          "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
-         "rms_norm": "--rms-norm",
+         "rms_norm": "--rms-norm", "kv_heads": "--kv-heads",
          "tokens": "--tokens", "text": "--text"}
 
 

@@ -65,6 +65,18 @@ def _infer_fields(path, arrays: dict) -> dict:
     return fields
 
 
+def infer_kv_heads(params: dict, fields: dict) -> dict:
+    """A file without a ``config`` key: ``kv_heads`` from W_K's width and the heads (given, or
+    the default), when W_K is narrower than d_model; else nothing, and ``check_params`` names
+    any misfit."""
+    W_K = params.get("blocks.0.attn.W_K")
+    d, H = fields["d_model"], fields["heads"]
+    if W_K is None or W_K.ndim != 2 or W_K.shape[1] == d or d % H or W_K.shape[1] % (d // H):
+        return {}
+    kv_heads = W_K.shape[1] // (d // H)
+    return {"kv_heads": kv_heads} if kv_heads and H % kv_heads == 0 else {}
+
+
 def load_npz(path) -> LoadedRun:
     """Read a run saved by ``--save`` (or made elsewhere in the same layout), unchecked sizes aside.
 
