@@ -214,3 +214,20 @@ def llama_grads(model) -> dict:
             theirs[p + f"ffn.W_{w}"] = getattr(layer.mlp, name).weight.grad.T
             theirs[p + f"ffn.b_{w}"] = getattr(layer.mlp, name).bias.grad
     return {name: grad.numpy() for name, grad in theirs.items()}
+
+
+def torch_reference_rows(cfg, seed: int) -> list:
+    """tfm's forward and backward at random O(1) parameters (``seed``) against the torch
+    reference (``tfm check --against torch``): every row of ``reference.compare`` passes; the
+    rows are returned for the caller's own checks."""
+    pytest.importorskip("torch")
+    import tfmcli
+    from tfmcli import reference
+
+    params = random_params(tfmcli.init_params(cfg), seed=seed)
+    inputs = tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    rows = reference.compare(fwd, grads, reference.torch_run(params, inputs, cfg), cfg)
+    assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+    return rows

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, float64_rotary, ok, random_params, run
+from helpers import error_line, float64_rotary, ok, random_params, run, torch_reference_rows
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate
 from tfmcli.positional import rope_angles, rope_tables
@@ -185,17 +185,8 @@ def test_memory_estimate_counts_the_turned_arrays():
 
 
 def test_matches_the_torch_reference_at_random_parameters():
-    pytest.importorskip("torch")
-    from tfmcli import reference
-
     for fields in (dict(), dict(norm="post", layers=2, activation="gelu"), dict(d_model=6)):
-        cfg = rope_cfg(**fields)
-        params = random_params(tfmcli.init_params(cfg), seed=8)
-        inputs = tfmcli.make_inputs(cfg)
-        fwd = tfmcli.forward(params, inputs, cfg)
-        grads = tfmcli.backward(params, fwd, cfg)
-        rows = reference.compare(fwd, grads, reference.torch_run(params, inputs, cfg), cfg)
-        assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+        rows = torch_reference_rows(rope_cfg(**fields), seed=8)
         assert max(r.rel for r in rows) < 1e-12
 
 
