@@ -414,7 +414,8 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
-    params = param_count(cfg)   # backward makes dk, dv at H heads before their sums
+    #                           backward makes dk, dv at H heads before their sums
+    params = param_count(cfg)
     # per block: ln/resid/q/context/out arrays (8 x BTd), k and v, scores and pattern, FFN hidden x 2
     acts = (L * ((8 + rope) * btd + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf) + btd
             + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)

@@ -85,12 +85,11 @@ def attn(
         values = {s.name: s.value for s in back}
         shared = head // cfg.group
         if cfg.group > 1:   # a shared key head's gradient: the sum of its query heads' shares
-            siblings = range(shared * cfg.group, (shared + 1) * cfg.group)
+            group = [{s.name: s.value for s in model_head_backward_steps(
+                         fwd, grads.acts[p + "context"], cfg, block, h, row)}
+                     for h in range(shared * cfg.group, (shared + 1) * cfg.group)]
             for name in SHARED_GRADS & set(values):
-                values[name] = sum(
-                    next(s.value for s in model_head_backward_steps(
-                        fwd, grads.acts[p + "context"], cfg, block, h, row) if s.name == name)
-                    for h in siblings)
+                values[name] = sum(steps_of[name] for steps_of in group)
         off = max(float(np.abs(values[name] - grads.acts[p + own[name]][
                   row, shared if name in SHARED_GRADS else head]).max())
                   for name in values if name in own)

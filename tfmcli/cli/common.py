@@ -100,8 +100,9 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     mask = ("causal" if cfg.causal else "none") + (
         f" + padding {list(cfg.lengths)}" if cfg.lengths is not None else "")
     rows = {
-        "sizes": f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
-                 + (f"H_kv={cfg.h_kv} " if cfg.group > 1 else "") + f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}",
+        "sizes": (f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
+                  + (f"H_kv={cfg.h_kv} " if cfg.group > 1 else "")   # grouped keys and values
+                  + f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}"),
         "norm": ("Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN") + (
             ", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
