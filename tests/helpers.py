@@ -111,20 +111,61 @@ def float64_rotary(rotary, d_rot: int) -> None:
     rotary.forward = tables
 
 
-def hf_loss_backward(model, inputs, cfg):
-    """(loss, logits, valid) of a Hugging Face causal LM on tfm's inputs, padding as its
-    attention mask, the mean cross-entropy over tfm's scored positions; the backward done."""
+def tfm_grads_matching_hf(model, params, inputs, cfg) -> dict:
+    """tfm's forward and backward against a Hugging Face causal LM that holds the same
+    parameters, on tfm's inputs (padding as its attention mask, the mean cross-entropy over
+    tfm's scored positions): the loss to 1e-12 relative, every scored position's logits to
+    1e-12. Returns tfm's gradients; the model's are left in its parameters' ``.grad``."""
     import torch
 
-    from tfmcli import IGNORE
+    import tfmcli
 
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
     keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
     logits = model(input_ids=torch.as_tensor(inputs.tokens),
                    attention_mask=torch.as_tensor(keys).long()).logits
-    valid = torch.as_tensor((inputs.targets != IGNORE) & keys)
-    loss = torch.nn.functional.cross_entropy(logits[valid], torch.as_tensor(inputs.targets)[valid])
+    valid = (inputs.targets != tfmcli.IGNORE) & keys
+    scored = torch.as_tensor(valid)
+    loss = torch.nn.functional.cross_entropy(logits[scored],
+                                             torch.as_tensor(inputs.targets)[scored])
     loss.backward()
-    return loss, logits, valid
+    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
+    np.testing.assert_allclose(fwd.acts["logits"][valid], logits[scored].detach().numpy(),
+                               rtol=0, atol=1e-12)
+    return grads
+
+
+def assert_grads_match(grads, theirs: dict) -> None:
+    """Each of ``theirs`` (name -> array) within 1e-12 of its largest entry of tfm's."""
+    for name, grad in theirs.items():
+        np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * np.abs(grad).max(),
+                                   err_msg=name)
+
+
+def assert_gradcheck_passes(cfg, seed: int = 4):
+    """Central differences on every entry of every parameter at random O(1) parameters
+    (``seed``) agree with the backward (``tfmcli.gradcheck``); returns the report."""
+    import tfmcli
+
+    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=seed),
+                              tfmcli.make_inputs(cfg), cfg)
+    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
+    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+    return report
+
+
+def decoded_like_the_forward(cfg, seed: int, tokens) -> tuple:
+    """``tfmcli.kv.decode`` of ``tokens`` at random parameters (``seed``): every step's logits
+    equal the full causal forward's at its position, to 1e-12. Returns (params, steps, fwd)."""
+    import tfmcli
+
+    params = random_params(tfmcli.init_params(cfg), seed=seed)
+    steps = tfmcli.kv.decode(params, tokens, cfg)
+    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
+    np.testing.assert_allclose(np.array([s.logits for s in steps]), fwd.acts["logits"][0],
+                               rtol=0, atol=1e-12)
+    return params, steps, fwd
 
 
 def assert_fast_equals_reference(cfg, params, inputs) -> tuple:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, error_line, hf_loss_backward, llama_from,
-                     llama_grads, ok, random_params, run, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
+                     decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
+                     random_params, run, tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.errors import ConfigError
@@ -97,11 +98,7 @@ def test_a_shared_heads_gradient_is_the_sum_of_its_query_heads():
                                     dict(heads=6, kv_heads=3, d_model=12, causal=False)],
                          ids=["gqa-pre", "mqa-post-L2", "llama-like", "H6-kv3-bidirectional"])
 def test_gradients_match_central_differences_at_random_parameters(fields):
-    cfg = gqa_cfg(**fields)
-    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
-                              tfmcli.make_inputs(cfg), cfg)
-    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
-    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+    assert_gradcheck_passes(gqa_cfg(**fields))
 
 
 def test_fast_path_equals_the_reference():
@@ -128,30 +125,17 @@ def test_matches_hugging_face_llama_with_fewer_key_value_heads():
     cfg = gqa_cfg(layers=2, pe="rope", activation="swiglu", rms_norm=True, head_bias=False,
                   d_ff=12)
     params = random_params(tfmcli.init_params(cfg), seed=11)
-    inputs = tfmcli.make_inputs(cfg)
-    fwd = tfmcli.forward(params, inputs, cfg)
-    grads = tfmcli.backward(params, fwd, cfg)
     model = llama_from(params, cfg)
     assert model.model.layers[0].self_attn.k_proj.weight.shape == (4, 8)   # theirs is grouped
-    loss, logits, valid = hf_loss_backward(model, inputs, cfg)
-    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
-    np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
-                               rtol=0, atol=1e-12)
+    grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
     theirs = llama_grads(model)
     assert set(theirs) == set(params)
-    for name, grad in theirs.items():
-        np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * np.abs(grad).max(),
-                                   err_msg=name)
+    assert_grads_match(grads, theirs)
 
 
 def test_kv_cache_holds_the_fewer_heads_and_equals_the_full_forward():
     cfg = gqa_cfg(batch=1, seq_len=6, lengths=None, layers=2, pe="rope")
-    params = random_params(tfmcli.init_params(cfg), seed=7)
-    tokens = [3, 1, 4, 1, 5, 2]
-    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
-    steps = tfmcli.kv.decode(params, tokens, cfg)
-    np.testing.assert_allclose(np.array([s.logits for s in steps]), fwd.acts["logits"][0],
-                               rtol=0, atol=1e-12)
+    _, steps, fwd = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2])
     assert steps[-1].cache_shape == (2, 6, 2)   # H_kv heads, not H
     for (block, head), weights in steps[-1].attention.items():
         np.testing.assert_allclose(weights, fwd.acts[f"blocks.{block}.attn.pattern"][0, head, -1],

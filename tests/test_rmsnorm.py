@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, hf_loss_backward, llama_from, llama_grads,
-                     ok, random_params, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
+                     decoded_like_the_forward, llama_from, llama_grads, ok, random_params,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -76,11 +77,7 @@ def test_parameters_lose_beta_and_the_trace_keeps_its_names():
                                     dict(activation="swiglu", pe="rope", layers=2)],
                          ids=["pre", "post-L2", "swiglu-rope-L2"])
 def test_gradients_match_central_differences_at_random_parameters(fields):
-    cfg = rms_cfg(**fields)
-    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
-                              tfmcli.make_inputs(cfg), cfg)
-    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
-    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+    assert_gradcheck_passes(rms_cfg(**fields))
 
 
 def test_fast_path_equals_the_reference():
@@ -92,12 +89,7 @@ def test_fast_path_equals_the_reference():
 
 def test_kv_cache_and_logit_lens_use_the_rms_norm():
     cfg = rms_cfg(batch=1, seq_len=6, lengths=None, layers=2)
-    params = random_params(tfmcli.init_params(cfg), seed=7)
-    tokens = [3, 1, 4, 1, 5, 2]
-    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
-    steps = tfmcli.kv.decode(params, tokens, cfg)
-    np.testing.assert_allclose(np.array([s.logits for s in steps]), fwd.acts["logits"][0],
-                               rtol=0, atol=1e-12)
+    params, _, fwd = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2])
     last = tfmcli.lens.logit_lens(params, fwd, cfg, row=0)[-1]   # the last block's output
     np.testing.assert_allclose(last.logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
 
@@ -132,19 +124,11 @@ def test_matches_hugging_face_llama_at_random_parameters():
     pytest.importorskip("torch")
     cfg = rms_cfg(layers=2, pe="rope", activation="swiglu", head_bias=False, d_ff=12)
     params = random_params(tfmcli.init_params(cfg), seed=11)
-    inputs = tfmcli.make_inputs(cfg)
-    fwd = tfmcli.forward(params, inputs, cfg)
-    grads = tfmcli.backward(params, fwd, cfg)
     model = llama_from(params, cfg)
-    loss, logits, valid = hf_loss_backward(model, inputs, cfg)
-    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
-    np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
-                               rtol=0, atol=1e-12)
+    grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
     theirs = llama_grads(model)
     assert set(theirs) == set(params)
-    for name, grad in theirs.items():
-        np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * np.abs(grad).max(),
-                                   err_msg=name)
+    assert_grads_match(grads, theirs)
 
 
 # ---------------------------------------------------------------- the view

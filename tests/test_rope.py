@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, float64_rotary, ok, random_params, run, torch_reference_rows
+from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_line,
+                     float64_rotary, ok, random_params, run, tfm_grads_matching_hf,
+                     torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate
 from tfmcli.positional import rope_angles, rope_tables
@@ -120,11 +122,7 @@ def test_the_trace_names_the_turned_queries_and_keys():
                                     dict(d_model=6, heads=2), dict(tied_head=True, causal=False)],
                          ids=["pre", "post-gelu-L2", "odd-d_head", "tied-noncausal"])
 def test_gradients_match_central_differences_at_random_parameters(fields):
-    cfg = rope_cfg(**fields)
-    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
-                              tfmcli.make_inputs(cfg), cfg)
-    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
-    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+    assert_gradcheck_passes(rope_cfg(**fields))
 
 
 def test_b_K_has_a_gradient_under_rope():
@@ -160,12 +158,8 @@ def test_kv_cache_equals_the_full_forward():
     """A cached key keeps the turn of its own position; each step's logits equal the full
     causal forward's at that position."""
     cfg = rope_cfg(batch=1, seq_len=6, lengths=None, layers=2)
-    params = random_params(tfmcli.init_params(cfg), seed=7)
-    tokens = [3, 1, 4, 1, 5, 2]
-    steps = tfmcli.kv.decode(params, tokens, cfg)
-    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
+    _, steps, _ = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2])
     logits = np.array([s.logits for s in steps])
-    np.testing.assert_allclose(logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
     # the same ids at other positions give other logits: the positions count
     assert np.abs(logits[1] - logits[3]).max() > 1e-3
 
@@ -243,23 +237,11 @@ def neox_from(params, cfg, rotary_ndims):
 def test_matches_hugging_face_gpt_neox_at_random_parameters(d_model, heads):
     """Loss, logits and the gradients of the rotated projections (and every other weight)
     against GPT-NeoX's autograd, padding included."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     cfg = rope_cfg(d_model=d_model, heads=heads, layers=2, activation="gelu", head_bias=False)
     params = random_params(tfmcli.init_params(cfg), seed=9)
-    inputs = tfmcli.make_inputs(cfg)
-    fwd = tfmcli.forward(params, inputs, cfg)
-    grads = tfmcli.backward(params, fwd, cfg)
     neox = neox_from(params, cfg, cfg.d_head)
-    mask = torch.as_tensor(np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]).long()
-    logits = neox(input_ids=torch.as_tensor(inputs.tokens), attention_mask=mask).logits
-    valid = torch.as_tensor((inputs.targets != tfmcli.IGNORE)
-                            & (np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]))
-    targets = torch.as_tensor(inputs.targets)
-    loss = torch.nn.functional.cross_entropy(logits[valid], targets[valid])
-    loss.backward()
-    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
-    ours = fwd.acts["logits"][valid.numpy()]
-    np.testing.assert_allclose(ours, logits[valid].detach().numpy(), rtol=0, atol=1e-12)
+    grads = tfm_grads_matching_hf(neox, params, tfmcli.make_inputs(cfg), cfg)
     layer = neox.gpt_neox.layers[1].attention.query_key_value
     H, dh, d = cfg.heads, cfg.d_head, cfg.d_model
     dW = layer.weight.grad.reshape(H, 3, dh, d).numpy()

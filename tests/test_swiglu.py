@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, float64_rotary, hf_loss_backward, ok,
-                     random_params, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
+                     decoded_like_the_forward, float64_rotary, ok, random_params,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -114,11 +115,7 @@ def test_memory_estimate_counts_the_gate():
                                     dict(tied_head=True, causal=False, d_ff=5)],
                          ids=["pre", "post-rope-L2", "tied-noncausal-dff5"])
 def test_gradients_match_central_differences_at_random_parameters(fields):
-    cfg = swiglu_cfg(**fields)
-    report = tfmcli.gradcheck(random_params(tfmcli.init_params(cfg), seed=4),
-                              tfmcli.make_inputs(cfg), cfg)
-    assert report.passed, [(c.name, c.rel_err) for c in report.params if not c.passed]
-    assert report.worst.rel_err < 1e-6 and report.checked == report.entries
+    report = assert_gradcheck_passes(swiglu_cfg(**fields))
     assert "blocks.0.ffn.b_gate" in [c.name for c in report.params]
 
 
@@ -132,13 +129,8 @@ def test_fast_path_equals_the_reference():
 
 
 def test_kv_cache_equals_the_full_forward():
-    cfg = swiglu_cfg(batch=1, seq_len=6, lengths=None, layers=2)
-    params = random_params(tfmcli.init_params(cfg), seed=7)
-    tokens = [3, 1, 4, 1, 5, 2]
-    steps = tfmcli.kv.decode(params, tokens, cfg)
-    fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
-    logits = np.array([s.logits for s in steps])
-    np.testing.assert_allclose(logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
+    decoded_like_the_forward(swiglu_cfg(batch=1, seq_len=6, lengths=None, layers=2), 7,
+                             [3, 1, 4, 1, 5, 2])
 
 
 # ---------------------------------------------------------------- the oracles
@@ -240,28 +232,19 @@ def test_matches_hugging_face_stablelm_at_random_parameters():
     for name in params:
         if name.endswith(("ffn.b_gate", "ffn.b_1", "ffn.b_2", "attn.b_O")):
             params[name] = np.zeros_like(params[name])
-    inputs = tfmcli.make_inputs(cfg)
-    fwd = tfmcli.forward(params, inputs, cfg)
-    grads = tfmcli.backward(params, fwd, cfg)
     model = stablelm_from(params, cfg)
-    loss, logits, valid = hf_loss_backward(model, inputs, cfg)
-    assert fwd.loss == pytest.approx(loss.item(), rel=1e-12)
-    np.testing.assert_allclose(fwd.acts["logits"][valid.numpy()], logits[valid].detach().numpy(),
-                               rtol=0, atol=1e-12)
+    grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
+    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad}
     for i in range(cfg.layers):
         n, p = model.model.layers[i], f"blocks.{i}."
-        for ours, theirs in ((p + "ffn.W_gate", n.mlp.gate_proj.weight.grad.T),
-                             (p + "ffn.W_1", n.mlp.up_proj.weight.grad.T),
-                             (p + "ffn.W_2", n.mlp.down_proj.weight.grad.T),
-                             (p + "attn.W_K", n.self_attn.k_proj.weight.grad.T),
-                             (p + "attn.b_K", n.self_attn.k_proj.bias.grad),
-                             (p + "ln2.gamma", n.post_attention_layernorm.weight.grad),
-                             (p + "ln2.beta", n.post_attention_layernorm.bias.grad)):
-            theirs = theirs.numpy()
-            np.testing.assert_allclose(grads[ours], theirs, rtol=0,
-                                       atol=1e-12 * np.abs(theirs).max(), err_msg=ours)
-    emb = model.model.embed_tokens.weight.grad.numpy()
-    np.testing.assert_allclose(grads["embed.W_E"], emb, rtol=0, atol=1e-12 * np.abs(emb).max())
+        theirs.update({p + "ffn.W_gate": n.mlp.gate_proj.weight.grad.T,
+                       p + "ffn.W_1": n.mlp.up_proj.weight.grad.T,
+                       p + "ffn.W_2": n.mlp.down_proj.weight.grad.T,
+                       p + "attn.W_K": n.self_attn.k_proj.weight.grad.T,
+                       p + "attn.b_K": n.self_attn.k_proj.bias.grad,
+                       p + "ln2.gamma": n.post_attention_layernorm.weight.grad,
+                       p + "ln2.beta": n.post_attention_layernorm.bias.grad})
+    assert_grads_match(grads, {name: grad.numpy() for name, grad in theirs.items()})
 
 
 # ---------------------------------------------------------------- the views

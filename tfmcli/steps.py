@@ -93,7 +93,8 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
         shared = f" (key head {head // cfg.group}, shared by query heads {sharing(cfg, head)})"
-        steps[2:4] = [s._replace(formula=s.formula + shared) for s in steps[2:4]]
+        steps = [s._replace(formula=s.formula + shared) if s.name in ("K", "V") else s
+                 for s in steps]
     return steps
 
 
