@@ -95,13 +95,13 @@ def grid_rows(text: str, labels) -> list[list[str]]:
 # ---------------------------------------------------------------- Hugging Face oracles
 
 
-def float64_rotary(rotary, d_rot: int) -> None:
+def float64_rotary(rotary, d_rot: int, base: float = 10000.0) -> None:
     """Have a Hugging Face rotary module make its (cos, sin) in float64: LLaMA, StableLM and
     GPT-NeoX make them in float32 whatever the model's dtype, which holds a float64 model to
-    about 1e-8. The same layout (each angle twice, ``cat((freqs, freqs))``), base 10000."""
+    about 1e-8. The same layout (each angle twice, ``cat((freqs, freqs))``) and base."""
     import torch
 
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
+    inv_freq = 1.0 / float(base) ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
 
     def tables(x, position_ids):
         freqs = position_ids[..., None].double() * inv_freq
@@ -185,9 +185,10 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
 
 
 def llama_from(params, cfg):
-    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP, with
-    ``attention_bias`` and ``mlp_bias``, ``num_key_value_heads`` tfm's ``h_kv``) holding tfm's
-    parameters, in float64. LLaMA makes its
+    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
+    ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
+    ``rope_theta`` and ``tie_word_embeddings`` its own) holding tfm's parameters, in float64.
+    LLaMA makes its
     RoPE angles in float32 and its RMSNorm in float32 whatever the model's dtype; both are
     checked against tfm's to float32's rounding, then made in float64."""
     torch = pytest.importorskip("torch")
@@ -201,23 +202,27 @@ def llama_from(params, cfg):
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
         intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
-        rms_norm_eps=cfg.eps, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        rms_norm_eps=cfg.eps, attention_bias=cfg.bias, mlp_bias=cfg.bias,
+        tie_word_embeddings=cfg.tied_head,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+    assert not cfg.head_bias   # LLaMA's head has none
     config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
     model = transformers.LlamaForCausalLM(config).double().eval()
     t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
-    state = {"model.embed_tokens.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
-             "model.norm.weight": t["ln_f.gamma"]}
+    state = {"model.embed_tokens.weight": t["embed.W_E"], "model.norm.weight": t["ln_f.gamma"],
+             "lm_head.weight": t["embed.W_E"] if cfg.tied_head else t["head.W_U"].T}
     for i in range(cfg.layers):
         p, n = f"blocks.{i}.", f"model.layers.{i}."
         state.update({n + "input_layernorm.weight": t[p + "ln1.gamma"],
                       n + "post_attention_layernorm.weight": t[p + "ln2.gamma"]})
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
             state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
-            state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
+            if cfg.bias:
+                state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
             state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
-            state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
+            if cfg.bias:
+                state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), missing
 
@@ -235,25 +240,32 @@ def llama_from(params, cfg):
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
             module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, dh)
+    float64_rotary(model.model.rotary_emb, dh, cfg.rope_theta)
     return model
 
 
 def llama_grads(model) -> dict:
     """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
-    float64 arrays (weights transposed to tfm's ``(in, out)``)."""
+    float64 arrays (weights transposed to tfm's ``(in, out)``). Tied, the one matrix's
+    gradient is ``embed.W_E``'s, its embedding's part and its head's summed."""
     theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
-              "head.W_U": model.lm_head.weight.grad.T, "ln_f.gamma": model.model.norm.weight.grad}
+              "ln_f.gamma": model.model.norm.weight.grad}
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        theirs["head.W_U"] = model.lm_head.weight.grad.T
     for i, layer in enumerate(model.model.layers):
         p = f"blocks.{i}."
         theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
                        p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
-            theirs[p + f"attn.W_{w}"] = getattr(layer.self_attn, name).weight.grad.T
-            theirs[p + f"attn.b_{w}"] = getattr(layer.self_attn, name).bias.grad
+            module = getattr(layer.self_attn, name)
+            theirs[p + f"attn.W_{w}"] = module.weight.grad.T
+            if module.bias is not None:
+                theirs[p + f"attn.b_{w}"] = module.bias.grad
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
-            theirs[p + f"ffn.W_{w}"] = getattr(layer.mlp, name).weight.grad.T
-            theirs[p + f"ffn.b_{w}"] = getattr(layer.mlp, name).bias.grad
+            module = getattr(layer.mlp, name)
+            theirs[p + f"ffn.W_{w}"] = module.weight.grad.T
+            if module.bias is not None:
+                theirs[p + f"ffn.b_{w}"] = module.bias.grad
     return {name: grad.numpy() for name, grad in theirs.items()}
 
 

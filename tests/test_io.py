@@ -305,15 +305,18 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     changed = dict(seed=7, batch=3, seq_len=5, d_model=8, heads=4, d_ff=12, vocab=11, layers=2,
                    norm="post", activation="gelu", causal=False, lengths=(5, 2, 3), pe="learned",
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
-                   head_bias=False, rms_norm=True, kv_heads=2)
-    assert set(changed) == {f.name for f in dataclasses.fields(Config)}   # every field
+                   head_bias=False, rms_norm=True, kv_heads=2, bias=False)
+    # every field; rope_theta needs --pe rope, which --n-ctx's --pe learned rules out: its own
+    # round trip is the next test
+    assert set(changed) | {"rope_theta"} == {f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
     assert Config.from_json(cfg.to_json()) == cfg
     flags = ["--seed", 7, "-B", 3, "-T", 5, "-d", 8, "-H", 4, "--d-ff", 12, "-V", 11, "-L", 2,
              "--norm", "post", "--activation", "gelu", "--no-causal", "--lengths", "5,2,3",
              "--pe", "learned", "--init", "normal", "--dtype", "float32", "--eps", 0.1,
-             "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm", "--kv-heads", 2]
+             "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm", "--kv-heads", 2,
+             "--no-bias"]
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
     loaded = json.loads(run("forward", "--load", path, "--json").stdout)
@@ -322,3 +325,18 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     at = flags.index("--eps")
     default_eps = json.loads(run("forward", *flags[:at], *flags[at + 2:], "--json").stdout)
     assert default_eps["config"]["eps"] == 1e-5 and default_eps["loss"] != saved["loss"]
+
+
+def test_rope_theta_survives_a_save_load_round_trip(tmp_path):
+    """--rope-theta is kept by --save and --load (the loss it gives comes back), and it changes
+    the loss: a dropped base would reload at 10000."""
+    import json
+
+    flags = ["-T", 6, "-d", 8, "-H", 2, "--pe", "rope", "--rope-theta", 3.5]
+    path = tmp_path / "run.npz"
+    saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
+    loaded = json.loads(run("forward", "--load", path, "--json").stdout)
+    assert saved["config"]["rope_theta"] == loaded["config"]["rope_theta"] == 3.5
+    assert loaded["loss"] == saved["loss"]
+    default = json.loads(run("forward", *flags[:-2], "--json").stdout)
+    assert default["config"]["rope_theta"] == 10000.0 and default["loss"] != saved["loss"]

@@ -74,6 +74,15 @@ class Config:
         attention). Each serves ``heads // kv_heads`` query heads in turn: key head j those
         numbered ``j * group .. (j + 1) * group - 1``. ``attn.W_K`` and ``attn.W_V`` are then
         ``(d, kv_heads * d_head)``. ``None`` means ``heads`` (every head its own keys).
+    rope_theta : float
+        RoPE's base (Hugging Face's ``rope_theta``): rotation pair i of a head turns by
+        ``t / rope_theta^(2i/d_head)`` at position t. 10000 in RoFormer and LLaMA 1 and 2,
+        500000 in LLaMA 3, whose slowest pairs turn less than a full circle over its context.
+        Only ``pe="rope"`` reads it.
+    bias : bool
+        The attention's and the FFN's linear layers add biases (``attn.b_Q``, ``b_K``, ``b_V``,
+        ``b_O``, ``ffn.b_1``, ``b_2`` and with SwiGLU ``b_gate``). LLaMA's have none.
+        ``head_bias`` decides the head's.
     """
 
     batch: int = 2
@@ -97,6 +106,8 @@ class Config:
     head_bias: bool = True
     rms_norm: bool = False
     kv_heads: int | None = None
+    rope_theta: float = 10000.0
+    bias: bool = True
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -142,7 +153,7 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias", "rms_norm"):
+        for name in ("tied_head", "head_bias", "rms_norm", "bias"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -150,6 +161,10 @@ class Config:
         if self.eps > float(np.finfo(self.dtype).max):   # as a float: no overflowing cast
             raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.dtype}'s range "
                                      f"(at most {np.finfo(self.dtype).max:.3g})")
+        if (isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float))
+                or not np.isfinite(self.rope_theta) or self.rope_theta <= 0):
+            raise ConfigError("rope_theta", f"rope_theta must be a positive finite number, "
+                                            f"got {self.rope_theta!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ConfigError("seed", f"seed must be a non-negative integer, got {self.seed!r}")
 
@@ -247,17 +262,21 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         for w in "QKVO":   # grouped: fewer heads of keys and values, so narrower W_K, W_V
             width = cfg.d_kv if w in "KV" else d
             shapes[p + f"attn.W_{w}"] = (d, width)
-            shapes[p + f"attn.b_{w}"] = (width,)
+            if cfg.bias:
+                shapes[p + f"attn.b_{w}"] = (width,)
         shapes[p + "ln2.gamma"] = (d,)
         if not cfg.rms_norm:
             shapes[p + "ln2.beta"] = (d,)
         if cfg.activation == "swiglu":   # the gate, which silu turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
-            shapes[p + "ffn.b_gate"] = (F,)
+            if cfg.bias:
+                shapes[p + "ffn.b_gate"] = (F,)
         shapes[p + "ffn.W_1"] = (d, F)
-        shapes[p + "ffn.b_1"] = (F,)
+        if cfg.bias:
+            shapes[p + "ffn.b_1"] = (F,)
         shapes[p + "ffn.W_2"] = (F, d)
-        shapes[p + "ffn.b_2"] = (d,)
+        if cfg.bias:
+            shapes[p + "ffn.b_2"] = (d,)
     if cfg.norm == "pre":
         shapes["ln_f.gamma"] = (d,)
         if not cfg.rms_norm:

@@ -80,13 +80,15 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     B, T = fwd.inputs.tokens.shape
     check_within("explain", block=(block, cfg.layers), row=(row, B), position=(t, T))
     p = f"blocks.{block}.ffn."
-    W_1, b_1, W_2, b_2 = (params[p + name].astype(np.float64)
-                          for name in ("W_1", "b_1", "W_2", "b_2"))
+    def weight(name):   # in float64; a bias the model does not have (Config.bias) adds 0
+        return params[p + name].astype(np.float64) if p + name in params else 0.0
+
+    W_1, b_1, W_2, b_2 = (weight(name) for name in ("W_1", "b_1", "W_2", "b_2"))
     x = fwd.acts[input_name(cfg, block)][row, t].astype(np.float64)
     dout = dout_all[row, t].astype(np.float64)
     gated = cfg.activation == "swiglu"
     if gated:
-        W_gate, b_gate = (params[p + name].astype(np.float64) for name in ("W_gate", "b_gate"))
+        W_gate, b_gate = weight("W_gate"), weight("b_gate")
 
     def hidden_of(row_x):   # act(x W_1 + b_1), or silu(x W_gate + b_gate) * (x W_1 + b_1)
         if gated:

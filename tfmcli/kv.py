@@ -61,29 +61,29 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
     first: a cached key keeps the turn of its own position, and no step turns it again. Grouped
     (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it serves."""
     H, dh = cfg.heads, cfg.d_head
-    q = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])[0].reshape(H, dh)
-    k = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])[0].reshape(cfg.h_kv, dh)
+    q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
+    k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)
     if rope is not None:
         cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
     K[:, t] = k
-    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])[0].reshape(cfg.h_kv, dh)
+    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))[0].reshape(cfg.h_kv, dh)
     keys, values = K[:, :t + 1], V[:, :t + 1]                     # (H_kv, t + 1, d_head)
     if cfg.group > 1:
         keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
     context, weights = _attend(q, keys, values, 1.0 / math.sqrt(dh))
-    out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P[p + "attn.b_O"])[0]
+    out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P.get(p + "attn.b_O"))[0]
     return out, weights                                           # (d,), (H, t + 1)
 
 
 def _ffn_step(x, P, p, cfg):
-    pre = ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])[0]
+    pre = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))[0]
     if cfg.activation == "swiglu":
-        gate = ops.linear_forward(x, P[p + "ffn.W_gate"], P[p + "ffn.b_gate"])[0]
+        gate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))[0]
         hidden = ops.swiglu_forward(gate, pre)[0]
     else:
         hidden = ops.ACTIVATIONS[cfg.activation][0](pre)[0]
-    return ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])[0]
+    return ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))[0]
 
 
 def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]:
@@ -117,7 +117,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                           f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
-    rope = rope_tables(T, dh, cfg.dtype) if cfg.pe == "rope" else None
+    rope = rope_tables(T, dh, cfg.dtype, cfg.rope_theta) if cfg.pe == "rope" else None
     K = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     V = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []

@@ -102,14 +102,14 @@ def arrays_repr(named: dict) -> str:
 
 def _mha_forward(x, P, p, cfg, mask, acts, caches):
     H = cfg.heads
-    q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P[p + "attn.b_Q"])   # (B, T, d)
-    k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P[p + "attn.b_K"])
-    v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P[p + "attn.b_V"])
+    q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))   # (B, T, d)
+    k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))
+    v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))
     q = ops.split_heads(q, H)                                           # (B, H, T, d_head)
     k, v = ops.split_heads(k, cfg.h_kv), ops.split_heads(v, cfg.h_kv)   # (B, H_kv, T, d_head)
     acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
     if cfg.pe == "rope":   # each query and key turned by its position's angles
-        cos, sin = rope_tables(q.shape[2], cfg.d_head, cfg.dtype)      # (T, d_head)
+        cos, sin = rope_tables(q.shape[2], cfg.d_head, cfg.dtype, cfg.rope_theta)  # (T, d_head)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
@@ -120,7 +120,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     else:
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale)
     context = ops.merge_heads(context)                                  # (B, T, d)
-    out, co = ops.linear_forward(context, P[p + "attn.W_O"], P[p + "attn.b_O"])
+    out, co = ops.linear_forward(context, P[p + "attn.W_O"], P.get(p + "attn.b_O"))
     acts.update({p + "attn.scores": scores, p + "attn.pattern": ca.pattern,
                  p + "attn.context": context, p + "attn.out": out})
     caches[p + "attn"] = (cq, ck, cv, ca, co)
@@ -129,7 +129,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
 
 def _mha_backward(dout, p, cfg, caches, grads, dacts):
     cq, ck, cv, ca, co = caches[p + "attn"]
-    dcontext, grads[p + "attn.W_O"], grads[p + "attn.b_O"] = ops.linear_backward(dout, co)
+    dcontext = _linear_backward(dout, co, grads, p + "attn.", "O")
     attention_backward = ops.attention_backward_fast if caches["fast"] else ops.attention_backward
     dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
     dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
@@ -137,31 +137,38 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
         dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
     if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
-        cos, sin = rope_tables(dq.shape[2], cfg.d_head, cfg.dtype)
+        cos, sin = rope_tables(dq.shape[2], cfg.d_head, cfg.dtype, cfg.rope_theta)
         dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
         dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
     dacts.update({p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
-    dx_parts = []   # x feeds q, k and v: its gradient is the sum of the three
-    for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv)):
-        dx_part, grads[p + f"attn.W_{name}"], grads[p + f"attn.b_{name}"] = ops.linear_backward(
-            ops.merge_heads(dh), cache)
-        dx_parts.append(dx_part)
+    # x feeds q, k and v: its gradient is the sum of the three
+    dx_parts = [_linear_backward(ops.merge_heads(dh), cache, grads, p + "attn.", name)
+                for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv))]
     dx = dx_parts[0] + dx_parts[1]
     dx += dx_parts[2]
+    return dx
+
+
+def _linear_backward(dout, cache, grads, layer, w):
+    """dx of the linear layer ``layer`` (``"blocks.0.ffn."``) whose weight is ``W_{w}``; its
+    weight's gradient, and its bias's when it has one (``Config.bias``), go into ``grads``."""
+    dx, grads[layer + f"W_{w}"], db = ops.linear_backward(dout, cache)
+    if db is not None:
+        grads[layer + f"b_{w}"] = db
     return dx
 
 
 def _ffn_forward(x, P, p, cfg, acts, caches):
     cgate = None
     if cfg.activation == "swiglu":   # act = silu(x W_gate + b_gate) * pre
-        gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P[p + "ffn.b_gate"])
+        gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))
         acts[p + "ffn.gate"] = gate
-    pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P[p + "ffn.b_1"])  # (B, T, d_ff)
+    pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))  # (B, T, d_ff)
     if cgate is None:
         hidden, cact = ops.ACTIVATIONS[cfg.activation][0](pre)
     else:
         hidden, cact = ops.swiglu_forward(gate, pre)
-    out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P[p + "ffn.b_2"])  # (B, T, d)
+    out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))  # (B, T, d)
     acts.update({p + "ffn.pre": pre, p + "ffn.act": hidden, p + "ffn.out": out})
     caches[p + "ffn"] = (cgate, c1, cact, c2)
     return out
@@ -169,16 +176,16 @@ def _ffn_forward(x, P, p, cfg, acts, caches):
 
 def _ffn_backward(dout, p, cfg, caches, grads, dacts):
     cgate, c1, cact, c2 = caches[p + "ffn"]
-    dhidden, grads[p + "ffn.W_2"], grads[p + "ffn.b_2"] = ops.linear_backward(dout, c2)
+    dhidden = _linear_backward(dout, c2, grads, p + "ffn.", "2")
     dacts.update({p + "ffn.out": dout, p + "ffn.act": dhidden})
     if cgate is None:
         dpre = ops.ACTIVATIONS[cfg.activation][1](dhidden, cact)
     else:
         dgate, dpre = ops.swiglu_backward(dhidden, cact)
-    dx, grads[p + "ffn.W_1"], grads[p + "ffn.b_1"] = ops.linear_backward(dpre, c1)
+    dx = _linear_backward(dpre, c1, grads, p + "ffn.", "1")
     dacts[p + "ffn.pre"] = dpre
     if cgate is not None:   # x feeds the gate too: its gradient is the sum of the two
-        dx_gate, grads[p + "ffn.W_gate"], grads[p + "ffn.b_gate"] = ops.linear_backward(dgate, cgate)
+        dx_gate = _linear_backward(dgate, cgate, grads, p + "ffn.", "gate")
         dacts[p + "ffn.gate"] = dgate
         dx += dx_gate
     return dx
@@ -237,10 +244,10 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
 
 
 @functools.lru_cache(maxsize=8)
-def rope_tables(T: int, d_head: int, dtype: str):
-    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size for
-    every forward and backward after it (read-only: shared)."""
-    tables = positional.rope_tables(T, d_head, np.dtype(dtype))
+def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0):
+    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size and
+    base for every forward and backward after it (read-only: shared)."""
+    tables = positional.rope_tables(T, d_head, np.dtype(dtype), base)
     for table in tables:
         table.flags.writeable = False
     return tables

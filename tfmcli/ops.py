@@ -40,12 +40,14 @@ def embedding_backward(dout, cache, out=None):
 
 
 class LinearCache(NamedTuple):
-    x: np.ndarray  # (..., d_in)
-    W: np.ndarray  # (d_in, d_out)
+    x: np.ndarray      # (..., d_in)
+    W: np.ndarray      # (d_in, d_out)
+    bias: bool = True  # the layer adds a bias (its backward makes db)
 
 
 def linear_forward(x, W, b):
-    """x: (..., d_in) @ W: (d_in, d_out) + b: (d_out,) -> (..., d_out).
+    """x: (..., d_in) @ W: (d_in, d_out) + b: (d_out,) -> (..., d_out); ``b`` None for a layer
+    without a bias (``Config.bias``).
 
     The rows go to BLAS as one (rows, d_in) matrix, not one matrix per leading index (faster,
     and the same numbers), in parts on the machine's cores (``parallel.matmul``), and b is
@@ -55,24 +57,25 @@ def linear_forward(x, W, b):
     x2d = x.reshape(-1, d_in)                                  # (rows, d_in)
     out = np.empty((x2d.shape[0], d_out), dtype=np.result_type(x2d, W))
     parallel.matmul(x2d, W, out, add=b)
-    return out.reshape(*x.shape[:-1], d_out), LinearCache(x, W)
+    return out.reshape(*x.shape[:-1], d_out), LinearCache(x, W, b is not None)
 
 
 def linear_backward(dout, cache, transposed=False):
-    """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,).
+    """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,) or None when the
+    layer has no bias.
 
     ``transposed``: dW comes as (d_out, d_in), made so rather than transposed after (a tied
     head's W is the view W_E.T, and its gradient joins W_E's). On two cores dW is made on the
     other core (``parallel.later``) while dx and db are made here: within the model's backward
     (a ``parallel.deferred`` scope) dW is waited for at the backward's end, not here.
     """
-    x, W = cache
+    x, W, bias = cache
     d_in, d_out = W.shape
     x2d, dout2d = x.reshape(-1, d_in), dout.reshape(-1, d_out)   # (rows, d_in), (rows, d_out)
     dtype = np.result_type(dout2d, W)
     dx = np.empty((x2d.shape[0], d_in), dtype=dtype)
     dW = np.empty((d_out, d_in) if transposed else (d_in, d_out), dtype=dtype)
-    db = np.empty(d_out, dtype=dout2d.dtype)
+    db = np.empty(d_out, dtype=dout2d.dtype) if bias else None
     work = parallel.cost(dout2d.size * d_in, dtype)            # each product's multiply-adds
 
     def weight_gradient():
@@ -87,8 +90,9 @@ def linear_backward(dout, cache, transposed=False):
         else:   # thin (BLAS's own threads run those faster), small, or one core: in turn
             parallel.matmul(dout2d, W.T, dx)
             weight_gradient()
-        parallel.run(lambda c: np.add.reduce(dout2d[:, c], axis=0, out=db[c]), d_out,
-                     parallel.cost(dout2d.size * parallel.PASS, db.dtype))
+        if bias:
+            parallel.run(lambda c: np.add.reduce(dout2d[:, c], axis=0, out=db[c]), d_out,
+                         parallel.cost(dout2d.size * parallel.PASS, db.dtype))
     return dx.reshape(x.shape), dW, db
 
 

@@ -18,22 +18,24 @@ def sinusoidal(T, d, dtype=np.float64):
     return pe.astype(dtype)
 
 
-def angles(pos, d):
-    """(..., d): the angle of each column at position(s) ``pos``, ``pos / 10000^(2i/d)`` for
+def angles(pos, d, base=10000.0):
+    """(..., d): the angle of each column at position(s) ``pos``, ``pos / base^(2i/d)`` for
     the column pair (2i, 2i+1)."""
     i = np.arange(d) // 2                                      # pair index of each column
-    return pos / 10000.0 ** (2 * i / d)
+    return pos / float(base) ** (2 * i / d)
 
 
-def wavelengths(d):
-    """(d,): the period in positions of each column, 2 pi * 10000^(2i/d)."""
+def wavelengths(d, base=10000.0):
+    """(d,): the period in positions of each column, 2 pi * base^(2i/d)."""
     i = np.arange(d) // 2
-    return 2 * np.pi * 10000.0 ** (2 * i / d)
+    return 2 * np.pi * float(base) ** (2 * i / d)
 
 
-def rope_angles(T, d_head):
-    """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / 10000^(2i/n)``,
-    n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even).
+def rope_angles(T, d_head, base=10000.0):
+    """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / base^(2i/n)``,
+    n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even). The base is
+    10000 in RoFormer and LLaMA 1 and 2 (``Config.rope_theta``, Hugging Face's ``rope_theta``);
+    LLaMA 3 turns slower, at 500000.
 
     Pair i is the dimensions (i, i + d_head // 2) of a head, the "rotate half" layout of
     GPT-NeoX and Hugging Face's LLaMA (the RoFormer paper pairs neighbours (2i, 2i + 1): the
@@ -41,14 +43,14 @@ def rope_angles(T, d_head):
     dimension unrotated, as GPT-NeoX's ``rotary_pct`` leaves the dimensions past its rotated
     ones."""
     n = 2 * (d_head // 2)   # the sinusoidal table's angles over n columns: one per pair
-    return angles(np.arange(T, dtype=np.float64)[:, None], n)[:, 0::2]
+    return angles(np.arange(T, dtype=np.float64)[:, None], n, base)[:, 0::2]
 
 
-def rope_tables(T, d_head, dtype=np.float64):
+def rope_tables(T, d_head, dtype=np.float64, base=10000.0):
     """(cos, sin), each (T, d_head): the cosine and sine of each dimension's angle at each
     position (``rope_angles``, pair i's angle at dimensions i and i + d_head // 2; an odd
     d_head's last dimension has cos 1 and sin 0, unrotated)."""
-    angle = rope_angles(T, d_head)                                 # (T, m)
+    angle = rope_angles(T, d_head, base)                           # (T, m)
     cos, sin = np.ones((T, d_head)), np.zeros((T, d_head))
     m = d_head // 2
     cos[:, :m] = cos[:, m:2 * m] = np.cos(angle)
@@ -56,13 +58,13 @@ def rope_tables(T, d_head, dtype=np.float64):
     return cos.astype(dtype), sin.astype(dtype)
 
 
-def rope_scores(T, d_head):
+def rope_scores(T, d_head, base=10000.0):
     """(T, T): ``u_rot(t) . u_rot(s)`` for u = (1, ..., 1) / sqrt(d_head), one vector turned
     at t against itself turned at s (``tfm pe --rope``). It depends on t - s only: it is
     ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for an odd head's unturned
     dimension."""
     from tfmcli import ops
 
-    cos, sin = rope_tables(T, d_head)
+    cos, sin = rope_tables(T, d_head, base=base)
     u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)
     return u @ u.T

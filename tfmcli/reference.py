@@ -48,14 +48,14 @@ def torch_sinusoidal(T, d):
     return pe
 
 
-def torch_rope(x):
-    """RoPE as Hugging Face's LLaMA writes it: inverse frequencies ``1 / 10000^(arange(0, n, 2)
-    / n)`` over the n = 2 (d_head // 2) rotated dimensions, each angle repeated for the two
+def torch_rope(x, base=10000.0):
+    """RoPE as Hugging Face's LLaMA writes it: inverse frequencies ``1 / base^(arange(0, n, 2)
+    / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each angle repeated for the two
     halves, ``x cos + rotate_half(x) sin``; an odd d_head's last dimension passes as it is."""
     torch = import_torch()
     T, dh = x.shape[-2], x.shape[-1]
     n = 2 * (dh // 2)
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
+    inv_freq = 1.0 / (float(base) ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
     angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, n / 2)
     emb = torch.cat([angle, angle], dim=-1)                                   # (T, n)
     turned, rest = x[..., :n], x[..., n:]
@@ -84,6 +84,9 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
     patterns = {}
 
+    def bias(name):   # 0 for a layer without one (cfg.bias false)
+        return P.get(name, 0.0)
+
     def layer_norm(x, name):
         if cfg.rms_norm:
             return F.rms_norm(x, (d,), P[name + ".gamma"], cfg.eps)
@@ -91,12 +94,12 @@ def torch_run(params, inputs, cfg) -> TorchRun:
 
     def attention(x, p):
         def project(w, heads):
-            y = x @ P[p + f"attn.W_{w}"] + P[p + f"attn.b_{w}"]
+            y = x @ P[p + f"attn.W_{w}"] + bias(p + f"attn.b_{w}")
             return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
 
         q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
         if cfg.pe == "rope":
-            q, k = torch_rope(q), torch_rope(k)
+            q, k = torch_rope(q, cfg.rope_theta), torch_rope(k, cfg.rope_theta)
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
@@ -105,15 +108,15 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         pattern.retain_grad()
         patterns[p] = pattern
         context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
-        return context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
+        return context @ P[p + "attn.W_O"] + bias(p + "attn.b_O")
 
     def ffn(x, p):
-        h = x @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]
+        h = x @ P[p + "ffn.W_1"] + bias(p + "ffn.b_1")
         if cfg.activation == "swiglu":   # as Hugging Face's LlamaMLP: silu(gate) * up
-            h = F.silu(x @ P[p + "ffn.W_gate"] + P[p + "ffn.b_gate"]) * h
+            h = F.silu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
         else:
             h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
-        return h @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
+        return h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2")
 
     x = P["embed.W_E"][tokens]
     if cfg.pe == "sinusoidal":

@@ -32,16 +32,17 @@ ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t
 def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
     """The steps of one head on one sequence.
 
-    x: (T, d); W_*: (d, d_head); b_*: (d_head,); mask: (T, T) bool, True = may attend;
-    rope: None, or RoPE's (cos, sin) tables (T, d_head), which turn Q and K before the scores.
+    x: (T, d); W_*: (d, d_head); b_*: (d_head,), or None in a model without biases; mask:
+    (T, T) bool, True = may attend; rope: None, or RoPE's (cos, sin) tables (T, d_head), which
+    turn Q and K before the scores.
     """
-    q = x @ W_Q + b_Q                                            # (T, d_head)
-    k = x @ W_K + b_K
-    v = x @ W_V + b_V
-    steps = [Step("X", "input to attention, one row of the batch", x),
-             Step("Q", "Q = X W_Q + b_Q", q),
-             Step("K", "K = X W_K + b_K", k),
-             Step("V", "V = X W_V + b_V", v)]
+    steps = [Step("X", "input to attention, one row of the batch", x)]
+    for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
+        if b is None:
+            steps.append(Step(name, f"{name} = X W_{name}", x @ W))     # (T, d_head)
+        else:
+            steps.append(Step(name, f"{name} = X W_{name} + b_{name}", x @ W + b))
+    q, k, v = (step.value for step in steps[1:])
     product = "Q K^T"
     if rope is not None:
         q, k = ops.rope_forward(q, *rope), ops.rope_forward(k, *rope)
@@ -65,7 +66,7 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
 
 def _rope(cfg: Config, T: int):
     """RoPE's (cos, sin) tables for T positions when the model turns its queries and keys."""
-    return rope_tables(T, cfg.d_head, cfg.dtype) if cfg.pe == "rope" else None
+    return rope_tables(T, cfg.d_head, cfg.dtype, cfg.rope_theta) if cfg.pe == "rope" else None
 
 
 def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int | None = None):
@@ -85,7 +86,8 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
     for w in "QKV":   # grouped: the head reads the keys and values of the head it shares
         h = head if w == "Q" else head // cfg.group
         cols = slice(h * cfg.d_head, (h + 1) * cfg.d_head)
-        weights += [params[p + f"attn.W_{w}"][:, cols], params[p + f"attn.b_{w}"][cols]]
+        bias = params.get(p + f"attn.b_{w}")   # None in a model without biases
+        weights += [params[p + f"attn.W_{w}"][:, cols], None if bias is None else bias[cols]]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
     steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=_rope(cfg, T))

@@ -108,13 +108,16 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "swiglu": " (silu(gate) * pre)"}.get(cfg.activation, ""),
         "mask": mask,
-        "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else ""),
+        "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else "")
+        + (f" (theta {cfg.rope_theta:g})" if cfg.pe == "rope" and cfg.rope_theta != 10000 else ""),
         "init": cfg.init,
         "dtype": cfg.dtype,
         "eps": f"{cfg.eps:g}",
         "seed": str(cfg.seed),
         "parameters": f"{sizes.param_count(cfg):,}",
     }
+    if not cfg.bias:
+        rows["biases"] = "none in attention and FFN"
     if cfg.tied_head or not cfg.head_bias:
         rows["head"] = ("h W_E^T (tied to the embedding)" if cfg.tied_head else "h W_U") + (
             " + b_U" if cfg.head_bias else ", no bias")

@@ -67,22 +67,25 @@ def ffn(
     mine_names = ("ffn.gate, ffn.pre, ffn.act and ffn.out" if gated else
                   "pre, act and out (ffn.pre, ffn.act, ffn.out)")
 
+    def b(name):   # the bias term of a formula, in a model that has biases (Config.bias)
+        return f" + b_{name}" if cfg.bias else ""
+
     def plain_forward():
         return [
-            Text(f"forward, at position {position} (token {token}): out = {act}(x W_1 + b_1) "
-                 f"W_2 + b_2", style="bold"),
-            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  pre = x W_1 + "
-                 f"b_1 (d_ff {x.pre.size})"),
+            Text(f"forward, at position {position} (token {token}): out = {act}(x W_1{b(1)}) "
+                 f"W_2{b(2)}", style="bold"),
+            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  pre = x "
+                 f"W_1{b(1)} (d_ff {x.pre.size})"),
             Text(act_formula),
             table({"x": x.x}),
             table({"pre": x.pre, f"{act}(pre)": x.hidden})]
 
     def gated_forward():
         return [
-            Text(f"forward, at position {position} (token {token}): out = (silu(x W_gate + "
-                 f"b_gate) * (x W_1 + b_1)) W_2 + b_2", style="bold"),
-            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  gate = x W_gate "
-                 f"+ b_gate, pre = x W_1 + b_1 (d_ff {x.pre.size})"),
+            Text(f"forward, at position {position} (token {token}): out = (silu(x "
+                 f"W_gate{b('gate')}) * (x W_1{b(1)})) W_2{b(2)}", style="bold"),
+            Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  gate = x "
+                 f"W_gate{b('gate')}, pre = x W_1{b(1)} (d_ff {x.pre.size})"),
             Text(act_formula),
             table({"x": x.x}),
             table({"gate": x.gate, "silu(gate)": x.silu_gate, "pre": x.pre,
@@ -125,10 +128,7 @@ def ffn(
                  f"backward pass's own by {backward_off:.1e}; {slope_name} from central "
                  f"differences of {unit} by {slope_off:.1e}; dx from central differences of "
                  f"sum(dout * FFN(x)) by {dx_off:.1e}", style="dim"),
-            Text(("this position's part of dW_gate is x^T dgate (the outer product, d x d_ff), "
-                  "of db_gate dgate; of dW_1 x^T dpre, of db_1 dpre; " if gated else
-                  "this position's part of dW_1 is x^T dpre (the outer product, d x d_ff), of "
-                  "db_1 dpre; ") + "of dW_2 hidden^T dout, of db_2 dout", style="bold")]
+            Text(weight_parts(gated, cfg.bias), style="bold")]
         if not x.dout.any():
             views.append(Text(f"dout is 0 here: position {position} of row {row} adds nothing "
                               f"to the loss through this block (padding, or no target), so no "
@@ -145,3 +145,15 @@ def ffn(
     if gated:   # SwiGLU: hidden is silu(gate) * pre, slope silu'(gate)
         payload.update({"gate": x.gate.tolist(), "dgate": x.dgate.tolist()})
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
+
+
+def weight_parts(gated: bool, bias: bool) -> str:
+    """What this position adds to each weight's gradient, and to each bias's when the model has
+    biases (``Config.bias``)."""
+    layers = [("W_gate", "x^T dgate", "dgate")] if gated else []
+    layers += [("W_1", "x^T dpre", "dpre"), ("W_2", "hidden^T dout", "dout")]
+    said = []
+    for i, (w, outer, grad) in enumerate(layers):
+        text = f"d{w} is {outer} (the outer product, d x d_ff)" if i == 0 else f"d{w} {outer}"
+        said.append(text + (f", of d{w.replace('W', 'b')} {grad}" if bias else ""))
+    return "this position's part of " + "; of ".join(said)

@@ -1,5 +1,6 @@
 """tfm pe: the sinusoidal positional-encoding matrix, or RoPE's angles (--rope)."""
 
+import math
 from typing import Annotated
 
 import typer
@@ -17,6 +18,7 @@ def pe(
     length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 100_000), help="Positions N.")] = 16,
     d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine); with --rope a head's width d_head.")] = 16,
     rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
+    rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -30,8 +32,13 @@ def pe(
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
                                  f"20,000,000", param_hint="'--len' / '--d-model'")
+    if opts.explicit("rope_theta") and not rope:
+        raise typer.BadParameter("it sets RoPE's base; add --rope", param_hint="'--rope-theta'")
     if rope:
-        rope_view(opts, length, d_model, precision)
+        if not (math.isfinite(rope_theta) and rope_theta > 0):
+            raise typer.BadParameter(f"{rope_theta} is not allowed (allowed: a finite number "
+                                     f"> 0)", param_hint="'--rope-theta'")
+        rope_view(opts, length, d_model, precision, rope_theta)
         return
     matrix = sinusoidal(length, d_model)
     waves = wavelengths(d_model)
@@ -63,7 +70,7 @@ def pe(
 MAX_ROPE_LEN = 4_000   # the score map is len x len: 16 million values at most
 
 
-def rope_view(opts, length, d_head, precision):
+def rope_view(opts, length, d_head, precision, base=10000.0):
     """tfm pe --rope: the cosine and sine of each pair's angle at each position, and the score
     of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s."""
     import numpy as np
@@ -77,15 +84,15 @@ def rope_view(opts, length, d_head, precision):
     if length > MAX_ROPE_LEN:
         raise typer.BadParameter(f"{length} positions make a {length} x {length} score map; with "
                                  f"--rope at most {MAX_ROPE_LEN:,}", param_hint="'--len'")
-    angles = rope_angles(length, d_head)                                  # (T, m)
+    angles = rope_angles(length, d_head, base)                            # (T, m)
     m = d_head // 2
-    cos, sin = rope_tables(length, d_head)
-    score = rope_scores(length, d_head)                                   # (T, T)
+    cos, sin = rope_tables(length, d_head, base=base)
+    score = rope_scores(length, d_head, base)                             # (T, T)
     rows = [f"p{p}" for p in range(length)]
     pairs = [f"({i},{i + m})" for i in range(m)]
-    waves = wavelengths(2 * m)[0::2]                                      # one per pair
+    waves = wavelengths(2 * m, base)[0::2]                                # one per pair
     parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by t / "
-                  f"10000^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
+                  f"{base:g}^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
                   + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
                   style="bold")]
     for name, table in (("cos", np.cos(angles)), ("sin", np.sin(angles))):
@@ -104,7 +111,7 @@ def rope_view(opts, length, d_head, precision):
     spread = max(float(np.abs(np.diagonal(score, -k) - offsets[k]).max())
                  for k in range(length))
     parts.append(Text(f"a score depends on t - s only: along each diagonal it varies by at "
-                      f"most {spread:.1e}; it is Σ_i 2 cos((t - s) / 10000^(2i/{2 * m})) / "
+                      f"most {spread:.1e}; it is Σ_i 2 cos((t - s) / {base:g}^(2i/{2 * m})) / "
                       f"{d_head}" + (f" + 1/{d_head} (the unturned dimension)"
                                      if d_head % 2 else "")
                       + f": 1 at t = s, {offsets[-1]:+.3f} at t - s = {length - 1}",
