@@ -187,17 +187,12 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
 def llama_from(params, cfg):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
-    ``rope_theta`` and ``tie_word_embeddings`` its own) holding tfm's parameters, in float64.
-    LLaMA makes its
-    RoPE angles in float32 and its RMSNorm in float32 whatever the model's dtype; both are
-    checked against tfm's to float32's rounding, then made in float64."""
+    ``rope_theta`` and ``tie_word_embeddings`` its own) holding tfm's parameters, in float64,
+    its RMSNorm and RoPE angles too (``in_float64``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from tfmcli import ops
-
-    d, dh = cfg.d_model, cfg.d_head
+    d = cfg.d_model
     config = transformers.LlamaConfig(
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
@@ -225,11 +220,23 @@ def llama_from(params, cfg):
                 state[n + f"mlp.{name}.bias"] = t[p + f"ffn.b_{w}"]
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), missing
+    return in_float64(model, cfg)
+
+
+def in_float64(model, cfg):
+    """A LlamaForCausalLM (float64 weights) with its RMSNorm and RoPE angles made in float64:
+    LLaMA makes both in float32 whatever the model's dtype. Its norm is first checked against
+    tfm's to float32's rounding."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tfmcli import ops
 
     norm = model.model.norm
-    x = torch.tensor(np.random.default_rng(0).normal(size=(3, d)))
-    ours = ops.rms_norm_forward(x.numpy(), params["ln_f.gamma"], cfg.eps)[0]
-    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6   # its float32 norm
+    x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
+    gamma = norm.weight.detach().numpy()
+    ours = ops.rms_norm_forward(x.numpy(), gamma, cfg.eps)[0]
+    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6 * max(1, np.abs(gamma).max())
 
     def float64_norm(module):
         def forward(h):
@@ -240,7 +247,7 @@ def llama_from(params, cfg):
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
             module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, dh, cfg.rope_theta)
+    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
     return model
 
 

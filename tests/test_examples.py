@@ -50,6 +50,32 @@ def test_tiny_gpt2_example_trains_and_writes_a_loadable_folder(tmp_path):
     assert tfmcli.forward(shipped.params, shipped.inputs, shipped.cfg).loss < 0.5
 
 
+
+def test_tiny_llama_example_trains_and_writes_the_shipped_folder(tmp_path):
+    """The script writes the folder that is committed: its config and tokenizer byte for byte
+    (the weights, seeded, may round differently under another BLAS kernel), and what it
+    trained predicts its sentences after bfloat16's rounding too."""
+    pytest.importorskip("tokenizers")
+    import subprocess
+    import sys
+
+    import tfmcli
+
+    result = subprocess.run([sys.executable, str(EXAMPLES / "tiny_llama.py"), str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.split("training loss ")[1].split()[0]) < 0.5
+    for name in ("config.json", "tokenizer.json"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLES / "tiny-llama" / name).read_bytes(), name
+    made = tfmcli.load(tmp_path, text="The cat sat on the mat.")
+    assert tfmcli.forward(made.params, made.inputs, made.cfg).loss < 0.6
+    shipped = tfmcli.load(EXAMPLES / "tiny-llama", text="The cat sat on the mat.")
+    assert (shipped.cfg.rms_norm, shipped.cfg.pe, shipped.cfg.activation, shipped.cfg.h_kv,
+            shipped.cfg.bias, shipped.cfg.tied_head) == (True, "rope", "swiglu", 2, False, False)
+    assert sum(p.size for p in shipped.params.values()) == 38_816
+    assert tfmcli.forward(shipped.params, shipped.inputs, shipped.cfg).loss < 0.6
+
+
 SEED_EXAMPLES = {   # script: (lines marked ✓, lines marked ≠, a number the note is wrong about)
     "seed_000.py": (12, 1, "0.69194171"),
     "seed_001.py": (11, 1, "0.23502814"),

@@ -255,7 +255,7 @@ def test_a_file_that_is_not_an_npz(tmp_path):
     assert "no such file" in error_line(run("forward", "--load", tmp_path / "missing.npz"), 1)
     os.mkfifo(tmp_path / "pipe")   # exists, but no archive can be read from it (nor /dev/null)
     assert error_line(run("forward", "--load", tmp_path / "pipe"), 1).endswith(
-        "not a file (allowed: an .npz file or a GPT-2 folder)")
+        "not a file (allowed: an .npz file or a checkpoint folder)")
 
 
 def test_a_pickled_array_is_refused(tmp_path):

@@ -1,4 +1,5 @@
-"""Where a run comes from: the weights from a seed, an ``.npz`` or a GPT-2 checkpoint folder,
+"""Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (GPT-2's
+or LLaMA's),
 the tokens from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
 :class:`Run`, so each command asks here once.
 
@@ -20,6 +21,7 @@ from tfmcli.init import init_params
 from tfmcli.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
 from tfmcli.model import arrays_repr
 from tfmcli.sources import gpt2
+from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import check_inputs, check_params, infer_kv_heads, load_npz
 from tfmcli.sources.text import find_tokenizer
@@ -41,6 +43,7 @@ class Run:
     params: dict | None
     inputs: Inputs | None
     weights_from: str   # "seed 1000 (xavier init)", "file run.npz", "GPT-2 checkpoint gpt2/"
+    #                     or "LLaMA checkpoint smollm/"
     tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
@@ -81,7 +84,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a GPT-2 checkpoint folder (its parameters; its tokenizer for ``text``).
+        or a GPT-2 or LLaMA checkpoint folder (its parameters; its tokenizer for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
     text : list of str, optional
@@ -101,9 +104,10 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     token_text = str
     folder = load is not None and Path(load).is_dir()
     if folder:
-        gpt2.require_safetensors()
-        fields = gpt2.read_config(load)
-        weights_from = f"GPT-2 checkpoint {load}"
+        gpt2.require_safetensors()   # a folder needs the hf extra (its tokenizer, GPT-2's weights)
+        checkpoint = checkpoint_module(load)   # gpt2 or llama, as config.json says
+        fields = checkpoint.read_config(load)
+        weights_from = f"{checkpoint.NAME} checkpoint {load}"
         tokenizer = find_tokenizer(load)
         if tokenizer is not None:
             token_text = tokenizer.label
@@ -160,7 +164,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     if tokens is not None:
         _check_ids(inputs, cfg, "text" if text else "tokens")
     if folder:
-        read_params = lambda: gpt2.to_tfm(gpt2.read_weights(load, fields), fields, cfg.np_dtype)  # noqa: E731
+        read_params = lambda: checkpoint.load_params(load, fields, cfg.np_dtype)  # noqa: E731
     elif load is not None:
         params = check_params(load, params, cfg)
         if tokens is None:
@@ -171,7 +175,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
 
 
 def load(path, *, tokens=None, text=None, **fields) -> Run:
-    """A run from a GPT-2 checkpoint folder or an ``.npz``, ready for ``forward``.
+    """A run from a checkpoint folder (GPT-2's or LLaMA's) or an ``.npz``, ready for
+    ``forward``.
 
     >>> run = tfmcli.load("gpt2", text="The cat sat on the mat")      # doctest: +SKIP
     >>> fwd = tfmcli.forward(run.params, run.inputs, run.cfg)          # doctest: +SKIP

@@ -17,14 +17,16 @@ transposed. The head is tied to ``wte`` and has no bias.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from tfmcli.errors import TfmError
+from tfmcli.sources.folder import CONFIG, model_type, read_json
+from tfmcli.sources.folder import need as need_key
 
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
+NAME = "GPT-2"
+WEIGHTS = "model.safetensors"
 INSTALL = "python -m pip install 'tfmcli[hf]'"
 # Hugging Face's names for the tanh approximation of GELU (tfm's "gelu") and for ReLU
 ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
@@ -44,27 +46,13 @@ def require_safetensors():
 
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and key at fault."""
-    path = Path(folder) / CONFIG
-    if not path.is_file():
-        raise TfmError(f"--load {folder}: no {CONFIG} there (a GPT-2 checkpoint folder holds "
-                       f"{CONFIG} and {WEIGHTS})")
-    try:
-        config = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TfmError(f"--load {path}: not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise TfmError(f"--load {path}: not a JSON object")
-    if config.get("model_type") != "gpt2":
-        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}; "
-                       f"tfm reads 'gpt2' checkpoints")
+    path, config = read_json(folder)
+    if model_type(folder, config) != "gpt2":
+        raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
+                       f"GPT-2 checkpoint's 'gpt2'")
 
     def need(key, kind=int):
-        value = config.get(key)
-        if value is None:
-            raise TfmError(f"--load {path}: missing key {key!r}")
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise TfmError(f"--load {path}: key {key!r} is {value!r}, not a {kind.__name__}")
-        return value
+        return need_key(path, config, key, kind)
 
     activation = config.get("activation_function", "gelu_new")
     if activation not in ACTIVATIONS:
@@ -166,7 +154,12 @@ def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
 def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
     """(Config fields, parameters in ``dtype``) of a GPT-2 checkpoint folder."""
     fields = read_config(folder)
-    return fields, to_tfm(read_weights(folder, fields), fields, dtype)
+    return fields, load_params(folder, fields, dtype)
+
+
+def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """The folder's parameters under tfm's names, in ``dtype``."""
+    return to_tfm(read_weights(folder, fields), fields, dtype)
 
 
 def from_tfm(params: dict, layers: int) -> dict[str, np.ndarray]:

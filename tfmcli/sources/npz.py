@@ -29,7 +29,7 @@ def read_npz(path) -> dict[str, np.ndarray]:
     if not path.exists():
         raise TfmError(f"--load {path}: no such file")
     if not path.is_file():   # a device or a pipe: an archive is read by seeking
-        raise TfmError(f"--load {path}: not a file (allowed: an .npz file or a GPT-2 folder)")
+        raise TfmError(f"--load {path}: not a file (allowed: an .npz file or a checkpoint folder)")
     if not zipfile.is_zipfile(path):
         raise TfmError(f"--load {path}: not an .npz file (it is not a zip archive)")
     try:

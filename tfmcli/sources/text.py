@@ -11,6 +11,7 @@ from tfmcli.sources.gpt2 import INSTALL, MissingExtra
 
 # GPT-2's byte-level BPE writes a space as "Ġ" and a newline as "Ċ"; tfm shows these instead
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+METASPACE = "\u2581"   # "▁": SentencePiece's space (LLaMA 1 and 2, TinyLlama, Mistral)
 
 
 def visible(text: str) -> str:
@@ -55,12 +56,16 @@ class Tokenizer:
 
         A token that holds only part of a character's UTF-8 bytes (GPT-2 splits 'é' into
         two tokens in a small vocabulary) shows those bytes as Python writes them, '\\xc3',
-        never as the byte-level alphabet's letters ('Ã'), which read as mojibake.
+        never as the byte-level alphabet's letters ('Ã'), which read as mojibake. A
+        SentencePiece token's '▁' is its space, which decoding alone drops at a text's start.
         """
+        raw = self._tok.id_to_token(int(token_id))
+        if raw is not None and METASPACE in raw:
+            return visible(raw.replace(METASPACE, " "))
         text = self._tok.decode([int(token_id)])
         if not text or "\ufffd" in text:
-            raw = self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
-            data = byte_level_bytes(raw)
+            raw = raw or f"<{token_id}>"
+            data = byte_fallback(raw) or byte_level_bytes(raw)
             text = raw if data is None else data.decode("utf-8", errors="backslashreplace")
         return visible(text)
 
@@ -78,6 +83,17 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 BYTE_OF = _byte_level_alphabet()
+
+
+def byte_fallback(token: str) -> bytes | None:
+    """The byte a SentencePiece byte-fallback token stands for ('<0xC3>' -> b'\\xc3'); None if
+    it is not one."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            return None
+    return None
 
 
 def byte_level_bytes(token: str) -> bytes | None:

@@ -1,0 +1,193 @@
+"""LLaMA checkpoint folders (``"model_type": "llama"``: LLaMA 1-3, TinyLlama, SmolLM, ...), as
+Hugging Face's ``save_pretrained`` writes them: ``config.json``, and ``model.safetensors`` or
+the shards that ``model.safetensors.index.json`` names, in float32, float16 or bfloat16 (read by
+``tensorfile``, since the ``safetensors`` package's NumPy API has no bfloat16).
+
+The model is tfm's with ``--pe rope --activation swiglu --rms-norm --no-head-bias``, grouped
+when ``num_key_value_heads`` is under the heads, with biases only when ``attention_bias`` and
+``mlp_bias`` say so. The name mapping is a contract (the README states it):
+
+    model.embed_tokens -> embed.W_E
+    model.layers.{i}.input_layernorm / post_attention_layernorm -> blocks.{i}.ln1 / ln2.gamma
+    model.layers.{i}.self_attn.q_proj, k_proj, v_proj, o_proj -> attn.W_Q, W_K, W_V, W_O (b_*)
+    model.layers.{i}.mlp.gate_proj, up_proj, down_proj -> ffn.W_gate, W_1, W_2 (b_*)
+    model.norm -> ln_f.gamma                lm_head -> head.W_U (absent when tied)
+
+``nn.Linear`` stores its weight as ``(d_out, d_in)``, so every weight is transposed to tfm's
+``(d_in, d_out)``. The pairs RoPE turns are Hugging Face's ``rotate_half`` layout, tfm's own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tfmcli.config import Config, param_shapes
+from tfmcli.errors import ConfigError, TfmError
+from tfmcli.sources import tensorfile
+from tfmcli.sources.folder import model_type, need, read_json
+
+NAME = "LLaMA"
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm makes its angles
+ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
+MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
+
+
+def read_config(folder) -> dict:
+    """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
+    model tfm does not compute exactly (another activation, scaled RoPE, a head width of its
+    own, biases in only one of attention and MLP)."""
+    path, config = read_json(folder)
+    if model_type(folder, config) != "llama":
+        raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
+                       f"LLaMA checkpoint's 'llama'")
+    d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
+    kv_heads = config.get("num_key_value_heads")
+    if kv_heads is not None:
+        need(path, config, "num_key_value_heads")
+    activation = config.get("hidden_act", "silu")
+    if activation != "silu":
+        raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
+                       f"is SwiGLU's ('silu')")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and H and head_dim * H != d:
+        raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and tfm's heads are "
+                       f"hidden_size / num_attention_heads = {d / H:g} wide")
+    bias = config.get("attention_bias", False), config.get("mlp_bias", False)
+    if bias[0] != bias[1] or not isinstance(bias[0], bool):
+        raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias[0]!r} "
+                       f"and {bias[1]!r}; tfm's --bias is both or neither")
+    eps = config.get("rms_norm_eps", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TfmError(f"--load {path}: key 'rms_norm_eps' is {eps!r}, not a number")
+    tied = config.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
+    fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
+            "layers": need(path, config, "num_hidden_layers"),
+            "vocab": need(path, config, "vocab_size"),
+            "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+            "rope_theta": float(_rope_theta(path, config)), "activation": "swiglu", "norm": "pre",
+            "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
+            "head_bias": False, "causal": True}
+    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
+        Config(**fields)
+    except ConfigError as e:
+        raise TfmError(f"--load {path}: {e}") from None
+    return fields
+
+
+def _rope_theta(path, config: dict):
+    """RoPE's base: ``rope_parameters`` (transformers 5) or ``rope_theta``; scaled RoPE
+    (LLaMA 3.1's ``"llama3"``, ``"linear"``, ``"yarn"``, ...) turns by other angles: refused."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = config.get(key)
+        if rope is None:
+            continue
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind != "default":
+            raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r}; tfm turns by "
+                           f"RoPE's own angles ('default')")
+        if key == "rope_parameters" and "rope_theta" in rope:
+            config = {**config, "rope_theta": rope["rope_theta"]}
+    if config.get("rope_theta") is None:
+        return 10000.0
+    return need(path, config, "rope_theta", (int, float))
+
+
+def name_map(fields: dict) -> list[tuple[str, str, bool]]:
+    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order."""
+    rows = [("model.embed_tokens.weight", "embed.W_E", False)]
+    for i in range(fields["layers"]):
+        m, p = f"model.layers.{i}.", f"blocks.{i}."
+        rows.append((m + "input_layernorm.weight", p + "ln1.gamma", False))
+        for w, proj in ATTENTION:
+            rows.append((m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True))
+            if fields["bias"]:
+                rows.append((m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False))
+        rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
+        for w, proj in MLP:
+            rows.append((m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True))
+            if fields["bias"]:
+                rows.append((m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False))
+    rows.append(("model.norm.weight", "ln_f.gamma", False))
+    if not fields["tied_head"]:
+        rows.append(("lm_head.weight", "head.W_U", True))
+    return rows
+
+
+def expected_shapes(folder, fields: dict) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face key and its shape under these config fields."""
+    try:
+        shapes = param_shapes(Config(**fields))
+    except ConfigError as e:
+        raise TfmError(f"--load {Path(folder) / 'config.json'}: {e}") from None
+    return {key: shapes[name][::-1] if transposed else shapes[name]
+            for key, name, transposed in name_map(fields)}
+
+
+def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
+    """Each stored key's (file, that file's header, where its data starts), over
+    ``model.safetensors`` or the shards ``model.safetensors.index.json`` names."""
+    folder = Path(folder)
+    if (folder / WEIGHTS).is_file():
+        paths = [folder / WEIGHTS]
+    elif (folder / INDEX).is_file():
+        try:
+            names = json.loads((folder / INDEX).read_text())["weight_map"].values()
+            paths = sorted({folder / name for name in names})
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise TfmError(f"--load {folder / INDEX}: not a safetensors index (it needs a "
+                           f"'weight_map' of key -> file; {e!r})") from None
+    else:
+        raise TfmError(f"--load {folder}: no {WEIGHTS} (or {INDEX}) there (a LLaMA checkpoint "
+                       f"folder holds config.json and its weights)")
+    stored = {}
+    for path in paths:
+        if not path.is_file():
+            raise TfmError(f"--load {folder}: {INDEX} names {path.name}, which is not there")
+        header, start = tensorfile.read_header(path)
+        stored.update({key: (path, header, start) for key in header})
+    return stored
+
+
+def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
+    (float32 and bfloat16 to float64 are exact); one stored tensor in memory at a time."""
+    expected = expected_shapes(folder, fields)
+    stored = stored_tensors(folder)
+    for key, (path, _, _) in stored.items():
+        tied_copy = key == "lm_head.weight" and fields["tied_head"]
+        if key not in expected and not tied_copy and not key.endswith(IGNORED):
+            raise TfmError(f"--load {path}: unknown key {key!r} (not a weight of the LLaMA "
+                           f"that config.json describes)")
+    params = {}
+    for key, name, transposed in name_map(fields):
+        if key not in stored:   # named in the one file, or in the index of the shards
+            whole = Path(folder) / WEIGHTS
+            raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
+                           f"missing key {key!r}")
+        path, header, start = stored[key]
+        shape = tuple(header[key]["shape"])
+        if shape != expected[key]:
+            raise TfmError(f"--load {path}: key {key!r} has shape {shape}, but config.json "
+                           f"says {expected[key]}")
+        value = tensorfile.read_tensor(path, header, start, key)
+        params[name] = np.ascontiguousarray(value.T if transposed else value, dtype=dtype)
+    return params
+
+
+def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
+    """(Config fields, parameters in ``dtype``) of a LLaMA checkpoint folder."""
+    fields = read_config(folder)
+    return fields, load_params(folder, fields, dtype)
+
+
+def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
+    """tfm's parameters under LLaMA's names (the inverse of ``load_params``), for writing a
+    folder."""
+    return {key: np.ascontiguousarray(params[name].T if transposed else params[name])
+            for key, name, transposed in name_map(fields)}

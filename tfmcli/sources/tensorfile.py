@@ -1,0 +1,118 @@
+"""The safetensors file format, read and written with NumPy alone.
+
+A file is an 8-byte little-endian header length N, N bytes of JSON naming each tensor's dtype,
+shape and byte range (``data_offsets``, from the end of the header), then the raw little-endian
+bytes. The ``safetensors`` package's NumPy API has no bfloat16, the type LLaMA checkpoints are
+stored in, so LLaMA folders are read here: bfloat16 is float32's upper 16 bits, so shifting
+them back is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from tfmcli.errors import TfmError
+
+DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+          "BF16": np.dtype("<u2")}   # bfloat16: read as its bits, widened to float32
+MAX_HEADER = 100_000_000   # the format's own limit on the JSON header
+
+
+def read_header(path) -> tuple[dict, int]:
+    """(name -> {"dtype", "shape", "data_offsets"}, the byte where the data starts); a TfmError
+    naming the file when it is not a safetensors file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        start = f.read(8)
+        if len(start) < 8:
+            raise TfmError(f"--load {path}: not a safetensors file (shorter than its header)")
+        (n,) = struct.unpack("<Q", start)
+        if n > min(MAX_HEADER, size - 8):
+            raise TfmError(f"--load {path}: not a safetensors file (a header of {n:,} bytes "
+                           f"in a file of {size:,})")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TfmError(f"--load {path}: not a safetensors file (its header is not JSON: "
+                           f"{e})") from None
+    if not isinstance(header, dict):
+        raise TfmError(f"--load {path}: not a safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    data = 8 + n
+    for name, entry in header.items():
+        _check_entry(path, name, entry, size - data)
+    return header, data
+
+
+def _check_entry(path, name, entry, data_size):
+    ok = (isinstance(entry, dict) and entry.get("dtype") in DTYPES
+          and isinstance(entry.get("shape"), list)
+          and all(isinstance(n, int) and n >= 0 for n in entry["shape"])
+          and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2)
+    if not ok:
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        what = (f"dtype {dtype!r} (tfm reads {', '.join(DTYPES)})"
+                if dtype is not None and dtype not in DTYPES else "a malformed entry")
+        raise TfmError(f"--load {path}: key {name!r} has {what}")
+    begin, end = entry["data_offsets"]
+    want = math.prod(entry["shape"]) * DTYPES[entry["dtype"]].itemsize
+    if not (0 <= begin <= end <= data_size and end - begin == want):
+        raise TfmError(f"--load {path}: key {name!r} has bytes {begin}..{end}, but its shape "
+                       f"{tuple(entry['shape'])} needs {want:,} and the file holds {data_size:,} "
+                       f"after its header (truncated?)")
+
+
+def read_tensor(path, header: dict, data: int, name: str) -> np.ndarray:
+    """One tensor of a file whose header ``read_header`` gave: float64, float32 or float16 as
+    stored, bfloat16 widened to float32 (exactly)."""
+    entry = header[name]
+    begin, end = entry["data_offsets"]
+    array = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])   # read straight into it
+    with open(path, "rb") as f:
+        f.seek(data + begin)
+        got = f.readinto(memoryview(array.reshape(-1)).cast("B"))
+    if got != end - begin:
+        raise TfmError(f"--load {path}: key {name!r} is cut short (truncated file)")
+    if entry["dtype"] == "BF16":   # its 16 bits are the top half of a float32's
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array
+
+
+def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16's bits (uint16), rounded to nearest, ties to even, as torch rounds."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounding = ((bits >> 16) & 1) + 0x7FFF
+    return np.where(np.isnan(x), 0x7FC0, (bits + rounding) >> 16).astype(np.uint16)
+
+
+def write(path, tensors: dict[str, np.ndarray], bfloat16: bool = False, metadata=None) -> None:
+    """Write ``tensors`` as a safetensors file: float64, float32 and float16 as they are, or
+    with ``bfloat16`` every float tensor rounded to bfloat16 (as LLaMA checkpoints are)."""
+    header, chunks, offset = {}, [], 0
+    for name, value in tensors.items():
+        value = np.ascontiguousarray(value)
+        if bfloat16:
+            kind, raw = "BF16", to_bfloat16_bits(value).astype("<u2").tobytes()
+        else:
+            kind = {np.dtype("float64"): "F64", np.dtype("float32"): "F32",
+                    np.dtype("float16"): "F16"}[value.dtype]
+            raw = value.astype(DTYPES[kind]).tobytes()
+        header[name] = {"dtype": kind, "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # the data starts 8-byte aligned, as the format advises
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for raw in chunks:
+            f.write(raw)
