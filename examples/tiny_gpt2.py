@@ -45,6 +45,12 @@ def train(tok, steps=400):
                         lengths=tuple(inputs.lengths.tolist()), activation="gelu",
                         pe="learned", n_ctx=SIZES["n_positions"], tied_head=True,
                         head_bias=False, init="normal", seed=0)
+    return fit(cfg, inputs, steps)
+
+
+def fit(cfg, inputs, steps):
+    """(parameters, loss): a model of ``cfg`` drawn and trained ``steps`` steps on ``inputs``
+    with tfm's hand-written backward and Adam (``examples/tiny_llama.py`` trains its own so)."""
     params = tfmcli.init_params(cfg)
     state = Adam.like(params)
     for step in range(1, steps + 1):

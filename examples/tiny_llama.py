@@ -19,11 +19,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 import tfmcli
-from tfmcli.optim import Adam, adam_step, warmup_lr
 from tfmcli.sources import llama, tensorfile
-
-TEXT = ["The cat sat on the mat.", "The dog sat on the log.", "The cat saw the dog.",
-        "The dog saw the cat.", "A bird sat on the cat.", "The mat was red."]
+from tiny_gpt2 import TEXT, fit   # the same six sentences, trained the same way
 SPECIAL = ["<unk>", "<s>", "</s>"]   # ids 0, 1, 2, then the 256 bytes, as LLaMA 2 lays them out
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
              intermediate_size=64, max_position_embeddings=64)
@@ -66,12 +63,7 @@ def train(tok, steps=400):
     B, T = inputs.tokens.shape
     cfg = tfmcli.Config(batch=B, seq_len=T, lengths=tuple(inputs.lengths.tolist()),
                         init="normal", seed=0, **fields(tok.get_vocab_size()))
-    params = tfmcli.init_params(cfg)
-    state = Adam.like(params)
-    for step in range(1, steps + 1):
-        fwd = tfmcli.forward(params, inputs, cfg)
-        adam_step(params, tfmcli.backward(params, fwd, cfg), state, 3 * warmup_lr(step, 32, 50))
-    return params, tfmcli.forward(params, inputs, cfg).loss
+    return fit(cfg, inputs, steps)
 
 
 def main(out):
