@@ -42,7 +42,7 @@ def hf_folder(folder, dtype="bfloat16", shard=None, seed=0, **config):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)
-            if p.dim() == 1 and p.shape[0] in (16,):   # norm gains around 1
+            if p.dim() == 1 and p.shape[0] == SMALL["hidden_size"]:   # norm gains about 1
                 p.add_(1.0)
     model = model.to(getattr(torch, dtype))
     kwargs = {"max_shard_size": shard} if shard else {}

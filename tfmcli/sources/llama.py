@@ -45,9 +45,8 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
                        f"LLaMA checkpoint's 'llama'")
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
-    kv_heads = config.get("num_key_value_heads")
-    if kv_heads is not None:
-        need(path, config, "num_key_value_heads")
+    kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
+                if config.get("num_key_value_heads") is not None else None)
     activation = config.get("hidden_act", "silu")
     if activation != "silu":
         raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
@@ -67,12 +66,12 @@ def read_config(folder) -> dict:
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
-            "layers": need(path, config, "num_hidden_layers"),
-            "vocab": need(path, config, "vocab_size"),
-            "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
-            "rope_theta": float(_rope_theta(path, config)), "activation": "swiglu", "norm": "pre",
-            "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
-            "head_bias": False, "causal": True}
+              "layers": need(path, config, "num_hidden_layers"),
+              "vocab": need(path, config, "vocab_size"),
+              "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+              "rope_theta": float(_rope_theta(path, config)), "activation": "swiglu",
+              "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
+              "head_bias": False, "causal": True}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -119,12 +118,10 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
     return rows
 
 
-def expected_shapes(folder, fields: dict) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face key and its shape under these config fields."""
-    try:
-        shapes = param_shapes(Config(**fields))
-    except ConfigError as e:
-        raise TfmError(f"--load {Path(folder) / 'config.json'}: {e}") from None
+def expected_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face key and its shape under these config fields (``read_config``'s,
+    which it has checked make a Config)."""
+    shapes = param_shapes(Config(**fields))
     return {key: shapes[name][::-1] if transposed else shapes[name]
             for key, name, transposed in name_map(fields)}
 
@@ -157,7 +154,7 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
     (float32 and bfloat16 to float64 are exact); one stored tensor in memory at a time."""
-    expected = expected_shapes(folder, fields)
+    expected = expected_shapes(fields)
     stored = stored_tensors(folder)
     for key, (path, _, _) in stored.items():
         tied_copy = key == "lm_head.weight" and fields["tied_head"]
