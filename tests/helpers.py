@@ -95,13 +95,21 @@ def grid_rows(text: str, labels) -> list[list[str]]:
 # ---------------------------------------------------------------- Hugging Face oracles
 
 
-def float64_rotary(rotary, d_rot: int, base: float = 10000.0) -> None:
+def float64_rotary(rotary, d_rot: int, base: float = 10000.0, scaling=None) -> None:
     """Have a Hugging Face rotary module make its (cos, sin) in float64: LLaMA, StableLM and
     GPT-NeoX make them in float32 whatever the model's dtype, which holds a float64 model to
-    about 1e-8. The same layout (each angle twice, ``cat((freqs, freqs))``) and base."""
+    about 1e-8. The same layout (each angle twice, ``cat((freqs, freqs))``), base and scaling
+    (LLaMA 3.1's, ``positional.rope_scale``): the module's own frequencies, which Hugging Face
+    computed in float32 from its config, are first checked equal to these to float32's
+    rounding."""
     import torch
 
+    from tfmcli import positional
+
     inv_freq = 1.0 / float(base) ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
+    if scaling is not None:
+        inv_freq = inv_freq * torch.from_numpy(positional.rope_scale(d_rot, base, scaling))
+    np.testing.assert_allclose(rotary.inv_freq.double().numpy(), inv_freq.numpy(), rtol=1e-6)
 
     def tables(x, position_ids):
         freqs = position_ids[..., None].double() * inv_freq
@@ -187,7 +195,8 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
 def llama_from(params, cfg):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
-    ``rope_theta`` and ``tie_word_embeddings`` its own) holding tfm's parameters, in float64,
+    ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings`` its own) holding tfm's
+    parameters, in float64,
     its RMSNorm and RoPE angles too (``in_float64``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -199,7 +208,10 @@ def llama_from(params, cfg):
         intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
         rms_norm_eps=cfg.eps, attention_bias=cfg.bias, mlp_bias=cfg.bias,
         tie_word_embeddings=cfg.tied_head,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+        rope_parameters=({"rope_type": "default", "rope_theta": cfg.rope_theta}
+                         if cfg.rope_scaling is None else
+                         {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
+                          **cfg.rope_scaling._asdict()}))
     assert not cfg.head_bias   # LLaMA's head has none
     config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
     model = transformers.LlamaForCausalLM(config).double().eval()
@@ -247,7 +259,7 @@ def in_float64(model, cfg):
     for module in model.modules():
         if isinstance(module, LlamaRMSNorm):
             module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
+    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
     return model
 
 

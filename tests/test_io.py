@@ -306,9 +306,10 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
                    norm="post", activation="gelu", causal=False, lengths=(5, 2, 3), pe="learned",
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
                    head_bias=False, rms_norm=True, kv_heads=2, bias=False)
-    # every field; rope_theta needs --pe rope, which --n-ctx's --pe learned rules out: its own
-    # round trip is the next test
-    assert set(changed) | {"rope_theta"} == {f.name for f in dataclasses.fields(Config)}
+    # every field; rope_theta and rope_scaling need --pe rope, which --n-ctx's --pe learned
+    # rules out: their own round trip is the next test
+    assert set(changed) | {"rope_theta", "rope_scaling"} == {
+        f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
     assert Config.from_json(cfg.to_json()) == cfg
@@ -327,16 +328,20 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     assert default_eps["config"]["eps"] == 1e-5 and default_eps["loss"] != saved["loss"]
 
 
-def test_rope_theta_survives_a_save_load_round_trip(tmp_path):
-    """--rope-theta is kept by --save and --load (the loss it gives comes back), and it changes
-    the loss: a dropped base would reload at 10000."""
+@pytest.mark.parametrize("flag, value, default", [
+    ("--rope-theta", 3.5, 10000.0),
+    ("--rope-scaling", "4,1,4,12", None)])
+def test_rope_theta_and_scaling_survive_a_save_load_round_trip(tmp_path, flag, value, default):
+    """--rope-theta and --rope-scaling are kept by --save and --load (the loss they give comes
+    back), and each changes the loss: a dropped one would reload at its default."""
     import json
 
-    flags = ["-T", 6, "-d", 8, "-H", 2, "--pe", "rope", "--rope-theta", 3.5]
+    flags = ["-T", 6, "-d", 8, "-H", 2, "--pe", "rope", flag, value]
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
     loaded = json.loads(run("forward", "--load", path, "--json").stdout)
-    assert saved["config"]["rope_theta"] == loaded["config"]["rope_theta"] == 3.5
+    field = flag[2:].replace("-", "_")
+    assert saved["config"][field] == loaded["config"][field] != default
     assert loaded["loss"] == saved["loss"]
-    default = json.loads(run("forward", *flags[:-2], "--json").stdout)
-    assert default["config"]["rope_theta"] == 10000.0 and default["loss"] != saved["loss"]
+    dropped = json.loads(run("forward", *flags[:-2], "--json").stdout)
+    assert dropped["config"][field] == default and dropped["loss"] != saved["loss"]

@@ -82,14 +82,25 @@ def test_hugging_face_folders_are_read_to_the_bit(tmp_path, dtype, shard, extra)
         assert "head.W_U" not in params and cfg.tied_head
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 100.0, "factor": 4.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 128}   # pair 0 kept, pair 1 blended
+
+
 @pytest.mark.parametrize("extra", [dict(), dict(tie_word_embeddings=True, rope_theta=500000.0,
-                                                attention_bias=True, mlp_bias=True)],
-                         ids=["untied", "tied-theta-biases"])
+                                                attention_bias=True, mlp_bias=True),
+                                   dict(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE)],
+                         ids=["untied", "tied-theta-biases", "tied-llama3-scaling"])
 def test_matches_hugging_face_reading_the_same_folder(tmp_path, extra):
     """tfm --load and Hugging Face's from_pretrained on one bfloat16 folder: loss, logits and
-    every parameter's gradient to 1e-12 (float64 on both sides), padding included."""
+    every parameter's gradient to 1e-12 (float64 on both sides), padding included. Scaled as
+    LLaMA 3.2 is, Hugging Face's own frequencies are first checked equal to tfm's."""
     hf_folder(tmp_path, "bfloat16", **extra)
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
+    if "rope_parameters" in extra:
+        assert run_.cfg.rope_scaling == (4.0, 1.0, 4.0, 128) and run_.cfg.rope_theta == 100.0
+    else:
+        assert run_.cfg.rope_scaling is None
     model = hf_model_of(tmp_path, run_.cfg)
     grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
     theirs = llama_grads(model)
@@ -163,8 +174,14 @@ def rewrite_weights(folder, change):
 
 
 @pytest.mark.parametrize("what, file, reason", [
+    (lambda f: edit_config(f, rope_scaling={"rope_type": "yarn", "factor": 8.0}),
+     "config.json", "key 'rope_scaling' has rope_type 'yarn'; tfm turns by RoPE's own angles "
+                    "('default') or LLaMA 3.1's ('llama3')"),
     (lambda f: edit_config(f, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
-     "config.json", "key 'rope_scaling' has rope_type 'llama3'; tfm turns by RoPE's own angles"),
+     "config.json", "key 'rope_scaling' has rope_type 'llama3' but no 'low_freq_factor'"),
+    (lambda f: edit_config(f, rope_scaling={**LLAMA3_ROPE, "high_freq_factor": 0.5}),
+     "config.json", "key 'rope_scaling': rope_scaling's high_freq_factor (0.5) must be above "
+                    "its low_freq_factor (1)"),
     (lambda f: edit_config(f, hidden_act="gelu"), "config.json",
      "key 'hidden_act' is 'gelu'; tfm's gated FFN is SwiGLU's ('silu')"),
     (lambda f: edit_config(f, attention_bias=True), "config.json",
@@ -192,7 +209,7 @@ def rewrite_weights(folder, change):
      "model.safetensors", "not a safetensors file (its header is not JSON"),
     (lambda f: (f / "model.safetensors").unlink(), "ll",
      "no model.safetensors (or model.safetensors.index.json) there"),
-], ids=["llama3-scaling", "gelu", "half-biases", "head-dim", "kv-heads", "a-string", "missing-key",
+], ids=["yarn-scaling", "llama3-incomplete", "llama3-bands-crossed", "gelu", "half-biases", "head-dim", "kv-heads", "a-string", "missing-key",
         "missing-weight", "wrong-shape", "unknown-key", "truncated", "not-json", "no-weights"])
 def test_each_bad_folder_is_one_line_naming_file_and_key(tmp_path, what, file, reason):
     folder = good_folder(tmp_path)

@@ -27,6 +27,45 @@ DTYPES = ("float64", "float32")
 MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
 
 
+class RopeScaling(NamedTuple):
+    """LLaMA 3.1's RoPE scaling (``Config.rope_scaling``), in Hugging Face's names. LLaMA 3.1
+    has (8, 1, 4, 8192), LLaMA 3.2 (32, 1, 4, 8192)."""
+    factor: float                           # how many times slower the slowest pairs turn
+    low_freq_factor: float                  # pairs slower than context / this: slowed x factor
+    high_freq_factor: float                 # pairs faster than context / this: left alone
+    original_max_position_embeddings: int   # the context the model was first trained at
+
+    @classmethod
+    def parse(cls, value) -> "RopeScaling":
+        """From four numbers, or a dict with these names (and ``rope_type`` "llama3", which
+        ``config.json`` carries); ConfigError naming what is wrong."""
+        if isinstance(value, dict):
+            value = dict(value)
+            kind = value.pop("rope_type", "llama3")
+            if kind != "llama3" or set(value) != set(cls._fields):
+                raise ConfigError("rope_scaling", f"rope_scaling must name "
+                                                  f"{', '.join(cls._fields)} (rope_type llama3), "
+                                                  f"got {kind!r} and {sorted(value)}")
+            value = [value[name] for name in cls._fields]
+        if not isinstance(value, (tuple, list)) or len(value) != 4:
+            raise ConfigError("rope_scaling", f"rope_scaling must be four numbers "
+                                              f"({', '.join(cls._fields)}), got {value!r}")
+        factor, low, high, context = value
+        for name, number in zip(cls._fields[:3], (factor, low, high)):
+            if (isinstance(number, bool) or not isinstance(number, (int, float, np.number))
+                    or not np.isfinite(number) or number <= 0):
+                raise ConfigError("rope_scaling", f"rope_scaling's {name} must be a positive "
+                                                  f"finite number, got {number!r}")
+        if high <= low:
+            raise ConfigError("rope_scaling", f"rope_scaling's high_freq_factor ({high:g}) must be "
+                                              f"above its low_freq_factor ({low:g})")
+        if (isinstance(context, bool) or not isinstance(context, (int, float, np.number))
+                or not np.isfinite(context) or context != int(context) or context < 1):
+            raise ConfigError("rope_scaling", f"rope_scaling's original_max_position_embeddings "
+                                              f"must be a positive integer, got {context!r}")
+        return cls(float(factor), float(low), float(high), int(context))
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything that decides a run: sizes, architecture choices, mask, init and seed.
@@ -83,6 +122,13 @@ class Config:
         The attention's and the FFN's linear layers add biases (``attn.b_Q``, ``b_K``, ``b_V``,
         ``b_O``, ``ffn.b_1``, ``b_2`` and with SwiGLU ``b_gate``). LLaMA's have none.
         ``head_bias`` decides the head's.
+    rope_scaling : RopeScaling or None
+        LLaMA 3.1's scaled RoPE (Hugging Face's ``rope_scaling`` of ``rope_type`` ``"llama3"``):
+        the pairs that turn slower than ``original_max_position_embeddings / low_freq_factor``
+        positions a turn are slowed ``factor`` times more, those faster than ``... /
+        high_freq_factor`` are left alone, and the pairs between are slowed by a blend
+        (``positional.rope_scale``). A tuple of four numbers or a dict with those names is
+        taken too. ``None``: RoPE's own angles. Only ``pe="rope"`` reads it.
     """
 
     batch: int = 2
@@ -108,10 +154,13 @@ class Config:
     kv_heads: int | None = None
     rope_theta: float = 10000.0
     bias: bool = True
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
             object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", RopeScaling.parse(self.rope_scaling))
         for name in ("batch", "seq_len", "d_model", "heads", "vocab", "layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -216,6 +265,8 @@ class Config:
         fields = dataclasses.asdict(self)
         if fields["lengths"] is not None:
             fields["lengths"] = list(fields["lengths"])
+        if self.rope_scaling is not None:   # by name, as config.json writes it
+            fields["rope_scaling"] = self.rope_scaling._asdict()
         return json.dumps(fields)
 
     @classmethod

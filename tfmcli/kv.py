@@ -16,7 +16,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config, ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import head_weights, normalise, positions, rope_tables
+from tfmcli.model import head_weights, normalise, positions, rope_for
 
 
 class KVStep(NamedTuple):
@@ -117,7 +117,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                           f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
-    rope = rope_tables(T, dh, cfg.dtype, cfg.rope_theta) if cfg.pe == "rope" else None
+    rope = rope_for(cfg, T)                                       # (cos, sin) or None
     K = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     V = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []

@@ -109,7 +109,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     k, v = ops.split_heads(k, cfg.h_kv), ops.split_heads(v, cfg.h_kv)   # (B, H_kv, T, d_head)
     acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
     if cfg.pe == "rope":   # each query and key turned by its position's angles
-        cos, sin = rope_tables(q.shape[2], cfg.d_head, cfg.dtype, cfg.rope_theta)  # (T, d_head)
+        cos, sin = rope_for(cfg, q.shape[2])                                  # (T, d_head)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
@@ -137,7 +137,7 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
         dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
     if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
-        cos, sin = rope_tables(dq.shape[2], cfg.d_head, cfg.dtype, cfg.rope_theta)
+        cos, sin = rope_for(cfg, dq.shape[2])
         dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
         dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
     dacts.update({p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
@@ -243,11 +243,19 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
     return table
 
 
+def rope_for(cfg: Config, T: int):
+    """RoPE's (cos, sin) tables for T positions at this model's base and scaling, or None when
+    the model does not turn its queries and keys."""
+    if cfg.pe != "rope":
+        return None
+    return rope_tables(T, cfg.d_head, cfg.dtype, cfg.rope_theta, cfg.rope_scaling)
+
+
 @functools.lru_cache(maxsize=8)
-def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0):
-    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size and
-    base for every forward and backward after it (read-only: shared)."""
-    tables = positional.rope_tables(T, d_head, np.dtype(dtype), base)
+def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=None):
+    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size,
+    base and scaling for every forward and backward after it (read-only: shared)."""
+    tables = positional.rope_tables(T, d_head, np.dtype(dtype), base, scaling)
     for table in tables:
         table.flags.writeable = False
     return tables

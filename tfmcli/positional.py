@@ -31,11 +31,12 @@ def wavelengths(d, base=10000.0):
     return 2 * np.pi * float(base) ** (2 * i / d)
 
 
-def rope_angles(T, d_head, base=10000.0):
+def rope_angles(T, d_head, base=10000.0, scaling=None):
     """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / base^(2i/n)``,
     n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even). The base is
     10000 in RoFormer and LLaMA 1 and 2 (``Config.rope_theta``, Hugging Face's ``rope_theta``);
-    LLaMA 3 turns slower, at 500000.
+    LLaMA 3 turns slower, at 500000. With ``scaling`` (``Config.rope_scaling``, LLaMA 3.1's)
+    each pair's angle is multiplied by its ``rope_scale``.
 
     Pair i is the dimensions (i, i + d_head // 2) of a head, the "rotate half" layout of
     GPT-NeoX and Hugging Face's LLaMA (the RoFormer paper pairs neighbours (2i, 2i + 1): the
@@ -43,14 +44,32 @@ def rope_angles(T, d_head, base=10000.0):
     dimension unrotated, as GPT-NeoX's ``rotary_pct`` leaves the dimensions past its rotated
     ones."""
     n = 2 * (d_head // 2)   # the sinusoidal table's angles over n columns: one per pair
-    return angles(np.arange(T, dtype=np.float64)[:, None], n, base)[:, 0::2]
+    angle = angles(np.arange(T, dtype=np.float64)[:, None], n, base)[:, 0::2]
+    return angle if scaling is None else angle * rope_scale(d_head, base, scaling)
 
 
-def rope_tables(T, d_head, dtype=np.float64, base=10000.0):
+def rope_scale(d_head, base, scaling):
+    """(d_head // 2,): what LLaMA 3.1's scaling (``config.RopeScaling``) multiplies each pair's
+    frequency by, from its wavelength λ (positions per turn) at ``base``. With C the original
+    context, ``C / high_freq_factor`` < ``C / low_freq_factor``:
+    - λ < C / high_freq_factor: 1 (the fast pairs, which turn many times within C, kept);
+    - λ > C / low_freq_factor: 1 / factor (the slow ones, slowed factor times);
+    - between: (1 - s) / factor + s, s = (C / λ - low_freq_factor) / (high_freq_factor -
+      low_freq_factor), which runs from 0 at the slow end to 1 at the fast one.
+    """
+    factor, low, high, context = scaling
+    n = 2 * (d_head // 2)
+    wavelength = wavelengths(n, base)[0::2]                       # one per pair
+    smooth = (context / wavelength - low) / (high - low)
+    scale = np.where(wavelength > context / low, 1 / factor, (1 - smooth) / factor + smooth)
+    return np.where(wavelength < context / high, 1.0, scale)
+
+
+def rope_tables(T, d_head, dtype=np.float64, base=10000.0, scaling=None):
     """(cos, sin), each (T, d_head): the cosine and sine of each dimension's angle at each
     position (``rope_angles``, pair i's angle at dimensions i and i + d_head // 2; an odd
     d_head's last dimension has cos 1 and sin 0, unrotated)."""
-    angle = rope_angles(T, d_head, base)                           # (T, m)
+    angle = rope_angles(T, d_head, base, scaling)                  # (T, m)
     cos, sin = np.ones((T, d_head)), np.zeros((T, d_head))
     m = d_head // 2
     cos[:, :m] = cos[:, m:2 * m] = np.cos(angle)
@@ -58,13 +77,13 @@ def rope_tables(T, d_head, dtype=np.float64, base=10000.0):
     return cos.astype(dtype), sin.astype(dtype)
 
 
-def rope_scores(T, d_head, base=10000.0):
+def rope_scores(T, d_head, base=10000.0, scaling=None):
     """(T, T): ``u_rot(t) . u_rot(s)`` for u = (1, ..., 1) / sqrt(d_head), one vector turned
     at t against itself turned at s (``tfm pe --rope``). It depends on t - s only: it is
     ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for an odd head's unturned
     dimension."""
     from tfmcli import ops
 
-    cos, sin = rope_tables(T, d_head, base=base)
+    cos, sin = rope_tables(T, d_head, base=base, scaling=scaling)
     u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)
     return u @ u.T

@@ -48,14 +48,24 @@ def torch_sinusoidal(T, d):
     return pe
 
 
-def torch_rope(x, base=10000.0):
+def torch_rope(x, base=10000.0, scaling=None):
     """RoPE as Hugging Face's LLaMA writes it: inverse frequencies ``1 / base^(arange(0, n, 2)
-    / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each angle repeated for the two
-    halves, ``x cos + rotate_half(x) sin``; an odd d_head's last dimension passes as it is."""
+    / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each
+    angle repeated for the two halves, ``x cos + rotate_half(x) sin``; an odd d_head's last
+    dimension passes as it is. ``scaling`` (factor, low_freq_factor, high_freq_factor, original
+    context) rescales the frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does."""
     torch = import_torch()
     T, dh = x.shape[-2], x.shape[-1]
     n = 2 * (dh // 2)
     inv_freq = 1.0 / (float(base) ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
+    if scaling is not None:
+        factor, low, high, context = scaling
+        wavelen = 2 * math.pi / inv_freq
+        slowed = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+        smooth = (context / wavelen - low) / (high - low)
+        blended = (1 - smooth) * slowed / factor + smooth * slowed
+        medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+        inv_freq = torch.where(medium, blended, slowed)
     angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, n / 2)
     emb = torch.cat([angle, angle], dim=-1)                                   # (T, n)
     turned, rest = x[..., :n], x[..., n:]
@@ -99,7 +109,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
 
         q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
         if cfg.pe == "rope":
-            q, k = torch_rope(q, cfg.rope_theta), torch_rope(k, cfg.rope_theta)
+            q = torch_rope(q, cfg.rope_theta, cfg.rope_scaling)
+            k = torch_rope(k, cfg.rope_theta, cfg.rope_scaling)
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)

@@ -16,7 +16,7 @@ from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.masks import combined_mask
-from tfmcli.model import Forward, check_within, rope_tables
+from tfmcli.model import Forward, check_within, rope_for
 
 
 class Step(NamedTuple):
@@ -64,11 +64,6 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
     ]
 
 
-def _rope(cfg: Config, T: int):
-    """RoPE's (cos, sin) tables for T positions when the model turns its queries and keys."""
-    return rope_tables(T, cfg.d_head, cfg.dtype, cfg.rope_theta) if cfg.pe == "rope" else None
-
-
 def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int | None = None):
     """A ``ValueError`` for a block, head, row or query the run does not have (NumPy would read
     row -1 as the last, and a head past the last as an empty slice)."""
@@ -90,7 +85,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         weights += [params[p + f"attn.W_{w}"][:, cols], None if bias is None else bias[cols]]
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
-    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=_rope(cfg, T))
+    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
@@ -217,7 +212,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
     T = fwd.inputs.tokens.shape[1]
     mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
     return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
-                               _rope(cfg, T))
+                               rope_for(cfg, T))
 
 
 class QueryBackward(NamedTuple):
@@ -263,7 +258,7 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
 
     numeric = central_differences(contracted, q, step)
     dq = dq_parts.sum(axis=0)
-    rope = _rope(cfg, len(k))   # under RoPE q is the turned one: turned back, q's own gradient
+    rope = rope_for(cfg, len(k))   # under RoPE q is the turned one: turned back, q's own gradient
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],

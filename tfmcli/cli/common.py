@@ -94,6 +94,16 @@ def emit(opts: Options, renderables, payload, arrays=None):
         save_text(opts.svg, recorder.export_svg(title="tfm"))
 
 
+def _rope_notes(cfg) -> str:
+    """' (theta 500000, llama3 scaling 32,1,4,8192)': what RoPE turns by, when not its own."""
+    notes = []
+    if cfg.pe == "rope" and cfg.rope_theta != 10000:
+        notes.append(f"theta {cfg.rope_theta:g}")
+    if cfg.pe == "rope" and cfg.rope_scaling is not None:
+        notes.append("llama3 scaling " + ",".join(f"{x:g}" for x in cfg.rope_scaling))
+    return f" ({', '.join(notes)})" if notes else ""
+
+
 def describe(cfg, run=None, row: int = 0) -> dict:
     """The config panel's rows; with a run, where its weights and tokens came from, and the
     tokens and targets of batch row ``row``."""
@@ -109,7 +119,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
                                          "swiglu": " (silu(gate) * pre)"}.get(cfg.activation, ""),
         "mask": mask,
         "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else "")
-        + (f" (theta {cfg.rope_theta:g})" if cfg.pe == "rope" and cfg.rope_theta != 10000 else ""),
+        + _rope_notes(cfg),
         "init": cfg.init,
         "dtype": cfg.dtype,
         "eps": f"{cfg.eps:g}",

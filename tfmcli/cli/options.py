@@ -62,6 +62,21 @@ def parse_lengths(text: Optional[str]):
     return values
 
 
+def parse_rope_scaling(text: Optional[str], flag: str = "--rope-scaling"):
+    """'32,1,4,8192' -> (32.0, 1.0, 4.0, 8192.0); the Config checks each number's range."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 4:
+        raise typer.BadParameter(f"{text!r} is not four comma-separated numbers: factor, "
+                                 f"low_freq_factor, high_freq_factor, original context (LLaMA "
+                                 f"3.2's 32,1,4,8192)", param_hint=f"'{flag}'")
+    return values
+
+
 MODEL = "Model (every Config field)"
 RUN = "Run"
 OUTPUT = "Output"
@@ -139,6 +154,7 @@ MODEL_OPTIONS = [
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
     ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
     ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
+    ("rope_scaling", Annotated[Optional[str], _opt("--rope-scaling", panel=MODEL, metavar="32,1,4,8192", help="LLaMA 3.1's scaled RoPE, with --pe rope: the four numbers of Hugging Face's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192).")], None),
     ("init", Annotated[Init, choice("--init", choices=Init, panel=MODEL, help="Weight initialisation.")], Init(D.init)),
     ("dtype", Annotated[DType, choice("--dtype", choices=DType, panel=MODEL, help="Floating-point type of every array.")], DType(D.dtype)),
     ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm (or RMSNorm) epsilon, inside the square root (> 0).")], D.eps),
@@ -167,7 +183,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
          "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
-         "bias": "--bias",
+         "bias": "--bias", "rope_scaling": "--rope-scaling",
          "tokens": "--tokens", "text": "--text"}
 
 
@@ -198,6 +214,8 @@ class Options:
             fields[name] = value.value if isinstance(value, Enum) else value
         if "lengths" in fields:
             fields["lengths"] = parse_lengths(fields["lengths"])
+        if "rope_scaling" in fields:
+            fields["rope_scaling"] = parse_rope_scaling(fields["rope_scaling"])
         return fields
 
     def config(self, **fixed) -> Config:
@@ -215,9 +233,10 @@ class Options:
             raise typer.BadParameter(f"it sets the rows of the learned positions (embed.W_pos), "
                                      f"and this model's --pe is {cfg.pe}; add --pe learned",
                                      param_hint="'--n-ctx'")
-        if self.explicit("rope_theta") and cfg.pe != "rope":
-            raise typer.BadParameter(f"it sets RoPE's base, and this model's --pe is {cfg.pe}; "
-                                     f"add --pe rope", param_hint="'--rope-theta'")
+        for name, what in (("rope_theta", "RoPE's base"), ("rope_scaling", "RoPE's scaling")):
+            if self.explicit(name) and cfg.pe != "rope":
+                raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "
+                                         f"add --pe rope", param_hint=f"'{FLAGS[name]}'")
 
     def run(self):
         """The run these options describe (sources.resolve), parameters not yet drawn.

@@ -1,7 +1,7 @@
 """tfm pe: the sinusoidal positional-encoding matrix, or RoPE's angles (--rope)."""
 
 import math
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
@@ -19,6 +19,7 @@ def pe(
     d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine); with --rope a head's width d_head.")] = 16,
     rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
     rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
+    rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="LLaMA 3.1's scaled RoPE, with --rope: the four numbers of Hugging Face's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192).")] = None,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -32,13 +33,15 @@ def pe(
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
                                  f"20,000,000", param_hint="'--len' / '--d-model'")
-    if opts.explicit("rope_theta") and not rope:
-        raise typer.BadParameter("it sets RoPE's base; add --rope", param_hint="'--rope-theta'")
+    for name, what in (("rope_theta", "RoPE's base"), ("rope_scaling", "RoPE's scaling")):
+        if opts.explicit(name) and not rope:
+            raise typer.BadParameter(f"it sets {what}; add --rope",
+                                     param_hint=f"'--{name.replace('_', '-')}'")
     if rope:
         if not (math.isfinite(rope_theta) and rope_theta > 0):
             raise typer.BadParameter(f"{rope_theta} is not allowed (allowed: a finite number "
                                      f"> 0)", param_hint="'--rope-theta'")
-        rope_view(opts, length, d_model, precision, rope_theta)
+        rope_view(opts, length, d_model, precision, rope_theta, _scaling(rope_scaling))
         return
     matrix = sinusoidal(length, d_model)
     waves = wavelengths(d_model)
@@ -67,16 +70,30 @@ def pe(
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})
 
 
+def _scaling(text):
+    """--rope-scaling's four numbers as a config.RopeScaling, or None."""
+    from tfmcli.cli.options import parse_rope_scaling
+    from tfmcli.config import RopeScaling
+    from tfmcli.errors import ConfigError
+
+    values = parse_rope_scaling(text)
+    try:
+        return None if values is None else RopeScaling.parse(values)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="'--rope-scaling'") from None
+
+
 MAX_ROPE_LEN = 4_000   # the score map is len x len: 16 million values at most
 
 
-def rope_view(opts, length, d_head, precision, base=10000.0):
+def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
     """tfm pe --rope: the cosine and sine of each pair's angle at each position, and the score
-    of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s."""
+    of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s; with ``scaling``
+    (LLaMA 3.1's), which pairs it slows and by how much."""
     import numpy as np
 
     from tfmcli.io import jsonable
-    from tfmcli.positional import rope_angles, rope_scores, rope_tables, wavelengths
+    from tfmcli.positional import rope_angles, rope_scale, rope_scores, rope_tables, wavelengths
 
     if d_head < 2:
         raise typer.BadParameter(f"{d_head} is a head of one dimension, which RoPE leaves "
@@ -84,17 +101,21 @@ def rope_view(opts, length, d_head, precision, base=10000.0):
     if length > MAX_ROPE_LEN:
         raise typer.BadParameter(f"{length} positions make a {length} x {length} score map; with "
                                  f"--rope at most {MAX_ROPE_LEN:,}", param_hint="'--len'")
-    angles = rope_angles(length, d_head, base)                            # (T, m)
+    angles = rope_angles(length, d_head, base, scaling)                   # (T, m)
     m = d_head // 2
-    cos, sin = rope_tables(length, d_head, base=base)
-    score = rope_scores(length, d_head, base)                             # (T, T)
+    cos, sin = rope_tables(length, d_head, base=base, scaling=scaling)
+    score = rope_scores(length, d_head, base, scaling)                    # (T, T)
     rows = [f"p{p}" for p in range(length)]
     pairs = [f"({i},{i + m})" for i in range(m)]
-    waves = wavelengths(2 * m, base)[0::2]                                # one per pair
-    parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by t / "
+    scale = np.ones(m) if scaling is None else rope_scale(d_head, base, scaling)
+    waves = wavelengths(2 * m, base)[0::2] / scale                        # one per pair
+    s_i = "" if scaling is None else "s_i "
+    parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by {s_i}t / "
                   f"{base:g}^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
                   + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
                   style="bold")]
+    if scaling is not None:
+        parts.append(Text(scaling_note(scaling, scale, wavelengths(2 * m, base)[0::2])))
     for name, table in (("cos", np.cos(angles)), ("sin", np.sin(angles))):
         parts.append(render.heatmap(table, title=f"{name} of each pair's angle ({length} "
                                                  f"positions x {m} pairs)",
@@ -111,11 +132,37 @@ def rope_view(opts, length, d_head, precision, base=10000.0):
     spread = max(float(np.abs(np.diagonal(score, -k) - offsets[k]).max())
                  for k in range(length))
     parts.append(Text(f"a score depends on t - s only: along each diagonal it varies by at "
-                      f"most {spread:.1e}; it is Σ_i 2 cos((t - s) / {base:g}^(2i/{2 * m})) / "
+                      f"most {spread:.1e}; it is Σ_i 2 cos({s_i}(t - s) / {base:g}^(2i/{2 * m})) / "
                       f"{d_head}" + (f" + 1/{d_head} (the unturned dimension)"
                                      if d_head % 2 else "")
                       + f": 1 at t = s, {offsets[-1]:+.3f} at t - s = {length - 1}",
                       style="dim"))
-    emit(opts, parts, {"angles": jsonable(angles), "cos": jsonable(cos), "sin": jsonable(sin),
-                       "score": jsonable(score)},
-         {"angles": angles, "cos": cos, "sin": sin, "score": score})
+    arrays = {"angles": angles, "cos": cos, "sin": sin, "score": score}
+    if scaling is not None:
+        arrays["scale"] = scale
+    emit(opts, parts, {name: jsonable(a) for name, a in arrays.items()}, arrays)
+
+
+def scaling_note(scaling, scale, wavelength) -> str:
+    """Which pairs LLaMA 3.1's scaling keeps, slows, and blends, from their wavelengths."""
+    import numpy as np
+
+    factor, low, high, context = scaling
+    kept, slowed = scale == 1, scale == 1 / factor
+    between = ~kept & ~slowed
+
+    def pairs(chosen):
+        index = np.flatnonzero(chosen)
+        if len(index) == 0:
+            return "no pair"
+        return f"pair {index[0]}" if len(index) == 1 else f"pairs {index[0]}-{index[-1]}"
+
+    note = (f"s_i, LLaMA 3.1's scaling (factor {factor:g}, low_freq_factor {low:g}, "
+            f"high_freq_factor {high:g}, context C = {context}): kept (s_i = 1) for "
+            f"{pairs(kept)}, wavelength under C / {high:g} = {context / high:g} positions; "
+            f"slowed {factor:g} times (s_i = 1/{factor:g}) for {pairs(slowed)}, over C / "
+            f"{low:g} = {context / low:g}; blended for {pairs(between)}, between")
+    if between.any():
+        note += " (s_i " + ", ".join(f"{x:.3g}" for x in scale[between][:4]) + (
+            ", ..." if between.sum() > 4 else "") + ")"
+    return note

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.config import Config, param_shapes
+from tfmcli.config import Config, RopeScaling, param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import tensorfile
 from tfmcli.sources.folder import model_type, need, read_json
@@ -38,8 +38,8 @@ MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
-    model tfm does not compute exactly (another activation, scaled RoPE, a head width of its
-    own, biases in only one of attention and MLP)."""
+    model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
+    a head width of its own, biases in only one of attention and MLP)."""
     path, config = read_json(folder)
     if model_type(folder, config) != "llama":
         raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
@@ -65,11 +65,12 @@ def read_config(folder) -> dict:
     tied = config.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
+    theta, scaling = _rope(path, config)
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
               "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
-              "rope_theta": float(_rope_theta(path, config)), "activation": "swiglu",
+              "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
               "head_bias": False, "causal": True}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
@@ -79,22 +80,33 @@ def read_config(folder) -> dict:
     return fields
 
 
-def _rope_theta(path, config: dict):
-    """RoPE's base: ``rope_parameters`` (transformers 5) or ``rope_theta``; scaled RoPE
-    (LLaMA 3.1's ``"llama3"``, ``"linear"``, ``"yarn"``, ...) turns by other angles: refused."""
+def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:
+    """RoPE's base and scaling: ``rope_parameters`` (transformers 5) or ``rope_theta`` and
+    ``rope_scaling``. LLaMA 3.1's scaling (``"llama3"``) is read; the other kinds
+    (``"linear"``, ``"yarn"``, ``"dynamic"``, ...) turn by angles tfm does not make: refused."""
+    scaling = None
     for key in ("rope_parameters", "rope_scaling"):
         rope = config.get(key)
         if rope is None:
             continue
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
-        if kind != "default":
+        if kind == "llama3":
+            missing = [name for name in RopeScaling._fields if name not in rope]
+            if missing:
+                raise TfmError(f"--load {path}: key {key!r} has rope_type 'llama3' but no "
+                               f"{missing[0]!r}")
+            try:
+                scaling = RopeScaling.parse([rope[name] for name in RopeScaling._fields])
+            except ConfigError as e:
+                raise TfmError(f"--load {path}: key {key!r}: {e}") from None
+        elif kind != "default":
             raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r}; tfm turns by "
-                           f"RoPE's own angles ('default')")
+                           f"RoPE's own angles ('default') or LLaMA 3.1's ('llama3')")
         if key == "rope_parameters" and "rope_theta" in rope:
             config = {**config, "rope_theta": rope["rope_theta"]}
-    if config.get("rope_theta") is None:
-        return 10000.0
-    return need(path, config, "rope_theta", (int, float))
+    theta = 10000.0 if config.get("rope_theta") is None else need(path, config, "rope_theta",
+                                                                  (int, float))
+    return float(theta), scaling
 
 
 def name_map(fields: dict) -> list[tuple[str, str, bool]]:
