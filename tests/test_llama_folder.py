@@ -151,6 +151,28 @@ def test_the_reader_agrees_with_safetensors_and_the_writer_rounds_as_torch(tmp_p
     assert torch.equal(load_file(tmp_path / "w")["x"], x.float().to(torch.bfloat16))
 
 
+def test_a_tensor_read_transposed_into_a_dtype_in_blocks_is_the_plain_read(tmp_path):
+    """read_tensor(..., dtype, transpose) makes its matrix a block of rows at a time: on 150
+    rows (blocks of 64, the last cut short), a vector, a 3-d tensor and a float16 matrix, stored
+    as they are or in bfloat16, it gives the plain read, transposed and cast, to the bit."""
+    rng = np.random.default_rng(3)
+    tensors = {"m": rng.normal(size=(150, 7)), "v": rng.normal(size=9),
+               "c": rng.normal(size=(70, 3, 2)), "h": rng.normal(size=(80, 5)).astype(np.float16)}
+    for bfloat16 in (True, False):
+        tensorfile.write(tmp_path / "t", tensors, bfloat16=bfloat16)
+        header, start = tensorfile.read_header(tmp_path / "t")
+        for key in tensors:
+            plain = tensorfile.read_tensor(tmp_path / "t", header, start, key)
+            assert plain.dtype == (np.float32 if bfloat16 else tensors[key].dtype)
+            for dtype in (np.float32, np.float64):
+                for transpose in (False, True):
+                    got = tensorfile.read_tensor(tmp_path / "t", header, start, key, dtype,
+                                                 transpose)
+                    want = plain.T if transpose else plain
+                    assert got.dtype == dtype and got.flags.c_contiguous
+                    np.testing.assert_array_equal(got, want.astype(dtype), err_msg=key)
+
+
 # ---------------------------------------------------------------- bad folders
 
 

@@ -165,7 +165,12 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
-    (float32 and bfloat16 to float64 are exact); one stored tensor in memory at a time."""
+    (float32 and bfloat16 to float64 are exact). Every key and shape is checked before any is
+    read; then two threads read them, each tensor whole, since a fresh array's first touch and
+    the file's pages leave one core waiting (LLaMA 3.2 1B's 2.5 GB in float32: 3.4-4.6 s
+    instead of 7-14)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     expected = expected_shapes(fields)
     stored = stored_tensors(folder)
     for key, (path, _, _) in stored.items():
@@ -173,20 +178,24 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
         if key not in expected and not tied_copy and not key.endswith(IGNORED):
             raise TfmError(f"--load {path}: unknown key {key!r} (not a weight of the LLaMA "
                            f"that config.json describes)")
-    params = {}
-    for key, name, transposed in name_map(fields):
+    for key, _, _ in name_map(fields):
         if key not in stored:   # named in the one file, or in the index of the shards
             whole = Path(folder) / WEIGHTS
             raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
                            f"missing key {key!r}")
-        path, header, start = stored[key]
+        path, header, _ = stored[key]
         shape = tuple(header[key]["shape"])
         if shape != expected[key]:
             raise TfmError(f"--load {path}: key {key!r} has shape {shape}, but config.json "
                            f"says {expected[key]}")
-        value = tensorfile.read_tensor(path, header, start, key)
-        params[name] = np.ascontiguousarray(value.T if transposed else value, dtype=dtype)
-    return params
+
+    def read(row):
+        key, name, transposed = row
+        path, header, start = stored[key]
+        return name, tensorfile.read_tensor(path, header, start, key, dtype, transposed)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(read, name_map(fields)))
 
 
 def load_checkpoint(folder, dtype) -> tuple[dict, dict]:

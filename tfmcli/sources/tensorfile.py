@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,20 +69,50 @@ def _check_entry(path, name, entry, data_size):
                        f"after its header (truncated?)")
 
 
-def read_tensor(path, header: dict, data: int, name: str) -> np.ndarray:
+ROWS = 64   # stored rows widened and transposed at a time: a block stays in cache
+
+
+def read_tensor(path, header: dict, data: int, name: str, dtype=None,
+                transpose: bool = False) -> np.ndarray:
     """One tensor of a file whose header ``read_header`` gave: float64, float32 or float16 as
-    stored, bfloat16 widened to float32 (exactly)."""
+    stored, bfloat16 widened to float32 (exactly); or in ``dtype``, and a matrix ``transpose``d,
+    made in one pass a block of rows at a time (a 2048 x 8192 bfloat16 matrix to float32,
+    transposed: 78 ms, against 167 for widening, then transposing the whole)."""
     entry = header[name]
     begin, end = entry["data_offsets"]
-    array = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])   # read straight into it
+    stored = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])   # read straight into it
     with open(path, "rb") as f:
         f.seek(data + begin)
-        got = f.readinto(memoryview(array.reshape(-1)).cast("B"))
+        got = f.readinto(memoryview(stored.reshape(-1)).cast("B"))
     if got != end - begin:
         raise TfmError(f"--load {path}: key {name!r} is cut short (truncated file)")
-    if entry["dtype"] == "BF16":   # its 16 bits are the top half of a float32's
-        return (array.astype(np.uint32) << 16).view(np.float32)
-    return array
+    if dtype is None and not transpose and entry["dtype"] != "BF16":
+        return stored
+    dtype = np.dtype(np.float32 if entry["dtype"] == "BF16" else stored.dtype) \
+        if dtype is None else np.dtype(dtype)
+    if stored.ndim < 2:
+        return _widened(stored).astype(dtype, copy=False)
+    out = np.empty(stored.shape[::-1] if transpose else stored.shape, dtype=dtype)
+    for r in range(0, stored.shape[0], ROWS):
+        block = _widened(stored[r:r + ROWS])
+        if transpose:
+            out[..., r:r + ROWS] = block.T
+        else:
+            out[r:r + ROWS] = block
+    return out
+
+
+def _widened(stored: np.ndarray) -> np.ndarray:
+    """bfloat16's bits to float32, exactly: its 16 bits are the top half of a float32's (the
+    second uint16 of each uint32 on a little-endian machine); other dtypes as they are."""
+    if stored.dtype != DTYPES["BF16"]:
+        return stored
+    top = 1 if sys.byteorder == "little" else 0
+    out = np.empty(stored.shape, dtype=np.uint32)
+    halves = out.view(np.uint16).reshape(*stored.shape, 2)
+    halves[..., 1 - top] = 0
+    halves[..., top] = stored
+    return out.view(np.float32)
 
 
 def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
