@@ -192,29 +192,32 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
     return g_fast, g_slow
 
 
-def llama_from(params, cfg):
+def llama_from(params, cfg, qwen2: bool = False):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
     ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings`` its own) holding tfm's
-    parameters, in float64,
+    parameters, in float64, or with ``qwen2`` Qwen2ForCausalLM (biases on q, k, v only: tfm's
+    ``qkv_bias``),
     its RMSNorm and RoPE angles too (``in_float64``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
     d = cfg.d_model
-    config = transformers.LlamaConfig(
+    Config, Model = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if qwen2 else
+                     (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+    bias = {} if qwen2 else dict(attention_bias=cfg.bias, mlp_bias=cfg.bias)
+    config = Config(
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
         intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
-        rms_norm_eps=cfg.eps, attention_bias=cfg.bias, mlp_bias=cfg.bias,
-        tie_word_embeddings=cfg.tied_head,
+        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, **bias,
         rope_parameters=({"rope_type": "default", "rope_theta": cfg.rope_theta}
                          if cfg.rope_scaling is None else
                          {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
                           **cfg.rope_scaling._asdict()}))
     assert not cfg.head_bias   # LLaMA's head has none
     config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
-    model = transformers.LlamaForCausalLM(config).double().eval()
+    model = Model(config).double().eval()
     t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
     state = {"model.embed_tokens.weight": t["embed.W_E"], "model.norm.weight": t["ln_f.gamma"],
              "lm_head.weight": t["embed.W_E"] if cfg.tied_head else t["head.W_U"].T}
@@ -224,7 +227,7 @@ def llama_from(params, cfg):
                       n + "post_attention_layernorm.weight": t[p + "ln2.gamma"]})
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
             state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
-            if cfg.bias:
+            if p + f"attn.b_{w}" in t:
                 state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
             state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
@@ -236,11 +239,10 @@ def llama_from(params, cfg):
 
 
 def in_float64(model, cfg):
-    """A LlamaForCausalLM (float64 weights) with its RMSNorm and RoPE angles made in float64:
-    LLaMA makes both in float32 whatever the model's dtype. Its norm is first checked against
-    tfm's to float32's rounding."""
+    """A LlamaForCausalLM or Qwen2ForCausalLM (float64 weights) with its RMSNorm and RoPE angles
+    made in float64: both make them in float32 whatever the model's dtype. Its norm is first
+    checked against tfm's to float32's rounding."""
     import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     from tfmcli import ops
 
@@ -256,9 +258,10 @@ def in_float64(model, cfg):
                                                     + module.variance_epsilon))
         return forward
 
-    for module in model.modules():
-        if isinstance(module, LlamaRMSNorm):
-            module.forward = float64_norm(module)
+    norms = [m for m in model.modules() if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm")]
+    assert len(norms) == 2 * cfg.layers + 1
+    for module in norms:
+        module.forward = float64_norm(module)
     float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
     return model
 

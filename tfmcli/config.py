@@ -129,6 +129,9 @@ class Config:
         high_freq_factor`` are left alone, and the pairs between are slowed by a blend
         (``positional.rope_scale``). A tuple of four numbers or a dict with those names is
         taken too. ``None``: RoPE's own angles. Only ``pe="rope"`` reads it.
+    qkv_bias : bool
+        With ``bias`` false, attention's Q, K and V still add biases (``attn.b_Q``, ``b_K``,
+        ``b_V``) and nothing else does: Qwen2's model. With ``bias`` true it adds nothing.
     """
 
     batch: int = 2
@@ -155,6 +158,7 @@ class Config:
     rope_theta: float = 10000.0
     bias: bool = True
     rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -202,7 +206,7 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias", "rms_norm", "bias"):
+        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -313,7 +317,7 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         for w in "QKVO":   # grouped: fewer heads of keys and values, so narrower W_K, W_V
             width = cfg.d_kv if w in "KV" else d
             shapes[p + f"attn.W_{w}"] = (d, width)
-            if cfg.bias:
+            if cfg.bias or (cfg.qkv_bias and w != "O"):
                 shapes[p + f"attn.b_{w}"] = (width,)
         shapes[p + "ln2.gamma"] = (d,)
         if not cfg.rms_norm:

@@ -127,7 +127,8 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "parameters": f"{sizes.param_count(cfg):,}",
     }
     if not cfg.bias:
-        rows["biases"] = "none in attention and FFN"
+        rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
+                          else "none in attention and FFN")
     if cfg.tied_head or not cfg.head_bias:
         rows["head"] = ("h W_E^T (tied to the embedding)" if cfg.tied_head else "h W_U") + (
             " + b_U" if cfg.head_bias else ", no bias")

@@ -1,6 +1,6 @@
 """Checkpoint folders as Hugging Face's ``save_pretrained`` writes them and the hub serves them:
 ``config.json``'s ``model_type`` says whose names the weights carry (``sources.gpt2``,
-``sources.llama``), and each of those modules reads its own."""
+``sources.llama``, ``sources.qwen2``), and each of those modules reads its own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from tfmcli.errors import TfmError
 
 CONFIG = "config.json"
-MODEL_TYPES = ("gpt2", "llama")
+MODEL_TYPES = ("gpt2", "llama", "qwen2")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -36,17 +36,18 @@ def model_type(folder, config: dict | None = None) -> str:
         path = Path(folder) / CONFIG
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
+        known = [repr(t) for t in MODEL_TYPES]
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}; tfm reads "
-                       f"{' and '.join(repr(t) for t in MODEL_TYPES)} checkpoints")
+                       f"{', '.join(known[:-1])} and {known[-1]} checkpoints")
     return kind
 
 
 def checkpoint_module(folder):
-    """The module that reads this folder (``gpt2`` or ``llama``): its ``NAME``, and
+    """The module that reads this folder (``gpt2``, ``llama`` or ``qwen2``): its ``NAME``, and
     ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import gpt2, llama
+    from tfmcli.sources import gpt2, llama, qwen2
 
-    return {"gpt2": gpt2, "llama": llama}[model_type(folder)]
+    return {"gpt2": gpt2, "llama": llama, "qwen2": qwen2}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):

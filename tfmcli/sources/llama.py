@@ -41,9 +41,10 @@ def read_config(folder) -> dict:
     model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
     a head width of its own, biases in only one of attention and MLP)."""
     path, config = read_json(folder)
-    if model_type(folder, config) != "llama":
-        raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
-                       f"LLaMA checkpoint's 'llama'")
+    kind = model_type(folder, config)
+    if kind not in ("llama", "qwen2"):
+        raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
+                       f"checkpoint's 'llama' or a Qwen2's 'qwen2'")
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
@@ -55,7 +56,11 @@ def read_config(folder) -> dict:
     if head_dim is not None and H and head_dim * H != d:
         raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and tfm's heads are "
                        f"hidden_size / num_attention_heads = {d / H:g} wide")
-    bias = config.get("attention_bias", False), config.get("mlp_bias", False)
+    if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
+        bias, qkv_bias = (False, False), True
+        _refuse_sliding_window(path, config)
+    else:
+        bias, qkv_bias = (config.get("attention_bias", False), config.get("mlp_bias", False)), False
     if bias[0] != bias[1] or not isinstance(bias[0], bool):
         raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias[0]!r} "
                        f"and {bias[1]!r}; tfm's --bias is both or neither")
@@ -72,12 +77,27 @@ def read_config(folder) -> dict:
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
-              "head_bias": False, "causal": True}
+              "head_bias": False, "causal": True, "qkv_bias": qkv_bias}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
         raise TfmError(f"--load {path}: {e}") from None
     return fields
+
+
+def _refuse_sliding_window(path, config: dict) -> None:
+    """Qwen2 with ``use_sliding_window`` lets some layers see only the last ``sliding_window``
+    keys, a mask tfm does not make: refused. Off (Qwen2 and 2.5's own configs), every layer is
+    causal over the whole text."""
+    sliding = config.get("use_sliding_window", False)
+    if sliding is not False:
+        raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}; tfm's "
+                       f"attention sees every earlier key (false)")
+    layer_types = config.get("layer_types") or []
+    if "sliding_attention" in layer_types:
+        raise TfmError(f"--load {path}: key 'layer_types' has 'sliding_attention' at layer "
+                       f"{layer_types.index('sliding_attention')}; tfm's attention sees every "
+                       f"earlier key")
 
 
 def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:
@@ -117,7 +137,7 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
         rows.append((m + "input_layernorm.weight", p + "ln1.gamma", False))
         for w, proj in ATTENTION:
             rows.append((m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True))
-            if fields["bias"]:
+            if fields["bias"] or (fields.get("qkv_bias") and w != "O"):
                 rows.append((m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False))
         rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
         for w, proj in MLP:
@@ -163,7 +183,7 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
     return stored
 
 
-def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+def load_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
     (float32 and bfloat16 to float64 are exact). Every key and shape is checked before any is
     read; then two threads read them, each tensor whole, since a fresh array's first touch and
@@ -176,7 +196,7 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     for key, (path, _, _) in stored.items():
         tied_copy = key == "lm_head.weight" and fields["tied_head"]
         if key not in expected and not tied_copy and not key.endswith(IGNORED):
-            raise TfmError(f"--load {path}: unknown key {key!r} (not a weight of the LLaMA "
+            raise TfmError(f"--load {path}: unknown key {key!r} (not a weight of the {checkpoint} "
                            f"that config.json describes)")
     for key, _, _ in name_map(fields):
         if key not in stored:   # named in the one file, or in the index of the shards

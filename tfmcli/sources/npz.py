@@ -58,7 +58,8 @@ def _infer_fields(path, arrays: dict) -> dict:
         fields["pe"], fields["n_ctx"] = "learned", int(W_pos.shape[0])
     fields["tied_head"] = "param/head.W_U" not in arrays
     fields["head_bias"] = "param/head.b_U" in arrays
-    fields["bias"] = "param/blocks.0.attn.b_Q" in arrays   # LLaMA's linear layers have none
+    fields["bias"] = "param/blocks.0.attn.b_O" in arrays   # LLaMA's linear layers have none
+    fields["qkv_bias"] = "param/blocks.0.attn.b_Q" in arrays and not fields["bias"]   # Qwen2
     if "param/blocks.0.ffn.W_gate" in arrays:
         fields["activation"] = "swiglu"
     fields["rms_norm"] = ("param/blocks.0.ln1.gamma" in arrays
