@@ -115,7 +115,7 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
                   + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
                   style="bold")]
     if scaling is not None:
-        parts.append(Text(scaling_note(scaling, scale, wavelengths(2 * m, base)[0::2])))
+        parts.append(Text(scaling_note(scaling, scale)))
     for name, table in (("cos", np.cos(angles)), ("sin", np.sin(angles))):
         parts.append(render.heatmap(table, title=f"{name} of each pair's angle ({length} "
                                                  f"positions x {m} pairs)",
@@ -143,8 +143,9 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
     emit(opts, parts, {name: jsonable(a) for name, a in arrays.items()}, arrays)
 
 
-def scaling_note(scaling, scale, wavelength) -> str:
-    """Which pairs LLaMA 3.1's scaling keeps, slows, and blends, from their wavelengths."""
+def scaling_note(scaling, scale) -> str:
+    """Which pairs LLaMA 3.1's scaling keeps, slows and blends, from each pair's ``scale``
+    (``positional.rope_scale``)."""
     import numpy as np
 
     factor, low, high, context = scaling
