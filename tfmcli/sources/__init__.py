@@ -1,5 +1,5 @@
-"""Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (GPT-2's
-or LLaMA's),
+"""Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (GPT-2's,
+LLaMA's or Qwen2's),
 the tokens from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
 :class:`Run`, so each command asks here once.
 
@@ -43,7 +43,7 @@ class Run:
     params: dict | None
     inputs: Inputs | None
     weights_from: str   # "seed 1000 (xavier init)", "file run.npz", "GPT-2 checkpoint gpt2/"
-    #                     or "LLaMA checkpoint smollm/"
+    #                     "LLaMA checkpoint smollm/" or "Qwen2 checkpoint qwen/"
     tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
@@ -105,7 +105,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     folder = load is not None and Path(load).is_dir()
     if folder:
         gpt2.require_safetensors()   # a folder needs the hf extra (its tokenizer, GPT-2's weights)
-        checkpoint = checkpoint_module(load)   # gpt2 or llama, as config.json says
+        checkpoint = checkpoint_module(load)   # gpt2, llama or qwen2, as config.json says
         fields = checkpoint.read_config(load)
         weights_from = f"{checkpoint.NAME} checkpoint {load}"
         tokenizer = find_tokenizer(load)
@@ -175,7 +175,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
 
 
 def load(path, *, tokens=None, text=None, **fields) -> Run:
-    """A run from a checkpoint folder (GPT-2's or LLaMA's) or an ``.npz``, ready for
+    """A run from a checkpoint folder (GPT-2's, LLaMA's or Qwen2's) or an ``.npz``, ready for
     ``forward``.
 
     >>> run = tfmcli.load("gpt2", text="The cat sat on the mat")      # doctest: +SKIP

@@ -57,13 +57,14 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and tfm's heads are "
                        f"hidden_size / num_attention_heads = {d / H:g} wide")
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
-        bias, qkv_bias = (False, False), True
         _refuse_sliding_window(path, config)
+        bias, qkv_bias = False, True
     else:
-        bias, qkv_bias = (config.get("attention_bias", False), config.get("mlp_bias", False)), False
-    if bias[0] != bias[1] or not isinstance(bias[0], bool):
-        raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias[0]!r} "
-                       f"and {bias[1]!r}; tfm's --bias is both or neither")
+        bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
+        if bias != mlp_bias or not isinstance(bias, bool):
+            raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias!r} "
+                           f"and {mlp_bias!r}; tfm's --bias is both or neither")
+        qkv_bias = False
     eps = config.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TfmError(f"--load {path}: key 'rms_norm_eps' is {eps!r}, not a number")
@@ -76,7 +77,7 @@ def read_config(folder) -> dict:
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
-              "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias[0], "tied_head": tied,
+              "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
@@ -130,24 +131,23 @@ def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:
 
 
 def name_map(fields: dict) -> list[tuple[str, str, bool]]:
-    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order."""
+    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order: each
+    key that maps to a parameter these fields' Config has (``config.param_shapes`` decides
+    which biases there are, and whether the head is its own)."""
+    shapes = param_shapes(Config(**fields))
     rows = [("model.embed_tokens.weight", "embed.W_E", False)]
     for i in range(fields["layers"]):
         m, p = f"model.layers.{i}.", f"blocks.{i}."
         rows.append((m + "input_layernorm.weight", p + "ln1.gamma", False))
         for w, proj in ATTENTION:
-            rows.append((m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True))
-            if fields["bias"] or (fields.get("qkv_bias") and w != "O"):
-                rows.append((m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False))
+            rows += [(m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True),
+                     (m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False)]
         rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
         for w, proj in MLP:
-            rows.append((m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True))
-            if fields["bias"]:
-                rows.append((m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False))
-    rows.append(("model.norm.weight", "ln_f.gamma", False))
-    if not fields["tied_head"]:
-        rows.append(("lm_head.weight", "head.W_U", True))
-    return rows
+            rows += [(m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True),
+                     (m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False)]
+    rows += [("model.norm.weight", "ln_f.gamma", False), ("lm_head.weight", "head.W_U", True)]
+    return [row for row in rows if row[1] in shapes]
 
 
 def expected_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
