@@ -192,25 +192,36 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
     return g_fast, g_slow
 
 
-def llama_from(params, cfg, qwen2: bool = False):
+def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
     ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings`` its own) holding tfm's
     parameters, in float64, or with ``qwen2`` Qwen2ForCausalLM (biases on q, k, v only: tfm's
-    ``qkv_bias``),
+    ``qkv_bias``; every layer sliding when tfm's ``sliding_window`` is set), or with ``mistral``
+    MistralForCausalLM (no biases, tfm's ``sliding_window`` its own),
     its RMSNorm and RoPE angles too (``in_float64``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
     d = cfg.d_model
-    Config, Model = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if qwen2 else
-                     (transformers.LlamaConfig, transformers.LlamaForCausalLM))
-    bias = {} if qwen2 else dict(attention_bias=cfg.bias, mlp_bias=cfg.bias)
+    if qwen2:
+        Config, Model = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
+        extra = ({} if cfg.sliding_window is None else   # from layer 0 on: every layer slides
+                 dict(use_sliding_window=True, sliding_window=cfg.sliding_window,
+                      max_window_layers=0))
+    elif mistral:
+        Config, Model = transformers.MistralConfig, transformers.MistralForCausalLM
+        extra = dict(sliding_window=cfg.sliding_window)
+        assert not cfg.bias
+    else:
+        Config, Model = transformers.LlamaConfig, transformers.LlamaForCausalLM
+        extra = dict(attention_bias=cfg.bias, mlp_bias=cfg.bias)
+        assert cfg.sliding_window is None   # LLaMA has none
     config = Config(
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
         intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
-        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, **bias,
+        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, **extra,
         rope_parameters=({"rope_type": "default", "rope_theta": cfg.rope_theta}
                          if cfg.rope_scaling is None else
                          {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
@@ -239,7 +250,7 @@ def llama_from(params, cfg, qwen2: bool = False):
 
 
 def in_float64(model, cfg):
-    """A LlamaForCausalLM or Qwen2ForCausalLM (float64 weights) with its RMSNorm and RoPE angles
+    """A LLaMA, Qwen2 or Mistral ForCausalLM (float64 weights) with its RMSNorm and RoPE angles
     made in float64: both make them in float32 whatever the model's dtype. Its norm is first
     checked against tfm's to float32's rounding."""
     import torch
@@ -258,7 +269,8 @@ def in_float64(model, cfg):
                                                     + module.variance_epsilon))
         return forward
 
-    norms = [m for m in model.modules() if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm")]
+    norms = [m for m in model.modules()
+             if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")]
     assert len(norms) == 2 * cfg.layers + 1
     for module in norms:
         module.forward = float64_norm(module)

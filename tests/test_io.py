@@ -307,8 +307,8 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
                    head_bias=False, rms_norm=True, kv_heads=2, bias=False, qkv_bias=True)
     # every field; rope_theta and rope_scaling need --pe rope, which --n-ctx's --pe learned
-    # rules out: their own round trip is the next test
-    assert set(changed) | {"rope_theta", "rope_scaling"} == {
+    # rules out, and sliding_window a causal model: their own round trip is the next test
+    assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window"} == {
         f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
@@ -330,10 +330,12 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
 
 @pytest.mark.parametrize("flag, value, default", [
     ("--rope-theta", 3.5, 10000.0),
-    ("--rope-scaling", "4,1,4,12", None)])
-def test_rope_theta_and_scaling_survive_a_save_load_round_trip(tmp_path, flag, value, default):
-    """--rope-theta and --rope-scaling are kept by --save and --load (the loss they give comes
-    back), and each changes the loss: a dropped one would reload at its default."""
+    ("--rope-scaling", "4,1,4,12", None),
+    ("--sliding-window", 2, None)])
+def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, value, default):
+    """--rope-theta, --rope-scaling and --sliding-window are kept by --save and --load (the loss
+    they give comes back), and each changes the loss: a dropped one would reload at its
+    default."""
     import json
 
     flags = ["-T", 6, "-d", 8, "-H", 2, "--pe", "rope", flag, value]

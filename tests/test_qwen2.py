@@ -156,20 +156,6 @@ def test_a_qwen2_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path,
     assert_grads_match(grads, llama_grads(model))
 
 
-@pytest.mark.parametrize("change, reason", [
-    (dict(use_sliding_window=True), "key 'use_sliding_window' is True; tfm's attention sees "
-                                    "every earlier key (false)"),
-    (dict(layer_types=["full_attention", "sliding_attention"]),
-     "key 'layer_types' has 'sliding_attention' at layer 1"),
-])
-def test_a_sliding_window_is_refused(tmp_path, change, reason):
-    hf_qwen2_folder(tmp_path, "float32")
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
-    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
-    assert reason in line and line.split(": ")[2].endswith("config.json")
-
-
 def test_an_unknown_key_names_qwen2(tmp_path):
     from tfmcli.sources import tensorfile
 

@@ -132,6 +132,10 @@ class Config:
     qkv_bias : bool
         With ``bias`` false, attention's Q, K and V still add biases (``attn.b_Q``, ``b_K``,
         ``b_V``) and nothing else does: Qwen2's model. With ``bias`` true it adds nothing.
+    sliding_window : int or None
+        Each query sees only the last ``sliding_window`` keys, itself included: query t those at
+        ``t - sliding_window + 1 .. t`` (Mistral's attention, Hugging Face's ``sliding_window``),
+        in every block. Needs ``causal``. ``None``: every earlier key.
     """
 
     batch: int = 2
@@ -159,6 +163,7 @@ class Config:
     bias: bool = True
     rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False
+    sliding_window: int | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -172,7 +177,7 @@ class Config:
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        for name in ("d_ff", "n_ctx", "kv_heads"):
+        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
@@ -203,6 +208,9 @@ class Config:
             if bad:
                 raise ConfigError(
                     "lengths", f"lengths {bad[0]} is outside 1..{self.seq_len} (seq_len)")
+        if self.sliding_window is not None and not self.causal:
+            raise ConfigError("sliding_window", "a sliding window hides the keys far behind each "
+                                                "query, so the model must be causal")
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")

@@ -23,7 +23,8 @@ class KVStep(NamedTuple):
     step: int             # the position decoded (0-based); the cache then holds step + 1 keys
     token: int
     cache_shape: tuple    # (H_kv, cache_len, d_head): each block's K and V after this step
-    attention: dict       # (block, head) -> (cache_len,) the new query's attention weights
+    attention: dict       # (block, head) -> (step + 1,) the new query's attention weights on
+    #                       every position so far (0 on those a sliding window has dropped)
     logits: np.ndarray    # (V,)
     flops_cached: int     # matmul FLOPs of this step with the cache
     flops_full: int       # matmul FLOPs of recomputing the prefix from scratch
@@ -55,25 +56,43 @@ def _attend(q, K, V, scale):
     return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
 
 
+def window_start(cfg: Config, t: int) -> int:
+    """The first position query t sees: 0, or with a sliding window of W the last W's first."""
+    return 0 if cfg.sliding_window is None else max(0, t - cfg.sliding_window + 1)
+
+
 def _mha_step(x, P, p, cfg, K, V, t, rope):
-    """Attention of position t's row x (d,): its k, v join the cache at t; returns (out, weights).
-    With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's angles
-    first: a cached key keeps the turn of its own position, and no step turns it again. Grouped
-    (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it serves."""
+    """Attention of position t's row x (d,): its k, v join the cache; returns (out, weights
+    (H, t + 1)). With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's
+    angles first: a cached key keeps the turn of its own position, and no step turns it again.
+    Grouped (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it
+    serves. The cache has C slots (``K.shape[1]``) and position t goes in slot t mod C: with a
+    sliding window of W, C is W (a rolling buffer), and position t overwrites t - W, which no
+    query from t on sees."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
     k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)
     if rope is not None:
         cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
-    K[:, t] = k
-    V[:, t] = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))[0].reshape(cfg.h_kv, dh)
-    keys, values = K[:, :t + 1], V[:, :t + 1]                     # (H_kv, t + 1, d_head)
+    C, start = K.shape[1], window_start(cfg, t)
+    K[:, t % C] = k
+    v = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))[0]
+    V[:, t % C] = v.reshape(cfg.h_kv, dh)
+    if t < C:                                                     # no slot overwritten yet
+        keys, values = K[:, start:t + 1], V[:, start:t + 1]       # (H_kv, c, d_head)
+    else:                                                         # positions start..t, in order
+        slots = np.arange(start, t + 1) % C
+        keys, values = K[:, slots], V[:, slots]
     if cfg.group > 1:
         keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
-    context, weights = _attend(q, keys, values, 1.0 / math.sqrt(dh))
+    context, seen = _attend(q, keys, values, 1.0 / math.sqrt(dh))    # seen: (H, c)
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P.get(p + "attn.b_O"))[0]
-    return out, weights                                           # (d,), (H, t + 1)
+    if start == 0:
+        return out, seen                                          # (d,), (H, t + 1)
+    weights = np.zeros((H, t + 1), dtype=seen.dtype)              # 0 on the dropped positions
+    weights[:, start:] = seen
+    return out, weights
 
 
 def _ffn_step(x, P, p, cfg):
@@ -92,7 +111,9 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     the argmax of its logits, the lowest id on a tie), decoded with the same cache.
 
     Each block's cache is allocated once, (H_kv, T, d_head) for K and for V, and filled one
-    position per step; the step's attention reads the filled part ``[:, :t + 1]``. The
+    position per step; the step's attention reads the filled part ``[:, :t + 1]``. With a
+    sliding window of W (``sliding_window``) it is a rolling buffer of min(T, W) slots, and the
+    step reads the last W positions. The
     block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
     One step per position: ``len(tokens) + generate`` in all, the generated ones last.
     """
@@ -118,8 +139,9 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     rope = rope_for(cfg, T)                                       # (cos, sin) or None
-    K = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
-    V = [np.zeros((cfg.h_kv, T, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    C = T if cfg.sliding_window is None else min(T, cfg.sliding_window)   # the cache's slots
+    K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
     steps = []
     for t in range(T):
         if t == len(tokens):   # past the given tokens: the last step's most likely next token
@@ -142,6 +164,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             x = normalise(x, P, "ln_f", cfg)
         logits = ops.linear_forward(x, *head_weights(P, cfg))[0]               # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
-        steps.append(KVStep(t, int(token), (cfg.h_kv, t + 1, dh), attention, logits,
-                            step_flops(cfg, t + 1), full))
+        seen = t + 1 - window_start(cfg, t)                      # keys this step attends to
+        steps.append(KVStep(t, int(token), (cfg.h_kv, min(t + 1, C), dh), attention, logits,
+                            step_flops(cfg, seen), full))
     return steps

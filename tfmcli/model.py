@@ -261,10 +261,18 @@ def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=
     return tables
 
 
+def mask_for(cfg: Config, lengths, T: int) -> np.ndarray:
+    """(B, T, T) bool, True = may attend: the mask this Config's attention applies to rows of
+    these ``lengths`` (padding, and causal and sliding window as the Config says)."""
+    return combined_mask(np.asarray(lengths), T, cfg.causal, cfg.sliding_window)
+
+
 @functools.lru_cache(maxsize=8)
-def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int) -> ops.AttentionMask:
-    """The fast path's mask, made once per lengths, size and query block (read-only: shared)."""
-    mask = combined_mask(lengths, T, causal)                                       # (B, T, T)
+def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int,
+               window: int | None = None) -> ops.AttentionMask:
+    """The fast path's mask, made once per lengths, size, window and query block (read-only:
+    shared)."""
+    mask = combined_mask(lengths, T, causal, window)                               # (B, T, T)
     bias = ops.additive_mask(mask[:, None], np.dtype(dtype))                      # (B, 1, T, T)
     bias.flags.writeable = False
     blocks = ops.key_blocks(mask, block)
@@ -341,9 +349,9 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
     B, T = x.shape[:2]
     if fast:
         mask = _fast_mask(tuple(int(n) for n in lengths), T, cfg.causal, cfg.dtype,
-                          ops.QUERY_BLOCK)
+                          ops.QUERY_BLOCK, cfg.sliding_window)
     else:
-        mask = combined_mask(np.asarray(lengths), T, cfg.causal)                   # (B, T, T)
+        mask = mask_for(cfg, lengths, T)                                           # (B, T, T)
     with _engine(fast, cfg, B, T):
         return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": fast})
 
@@ -420,9 +428,9 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
         x = x + pe
     if fast:
         mask = _fast_mask(tuple(inputs.lengths.tolist()), T, cfg.causal, cfg.dtype,
-                          ops.QUERY_BLOCK)
+                          ops.QUERY_BLOCK, cfg.sliding_window)
     else:
-        mask = combined_mask(inputs.lengths, T, cfg.causal)                        # (B, T, T)
+        mask = mask_for(cfg, inputs.lengths, T)                                    # (B, T, T)
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, mask, acts, caches)
     if cfg.norm == "pre":

@@ -92,6 +92,10 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     mask = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
     if cfg.causal:
         mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if cfg.sliding_window is not None:   # hides keys W or more behind (a padded query: its row's last)
+        query = torch.minimum(torch.arange(T)[None, :], lengths[:, None] - 1)   # (B, T)
+        near = torch.arange(T)[None, None, :] > query[:, :, None] - cfg.sliding_window
+        mask = mask & near[:, None]                                           # (B, 1, T, T)
     patterns = {}
 
     def bias(name):   # 0 for a layer without one (cfg.bias false)

@@ -15,8 +15,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.masks import combined_mask
-from tfmcli.model import Forward, check_within, rope_for
+from tfmcli.model import Forward, check_within, mask_for, rope_for
 
 
 class Step(NamedTuple):
@@ -84,7 +83,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         bias = params.get(p + f"attn.b_{w}")   # None in a model without biases
         weights += [params[p + f"attn.W_{w}"][:, cols], None if bias is None else bias[cols]]
     T = fwd.inputs.tokens.shape[1]
-    mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
+    mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
     steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
@@ -147,7 +146,7 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     k = fwd.acts[p + "k" + turned][row, head // cfg.group]       # (T, d_head): grouped, shared
     v = fwd.acts[p + "v"][row, head // cfg.group]
     T = k.shape[0]
-    visible = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row, t]   # (T,)
+    visible = mask_for(cfg, fwd.inputs.lengths, T)[row, t]                # (T,)
     products = q[None, :] * k                                    # (T, d_head)
     scores = products.sum(axis=-1)                               # (T,)
     scale = 1.0 / math.sqrt(cfg.d_head)
@@ -210,7 +209,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
         ("q" + turned, head), ("k" + turned, shared), ("v", shared), ("pattern", head)))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
     T = fwd.inputs.tokens.shape[1]
-    mask = combined_mask(fwd.inputs.lengths, T, cfg.causal)[row]
+    mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
     return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
                                rope_for(cfg, T))
 

@@ -108,6 +108,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     """The config panel's rows; with a run, where its weights and tokens came from, and the
     tokens and targets of batch row ``row``."""
     mask = ("causal" if cfg.causal else "none") + (
+        f", sliding window {cfg.sliding_window}" if cfg.sliding_window is not None else "") + (
         f" + padding {list(cfg.lengths)}" if cfg.lengths is not None else "")
     rows = {
         "sizes": (f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
@@ -216,12 +217,12 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
     from tfmcli.io import jsonable
-    from tfmcli.masks import combined_mask
+    from tfmcli.model import mask_for
 
     prefix = "d" if gradient else ""
     cfg = run.cfg
     activations = sizes.activation_shapes(cfg)
-    mask = combined_mask(run.inputs.lengths, cfg.seq_len, cfg.causal)[row]
+    mask = mask_for(cfg, run.inputs.lengths, cfg.seq_len)[row]
     shown, payload = [], {}
     for raw in names or []:
         name = check_name(raw, tensors, gradient=gradient)

@@ -33,7 +33,7 @@ def kv(
     import tfmcli
     from tfmcli.io import run_arrays
     from tfmcli.kv import chosen_probabilities, decode
-    from tfmcli.masks import causal_mask
+    from tfmcli.masks import causal_mask, sliding_window_mask
 
     def validate(cfg):
         check_indices(cfg, row, head, block)
@@ -74,8 +74,10 @@ def kv(
             row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")
     table = render.record_table(headers, cells, title=f"decoding batch row {row}, one token "
                                 f"per step", max_rows=rows_limit(full), left=2)
+    window = cfg.sliding_window
+    kept = "step + 1" if window is None else f"min(step + 1, {window})"
     table.caption = (f"K, V cache: each block's cached keys and values, "
-                     f"({'H_kv' if cfg.group > 1 else 'H'}, step + 1, d_head)")
+                     f"({'H_kv' if cfg.group > 1 else 'H'}, {kept}, d_head)")
     if generate:
         table.caption = (f"p: the token's probability after the step before\n{table.caption}\n"
                          f"→: generated, the most likely token after the step before "
@@ -86,7 +88,8 @@ def kv(
     attention = render.heatmap(
         rows, title=f"block {block} head {head}: the new query's attention, one row per step",
         row_labels=[f"q{t}:{text}" for t, text in enumerate(texts)],
-        col_labels=[f"k{t}:{text}" for t, text in enumerate(texts)], mask=causal_mask(length),
+        col_labels=[f"k{t}:{text}" for t, text in enumerate(texts)],
+        mask=causal_mask(length) if window is None else sliding_window_mask(length, window),
         width=width(), vmin=0.0, vmax=1.0, precision=precision)
     worst = max(diffs)
     forward = "the full causal forward" + (f" of the {given} given and {generate} generated "
@@ -96,17 +99,21 @@ def kv(
                    f"the cache, {human(uncached)} recomputing each prefix "
                    f"({uncached / cached:.1f}x)",
                    style="bold")
-    numbers = 2 * cfg.layers * cfg.h_kv * length * cfg.d_head   # K and V of every block, at the end
+    slots = steps[-1].cache_shape[1]
+    numbers = 2 * cfg.layers * cfg.h_kv * slots * cfg.d_head   # K and V of every block, at the end
     memory = (f"K, V cache after {render.counted(length, 'step')}: 2 x "
-              f"{render.counted(cfg.layers, 'block')} x {(cfg.h_kv, length, cfg.d_head)} = "
+              f"{render.counted(cfg.layers, 'block')} x {(cfg.h_kv, slots, cfg.d_head)} = "
               f"{numbers:,} numbers ({binary_size(numbers * cfg.np_dtype.itemsize)})")
+    if window is not None:
+        memory += (f"\nsliding window {window}: the cache keeps the last {window} positions in "
+                   f"{window} slots, position t in slot t mod {window} (a rolling buffer)")
     if cfg.group > 1:
         memory += (f"\ngrouped: {render.counted(cfg.h_kv, 'key and value head')} for "
                    f"{cfg.heads} query heads, {cfg.group}x smaller than ungrouped")
     if cfg.pe == "rope":
         memory += "\nRoPE: each key is cached turned at its own position, and never turned again"
     payload = {"row": row, "tokens": [s.token for s in steps],
-               "steps": [{"step": s.step, "token": s.token, "cache_len": s.step + 1,
+               "steps": [{"step": s.step, "token": s.token, "cache_len": s.cache_shape[1],
                           "cache_shape": list(s.cache_shape), "max_abs_diff": d,
                           "flops_cached": s.flops_cached, "flops_full": s.flops_full,
                           "attention": s.attention[(block, head)].tolist()}

@@ -38,6 +38,7 @@ def mask(
     length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 1024), help="Sequence length N (1..1024).")] = 7,
     lengths: Annotated[Optional[str], typer.Option("--lengths", metavar="4,2,6", help="Valid length of each batch row (1..N).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Include the look-ahead (causal) mask.")] = True,
+    window: Annotated[Optional[int], typer.Option("--sliding-window", metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")] = None,
     additive_form: Annotated[bool, typer.Option("--additive", help="Show the 0 / -inf form added to the scores.")] = False,
     opts: Options = None,
 ):
@@ -46,7 +47,11 @@ def mask(
     Example: tfm mask --len 7 --lengths 4,2,6
     """
     from tfmcli.io import jsonable
-    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask
+    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask, sliding_window_mask
+
+    if window is not None and not causal:
+        raise typer.BadParameter("a sliding window hides the keys far behind each query, so the "
+                                 "mask must be causal; drop --no-causal", param_hint="'--sliding-window'")
 
     rows = parse_lengths(lengths) or (length,)
     bad = [n for n in rows if not 1 <= n <= length]
@@ -54,10 +59,16 @@ def mask(
         raise typer.BadParameter(f"{bad[0]} is outside 1..{length} (--len)", param_hint="'--lengths'")
     causal_grid = causal_mask(length) if causal else np.ones((length, length), dtype=bool)
     pad = padding_mask(rows, length)
-    combined = combined_mask(rows, length, causal)
+    combined = combined_mask(rows, length, causal, window)
     queries, keys = [f"q{t}" for t in range(length)], [f"k{t}" for t in range(length)]
-    grids = [mask_view(causal_grid, "causal (look-ahead)" if causal else "no causal mask",
-                       additive_form, queries, keys),
+    if window is None:
+        first = mask_view(causal_grid, "causal (look-ahead)" if causal else "no causal mask",
+                          additive_form, queries, keys)
+    else:   # the causal grid narrowed to the last W keys
+        window_grid = sliding_window_mask(length, window)
+        first = mask_view(window_grid, f"causal, sliding window {window}", additive_form,
+                          queries, keys)
+    grids = [first,
              mask_view(pad, f"padding, lengths {list(rows)}", additive_form,
                        [f"row {b}" for b in range(len(rows))], keys, square=False)]
     grids += [mask_view(combined[b], f"combined, row {b} (length {n})", additive_form, queries, keys)
@@ -70,4 +81,7 @@ def mask(
     if additive_form:
         payload["additive"] = jsonable(additive(combined))
     arrays = {"causal": causal_grid, "padding": pad, "combined": combined}
+    if window is not None:
+        payload["sliding_window"] = window_grid.tolist()
+        arrays["sliding_window"] = window_grid
     emit(opts, parts, payload, arrays)

@@ -151,6 +151,7 @@ MODEL_OPTIONS = [
     ("norm", Annotated[Norm, choice("--norm", choices=Norm, panel=MODEL, help="Layer-norm position.")], Norm(D.norm)),
     ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
+    ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
     ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
     ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
@@ -166,7 +167,7 @@ MODEL_OPTIONS = [
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA or Qwen2 checkpoint folder (config.json + model.safetensors).")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral or Qwen2 checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
@@ -185,6 +186,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
          "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
          "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
+         "sliding_window": "--sliding-window",
          "tokens": "--tokens", "text": "--text"}
 
 

@@ -26,7 +26,7 @@ SHOWN = 4           # held-out examples printed (and saved with --save)
 DEFAULTS = {"batch": 32, "d_model": 32, "heads": 2, "seed": 0}
 FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
           "init", "dtype", "eps", "rms_norm", "kv_heads", "rope_theta", "bias", "rope_scaling",
-          "qkv_bias")
+          "qkv_bias", "sliding_window")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
 TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
@@ -48,7 +48,7 @@ def train(
     Example: tfm train --task reverse --save reverse.npz
     """
     from tfmcli.io import run_arrays
-    from tfmcli.masks import combined_mask
+    from tfmcli.model import mask_for
     from tfmcli.memory import keep_freed_memory
     from tfmcli.inputs import IGNORE
     from tfmcli.sources import Run, parse_tokens
@@ -99,7 +99,7 @@ def train(
                 for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
                                                   for h in range(cfg.heads)], T, width(), False,
                                                  height(), max(map(cell_len, queries)))}
-    mask = combined_mask(shown.lengths, T, True)[0]
+    mask = mask_for(cfg, shown.lengths, T)[0]
     maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
                                  row_labels=queries, col_labels=keys)
     parts += [*maps,

@@ -1,5 +1,5 @@
 """Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (GPT-2's,
-LLaMA's or Qwen2's),
+LLaMA's, Mistral's or Qwen2's),
 the tokens from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
 :class:`Run`, so each command asks here once.
 
@@ -43,7 +43,7 @@ class Run:
     params: dict | None
     inputs: Inputs | None
     weights_from: str   # "seed 1000 (xavier init)", "file run.npz", "GPT-2 checkpoint gpt2/"
-    #                     "LLaMA checkpoint smollm/" or "Qwen2 checkpoint qwen/"
+    #                     "LLaMA checkpoint smollm/", "Qwen2 checkpoint qwen/", ...
     tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
@@ -84,7 +84,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a GPT-2, LLaMA or Qwen2 checkpoint folder (its parameters; its tokenizer for ``text``).
+        or a GPT-2, LLaMA, Mistral or Qwen2 checkpoint folder (its parameters; its tokenizer
+        for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
     text : list of str, optional
@@ -105,7 +106,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     folder = load is not None and Path(load).is_dir()
     if folder:
         gpt2.require_safetensors()   # a folder needs the hf extra (its tokenizer, GPT-2's weights)
-        checkpoint = checkpoint_module(load)   # gpt2, llama or qwen2, as config.json says
+        checkpoint = checkpoint_module(load)   # gpt2, llama, mistral or qwen2, as config.json says
         fields = checkpoint.read_config(load)
         weights_from = f"{checkpoint.NAME} checkpoint {load}"
         tokenizer = find_tokenizer(load)
@@ -175,8 +176,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
 
 
 def load(path, *, tokens=None, text=None, **fields) -> Run:
-    """A run from a checkpoint folder (GPT-2's, LLaMA's or Qwen2's) or an ``.npz``, ready for
-    ``forward``.
+    """A run from a checkpoint folder (GPT-2's, LLaMA's, Mistral's or Qwen2's) or an ``.npz``,
+    ready for ``forward``.
 
     >>> run = tfmcli.load("gpt2", text="The cat sat on the mat")      # doctest: +SKIP
     >>> fwd = tfmcli.forward(run.params, run.inputs, run.cfg)          # doctest: +SKIP

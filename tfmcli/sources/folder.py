@@ -1,6 +1,7 @@
 """Checkpoint folders as Hugging Face's ``save_pretrained`` writes them and the hub serves them:
 ``config.json``'s ``model_type`` says whose names the weights carry (``sources.gpt2``,
-``sources.llama``, ``sources.qwen2``), and each of those modules reads its own."""
+``sources.llama``, ``sources.mistral``, ``sources.qwen2``), and each of those modules reads its
+own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from tfmcli.errors import TfmError
 
 CONFIG = "config.json"
-MODEL_TYPES = ("gpt2", "llama", "qwen2")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -43,11 +44,11 @@ def model_type(folder, config: dict | None = None) -> str:
 
 
 def checkpoint_module(folder):
-    """The module that reads this folder (``gpt2``, ``llama`` or ``qwen2``): its ``NAME``, and
-    ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import gpt2, llama, qwen2
+    """The module that reads this folder (``gpt2``, ``llama``, ``mistral`` or ``qwen2``): its
+    ``NAME``, and ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
+    from tfmcli.sources import gpt2, llama, mistral, qwen2
 
-    return {"gpt2": gpt2, "llama": llama, "qwen2": qwen2}[model_type(folder)]
+    return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):

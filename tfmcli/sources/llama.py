@@ -39,12 +39,13 @@ MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
     model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
-    a head width of its own, biases in only one of attention and MLP)."""
+    a head width of its own, biases in only one of attention and MLP, a sliding window in some
+    layers only)."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
-    if kind not in ("llama", "qwen2"):
+    if kind not in ("llama", "mistral", "qwen2"):
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
-                       f"checkpoint's 'llama' or a Qwen2's 'qwen2'")
+                       f"checkpoint's 'llama', a Mistral's 'mistral' or a Qwen2's 'qwen2'")
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
@@ -56,8 +57,9 @@ def read_config(folder) -> dict:
     if head_dim is not None and H and head_dim * H != d:
         raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and tfm's heads are "
                        f"hidden_size / num_attention_heads = {d / H:g} wide")
+    layers = need(path, config, "num_hidden_layers")
+    window = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
-        _refuse_sliding_window(path, config)
         bias, qkv_bias = False, True
     else:
         bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
@@ -73,12 +75,12 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     theta, scaling = _rope(path, config)
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
-              "layers": need(path, config, "num_hidden_layers"),
+              "layers": layers,
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
-              "head_bias": False, "causal": True, "qkv_bias": qkv_bias}
+              "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -86,19 +88,48 @@ def read_config(folder) -> dict:
     return fields
 
 
-def _refuse_sliding_window(path, config: dict) -> None:
-    """Qwen2 with ``use_sliding_window`` lets some layers see only the last ``sliding_window``
-    keys, a mask tfm does not make: refused. Off (Qwen2 and 2.5's own configs), every layer is
-    causal over the whole text."""
-    sliding = config.get("use_sliding_window", False)
-    if sliding is not False:
-        raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}; tfm's "
-                       f"attention sees every earlier key (false)")
-    layer_types = config.get("layer_types") or []
-    if "sliding_attention" in layer_types:
-        raise TfmError(f"--load {path}: key 'layer_types' has 'sliding_attention' at layer "
-                       f"{layer_types.index('sliding_attention')}; tfm's attention sees every "
-                       f"earlier key")
+def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
+    """The window every layer's queries see (``Config.sliding_window``), or None for every
+    earlier key. ``layer_types`` says which layers slide when the config has it; otherwise
+    Mistral's ``sliding_window`` is in force whenever set, Qwen2's only with
+    ``use_sliding_window``, and then only from layer ``max_window_layers`` on. tfm gives every
+    block the same mask, so some layers sliding and others not is refused; LLaMA has no window.
+    """
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        kinds = set(layer_types) if isinstance(layer_types, list) else {repr(layer_types)}
+        if not kinds <= {"full_attention", "sliding_attention"}:
+            odd = sorted(kinds - {"full_attention", "sliding_attention"})[0]
+            raise TfmError(f"--load {path}: key 'layer_types' has {odd!r}; tfm's layers are "
+                           f"'full_attention' or 'sliding_attention'")
+        if len(kinds) > 1:
+            raise TfmError(f"--load {path}: key 'layer_types' mixes 'full_attention' and "
+                           f"'sliding_attention' layers (the first sliding one is layer "
+                           f"{layer_types.index('sliding_attention')}); tfm gives every block "
+                           f"the same mask")
+        slides = kinds == {"sliding_attention"}
+    elif kind == "qwen2":
+        sliding = config.get("use_sliding_window", False)
+        if not isinstance(sliding, bool):
+            raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
+                           f"or false")
+        first = config.get("max_window_layers", 28) if sliding else layers   # HF's default 28
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise TfmError(f"--load {path}: key 'max_window_layers' is {first!r}, not a number")
+        if 0 < first < layers:
+            raise TfmError(f"--load {path}: keys 'use_sliding_window' and 'max_window_layers' "
+                           f"make layers {first}..{layers - 1} slide and the others not; tfm "
+                           f"gives every block the same mask")
+        slides = first <= 0 and window is not None
+    else:
+        slides = kind == "mistral" and window is not None
+    if not slides:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise TfmError(f"--load {path}: key 'sliding_window' is {window!r}, not a positive "
+                       f"whole number")
+    return window
 
 
 def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:

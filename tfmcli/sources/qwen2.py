@@ -1,6 +1,7 @@
 """Qwen2 checkpoint folders (``"model_type": "qwen2"``: Qwen2, Qwen2.5): LLaMA's names, files
 and model (``sources.llama`` reads them), with biases on attention's q, k and v projections
-and nowhere else (``Config.qkv_bias``). A config that turns on the sliding window is refused."""
+and nowhere else (``Config.qkv_bias``). A sliding window is read when every layer has it
+(``use_sliding_window`` with ``max_window_layers`` 0); some layers sliding is refused."""
 
 from __future__ import annotations
 
