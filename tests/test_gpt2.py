@@ -160,6 +160,9 @@ def corrupt(folder, what):
         config = json.loads((folder / "config.json").read_text())
         del config["n_head"]
         (folder / "config.json").write_text(json.dumps(config))
+    elif what == "heads not dividing":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "n_head": 5}))
     elif what == "wrong shape":
         tensors = gpt2_tensors()
         tensors["transformer.h.1.mlp.c_fc.weight"] = np.zeros((12, 40), np.float32)
@@ -180,6 +183,8 @@ def corrupt(folder, what):
     ("truncated", "model.safetensors", "cannot read it as safetensors"),
     ("erf gelu", "config.json", "key 'activation_function' is 'gelu'"),
     ("missing n_head", "config.json", "missing key 'n_head'"),
+    ("heads not dividing", "config.json",   # the file's fault: exit 1, not a flag's
+     "d_model=12 is not divisible by heads=5; allowed heads: 1, 2, 3, 4, 6, 12"),
     ("wrong shape", "model.safetensors",
      "key 'transformer.h.1.mlp.c_fc.weight' has shape (12, 40), but config.json says (12, 48)"),
     ("missing key", "model.safetensors", "missing key 'h.0.attn.c_proj.bias'"),

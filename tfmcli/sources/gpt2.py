@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.errors import TfmError
+from tfmcli.config import Config
+from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources.folder import CONFIG, model_type, read_json
 from tfmcli.sources.folder import need as need_key
 
@@ -67,12 +68,17 @@ def read_config(folder) -> dict:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise TfmError(f"--load {path}: key 'layer_norm_epsilon' is {eps!r}, not a number")
     n_inner = config.get("n_inner")
-    return {"d_model": need("n_embd"), "heads": need("n_head"), "layers": need("n_layer"),
-            "vocab": need("vocab_size"), "n_ctx": need("n_positions"),
-            "d_ff": n_inner if isinstance(n_inner, int) else None,
-            "eps": float(eps), "activation": ACTIVATIONS[activation], "norm": "pre",
-            "pe": "learned", "tied_head": bool(config.get("tie_word_embeddings", True)),
-            "head_bias": False, "causal": True}
+    fields = {"d_model": need("n_embd"), "heads": need("n_head"), "layers": need("n_layer"),
+              "vocab": need("vocab_size"), "n_ctx": need("n_positions"),
+              "d_ff": n_inner if isinstance(n_inner, int) else None,
+              "eps": float(eps), "activation": ACTIVATIONS[activation], "norm": "pre",
+              "pe": "learned", "tied_head": bool(config.get("tie_word_embeddings", True)),
+              "head_bias": False, "causal": True}
+    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
+        Config(**{**fields, "seq_len": 1})   # (the text decides the length, checked later)
+    except ConfigError as e:
+        raise TfmError(f"--load {path}: {e}") from None
+    return fields
 
 
 def expected_shapes(fields: dict) -> dict:
