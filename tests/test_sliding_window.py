@@ -177,6 +177,9 @@ def test_tfm_kv_shows_the_rolling_buffer():
     text = ok("kv", "--tokens", "3,1,4,1,5,9", "-V", 10, "--sliding-window", 2).stdout
     assert "(H, min(step + 1, 2), d_head)" in text
     assert "position t in slot t mod 2 (a rolling buffer)" in " ".join(text.split())
+    text = ok("kv", "--tokens", "3,1,4", "-V", 10, "--sliding-window", 3).stdout
+    assert "sliding window 3: as long as the 3 positions or longer, so the cache keeps every " \
+        "one" in " ".join(text.split())
 
 
 # ---------------------------------------------------------------- the command line

@@ -104,9 +104,12 @@ def kv(
     memory = (f"K, V cache after {render.counted(length, 'step')}: 2 x "
               f"{render.counted(cfg.layers, 'block')} x {(cfg.h_kv, slots, cfg.d_head)} = "
               f"{numbers:,} numbers ({binary_size(numbers * cfg.np_dtype.itemsize)})")
-    if window is not None:
+    if window is not None and window < length:
         memory += (f"\nsliding window {window}: the cache keeps the last {window} positions in "
                    f"{window} slots, position t in slot t mod {window} (a rolling buffer)")
+    elif window is not None:
+        memory += (f"\nsliding window {window}: as long as the {length} positions or longer, "
+                   f"so the cache keeps every one")
     if cfg.group > 1:
         memory += (f"\ngrouped: {render.counted(cfg.h_kv, 'key and value head')} for "
                    f"{cfg.heads} query heads, {cfg.group}x smaller than ungrouped")
