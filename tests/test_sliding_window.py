@@ -297,7 +297,8 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
                    layer_types=None),
      "keys 'use_sliding_window' and 'max_window_layers' make layers 1..1 slide and the others "
      "not; tfm gives every block the same mask"),
-    ("qwen2", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=2),
+    ("qwen2", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=2,
+                   use_sliding_window=True),
      "key 'layer_types' mixes 'full_attention' and 'sliding_attention' layers (the first "
      "sliding one is layer 1)"),
     ("mistral", dict(layer_types=["chunked_attention"] * 2),
@@ -328,4 +329,8 @@ def test_qwen2_without_use_sliding_window_has_none(tmp_path):
     config = {k: v for k, v in config.items() if k != "layer_types"}
     (tmp_path / "config.json").write_text(json.dumps(
         {**config, "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21}))
+    assert llama.read_config(tmp_path)["sliding_window"] is None
+    # Qwen2Config drops the window without use_sliding_window, whatever layer_types says
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**config, "sliding_window": 2, "layer_types": ["sliding_attention"] * 2}))
     assert llama.read_config(tmp_path)["sliding_window"] is None

@@ -90,12 +90,21 @@ def read_config(folder) -> dict:
 
 def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
     """The window every layer's queries see (``Config.sliding_window``), or None for every
-    earlier key. ``layer_types`` says which layers slide when the config has it; otherwise
-    Mistral's ``sliding_window`` is in force whenever set, Qwen2's only with
-    ``use_sliding_window``, and then only from layer ``max_window_layers`` on. tfm gives every
-    block the same mask, so some layers sliding and others not is refused; LLaMA has no window.
+    earlier key. ``sliding_window`` is the window: Mistral's whenever set, Qwen2's only with
+    ``use_sliding_window`` (Hugging Face's Qwen2Config drops it otherwise); LLaMA has none.
+    Which layers slide: ``layer_types`` when the config has it, else Qwen2's from layer
+    ``max_window_layers`` on, else every one. tfm gives every block the same mask, so some
+    layers sliding and others not is refused.
     """
     window = config.get("sliding_window")
+    if kind == "qwen2":
+        sliding = config.get("use_sliding_window", False)
+        if not isinstance(sliding, bool):
+            raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
+                           f"or false")
+        window = window if sliding else None
+    if kind == "llama" or window is None:
+        return None
     layer_types = config.get("layer_types")
     if layer_types is not None:
         kinds = set(layer_types) if isinstance(layer_types, list) else {repr(layer_types)}
@@ -108,24 +117,18 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
                            f"'sliding_attention' layers (the first sliding one is layer "
                            f"{layer_types.index('sliding_attention')}); tfm gives every block "
                            f"the same mask")
-        slides = kinds == {"sliding_attention"}
+        if kinds == {"full_attention"}:
+            return None
     elif kind == "qwen2":
-        sliding = config.get("use_sliding_window", False)
-        if not isinstance(sliding, bool):
-            raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
-                           f"or false")
-        first = config.get("max_window_layers", 28) if sliding else layers   # HF's default 28
+        first = config.get("max_window_layers", 28)   # Hugging Face's default
         if isinstance(first, bool) or not isinstance(first, int):
             raise TfmError(f"--load {path}: key 'max_window_layers' is {first!r}, not a number")
-        if 0 < first < layers:
+        if first >= layers:
+            return None
+        if first > 0:
             raise TfmError(f"--load {path}: keys 'use_sliding_window' and 'max_window_layers' "
                            f"make layers {first}..{layers - 1} slide and the others not; tfm "
                            f"gives every block the same mask")
-        slides = first <= 0 and window is not None
-    else:
-        slides = kind == "mistral" and window is not None
-    if not slides:
-        return None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise TfmError(f"--load {path}: key 'sliding_window' is {window!r}, not a positive "
                        f"whole number")
