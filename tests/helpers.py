@@ -195,7 +195,8 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
 def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
-    ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings`` its own) holding tfm's
+    ``head_dim`` its ``d_head``, ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings``
+    its own) holding tfm's
     parameters, in float64, or with ``qwen2`` Qwen2ForCausalLM (biases on q, k, v only: tfm's
     ``qkv_bias``; every layer sliding when tfm's ``sliding_window`` is set), or with ``mistral``
     MistralForCausalLM (no biases, tfm's ``sliding_window`` its own),
@@ -221,7 +222,7 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
         intermediate_size=cfg.ff, hidden_act="silu", max_position_embeddings=64,
-        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, **extra,
+        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, head_dim=cfg.d_head, **extra,
         rope_parameters=({"rope_type": "default", "rope_theta": cfg.rope_theta}
                          if cfg.rope_scaling is None else
                          {"rope_type": "llama3", "rope_theta": cfg.rope_theta,

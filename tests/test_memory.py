@@ -129,6 +129,12 @@ CONFIGS = [
                       layers=2, norm="post", dtype="float32"), id="mqa-T-dominates-post-f32"),
     pytest.param(dict(batch=8, seq_len=32, d_model=256, heads=8, kv_heads=4, vocab=256,
                       layers=2, activation="gelu"), id="gqa-d-dominates-gelu"),
+    # a head width of its own (head_dim): q, q_rot and the context H x head_dim wide
+    pytest.param(dict(batch=4, seq_len=64, d_model=96, heads=8, head_dim=32, kv_heads=2,
+                      vocab=512, layers=3, rms_norm=True, activation="swiglu", pe="rope"),
+                 id="qwen3-like-head-dim-f64"),
+    pytest.param(dict(batch=2, seq_len=256, d_model=64, heads=3, head_dim=8, vocab=128,
+                      layers=2, norm="post", dtype="float32"), id="narrow-heads-post-f32"),
 ]
 
 

@@ -136,6 +136,12 @@ class Config:
         Each query sees only the last ``sliding_window`` keys, itself included: query t those at
         ``t - sliding_window + 1 .. t`` (Mistral's attention, Hugging Face's ``sliding_window``),
         in every block. Needs ``causal``. ``None``: every earlier key.
+    head_dim : int or None
+        Width of each head's queries, keys and values, when it is not ``d_model / heads``
+        (Hugging Face's ``head_dim``: Qwen3's, Mistral Nemo's, Gemma's). ``attn.W_Q`` is then
+        ``(d, heads * head_dim)``, ``attn.W_O`` ``(heads * head_dim, d)``, ``W_K`` and ``W_V``
+        ``(d, kv_heads * head_dim)``, and ``heads`` need not divide ``d_model``. ``None``:
+        ``d_model / heads``.
     """
 
     batch: int = 2
@@ -164,6 +170,7 @@ class Config:
     rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False
     sliding_window: int | None = None
+    head_dim: int | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -177,12 +184,12 @@ class Config:
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window"):
+        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window", "head_dim"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
                 raise ConfigError(name, f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.heads:
+        if self.head_dim is None and self.d_model % self.heads:
             raise ConfigError(
                 "heads",
                 f"d_model={self.d_model} is not divisible by heads={self.heads}; "
@@ -231,7 +238,14 @@ class Config:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.heads
+        """Width of one head: ``head_dim``, or ``d_model / heads`` when not given."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.heads
+
+    @property
+    def d_q(self) -> int:
+        """Width of the queries (and of the context) over all heads: ``heads * d_head``, which
+        is ``d_model`` unless ``head_dim`` says otherwise."""
+        return self.heads * self.d_head
 
     @property
     def h_kv(self) -> int:
@@ -323,8 +337,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         if not cfg.rms_norm:
             shapes[p + "ln1.beta"] = (d,)
         for w in "QKVO":   # grouped: fewer heads of keys and values, so narrower W_K, W_V
-            width = cfg.d_kv if w in "KV" else d
-            shapes[p + f"attn.W_{w}"] = (d, width)
+            width = {"Q": cfg.d_q, "K": cfg.d_kv, "V": cfg.d_kv, "O": d}[w]
+            shapes[p + f"attn.W_{w}"] = (cfg.d_q, d) if w == "O" else (d, width)
             if cfg.bias or (cfg.qkv_bias and w != "O"):
                 shapes[p + f"attn.b_{w}"] = (width,)
         shapes[p + "ln2.gamma"] = (d,)
@@ -398,7 +412,7 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         if cfg.pe == "rope":   # q and k turned by their positions' angles
             attn += [(p + "attn.q_rot", heads), (p + "attn.k_rot", kv_heads)]
         attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
-                 (p + "attn.context", btd), (p + "attn.out", btd)]
+                 (p + "attn.context", (B, T, cfg.d_q)), (p + "attn.out", btd)]
         ffn = [(p + "ffn.pre", (B, T, F)), (p + "ffn.act", (B, T, F)), (p + "ffn.out", btd)]
         if cfg.activation == "swiglu":   # act = silu(gate) * pre
             ffn.insert(0, (p + "ffn.gate", (B, T, F)))
@@ -465,8 +479,8 @@ def flops(cfg: Config) -> tuple[int, int]:
     dQ, dK and dpattern, dV), so it is twice the forward. Element-wise work is left out.
     """
     B, T, d, F, V = cfg.batch, cfg.seq_len, cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 2 * B * T * d * (2 * d + 2 * cfg.d_kv)   # Q, K, V, O projections
-    per_block += 2 * 2 * B * T * T * d         # Q K^T and pattern @ V over all heads
+    per_block = 2 * B * T * d * (2 * cfg.d_q + 2 * cfg.d_kv)   # Q, K, V, O projections
+    per_block += 2 * 2 * B * T * T * cfg.d_q   # Q K^T and pattern @ V over all heads
     per_block += 2 * ffn_products(cfg) * B * T * d * F   # W_1, W_2 (and W_gate)
     forward = cfg.layers * per_block + 2 * B * T * d * V
     return forward, 2 * forward
@@ -482,7 +496,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     keys and values repeated to every head). On top of that comes
     one transient: the forward's largest temporary (a (B, H, T, T) or (B, T, V) array, at the end
     of the forward), or GELU's backward, which briefly holds about three (B, T, d_ff) arrays
-    (SwiGLU's one, its slope; grouped attention's dk and dv at every head, two (B, T, d)).
+    (SwiGLU's one, its slope; grouped attention's dk and dv at every head, two (B, T, H d_head)).
     ``tests/test_memory.py`` holds this
     within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
@@ -495,20 +509,22 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
+    btq = B * T * cfg.d_q     # q, context (and q_rot): BTd unless head_dim says otherwise
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
     #                           backward makes dk, dv at H heads before their sums
     params = param_count(cfg)
-    # per block: ln/resid/q/context/out arrays (8 x BTd), k and v, scores and pattern, FFN hidden x 2
-    acts = (L * ((8 + rope) * btd + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf) + btd
-            + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
-    # their gradients: 6 x BTd and dk, dv a block (a sum shares its terms' gradient), and the
-    # embedding's
-    dacts = (L * ((6 + rope) * btd + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf) + btd
-             + pre * btd + positions * T * d + 2 * btv)
+    # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
+    # FFN hidden x 2
+    acts = (L * (6 * btd + (2 + rope) * btq + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf)
+            + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
+    # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
+    # gradient), and the embedding's
+    dacts = (L * (4 * btd + (2 + rope) * btq + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf)
+             + btd + pre * btd + positions * T * d + 2 * btv)
     caches = ((2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
-              + grouped * L * 2 * btd)
+              + grouped * L * 2 * btq)
     forward_transient = max(bhtt, btv)
-    backward_transient = max(3 * btf if gelu else btf if swiglu else 0, grouped * 2 * btd)
+    backward_transient = max(3 * btf if gelu else btf if swiglu else 0, grouped * 2 * btq)
     transient = max(forward_transient - params - dacts, backward_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,

@@ -33,12 +33,14 @@ class KVStep(NamedTuple):
 def step_flops(cfg: Config, cache_len: int) -> int:
     """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys.
 
-    Per block: the four projections of one row (8 d^2; 4 d^2 + 4 d d_kv when grouped), the new
-    query against every cached key and the weighted sum of the cached values (4 cache_len d),
+    Per block: the four projections of one row (8 d^2; 4 d d_q + 4 d d_kv when grouped or with
+    a head_dim of its own), the new query against every cached key and the weighted sum of the
+    cached values (4 cache_len d_q),
     the FFN (4 d d_ff, 6 d d_ff with SwiGLU's gate); then the head of one position (2 d V).
     """
     d, F, V = cfg.d_model, cfg.ff, cfg.vocab
-    per_block = 4 * d * d + 4 * d * cfg.d_kv + 4 * cache_len * d + 2 * ffn_products(cfg) * d * F
+    per_block = (4 * d * cfg.d_q + 4 * d * cfg.d_kv + 4 * cache_len * cfg.d_q
+                 + 2 * ffn_products(cfg) * d * F)
     return cfg.layers * per_block + 2 * d * V
 
 

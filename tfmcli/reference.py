@@ -85,7 +85,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     lengths = torch.as_tensor(inputs.lengths)
     B, T = tokens.shape
     d, H = cfg.d_model, cfg.heads
-    dh = d // H
+    dh = cfg.d_head   # d / H, or the Config's head_dim
 
     keys = torch.arange(T)[None, :] < lengths[:, None]                        # (B, T)
     valid = keys & (targets != -100)                                          # scored positions
@@ -122,7 +122,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         pattern = torch.softmax(scores, dim=-1)
         pattern.retain_grad()
         patterns[p] = pattern
-        context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
+        context = (pattern @ v).transpose(1, 2).reshape(B, T, H * dh)
         return context @ P[p + "attn.W_O"] + bias(p + "attn.b_O")
 
     def ffn(x, p):

@@ -143,8 +143,9 @@ MODEL_OPTIONS = [
     ("batch", Annotated[int, _opt("--batch", "-B", panel=MODEL, callback=bounded(1), help="Batch size B (>= 1).")], D.batch),
     ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, callback=bounded(1), help="Sequence length T (>= 1).")], D.seq_len),
     ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, callback=bounded(1), help="Model width d (>= 1).")], D.d_model),
-    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, callback=bounded(1), help="Attention heads H (must divide d) (>= 1).")], D.heads),
+    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, callback=bounded(1), help="Attention heads H (must divide d, unless --head-dim) (>= 1).")], D.heads),
     ("kv_heads", Annotated[Optional[int], _opt("--kv-heads", panel=MODEL, callback=bounded(1), help="Key/value heads (grouped-query attention, LLaMA 2/3; 1: multi-query); each serves H / kv-heads query heads (must divide H; default H).")], D.kv_heads),
+    ("head_dim", Annotated[Optional[int], _opt("--head-dim", panel=MODEL, callback=bounded(1), help="Width of each head's queries, keys and values, when not d / H (Qwen3, Mistral Nemo); W_Q is then (d, H x head-dim), W_O (H x head-dim, d) (>= 1).")], D.head_dim),
     ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, callback=bounded(1), help="FFN hidden width (default 4 x d) (>= 1).")], D.d_ff),
     ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
     ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
@@ -186,7 +187,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
          "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
          "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
-         "sliding_window": "--sliding-window",
+         "sliding_window": "--sliding-window", "head_dim": "--head-dim",
          "tokens": "--tokens", "text": "--text"}
 
 

@@ -39,8 +39,8 @@ MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
     model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
-    a head width of its own, biases in only one of attention and MLP, a sliding window in some
-    layers only)."""
+    biases in only one of attention and MLP, a sliding window in some layers only). A
+    ``head_dim`` other than hidden_size / num_attention_heads is ``Config.head_dim``."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind not in ("llama", "mistral", "qwen2"):
@@ -53,10 +53,9 @@ def read_config(folder) -> dict:
     if activation != "silu":
         raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
                        f"is SwiGLU's ('silu')")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and H and head_dim * H != d:
-        raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and tfm's heads are "
-                       f"hidden_size / num_attention_heads = {d / H:g} wide")
+    head_dim = None if config.get("head_dim") is None else need(path, config, "head_dim")
+    if head_dim is not None and head_dim * H == d:
+        head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
     layers = need(path, config, "num_hidden_layers")
     window = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
@@ -80,7 +79,8 @@ def read_config(folder) -> dict:
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
-              "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window}
+              "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
+              "head_dim": head_dim}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
