@@ -160,6 +160,22 @@ def test_the_explained_head_is_head_dim_wide():
                                rtol=0, atol=1e-13)
 
 
+def test_a_file_without_its_config_is_read_with_its_head_width(tmp_path):
+    """An npz of parameters alone: W_Q 24 wide on a width of 16 is 4 heads of 6 for -H 4, and
+    W_K 12 wide then 2 key heads; with -H 3 the same W_Q is 3 heads of 8 (another model), whose
+    keys, 12 wide, are not a whole number of heads."""
+    cfg = wide_cfg(lengths=None, pe="sinusoidal", rms_norm=False)
+    params = random_params(tfmcli.init_params(cfg), seed=8)
+    path = tmp_path / "bare.npz"
+    np.savez(path, **{"param/" + name: value for name, value in params.items()})
+    data = json.loads(ok("forward", "--load", path, "-H", 4, "-T", 6, "--json").stdout)
+    assert (data["config"]["head_dim"], data["config"]["kv_heads"]) == (6, 2)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    assert data["loss"] == pytest.approx(fwd.loss, rel=1e-12)
+    assert "param/blocks.0.attn.W_K has shape (16, 12), expected (16, 24)" in error_line(
+        run("forward", "--load", path, "-H", 3, "-T", 6), 1)
+
+
 # ---------------------------------------------------------------- a checkpoint folder
 
 

@@ -23,7 +23,7 @@ from tfmcli.model import arrays_repr
 from tfmcli.sources import gpt2
 from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
-from tfmcli.sources.npz import check_inputs, check_params, infer_kv_heads, load_npz
+from tfmcli.sources.npz import check_inputs, check_params, infer_heads, load_npz
 from tfmcli.sources.text import find_tokenizer
 
 INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
@@ -115,8 +115,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     elif load is not None:
         loaded = load_npz(load)
         fields, params, inputs = dict(loaded.fields), loaded.params, loaded.inputs
-        if not loaded.has_config:   # grouped attention: narrower keys for the heads given
-            fields.update(infer_kv_heads(params, {**flags, **fields}))
+        if not loaded.has_config:   # heads of their own width, grouped keys: for the heads given
+            fields.update(infer_heads(params, {**flags, **fields}))
         weights_from = f"file {load}"
         tokens_from = f"file {load}" if inputs is not None else None
     if text is not None:

@@ -67,16 +67,27 @@ def _infer_fields(path, arrays: dict) -> dict:
     return fields
 
 
-def infer_kv_heads(params: dict, fields: dict) -> dict:
-    """A file without a ``config`` key: ``kv_heads`` from W_K's width and the heads (given, or
-    the default), when W_K is narrower than d_model; else nothing, and ``check_params`` names
-    any misfit."""
-    W_K = params.get("blocks.0.attn.W_K")
+def infer_heads(params: dict, fields: dict) -> dict:
+    """A file without a ``config`` key: the heads' sizes its shapes fix for the heads given (or
+    the default). ``head_dim`` from W_Q's width when it is not d_model (H heads of W_Q's width /
+    H), then ``kv_heads`` from W_K's width when it is narrower than W_Q's; else nothing, and
+    ``check_params`` names any misfit."""
+    W_Q, W_K = params.get("blocks.0.attn.W_Q"), params.get("blocks.0.attn.W_K")
     d, H = fields["d_model"], fields["heads"]
-    if W_K is None or W_K.ndim != 2 or W_K.shape[1] == d or d % H or W_K.shape[1] % (d // H):
-        return {}
-    kv_heads = W_K.shape[1] // (d // H)
-    return {"kv_heads": kv_heads} if kv_heads and H % kv_heads == 0 else {}
+    inferred, d_head = {}, fields.get("head_dim")
+    if d_head is None:
+        if W_Q is not None and W_Q.ndim == 2 and W_Q.shape[1] != d and W_Q.shape[1] % H == 0:
+            d_head = inferred["head_dim"] = W_Q.shape[1] // H
+        elif d % H:
+            return {}
+        else:
+            d_head = d // H
+    if W_K is None or W_K.ndim != 2 or W_K.shape[1] == H * d_head or W_K.shape[1] % d_head:
+        return inferred
+    kv_heads = W_K.shape[1] // d_head
+    if kv_heads and H % kv_heads == 0:
+        inferred["kv_heads"] = kv_heads
+    return inferred
 
 
 def load_npz(path) -> LoadedRun:
