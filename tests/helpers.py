@@ -177,8 +177,9 @@ def decoded_like_the_forward(cfg, seed: int, tokens) -> tuple:
 
 
 def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
-    """The fast path's loss and parameter gradients against the reference's, to 1e-12 (b_K's,
-    0 but for rounding, against the largest gradient); returns both runs' gradients."""
+    """The fast path's loss and parameter gradients against the reference's, to 1e-12 (b_K's
+    and k_norm.beta's, 0 but for rounding, against the largest gradient); returns both runs'
+    gradients."""
     import tfmcli
 
     fast = tfmcli.forward(params, inputs, cfg)
@@ -187,29 +188,34 @@ def assert_fast_equals_reference(cfg, params, inputs) -> tuple:
     g_fast, g_slow = tfmcli.backward(params, fast, cfg), tfmcli.backward(params, slow, cfg)
     largest = max(np.abs(g).max() for g in g_slow.values())
     for name in params:
-        scale = largest if name.endswith("attn.b_K") else np.abs(g_slow[name]).max()
+        zero = name.endswith(("attn.b_K", "attn.k_norm.beta"))   # a shift of every key
+        scale = largest if zero else np.abs(g_slow[name]).max()
         assert np.abs(g_fast[name] - g_slow[name]).max() <= 1e-12 * scale, name
     return g_fast, g_slow
 
 
-def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
+def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False, qwen3: bool = False):
     """Hugging Face's LlamaForCausalLM (RMSNorm, rotary attention, a SwiGLU MLP;
     ``attention_bias`` and ``mlp_bias`` tfm's ``bias``, ``num_key_value_heads`` its ``h_kv``,
     ``head_dim`` its ``d_head``, ``rope_theta``, ``rope_scaling`` and ``tie_word_embeddings``
     its own) holding tfm's
     parameters, in float64, or with ``qwen2`` Qwen2ForCausalLM (biases on q, k, v only: tfm's
     ``qkv_bias``; every layer sliding when tfm's ``sliding_window`` is set), or with ``mistral``
-    MistralForCausalLM (no biases, tfm's ``sliding_window`` its own),
+    MistralForCausalLM (no biases, tfm's ``sliding_window`` its own), or with ``qwen3``
+    Qwen3ForCausalLM (no biases, tfm's ``qk_norm``: ``q_norm`` and ``k_norm`` in every layer),
     its RMSNorm and RoPE angles too (``in_float64``)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
     d = cfg.d_model
-    if qwen2:
-        Config, Model = transformers.Qwen2Config, transformers.Qwen2ForCausalLM
+    assert cfg.qk_norm == qwen3   # only Qwen3 normalises its queries and keys
+    if qwen2 or qwen3:
+        Config, Model = ((transformers.Qwen3Config, transformers.Qwen3ForCausalLM) if qwen3 else
+                         (transformers.Qwen2Config, transformers.Qwen2ForCausalLM))
         extra = ({} if cfg.sliding_window is None else   # from layer 0 on: every layer slides
                  dict(use_sliding_window=True, sliding_window=cfg.sliding_window,
                       max_window_layers=0))
+        assert not (qwen3 and (cfg.bias or cfg.qkv_bias))
     elif mistral:
         Config, Model = transformers.MistralConfig, transformers.MistralForCausalLM
         extra = dict(sliding_window=cfg.sliding_window)
@@ -241,6 +247,9 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
             state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
             if p + f"attn.b_{w}" in t:
                 state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]
+        if qwen3:
+            state.update({n + f"self_attn.{norm}.weight": t[p + f"attn.{norm}.gamma"]
+                          for norm in ("q_norm", "k_norm")})
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
             state[n + f"mlp.{name}.weight"] = t[p + f"ffn.W_{w}"].T
             if cfg.bias:
@@ -251,7 +260,8 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False):
 
 
 def in_float64(model, cfg):
-    """A LLaMA, Qwen2 or Mistral ForCausalLM (float64 weights) with its RMSNorm and RoPE angles
+    """A LLaMA, Qwen2, Mistral or Qwen3 ForCausalLM (float64 weights) with its RMSNorm (Qwen3's
+    q_norm and k_norm too) and RoPE angles
     made in float64: both make them in float32 whatever the model's dtype. Its norm is first
     checked against tfm's to float32's rounding."""
     import torch
@@ -270,9 +280,9 @@ def in_float64(model, cfg):
                                                     + module.variance_epsilon))
         return forward
 
-    norms = [m for m in model.modules()
-             if type(m).__name__ in ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")]
-    assert len(norms) == 2 * cfg.layers + 1
+    norms = [m for m in model.modules() if type(m).__name__ in (
+        "LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")]
+    assert len(norms) == (4 if cfg.qk_norm else 2) * cfg.layers + 1
     for module in norms:
         module.forward = float64_norm(module)
     float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
@@ -296,6 +306,9 @@ def llama_grads(model) -> dict:
             theirs[p + f"attn.W_{w}"] = module.weight.grad.T
             if module.bias is not None:
                 theirs[p + f"attn.b_{w}"] = module.bias.grad
+        for norm in ("q_norm", "k_norm"):   # Qwen3's
+            if hasattr(layer.self_attn, norm):
+                theirs[p + f"attn.{norm}.gamma"] = getattr(layer.self_attn, norm).weight.grad
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
             module = getattr(layer.mlp, name)
             theirs[p + f"ffn.W_{w}"] = module.weight.grad.T

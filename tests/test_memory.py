@@ -133,6 +133,11 @@ CONFIGS = [
     pytest.param(dict(batch=4, seq_len=64, d_model=96, heads=8, head_dim=32, kv_heads=2,
                       vocab=512, layers=3, rms_norm=True, activation="swiglu", pe="rope"),
                  id="qwen3-like-head-dim-f64"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=96, heads=8, head_dim=32, kv_heads=2,
+                      vocab=512, layers=3, rms_norm=True, activation="swiglu", pe="rope",
+                      qk_norm=True), id="qwen3-qk-norm-f64"),
+    pytest.param(dict(batch=2, seq_len=256, d_model=64, heads=4, vocab=128, layers=2,
+                      qk_norm=True, dtype="float32"), id="qk-layernorm-f32"),
     pytest.param(dict(batch=2, seq_len=256, d_model=64, heads=3, head_dim=8, vocab=128,
                       layers=2, norm="post", dtype="float32"), id="narrow-heads-post-f32"),
 ]

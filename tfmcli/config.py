@@ -142,6 +142,11 @@ class Config:
         ``(d, heads * head_dim)``, ``attn.W_O`` ``(heads * head_dim, d)``, ``W_K`` and ``W_V``
         ``(d, kv_heads * head_dim)``, and ``heads`` need not divide ``d_model``. ``None``:
         ``d_model / heads``.
+    qk_norm : bool
+        Each head's queries and keys are normalised over their ``d_head`` entries before RoPE
+        and the scores (Qwen3's ``q_norm`` and ``k_norm``): by RMSNorm with ``rms_norm``, else
+        by layer norm, with the parameters ``attn.q_norm.gamma`` and ``attn.k_norm.gamma``
+        ``(d_head,)`` (and their ``.beta`` with layer norm), shared by every head.
     """
 
     batch: int = 2
@@ -171,6 +176,7 @@ class Config:
     qkv_bias: bool = False
     sliding_window: int | None = None
     head_dim: int | None = None
+    qk_norm: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -221,7 +227,7 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias"):
+        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -341,6 +347,11 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
             shapes[p + f"attn.W_{w}"] = (cfg.d_q, d) if w == "O" else (d, width)
             if cfg.bias or (cfg.qkv_bias and w != "O"):
                 shapes[p + f"attn.b_{w}"] = (width,)
+        if cfg.qk_norm:   # one norm for every head's queries, one for its keys (Qwen3)
+            for norm in ("q_norm", "k_norm"):
+                shapes[p + f"attn.{norm}.gamma"] = (cfg.d_head,)
+                if not cfg.rms_norm:
+                    shapes[p + f"attn.{norm}.beta"] = (cfg.d_head,)
         shapes[p + "ln2.gamma"] = (d,)
         if not cfg.rms_norm:
             shapes[p + "ln2.beta"] = (d,)
@@ -409,6 +420,8 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         attn = [(p + "attn.q", heads), (p + "attn.k", kv_heads), (p + "attn.v", kv_heads)]
+        if cfg.qk_norm:   # each head's q and k normalised
+            attn += [(p + "attn.q_norm.out", heads), (p + "attn.k_norm.out", kv_heads)]
         if cfg.pe == "rope":   # q and k turned by their positions' angles
             attn += [(p + "attn.q_rot", heads), (p + "attn.k_rot", kv_heads)]
         attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
@@ -458,7 +471,7 @@ def param_groups(cfg: Config) -> OrderedDict[str, int]:
     def groups_of(c):
         groups: OrderedDict[str, int] = OrderedDict()
         for name, shape in param_shapes(c).items():
-            group = name.split(".")[-2] if name.startswith("blocks.") else name.split(".")[0]
+            group = name.split(".")[2] if name.startswith("blocks.") else name.split(".")[0]
             group = "ln" if group in ("ln1", "ln2", "ln_f") else group
             groups[group] = groups.get(group, 0) + numel(shape)
         return groups
@@ -512,17 +525,20 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     btq = B * T * cfg.d_q     # q, context (and q_rot): BTd unless head_dim says otherwise
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
     #                           backward makes dk, dv at H heads before their sums
+    qk = cfg.qk_norm          # q and k normalised a block, their gradients; each norm's cache
     params = param_count(cfg)
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
-    acts = (L * (6 * btd + (2 + rope) * btq + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf)
+    acts = (L * (6 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
+                 + (2 + swiglu) * btf)
             + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
-    dacts = (L * (4 * btd + (2 + rope) * btq + (2 + rope) * btk + 2 * bhtt + (2 + swiglu) * btf)
+    dacts = (L * (4 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
+                  + (2 + swiglu) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
     caches = ((2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
-              + grouped * L * 2 * btq)
+              + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     backward_transient = max(3 * btf if gelu else btf if swiglu else 0, grouped * 2 * btq)
     transient = max(forward_transient - params - dacts, backward_transient, 0)

@@ -74,6 +74,8 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
     k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)
+    if cfg.qk_norm:   # each head's q and k normalised before the turn (Qwen3)
+        q, k = normalise(q, P, p + "attn.q_norm", cfg), normalise(k, P, p + "attn.k_norm", cfg)
     if rope is not None:
         cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)

@@ -108,6 +108,9 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     q = ops.split_heads(q, H)                                           # (B, H, T, d_head)
     k, v = ops.split_heads(k, cfg.h_kv), ops.split_heads(v, cfg.h_kv)   # (B, H_kv, T, d_head)
     acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
+    if cfg.qk_norm:   # each head's queries and keys normalised over their d_head entries
+        q = _ln_forward(q, P, p + "attn.q_norm", cfg, acts, caches)
+        k = _ln_forward(k, P, p + "attn.k_norm", cfg, acts, caches)
     if cfg.pe == "rope":   # each query and key turned by its position's angles
         cos, sin = rope_for(cfg, q.shape[2])                                  # (T, d_head)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
@@ -140,6 +143,9 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
         cos, sin = rope_for(cfg, dq.shape[2])
         dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
         dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
+    if cfg.qk_norm:   # back through each head's norms
+        dq = _ln_backward(dq, p + "attn.q_norm", cfg, caches, grads, dacts)
+        dk = _ln_backward(dk, p + "attn.k_norm", cfg, caches, grads, dacts)
     dacts.update({p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
     # x feeds q, k and v: its gradient is the sum of the three
     dx_parts = [_linear_backward(ops.merge_heads(dh), cache, grads, p + "attn.", name)

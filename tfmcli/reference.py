@@ -101,10 +101,10 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     def bias(name):   # 0 for a layer without one (cfg.bias false)
         return P.get(name, 0.0)
 
-    def layer_norm(x, name):
+    def norm(x, name, width=d):
         if cfg.rms_norm:
-            return F.rms_norm(x, (d,), P[name + ".gamma"], cfg.eps)
-        return F.layer_norm(x, (d,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+            return F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps)
+        return F.layer_norm(x, (width,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
 
     def attention(x, p):
         def project(w, heads):
@@ -112,6 +112,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
 
         q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
+        if cfg.qk_norm:   # over each head's dh entries, one gamma (and beta) for every head
+            q, k = norm(q, p + "attn.q_norm", dh), norm(k, p + "attn.k_norm", dh)
         if cfg.pe == "rope":
             q = torch_rope(q, cfg.rope_theta, cfg.rope_scaling)
             k = torch_rope(k, cfg.rope_theta, cfg.rope_scaling)
@@ -141,13 +143,13 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         if cfg.norm == "pre":
-            x = x + attention(layer_norm(x, p + "ln1"), p)
-            x = x + ffn(layer_norm(x, p + "ln2"), p)
+            x = x + attention(norm(x, p + "ln1"), p)
+            x = x + ffn(norm(x, p + "ln2"), p)
         else:
-            x = layer_norm(x + attention(x, p), p + "ln1")
-            x = layer_norm(x + ffn(x, p), p + "ln2")
+            x = norm(x + attention(x, p), p + "ln1")
+            x = norm(x + ffn(x, p), p + "ln2")
     if cfg.norm == "pre":
-        x = layer_norm(x, "ln_f")
+        x = norm(x, "ln_f")
     W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
     logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
     logits.retain_grad()

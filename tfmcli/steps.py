@@ -15,7 +15,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, check_within, mask_for, rope_for
+from tfmcli.model import Forward, check_within, mask_for, normalise, rope_for
 
 
 class Step(NamedTuple):
@@ -26,14 +26,30 @@ class Step(NamedTuple):
 
 
 ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t's angles"
+# Qwen3's norms of each head's queries and keys: {0} the array, {1} the norm's parameters
+NORM_FORMULA = {True: "RMSNorm of each row: {0} / sqrt(mean({0}^2) + eps) * {1}.gamma",
+                False: "layer norm of each row: ({0} - mean) / sqrt(var + eps) * {1}.gamma + "
+                       "{1}.beta"}
+NORM_BACK_FORMULA = {True: "back through {1}: rstd (g - xhat mean(g xhat)), g = {0} * {1}.gamma",
+                     False: "back through {1}: rstd (g - mean(g) - xhat mean(g xhat)), g = {0} "
+                            "* {1}.gamma"}
 
 
-def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
+def scored(cfg: Config, which: str) -> str:
+    """The activation whose rows the scores multiply, for ``which`` "q" or "k": turned by RoPE
+    (``attn.q_rot``), else normalised (``attn.q_norm.out``), else ``attn.q``."""
+    if cfg.pe == "rope":
+        return which + "_rot"
+    return which + "_norm.out" if cfg.qk_norm else which
+
+
+def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None):
     """The steps of one head on one sequence.
 
     x: (T, d); W_*: (d, d_head); b_*: (d_head,), or None in a model without biases; mask:
     (T, T) bool, True = may attend; rope: None, or RoPE's (cos, sin) tables (T, d_head), which
-    turn Q and K before the scores.
+    turn Q and K before the scores; norms: None, or (Q's norm, K's norm, its formula), the
+    functions of a (T, d_head) array that normalise Q and K first (Qwen3's q_norm, k_norm).
     """
     steps = [Step("X", "input to attention, one row of the batch", x)]
     for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
@@ -42,12 +58,19 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None):
         else:
             steps.append(Step(name, f"{name} = X W_{name} + b_{name}", x @ W + b))
     q, k, v = (step.value for step in steps[1:])
-    product = "Q K^T"
+    Q, K = "Q", "K"   # the names of what the scores multiply, so far
+    if norms is not None:
+        norm_q, norm_k, formula = norms
+        q, k = norm_q(q), norm_k(k)
+        steps += [Step("Q_norm", formula.format("Q", "q_norm"), q),
+                  Step("K_norm", formula.format("K", "k_norm"), k)]
+        Q, K = "Q_norm", "K_norm"
     if rope is not None:
         q, k = ops.rope_forward(q, *rope), ops.rope_forward(k, *rope)
-        steps += [Step("Q_rot", ROPE_FORMULA.format("Q"), q),
-                  Step("K_rot", ROPE_FORMULA.format("K"), k)]
-        product = "Q_rot K_rot^T"
+        steps += [Step("Q_rot", ROPE_FORMULA.format(Q), q),
+                  Step("K_rot", ROPE_FORMULA.format(K), k)]
+        Q, K = "Q_rot", "K_rot"
+    product = f"{Q} {K}^T"
     scores = q @ k.T                                             # (T, T)
     scaled = scores * scale
     masked = np.where(mask, scaled, -np.inf)
@@ -84,7 +107,12 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         weights += [params[p + f"attn.W_{w}"][:, cols], None if bias is None else bias[cols]]
     T = fwd.inputs.tokens.shape[1]
     mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
-    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T))
+    norms = None
+    if cfg.qk_norm:
+        norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
+                 lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
+    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T),
+                       norms=norms)
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
@@ -137,13 +165,13 @@ class QueryExplained(NamedTuple):
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
     """Query ``t`` of head ``head`` in block ``block``, batch row ``row``, from the model's own
-    q, k and v (the ``attn.q/k/v`` activations; under RoPE the turned ``attn.q_rot/k_rot``),
-    recomputed product by product."""
+    q, k and v (the ``attn.q/k/v`` activations; under RoPE the turned ``attn.q_rot/k_rot``,
+    with qk_norm alone the normalised ``attn.q_norm.out/k_norm.out``), recomputed product by
+    product."""
     check_head(fwd, cfg, block, head, row, t)
     p = f"blocks.{block}.attn."
-    turned = "_rot" if cfg.pe == "rope" else ""
-    q = fwd.acts[p + "q" + turned][row, head, t]                 # (d_head,)
-    k = fwd.acts[p + "k" + turned][row, head // cfg.group]       # (T, d_head): grouped, shared
+    q = fwd.acts[p + scored(cfg, "q")][row, head, t]             # (d_head,)
+    k = fwd.acts[p + scored(cfg, "k")][row, head // cfg.group]   # (T, d_head): grouped, shared
     v = fwd.acts[p + "v"][row, head // cfg.group]
     T = k.shape[0]
     visible = mask_for(cfg, fwd.inputs.lengths, T)[row, t]                # (T,)
@@ -160,14 +188,17 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
 # ---------------------------------------------------------------- backward
 
 
-def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None):
+def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norms=None):
     """The backward of one head on one sequence, from the gradient of its context: where seed
     003 stops (at dV), on through the softmax to dQ and dK.
 
     dcontext, q, k, v: (T, d_head); pattern: (T, T) the softmax; mask: (T, T) bool; rope:
     None, or RoPE's (cos, sin) tables, when q and k are the turned ones: then dQ_rot and
-    dK_rot, and the turn back to dQ and dK.
+    dK_rot, and the turn back to dQ and dK; norms: None, or (Q's norm's backward, K's, its
+    formula), when q and k were normalised first: then the gradients so far are dQ_norm and
+    dK_norm, and the norms' backward gives dQ and dK.
     """
+    Q, K = ("Q_rot", "K_rot") if rope is not None else ("Q_norm", "K_norm") if norms else ("Q", "K")
     dpattern = dcontext @ v.T                                    # (T, T)
     dv = pattern.T @ dcontext                                    # (T, d_head)
     row_sums = (dpattern * pattern).sum(axis=-1, keepdims=True)  # (T, 1)
@@ -181,18 +212,18 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None):
         Step("dV", "softmax^T @ dcontext", dv),
         Step("dscaled scores", "softmax * (dsoftmax - rowsum(softmax * dsoftmax)); · = hidden "
              "(exactly 0)", dscaled, mask),
-        Step("dQ", f"dscaled scores @ K x {scale:.6g} (1/sqrt(d_head))", dq),
-        Step("dK", f"dscaled scores^T @ Q x {scale:.6g} (1/sqrt(d_head))", dk),
+        Step("d" + Q, f"dscaled scores @ {K} x {scale:.6g} (1/sqrt(d_head))", dq),
+        Step("d" + K, f"dscaled scores^T @ {Q} x {scale:.6g} (1/sqrt(d_head))", dk),
     ]
-    if rope is None:
-        return steps
-    # q and k were turned (RoPE): what came out is their gradient; the turn back gives Q's, K's
-    steps[4:] = [Step("dQ_rot", f"dscaled scores @ K_rot x {scale:.6g} (1/sqrt(d_head))", dq),
-                 Step("dK_rot", f"dscaled scores^T @ Q_rot x {scale:.6g} (1/sqrt(d_head))", dk),
-                 Step("dQ", "the turn back: dQ_rot cos - rotate_half(dQ_rot) sin",
-                      ops.rope_backward(dq, *rope)),
-                 Step("dK", "the turn back: dK_rot cos - rotate_half(dK_rot) sin",
-                      ops.rope_backward(dk, *rope))]
+    if rope is not None:   # q and k were turned: the turn back gives the gradients before it
+        Q, K = ("Q_norm", "K_norm") if norms else ("Q", "K")
+        dq, dk = ops.rope_backward(dq, *rope), ops.rope_backward(dk, *rope)
+        steps += [Step("d" + Q, "the turn back: dQ_rot cos - rotate_half(dQ_rot) sin", dq),
+                  Step("d" + K, "the turn back: dK_rot cos - rotate_half(dK_rot) sin", dk)]
+    if norms is not None:   # q and k were normalised: back through each head's norms
+        back_q, back_k, formula = norms
+        steps += [Step("dQ", formula.format("dQ_norm", "q_norm"), back_q(dq)),
+                  Step("dK", formula.format("dK_norm", "k_norm"), back_k(dk))]
     return steps
 
 
@@ -203,15 +234,24 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
     The head's q, k, v and softmax are the model's own (q and k turned, under RoPE)."""
     check_head(fwd, cfg, block, head, row)
     p = f"blocks.{block}.attn."
-    turned = "_rot" if cfg.pe == "rope" else ""
     shared = head // cfg.group   # grouped: the key and value head this head reads
     q, k, v, pattern = (fwd.acts[p + name][row, h] for name, h in (
-        ("q" + turned, head), ("k" + turned, shared), ("v", shared), ("pattern", head)))
+        (scored(cfg, "q"), head), (scored(cfg, "k"), shared), ("v", shared), ("pattern", head)))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
     T = fwd.inputs.tokens.shape[1]
     mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
+    norms = None
+    if cfg.qk_norm:   # each norm's backward, from the forward's own cache of this head
+        back = ops.rms_norm_backward if cfg.rms_norm else ops.layer_norm_backward
+
+        def norm_backward(name, h):
+            xhat, rstd, gamma = fwd.caches[p + name]
+            return lambda d: back(d, ops.LayerNormCache(xhat[row, h], rstd[row, h], gamma))[0]
+
+        norms = (norm_backward("q_norm", head), norm_backward("k_norm", shared),
+                 NORM_BACK_FORMULA[cfg.rms_norm])
     return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
-                               rope_for(cfg, T))
+                               rope_for(cfg, T), norms)
 
 
 class QueryBackward(NamedTuple):

@@ -81,7 +81,8 @@ def attn(
         p = f"blocks.{block}.attn."
         back = model_head_backward_steps(fwd, grads.acts[p + "context"], cfg, block, head, row)
         own = {"dsoftmax": "pattern", "dV": "v", "dscaled scores": "scores", "dQ": "q",
-               "dK": "k", "dQ_rot": "q_rot", "dK_rot": "k_rot"}   # the backward pass's own
+               "dK": "k", "dQ_rot": "q_rot", "dK_rot": "k_rot", "dQ_norm": "q_norm.out",
+               "dK_norm": "k_norm.out"}   # the backward pass's own
         values = {s.name: s.value for s in back}
         shared = head // cfg.group
         if cfg.group > 1:   # a shared key head's gradient: the sum of its query heads' shares
@@ -121,10 +122,10 @@ def refuse_model_options(opts):
                 f"with it: --precision, --json, --svg, --save", param_hint="'--example'")
 
 
-VECTORS = {"X", "Q", "K", "V", "Q_rot", "K_rot", "context", "dcontext", "dV", "dQ", "dK",
-           "dQ_rot", "dK_rot"}   # rows of features
-KEY_ROWS = {"K", "V", "K_rot", "dK", "dV", "dK_rot"}   # one row per key
-SHARED_GRADS = {"dK", "dV", "dK_rot"}   # grouped: a key head's, summed over its query heads
+VECTORS = {"X", "Q", "K", "V", "Q_norm", "K_norm", "Q_rot", "K_rot", "context", "dcontext",
+           "dV", "dQ", "dK", "dQ_rot", "dK_rot", "dQ_norm", "dK_norm"}   # rows of features
+KEY_ROWS = {"K", "V", "K_norm", "K_rot", "dK", "dV", "dK_rot", "dK_norm"}   # one row per key
+SHARED_GRADS = {"dK", "dV", "dK_rot", "dK_norm"}   # grouped: a key head's, summed over its query heads
 
 
 def render_steps(steps, precision, queries=None, keys=None, start=1):
@@ -149,10 +150,12 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.steps import explain_query, explain_query_backward, sharing
+    from tfmcli.steps import explain_query, explain_query_backward, scored, sharing
 
     cfg = run.cfg
     rope = cfg.pe == "rope"   # q and k are the turned ones
+    q_name = "attn." + scored(cfg, "q")   # what the scores multiply
+    normed = (", normalised" + (" and" if rope else f" ({q_name})")) if cfg.qk_norm else ""
     x = explain_query(fwd, cfg, block, head, row, t)
     labels = position_labels(run, row)
     keys = position_labels(run, row, "k")
@@ -173,13 +176,14 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     parts = [
         render.config_panel(describe(cfg, run, row), title=f"tfm attn: block {block}, head "
                                                           f"{head}, query {labels[t]}"),
-        Text(f"1. the query q = row {t} of Q (token {labels[t]})" + (
+        Text(f"1. the query q = row {t} of Q (token {labels[t]}){normed}" + (
              f", turned by RoPE at position {t} (attn.q_rot)" if rope else ""), style="bold"),
         table(x.q[None, :], None, [position_labels(run, row, "q")[t]], dims),
         Text("2. each visible key k = a row of K" + (
              f" of key head {head // cfg.group}, shared by query heads {sharing(cfg, head)}"
-             if cfg.group > 1 else "") + (
-             ", each turned at its own position (attn.k_rot)" if rope else ""), style="bold"),
+             if cfg.group > 1 else "") + (", normalised" if cfg.qk_norm else "") + (
+             ", each turned at its own position (attn.k_rot)" if rope else
+             " (attn.k_norm.out)" if cfg.qk_norm else ""), style="bold"),
         table(x.k[seen], None, shown, dims),
         Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),
         table(np.column_stack([x.products[seen], x.scores[seen]]), None, shown,
@@ -206,15 +210,16 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         p = f"blocks.{block}.attn."
         xb = explain_query_backward(fwd, grads.acts[p + "context"], cfg, block, head, row, t)
         model = {name: grads.acts[p + act][row, head, t]
-                 for name, act in (("dq", "q_rot" if rope else "q"), ("dscaled", "scores"))}
+                 for name, act in (("dq", scored(cfg, "q")), ("dscaled", "scores"))}
         offs = {"dscaled": float(np.abs(model["dscaled"] - xb.dscaled).max()),
                 "dq": float(np.abs(model["dq"] - xb.dq).max()),
                 "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
+        before = "q_norm.out" if cfg.qk_norm else "q"   # what RoPE turned
         if rope:
-            offs["dq_turned_back"] = float(np.abs(grads.acts[p + "q"][row, head, t]
+            offs["dq_turned_back"] = float(np.abs(grads.acts[p + before][row, head, t]
                                                   - xb.dq_turned_back).max())
         parts += query_backward_parts(xb, x, keys, seen, shown, dims, offs, table,
-                                      precision, row, t)
+                                      precision, row, t, q_name, "attn." + before)
         payload["backward"] = {
             "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
             "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"],
@@ -228,9 +233,11 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
 
 
-def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision, row, t):
+def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision, row, t,
+                         q_name="attn.q", before="attn.q"):
     """Steps 6-9 of --query --backward: dcontext to dweights, the softmax's backward, dq, and
-    this query's share of each key's dk and dv."""
+    this query's share of each key's dk and dv. ``q_name``: the activation the scores
+    multiply; ``before``: what RoPE turned into it."""
     def num(value):
         return render.fmt(value, precision) if value is not None else "·"
 
@@ -259,13 +266,13 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
         Text("8. dscore x k, and their sum: dq", style="bold"),
         table(np.vstack([xb.dq_parts[seen], xb.dq]), None,
               [f"ds·k {k}" for k in shown] + ["Σ dq"], dims),
-        Text(f"dq differs from the backward pass's own (attn.q{'_rot' if rope else ''}) by "
+        Text(f"dq differs from the backward pass's own ({q_name}) by "
              f"{offs['dq']:.1e}, from central differences of sum(dcontext * context) by "
              f"{offs['dq_numeric']:.1e}", style="dim"),
         *([Text(f"8b. RoPE's turn back at position {t}: dq cos - rotate_half(dq) sin, the "
                 f"gradient of q before its turn", style="bold"),
            table(xb.dq_turned_back[None, :], None, ["dq before"], dims),
-           Text(f"it differs from the backward pass's own (attn.q) by "
+           Text(f"it differs from the backward pass's own ({before}) by "
                 f"{offs['dq_turned_back']:.1e}", style="dim")] if rope else []),
         Text("9. this query's share of each key's gradients: dk += dscore x q, dv += weight x "
              "dcontext (every query's shares sum to the backward's dk and dv)", style="bold"),

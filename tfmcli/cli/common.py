@@ -104,6 +104,14 @@ def _rope_notes(cfg) -> str:
     return f" ({', '.join(notes)})" if notes else ""
 
 
+def _after(rows: dict, key: str, new_key: str, value: str):
+    """The rows with (new_key, value) put right after ``key``."""
+    for name, text in rows.items():
+        yield name, text
+        if name == key:
+            yield new_key, value
+
+
 def describe(cfg, run=None, row: int = 0) -> dict:
     """The config panel's rows; with a run, where its weights and tokens came from, and the
     tokens and targets of batch row ``row``."""
@@ -127,6 +135,9 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "seed": str(cfg.seed),
         "parameters": f"{sizes.param_count(cfg):,}",
     }
+    if cfg.qk_norm:   # after the norm row
+        rows = dict(_after(rows, "norm", "q, k norm",
+                           "each head's, before the scores (attn.q_norm, attn.k_norm)"))
     if not cfg.bias:
         rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
                           else "none in attention and FFN")

@@ -165,10 +165,11 @@ MODEL_OPTIONS = [
     ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
     ("bias", Annotated[bool, _opt("--bias/--no-bias", panel=MODEL, help="Attention and FFN linear layers add biases (b_Q ... b_2); LLaMA's have none.")], D.bias),
     ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
+    ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral or Qwen2 checkpoint folder (config.json + model.safetensors).")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2 or Qwen3 checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
@@ -187,7 +188,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
          "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
          "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
-         "sliding_window": "--sliding-window", "head_dim": "--head-dim",
+         "sliding_window": "--sliding-window", "head_dim": "--head-dim", "qk_norm": "--qk-norm",
          "tokens": "--tokens", "text": "--text"}
 
 

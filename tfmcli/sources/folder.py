@@ -11,7 +11,7 @@ from pathlib import Path
 from tfmcli.errors import TfmError
 
 CONFIG = "config.json"
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -46,9 +46,10 @@ def model_type(folder, config: dict | None = None) -> str:
 def checkpoint_module(folder):
     """The module that reads this folder (``gpt2``, ``llama``, ``mistral`` or ``qwen2``): its
     ``NAME``, and ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import gpt2, llama, mistral, qwen2
+    from tfmcli.sources import gpt2, llama, mistral, qwen2, qwen3
 
-    return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2}[model_type(folder)]
+    return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
+            "qwen3": qwen3}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):

@@ -10,6 +10,7 @@ when ``num_key_value_heads`` is under the heads, with biases only when ``attenti
     model.embed_tokens -> embed.W_E
     model.layers.{i}.input_layernorm / post_attention_layernorm -> blocks.{i}.ln1 / ln2.gamma
     model.layers.{i}.self_attn.q_proj, k_proj, v_proj, o_proj -> attn.W_Q, W_K, W_V, W_O (b_*)
+    model.layers.{i}.self_attn.q_norm, k_norm -> attn.q_norm.gamma, attn.k_norm.gamma (Qwen3)
     model.layers.{i}.mlp.gate_proj, up_proj, down_proj -> ffn.W_gate, W_1, W_2 (b_*)
     model.norm -> ln_f.gamma                lm_head -> head.W_U (absent when tied)
 
@@ -43,9 +44,10 @@ def read_config(folder) -> dict:
     ``head_dim`` other than hidden_size / num_attention_heads is ``Config.head_dim``."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
-    if kind not in ("llama", "mistral", "qwen2"):
+    if kind not in ("llama", "mistral", "qwen2", "qwen3"):
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
-                       f"checkpoint's 'llama', a Mistral's 'mistral' or a Qwen2's 'qwen2'")
+                       f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2' or a "
+                       f"Qwen3's 'qwen3'")
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
@@ -53,6 +55,8 @@ def read_config(folder) -> dict:
     if activation != "silu":
         raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
                        f"is SwiGLU's ('silu')")
+    if kind == "qwen3" and config.get("head_dim") is None:
+        config = {**config, "head_dim": 128}   # Hugging Face's Qwen3Config default
     head_dim = None if config.get("head_dim") is None else need(path, config, "head_dim")
     if head_dim is not None and head_dim * H == d:
         head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
@@ -60,6 +64,13 @@ def read_config(folder) -> dict:
     window = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
         bias, qkv_bias = False, True
+    elif kind == "qwen3":   # attention_bias: on q, k, v and o, none in the MLP
+        bias = qkv_bias = False
+        if config.get("attention_bias", False) is not False:
+            raise TfmError(f"--load {path}: key 'attention_bias' is "
+                           f"{config['attention_bias']!r}; tfm adds biases to all of attention "
+                           f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
+                           f"Qwen3's would be on o_proj too and not in the MLP")
     else:
         bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
         if bias != mlp_bias or not isinstance(bias, bool):
@@ -80,7 +91,7 @@ def read_config(folder) -> dict:
               "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
-              "head_dim": head_dim}
+              "head_dim": head_dim, "qk_norm": kind == "qwen3"}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -97,7 +108,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
     layers sliding and others not is refused.
     """
     window = config.get("sliding_window")
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         sliding = config.get("use_sliding_window", False)
         if not isinstance(sliding, bool):
             raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
@@ -119,7 +130,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
                            f"the same mask")
         if kinds == {"full_attention"}:
             return None
-    elif kind == "qwen2":
+    elif kind in ("qwen2", "qwen3"):
         first = config.get("max_window_layers", 28)   # Hugging Face's default
         if isinstance(first, bool) or not isinstance(first, int):
             raise TfmError(f"--load {path}: key 'max_window_layers' is {first!r}, not a number")
@@ -176,6 +187,8 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
         for w, proj in ATTENTION:
             rows += [(m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True),
                      (m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False)]
+        rows += [(m + f"self_attn.{norm}.weight", p + f"attn.{norm}.gamma", False)
+                 for norm in ("q_norm", "k_norm")]   # Qwen3's
         rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
         for w, proj in MLP:
             rows += [(m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True),

@@ -1,0 +1,16 @@
+"""Qwen3 checkpoint folders (``"model_type": "qwen3"``: Qwen3 0.6B to 32B): LLaMA's names,
+files and model (``sources.llama`` reads them), with heads of their own width (``head_dim``,
+128 in every Qwen3) and each head's queries and keys normalised by RMSNorm before RoPE
+(``Config.qk_norm``: ``self_attn.q_norm`` and ``k_norm`` map to ``attn.q_norm.gamma`` and
+``attn.k_norm.gamma``). No biases (``attention_bias`` true, which puts one on ``o_proj`` as
+well and none in the MLP, is refused). The sliding window is Qwen2's."""
+
+from __future__ import annotations
+
+import functools
+
+from tfmcli.sources import llama
+
+NAME = "Qwen3"
+read_config = llama.read_config
+load_params = functools.partial(llama.load_params, checkpoint=NAME)
