@@ -151,6 +151,20 @@ def test_the_kv_cache_equals_the_forward():
     decoded_like_the_forward(cfg, 6, [3, 1, 4, 1, 5, 9, 2])
 
 
+def test_a_file_without_its_config_is_read_with_its_norms(tmp_path):
+    """An npz of parameters alone: q_norm's gamma means qk_norm (and W_Q 24 wide on 16, heads
+    of 6 for -H 4)."""
+    cfg = qwen3_cfg(lengths=None)
+    params = random_params(tfmcli.init_params(cfg), seed=8)
+    path = tmp_path / "bare.npz"
+    np.savez(path, **{"param/" + name: value for name, value in params.items()})
+    data = json.loads(ok("forward", "--load", path, "-H", 4, "-T", 6, "--pe", "rope",
+                         "--rope-theta", 1e6, "--json").stdout)
+    assert data["config"]["qk_norm"] is True and data["config"]["head_dim"] == 6
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    assert data["loss"] == pytest.approx(fwd.loss, rel=1e-12)
+
+
 # ---------------------------------------------------------------- one head, step by step
 
 
