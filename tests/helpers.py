@@ -259,6 +259,25 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False, qwen3: b
     return in_float64(model, cfg)
 
 
+def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int = 0) -> dict:
+    """A random Hugging Face ``{name}ForCausalLM`` (``name``: "Mistral", "Qwen2", "Qwen3", ...)
+    of ``config``, its weights drawn O(1) and its norms' gains about 1, saved in ``dtype`` by
+    its own ``save_pretrained``; returns its state in float64 under Hugging Face's names."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    Model, Config = (getattr(transformers, name + kind) for kind in ("ForCausalLM", "Config"))
+    model = Model(Config(**config))
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.normal_(0.0, 0.5)
+            if key.endswith("norm.weight"):
+                p.add_(1.0)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(folder)
+    return {k: v.double().numpy() for k, v in model.state_dict().items()}
+
+
 def in_float64(model, cfg):
     """A LLaMA, Qwen2, Mistral or Qwen3 ForCausalLM (float64 weights) with its RMSNorm (Qwen3's
     q_norm and k_norm too) and RoPE angles

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_gradcheck_passes, assert_grads_match, error_line, llama_from,
+from helpers import (assert_gradcheck_passes, assert_grads_match, error_line, hf_saved, llama_from,
                      llama_grads, ok, random_params, run, tfm_grads_matching_hf,
                      torch_reference_rows)
 from tfmcli.config import param_count, param_shapes
@@ -117,20 +117,8 @@ SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_h
 
 
 def hf_qwen2_folder(folder, dtype="bfloat16", seed=0, **config):
-    """A random Qwen2ForCausalLM saved by Hugging Face's own ``save_pretrained``, weights drawn
-    O(1); its state in float64 under Hugging Face's names."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**SMALL, **config}))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.5)
-            if name.endswith("norm.weight"):   # norm gains about 1
-                p.add_(1.0)
-    model = model.to(getattr(torch, dtype))
-    model.save_pretrained(folder)
-    return {k: v.double().numpy() for k, v in model.state_dict().items()}
+    """A random Qwen2ForCausalLM saved by ``save_pretrained`` (``helpers.hf_saved``)."""
+    return hf_saved(folder, "Qwen2", {**SMALL, **config}, dtype, seed)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])

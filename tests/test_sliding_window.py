@@ -14,8 +14,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, grid_rows, in_float64, llama_from,
-                     llama_grads, ok, random_params, run, tfm_grads_matching_hf,
+                     decoded_like_the_forward, error_line, grid_rows, hf_saved, in_float64,
+                     llama_from, llama_grads, ok, random_params, run, tfm_grads_matching_hf,
                      torch_reference_rows)
 from tfmcli.errors import ConfigError
 from tfmcli.masks import combined_mask, sliding_window_mask
@@ -242,19 +242,6 @@ SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_h
              rms_norm_eps=1e-6)
 
 
-def hf_saved(folder, Config, Model, dtype="bfloat16", seed=0, **config):
-    """A random ``Model`` saved by Hugging Face's own ``save_pretrained``, weights drawn O(1)."""
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(seed)
-    model = Model(Config(**{**SMALL, **config}))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.5)
-            if name.endswith("norm.weight"):   # norm gains about 1
-                p.add_(1.0)
-    model.to(getattr(torch, dtype)).save_pretrained(folder)
-
-
 @pytest.mark.parametrize("kind, config, window", [
     ("mistral", dict(sliding_window=3), 3),
     ("mistral", dict(sliding_window=None, tie_word_embeddings=True), None),
@@ -264,9 +251,9 @@ def test_a_folder_matches_from_pretrained(tmp_path, kind, config, window):
     """tfm --load and Hugging Face's from_pretrained on one bfloat16 folder: the window read
     from config.json, loss, logits and every gradient to 1e-12, a padded row included."""
     transformers = pytest.importorskip("transformers")
-    Config, Model = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-                     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
-    hf_saved(tmp_path, Config, Model, **config)
+    name = {"mistral": "Mistral", "qwen2": "Qwen2"}[kind]
+    hf_saved(tmp_path, name, {**SMALL, **config})
+    Model = getattr(transformers, name + "ForCausalLM")
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == kind
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8, 4]])
     assert run_.cfg.sliding_window == window
@@ -281,8 +268,7 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
 
-    hf_saved(tmp_path, transformers.MistralConfig, transformers.MistralForCausalLM,
-             dtype="float32", sliding_window=4)
+    hf_saved(tmp_path, "Mistral", {**SMALL, "sliding_window": 4}, "float32")
     fields = mistral.read_config(tmp_path)
     params = mistral.load_params(tmp_path, fields, np.float64)
     state = transformers.MistralForCausalLM.from_pretrained(tmp_path).state_dict()
@@ -309,10 +295,7 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
      "key 'use_sliding_window' is 'yes', not true or false"),
 ])
 def test_some_layers_sliding_is_refused(tmp_path, kind, change, reason):
-    transformers = pytest.importorskip("transformers")
-    Config, Model = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-                     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
-    hf_saved(tmp_path, Config, Model, dtype="float32")
+    hf_saved(tmp_path, {"mistral": "Mistral", "qwen2": "Qwen2"}[kind], SMALL, "float32")
     config = json.loads((tmp_path / "config.json").read_text())
     config = {k: v for k, v in {**config, **change}.items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -323,8 +306,7 @@ def test_some_layers_sliding_is_refused(tmp_path, kind, change, reason):
 def test_qwen2_without_use_sliding_window_has_none(tmp_path):
     """Qwen2.5's own configs carry a ``sliding_window`` (32768) with ``use_sliding_window``
     false: no layer slides."""
-    transformers = pytest.importorskip("transformers")
-    hf_saved(tmp_path, transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dtype="float32")
+    hf_saved(tmp_path, "Qwen2", SMALL, "float32")
     config = json.loads((tmp_path / "config.json").read_text())
     config = {k: v for k, v in config.items() if k != "layer_types"}
     (tmp_path / "config.json").write_text(json.dumps(
