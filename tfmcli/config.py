@@ -506,7 +506,8 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
     GELU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped attention's
-    keys and values repeated to every head). On top of that comes
+    keys and values repeated to every head, the q and k norms' ``xhat`` and ``rstd``). On top
+    of that comes
     one transient: the forward's largest temporary (a (B, H, T, T) or (B, T, V) array, at the end
     of the forward), or GELU's backward, which briefly holds about three (B, T, d_ff) arrays
     (SwiGLU's one, its slope; grouped attention's dk and dv at every head, two (B, T, H d_head)).

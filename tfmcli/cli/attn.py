@@ -125,7 +125,8 @@ def refuse_model_options(opts):
 VECTORS = {"X", "Q", "K", "V", "Q_norm", "K_norm", "Q_rot", "K_rot", "context", "dcontext",
            "dV", "dQ", "dK", "dQ_rot", "dK_rot", "dQ_norm", "dK_norm"}   # rows of features
 KEY_ROWS = {"K", "V", "K_norm", "K_rot", "dK", "dV", "dK_rot", "dK_norm"}   # one row per key
-SHARED_GRADS = {"dK", "dV", "dK_rot", "dK_norm"}   # grouped: a key head's, summed over its query heads
+SHARED_GRADS = {"dK", "dV", "dK_rot", "dK_norm"}   # grouped: a key head's, summed over its
+#                                                   query heads
 
 
 def render_steps(steps, precision, queries=None, keys=None, start=1):
