@@ -53,16 +53,21 @@ def assert_paths_agree(cfg, params, inputs):
        norm=st.sampled_from(["pre", "post"]), activation=st.sampled_from(["relu", "gelu", "swiglu"]),
        causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
        tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
-       block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans())
+       block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans(),
+       window=st.sampled_from([None, 1, 2, 3]), head_dim=st.sampled_from([None, 3]),
+       qk_norm=st.booleans())
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
-                                        seed, block, rms, grouped):
-    """Small query blocks, so that keys are skipped at these small sizes too."""
+                                        seed, block, rms, grouped, window, head_dim, qk_norm):
+    """Small query blocks, so that keys are skipped at these small sizes too (after each
+    block's keys, and before its sliding window)."""
     rng = np.random.default_rng(seed)
     lengths = tuple(int(n) for n in rng.integers(1, T + 1, B)) if pad else None
     cfg = tfmcli.Config(batch=B, seq_len=T, d_model=2 * H * 2, heads=H, vocab=9, norm=norm,
                         activation=activation, causal=causal, lengths=lengths, pe=pe,
                         tied_head=tied, head_bias=not tied, layers=layers, seed=seed,
-                        rms_norm=rms, kv_heads=1 if grouped else None)
+                        rms_norm=rms, kv_heads=1 if grouped else None,
+                        sliding_window=window if causal else None, head_dim=head_dim,
+                        qk_norm=qk_norm)
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     with mock.patch.object(ops, "QUERY_BLOCK", block):
         assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
@@ -149,6 +154,32 @@ def test_key_blocks_end_at_the_last_key_any_query_of_the_block_may_see():
     assert ops.key_blocks(padded, 4) == ((0, 4, 5), (4, 8, 5))      # keys 5..7: no row sees them
     both = tfmcli.masks.combined_mask([2, 6], 8)
     assert ops.key_blocks(both, 2) == ((0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 6))
+
+
+def test_key_starts_are_the_first_key_any_query_of_the_block_may_see():
+    """A window of 3 on 8 positions, blocks of 3 queries: query 3 sees keys 1..3 and query 6
+    keys 4..6; a row of length 5 has its padded queries 6 and 7 see what query 4 sees, 2..4."""
+    window = tfmcli.masks.combined_mask([8], 8, window=3)
+    assert ops.key_starts(window, ops.key_blocks(window, 3)) == (0, 1, 4)
+    padded = tfmcli.masks.combined_mask([8, 5], 8, window=3)
+    assert ops.key_starts(padded, ops.key_blocks(padded, 3)) == (0, 1, 2)
+    causal = tfmcli.masks.combined_mask([8, 5], 8)
+    assert ops.key_starts(causal, ops.key_blocks(causal, 3)) == (0, 0, 0)   # no window
+
+
+def test_keys_before_a_window_are_skipped_and_hold_the_references_numbers():
+    """Blocks of 3 queries under a window of 3: each block multiplies only its keys from its
+    start, and the keys before it hold -inf, 0 and 0, as the reference's do."""
+    cfg = tfmcli.Config(seq_len=8, lengths=(8, 5), d_model=8, heads=2, sliding_window=3)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    with mock.patch.object(ops, "QUERY_BLOCK", 3):
+        assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))
+        fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+        grads = tfmcli.backward(params, fwd, cfg)
+    assert fwd.caches["blocks.0.attn"][3].starts == (0, 1, 2)
+    scores, pattern = fwd.acts["blocks.0.attn.scores"], fwd.acts["blocks.0.attn.pattern"]
+    assert np.isneginf(scores[0, :, 6, :4]).all() and (pattern[0, :, 6, :4] == 0).all()
+    assert (grads.acts["blocks.0.attn.scores"][0, :, 6, :4] == 0).all()
 
 
 def test_the_mask_is_added_only_from_the_first_key_a_block_hides():

@@ -282,7 +282,8 @@ def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int,
     bias = ops.additive_mask(mask[:, None], np.dtype(dtype))                      # (B, 1, T, T)
     bias.flags.writeable = False
     blocks = ops.key_blocks(mask, block)
-    return ops.AttentionMask(bias, blocks, ops.hidden_from(mask, blocks))
+    return ops.AttentionMask(bias, blocks, ops.hidden_from(mask, blocks),
+                             ops.key_starts(mask, blocks))
 
 
 def head_weights(params: dict, cfg: Config):

@@ -304,6 +304,7 @@ class AttentionCache(NamedTuple):
     pattern: np.ndarray  # (B, H, T, T)
     scale: float
     blocks: tuple = ()   # the fast path's query blocks (see key_blocks); the reference: none
+    starts: tuple = ()   # per block, the first key it may see (key_starts); none: 0
 
 
 def attention_forward(q, k, v, mask, scale):
@@ -322,7 +323,7 @@ def attention_forward(q, k, v, mask, scale):
 
 def attention_backward(dcontext, cache):
     """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T)."""
-    q, k, v, pattern, scale, _ = cache
+    q, k, v, pattern, scale = cache[:5]
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
     dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
     dscores = softmax_backward(dpattern, pattern)             # 0 on hidden keys
@@ -333,7 +334,7 @@ def attention_backward(dcontext, cache):
 
 # The fast path: the same attention with fewer passes over the (B, H, T, T) arrays, fewer fresh
 # ones, and no work on keys a whole block of queries cannot see (the causal upper triangle, keys
-# past every row's length). Equal to the functions above to rounding (tests/test_fast.py holds
+# past every row's length, keys before a sliding window). Equal to the functions above to rounding (tests/test_fast.py holds
 # it to 1e-12 relative); those stay the reference a reader checks the formulas against.
 
 QUERY_BLOCK = 128   # query rows per block: big enough for BLAS, small enough to skip ~40% at T 512
@@ -354,6 +355,7 @@ class AttentionMask(NamedTuple):
     bias: np.ndarray  # (B, 1, T, T): 0 where a query may attend, -inf where the key is hidden
     blocks: tuple     # ((first row, end row, key end), ...): see key_blocks
     hidden_from: tuple = ()   # per block, the first key it hides from some query: see key_blocks
+    starts: tuple = ()        # per block, the first key any of its queries may see: key_starts
 
 
 def additive_mask(mask, dtype):
@@ -373,6 +375,18 @@ def key_blocks(mask, block):
     ends = np.where(seen.any(axis=-1), T - seen[:, ::-1].argmax(axis=-1), 0)  # per query
     return tuple((r, min(r + block, T), int(ends[r:r + block].max()))
                  for r in range(0, T, block))
+
+
+def key_starts(mask, blocks):
+    """Per block of ``key_blocks``, the first key any of its queries may see in any batch row:
+    a sliding window hides every key before it from the whole block, so no product need touch
+    those either (0 without a window, where key 0 is always seen)."""
+    seen = mask.any(axis=0)                                   # (T, T): visible in some row
+    starts = []
+    for r0, r1, end in blocks:
+        columns = np.flatnonzero(seen[r0:r1, :end].any(axis=0))
+        starts.append(int(columns[0]) if columns.size else 0)
+    return tuple(starts)
 
 
 def hidden_from(mask, blocks):
@@ -411,23 +425,29 @@ def attention_forward_fast(q, k, v, mask, scale):
     context = np.empty_like(q)                                # (B, H, T, d_head)
     q_scaled = q * scale
 
+    starts = mask.starts or (0,) * len(mask.blocks)
+
     @parallel.unbuffered(T * q.itemsize)   # rows of the scores
     def part(h):                                              # h: a slice of the heads
         for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
-            for (r0, r1, end), first in zip(mask.blocks, mask.hidden_from):
-                s = scores[b, h, r0:r1, :end]                 # this block's visible part
-                np.matmul(q_scaled[b, h, r0:r1], k[b, h, :end].swapaxes(-1, -2), out=s)
-                s[..., first:] += mask.bias[b, :, r0:r1, first:end]   # -inf where hidden
+            for (r0, r1, end), first, start in zip(mask.blocks, mask.hidden_from, starts):
+                s = scores[b, h, r0:r1, start:end]            # this block's visible part
+                np.matmul(q_scaled[b, h, r0:r1], k[b, h, start:end].swapaxes(-1, -2), out=s)
+                first = max(first, start)
+                s[..., first - start:] += mask.bias[b, :, r0:r1, first:end]   # -inf where hidden
                 scores[b, h, r0:r1, end:] = -np.inf
                 pattern[b, h, r0:r1, end:] = 0.0
-                p = pattern[b, h, r0:r1, :end]
+                if start:   # a sliding window: the keys before it too
+                    scores[b, h, r0:r1, :start] = -np.inf
+                    pattern[b, h, r0:r1, :start] = 0.0
+                p = pattern[b, h, r0:r1, start:end]
                 np.subtract(s, s.max(axis=-1, keepdims=True), out=p)
                 np.exp(p, out=p)
                 p /= p.sum(axis=-1, keepdims=True)
-                np.matmul(p, v[b, h, :end], out=context[b, h, r0:r1])
+                np.matmul(p, v[b, h, start:end], out=context[b, h, r0:r1])
 
     parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))
-    return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks)
+    return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks, starts)
 
 
 def attention_backward_fast(dcontext, cache):
@@ -437,31 +457,38 @@ def attention_backward_fast(dcontext, cache):
     each is written once rather than summed over query blocks. dpattern is computed whole: it
     is not 0 where the weight is. The heads go in parts on the machine's cores
     (``parallel``), a few sequences at a time (``_sequences``), unbuffered as in the forward."""
-    q, k, v, pattern, scale, blocks = cache
+    q, k, v, pattern, scale, blocks, starts = cache
+    starts = starts or (0,) * len(blocks)
     B, H, T, dh = q.shape
     dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     k_scaled, q_scaled = k * scale, q * scale
+    # keys c0..c1 are seen by the query blocks from the first whose keys reach them to the last
+    # whose window starts before them; the rows outside give them weight 0
+    seen_by = [slice(next((r0 for r0, _, end in blocks if end > c0), T),
+                     max((r1 for (_, r1, end), start in zip(blocks, starts)
+                          if end > c0 and start < c1), default=0))
+               for c0, c1, _ in blocks]
 
     @parallel.unbuffered(T * q.itemsize)   # rows of the scores
     def part(h):                                              # h: a slice of the heads
         for b in _sequences(B, len(range(H)[h]), T, q.itemsize):   # blocks that stay in cache
             np.matmul(dcontext[b, h], v[b, h].swapaxes(-1, -2), out=dpattern[b, h])
-            for r0, r1, end in blocks:
-                p, dp = pattern[b, h, r0:r1, :end], dpattern[b, h, r0:r1, :end]
-                ds = dscores[b, h, r0:r1, :end]
+            for (r0, r1, end), start in zip(blocks, starts):
+                p, dp = pattern[b, h, r0:r1, start:end], dpattern[b, h, r0:r1, start:end]
+                ds = dscores[b, h, r0:r1, start:end]
                 dscores[b, h, r0:r1, end:] = 0.0
+                if start:   # a sliding window: the keys before it too
+                    dscores[b, h, r0:r1, :start] = 0.0
                 rows = row_dot(dp, p)                         # sum(dpattern * p) per row
                 np.subtract(dp, rows, out=ds)
                 ds *= p                                       # p * (dpattern - rows)
-                np.matmul(ds, k_scaled[b, h, :end], out=dq[b, h, r0:r1])
-            for c0, c1, _ in blocks:   # keys c0..c1, from the first query block that sees any
-                first = next((r0 for r0, _, end in blocks if end > c0), T)
-                seen_by = slice(first, T)   # a later row that cannot see a key: weight 0 there
-                np.matmul(pattern[b, h, seen_by, c0:c1].swapaxes(-1, -2),
-                          dcontext[b, h, seen_by], out=dv[b, h, c0:c1])
-                np.matmul(dscores[b, h, seen_by, c0:c1].swapaxes(-1, -2),
-                          q_scaled[b, h, seen_by], out=dk[b, h, c0:c1])
+                np.matmul(ds, k_scaled[b, h, start:end], out=dq[b, h, r0:r1])
+            for (c0, c1, _), rows in zip(blocks, seen_by):    # keys c0..c1
+                np.matmul(pattern[b, h, rows, c0:c1].swapaxes(-1, -2),
+                          dcontext[b, h, rows], out=dv[b, h, c0:c1])
+                np.matmul(dscores[b, h, rows, c0:c1].swapaxes(-1, -2),
+                          q_scaled[b, h, rows], out=dk[b, h, c0:c1])
 
     parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))
     return dq, dk, dv, dpattern, dscores
