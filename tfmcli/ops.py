@@ -304,7 +304,7 @@ class AttentionCache(NamedTuple):
     pattern: np.ndarray  # (B, H, T, T)
     scale: float
     blocks: tuple = ()   # the fast path's query blocks (see key_blocks); the reference: none
-    starts: tuple = ()   # per block, the first key it may see (key_starts); none: 0
+    starts: tuple = ()   # per block, the first key it may see (key_starts); the reference: none
 
 
 def attention_forward(q, k, v, mask, scale):
@@ -334,8 +334,9 @@ def attention_backward(dcontext, cache):
 
 # The fast path: the same attention with fewer passes over the (B, H, T, T) arrays, fewer fresh
 # ones, and no work on keys a whole block of queries cannot see (the causal upper triangle, keys
-# past every row's length, keys before a sliding window). Equal to the functions above to rounding (tests/test_fast.py holds
-# it to 1e-12 relative); those stay the reference a reader checks the formulas against.
+# past every row's length, keys before a sliding window). Equal to the functions above to
+# rounding (tests/test_fast.py holds it to 1e-12 relative); those stay the reference a reader
+# checks the formulas against.
 
 QUERY_BLOCK = 128   # query rows per block: big enough for BLAS, small enough to skip ~40% at T 512
 CACHE_BYTES = 1 << 20   # a block of scores this size stays in a core's cache (L2) over its passes
@@ -354,8 +355,8 @@ class AttentionMask(NamedTuple):
     """The mask as the fast path takes it."""
     bias: np.ndarray  # (B, 1, T, T): 0 where a query may attend, -inf where the key is hidden
     blocks: tuple     # ((first row, end row, key end), ...): see key_blocks
-    hidden_from: tuple = ()   # per block, the first key it hides from some query: see key_blocks
-    starts: tuple = ()        # per block, the first key any of its queries may see: key_starts
+    hidden_from: tuple   # per block, the first key it hides from some query: see hidden_from
+    starts: tuple        # per block, the first key any of its queries may see: see key_starts
 
 
 def additive_mask(mask, dtype):
@@ -424,8 +425,7 @@ def attention_forward_fast(q, k, v, mask, scale):
     pattern = np.empty((B, H, T, T), dtype=q.dtype)
     context = np.empty_like(q)                                # (B, H, T, d_head)
     q_scaled = q * scale
-
-    starts = mask.starts or (0,) * len(mask.blocks)
+    starts = mask.starts
 
     @parallel.unbuffered(T * q.itemsize)   # rows of the scores
     def part(h):                                              # h: a slice of the heads
@@ -458,7 +458,6 @@ def attention_backward_fast(dcontext, cache):
     is not 0 where the weight is. The heads go in parts on the machine's cores
     (``parallel``), a few sequences at a time (``_sequences``), unbuffered as in the forward."""
     q, k, v, pattern, scale, blocks, starts = cache
-    starts = starts or (0,) * len(blocks)
     B, H, T, dh = q.shape
     dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)

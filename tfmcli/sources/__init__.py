@@ -84,8 +84,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a GPT-2, LLaMA, Mistral, Qwen2 or Qwen3 checkpoint folder (its parameters; its tokenizer
-        for ``text``).
+        or a GPT-2, LLaMA, Mistral, Qwen2 or Qwen3 checkpoint folder (its parameters; its
+        tokenizer for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
     text : list of str, optional
@@ -106,7 +106,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     folder = load is not None and Path(load).is_dir()
     if folder:
         gpt2.require_safetensors()   # a folder needs the hf extra (its tokenizer, GPT-2's weights)
-        checkpoint = checkpoint_module(load)   # gpt2, llama, mistral, qwen2 or qwen3, as config.json says
+        checkpoint = checkpoint_module(load)   # gpt2, llama, ... qwen3, as config.json says
         fields = checkpoint.read_config(load)
         weights_from = f"{checkpoint.NAME} checkpoint {load}"
         tokenizer = find_tokenizer(load)

@@ -1,7 +1,7 @@
 """Checkpoint folders as Hugging Face's ``save_pretrained`` writes them and the hub serves them:
 ``config.json``'s ``model_type`` says whose names the weights carry (``sources.gpt2``,
-``sources.llama``, ``sources.mistral``, ``sources.qwen2``), and each of those modules reads its
-own."""
+``sources.llama``, ``sources.mistral``, ``sources.qwen2``, ``sources.qwen3``), and each of
+those modules reads its own."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def model_type(folder, config: dict | None = None) -> str:
 
 
 def checkpoint_module(folder):
-    """The module that reads this folder (``gpt2``, ``llama``, ``mistral`` or ``qwen2``): its
-    ``NAME``, and ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
+    """The module that reads this folder (``gpt2``, ``llama``, ``mistral``, ``qwen2`` or
+    ``qwen3``): its ``NAME``, and ``read_config(folder)`` and ``load_params(folder, fields,
+    dtype)``."""
     from tfmcli.sources import gpt2, llama, mistral, qwen2, qwen3
 
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
