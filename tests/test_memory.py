@@ -118,6 +118,12 @@ CONFIGS = [
     pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
                       activation="swiglu", norm="post", dtype="float32", pe="rope"),
                  id="swiglu-rope-post-f32"),
+    # GeGLU: the gate, its gradient and its tanh a block, two arrays in the backward
+    pytest.param(dict(batch=8, seq_len=64, d_model=64, heads=2, d_ff=1024, vocab=256, layers=2,
+                      activation="geglu"), id="wide-ffn-geglu"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      activation="geglu", norm="post", dtype="float32", pe="rope"),
+                 id="geglu-rope-post-f32"),
     # RMSNorm: no betas (its caches are layer norm's)
     pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
                       rms_norm=True, activation="swiglu", pe="rope"), id="llama-like-rms-f64"),

@@ -68,7 +68,7 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
         batch=B, seq_len=T, d_model=d, heads=H, kv_heads=draw(st.none() | st.sampled_from(divisors(H))),
         d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
         layers=draw(st.integers(1, max_layers)), norm=draw(st.sampled_from(["pre", "post"])),
-        activation=draw(st.sampled_from(["relu", "gelu", "swiglu"])), causal=draw(st.booleans()),
+        activation=draw(st.sampled_from(["relu", "gelu", "swiglu", "geglu"])), causal=draw(st.booleans()),
         lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)),
@@ -169,7 +169,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                 np.testing.assert_allclose(x.dpre, grads.acts[p + "ffn.pre"][b, t], rtol=0,
                                            atol=loose * max(1.0, abs(x.dpre).max()))
                 db_1 += x.dpre
-                if cfg.activation == "swiglu":   # the gate's gradient, and the dx it adds
+                if cfg.gated:   # the gate's gradient, and the dx it adds
                     np.testing.assert_allclose(x.dgate, grads.acts[p + "ffn.gate"][b, t], rtol=0,
                                                atol=loose * max(1.0, abs(x.dgate).max()))
                     db_gate += x.dgate
@@ -189,7 +189,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
                                            atol=loose * max(1.0, abs(mine).max()))
         np.testing.assert_allclose(db_1, grads[p + "ffn.b_1"], rtol=0,
                                    atol=loose * max(1.0, abs(db_1).max()))
-        if cfg.activation == "swiglu":
+        if cfg.gated:
             np.testing.assert_allclose(db_gate, grads[p + "ffn.b_gate"], rtol=0,
                                        atol=loose * max(1.0, abs(db_gate).max()))
 
@@ -351,7 +351,7 @@ BAD_PRECISION = ["-1", "13", "99", "x"]
 BAD_LENGTHS = ["a,b", "", "0", "9,9,9", "1,,2", "2.5", "-1", "1;2", ",", " "]
 CHOICES = {
     "--norm": (["pre", "post", "PRE"], ["mid", ""]),
-    "--activation": (["relu", "gelu", "GELU", "swiglu"], ["tanh"]),
+    "--activation": (["relu", "gelu", "GELU", "swiglu", "geglu"], ["tanh", "reglu"]),
     "--pe": (["sinusoidal", "none", "rope"], ["learned"]),
     "--init": (["normal", "uniform", "xavier", "kaiming"], ["zeros"]),
     "--dtype": (["float64", "float32"], ["float16", "int8"]),

@@ -71,7 +71,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
     x, attn, ffn = act("in"), act("attn.out"), act("ffn.out")
     through_ffn = grad("ffn.pre") @ weight("ffn.W_1").T
     ffn_formula = "dpre W_1^T: the FFN's input gradient"
-    if cfg.activation == "swiglu":   # x feeds the gate too
+    if cfg.gated:   # x feeds the gate too
         through_ffn = through_ffn + grad("ffn.gate") @ weight("ffn.W_gate").T
         ffn_formula = "dpre W_1^T + dgate W_gate^T: the FFN's input gradient"
     via = {name: merged(name.lower()) @ weight(f"attn.W_{name}").T for name in "QKV"}

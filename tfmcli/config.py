@@ -19,7 +19,8 @@ import numpy as np
 from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
 PES = ("sinusoidal", "learned", "none", "rope")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
@@ -78,10 +79,11 @@ class Config:
         Hidden width of the feed-forward network; ``None`` means ``4 * d_model``.
     norm : {"pre", "post"}
         Where layer norm sits (see the README's Conventions).
-    activation : {"relu", "gelu", "swiglu"}
+    activation : {"relu", "gelu", "swiglu", "geglu"}
         FFN non-linearity; gelu is the tanh approximation. ``swiglu`` gates instead (LLaMA's
         FFN): ``(silu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``, with the parameters
         ``ffn.W_gate (d, d_ff)`` and ``ffn.b_gate (d_ff,)`` besides the other two layers'.
+        ``geglu`` is the same gate through GELU's tanh form instead of silu (Gemma's FFN).
     causal : bool
         Query t sees only keys <= t.
     lengths : tuple of int or None
@@ -269,6 +271,11 @@ class Config:
         return self.h_kv * self.d_head
 
     @property
+    def gated(self) -> bool:
+        """The FFN gates its hidden units (``swiglu``, ``geglu``): a third weight, ``W_gate``."""
+        return self.activation in GATED
+
+    @property
     def ff(self) -> int:
         """The FFN hidden width actually used."""
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
@@ -355,7 +362,7 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         shapes[p + "ln2.gamma"] = (d,)
         if not cfg.rms_norm:
             shapes[p + "ln2.beta"] = (d,)
-        if cfg.activation == "swiglu":   # the gate, which silu turns into each unit's weight
+        if cfg.gated:   # the gate, which silu (GELU) turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
             if cfg.bias:
                 shapes[p + "ffn.b_gate"] = (F,)
@@ -427,7 +434,7 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         attn += [(p + "attn.scores", (B, H, T, T)), (p + "attn.pattern", (B, H, T, T)),
                  (p + "attn.context", (B, T, cfg.d_q)), (p + "attn.out", btd)]
         ffn = [(p + "ffn.pre", (B, T, F)), (p + "ffn.act", (B, T, F)), (p + "ffn.out", btd)]
-        if cfg.activation == "swiglu":   # act = silu(gate) * pre
+        if cfg.gated:   # act = silu(gate) * pre, or gelu(gate) * pre
             ffn.insert(0, (p + "ffn.gate", (B, T, F)))
         shapes[p + "in"] = btd
         if cfg.norm == "pre":
@@ -479,9 +486,9 @@ def param_groups(cfg: Config) -> OrderedDict[str, int]:
 
 
 def ffn_products(cfg: Config) -> int:
-    """The FFN's matrix products of d x d_ff multiply-adds per row: W_1 and W_2, and SwiGLU's
-    W_gate."""
-    return 3 if cfg.activation == "swiglu" else 2
+    """The FFN's matrix products of d x d_ff multiply-adds per row: W_1 and W_2, and a gated
+    FFN's W_gate."""
+    return 3 if cfg.gated else 2
 
 
 def flops(cfg: Config) -> tuple[int, int]:
@@ -505,21 +512,20 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped attention's
-    keys and values repeated to every head, the q and k norms' ``xhat`` and ``rstd``). On top
-    of that comes
-    one transient: the forward's largest temporary (a (B, H, T, T) or (B, T, V) array, at the end
-    of the forward), or GELU's backward, which briefly holds about three (B, T, d_ff) arrays
-    (SwiGLU's one, its slope; grouped attention's dk and dv at every head, two (B, T, H d_head)).
-    ``tests/test_memory.py`` holds this
-    within 8% of what tracemalloc measures (0.956-1.071 of it).
+    GELU's and GeGLU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped
+    attention's keys and values repeated to every head, the q and k norms' ``xhat`` and
+    ``rstd``). On top of that comes one transient: the forward's largest temporary (a
+    (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward, which
+    briefly holds about three (B, T, d_ff) arrays (a gated FFN's one: its slope, made before
+    dgate; grouped attention's dk and dv at every head, two (B, T, H d_head)).
+    ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
     item = np.dtype(cfg.dtype).itemsize
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
     pre, gelu = cfg.norm == "pre", cfg.activation == "gelu"
-    swiglu = cfg.activation == "swiglu"   # the gate a block, its gradient; its sigmoid cached
+    gated = cfg.gated   # the gate a block, its gradient; SwiGLU's sigmoid or GeGLU's tanh cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
@@ -531,17 +537,18 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
     acts = (L * (6 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
-                 + (2 + swiglu) * btf)
+                 + (2 + gated) * btf)
             + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
     dacts = (L * (4 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
-                  + (2 + swiglu) * btf)
+                  + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + pre) * (btd + B * T) + (gelu + swiglu) * L * btf + rope * 2 * T * cfg.d_head
+    caches = ((2 * L + pre) * (btd + B * T) + (gelu + gated) * L * btf + rope * 2 * T * cfg.d_head
               + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
-    backward_transient = max(3 * btf if gelu else btf if swiglu else 0, grouped * 2 * btq)
+    activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
+    backward_transient = max(activation_transient, grouped * 2 * btq)
     transient = max(forward_transient - params - dacts, backward_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,

@@ -1,7 +1,7 @@
 """One feed-forward sublayer at one position, number by number, forward and backward (``tfm ffn``).
 
 ``FFN(x) = act(x W_1 + b_1) W_2 + b_2``, or with SwiGLU ``(silu(x W_gate + b_gate) * (x W_1 +
-b_1)) W_2 + b_2``. Seed 003 derived its backward by hand and took the
+b_1)) W_2 + b_2`` (GeGLU: gelu for silu). Seed 003 derived its backward by hand and took the
 ReLU's derivative from the wrong array (the attention's K, not the FFN's own pre-activation)
 and applied it before the product with ``W_2^T`` instead of after; this recomputes every
 intermediate of one row from the model's own input to that FFN, so that each number a learner
@@ -23,6 +23,7 @@ from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward, check_within
 
 GELU_C = math.sqrt(2.0 / math.pi)
+GATE_UNITS = {"swiglu": "silu", "geglu": "gelu"}   # what turns a gated FFN's gate into weights
 
 
 def input_name(cfg: Config, block: int) -> str:
@@ -55,7 +56,9 @@ def slope(pre: np.ndarray, name: str) -> np.ndarray:
 
 class FFNExplained(NamedTuple):
     """With SwiGLU, ``gate`` and ``dgate`` are set, ``hidden`` is silu(gate) * pre, ``slope``
-    silu'(gate), ``dpre`` dhidden * silu(gate), and ``dx`` takes dgate W_gate^T as well."""
+    silu'(gate), ``dpre`` dhidden * silu(gate), and ``dx`` takes dgate W_gate^T as well. GeGLU
+    the same with gelu for silu. ``gate_act`` is silu(gate) or gelu(gate); ``silu_gate`` is
+    SwiGLU's alone."""
     x: np.ndarray          # (d,) the input row
     pre: np.ndarray        # (d_ff,) x W_1 + b_1
     hidden: np.ndarray     # (d_ff,) act(pre)
@@ -65,11 +68,12 @@ class FFNExplained(NamedTuple):
     slope: np.ndarray      # (d_ff,) act'(pre)
     dpre: np.ndarray       # (d_ff,) dhidden * slope
     dx: np.ndarray         # (d,) dpre W_1^T
-    numeric_slope: np.ndarray  # central differences of act at pre (silu at gate)
+    numeric_slope: np.ndarray  # central differences of act at pre (silu or gelu at gate)
     numeric_dx: np.ndarray     # central differences of sum(dout * FFN(x)) in x
     gate: np.ndarray | None = None       # (d_ff,) x W_gate + b_gate (SwiGLU)
     silu_gate: np.ndarray | None = None  # (d_ff,) silu(gate), each unit's weight (SwiGLU)
     dgate: np.ndarray | None = None      # (d_ff,) dhidden * pre * silu'(gate) (SwiGLU)
+    gate_act: np.ndarray | None = None   # (d_ff,) silu(gate) or gelu(gate) (a gated FFN)
 
 
 def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block: int, row: int,
@@ -86,25 +90,26 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     W_1, b_1, W_2, b_2 = (weight(name) for name in ("W_1", "b_1", "W_2", "b_2"))
     x = fwd.acts[input_name(cfg, block)][row, t].astype(np.float64)
     dout = dout_all[row, t].astype(np.float64)
-    gated = cfg.activation == "swiglu"
+    gated = cfg.gated
     if gated:
         W_gate, b_gate = weight("W_gate"), weight("b_gate")
 
     def hidden_of(row_x):   # act(x W_1 + b_1), or silu(x W_gate + b_gate) * (x W_1 + b_1)
         if gated:
-            return activation(row_x @ W_gate + b_gate, "silu") * (row_x @ W_1 + b_1)
+            return (activation(row_x @ W_gate + b_gate, GATE_UNITS[cfg.activation])
+                    * (row_x @ W_1 + b_1))
         return activation(row_x @ W_1 + b_1, cfg.activation)
 
     def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
         return float(dout @ (hidden_of(row_x) @ W_2 + b_2))
 
     pre, dhidden = x @ W_1 + b_1, dout @ W_2.T
-    gate = silu_gate = dgate = None
+    gate = gate_act = dgate = None
     if gated:   # the product rule: each factor's gradient holds the other
-        name, gate = "silu", x @ W_gate + b_gate
-        silu_gate, s = activation(gate, name), slope(gate, name)
-        hidden = silu_gate * pre
-        dpre, dgate = dhidden * silu_gate, dhidden * pre * s
+        name, gate = GATE_UNITS[cfg.activation], x @ W_gate + b_gate
+        gate_act, s = activation(gate, name), slope(gate, name)
+        hidden = gate_act * pre
+        dpre, dgate = dhidden * gate_act, dhidden * pre * s
         dx = dpre @ W_1.T + dgate @ W_gate.T
     else:
         name = cfg.activation
@@ -116,4 +121,4 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     numeric_slope = (activation(at + h, name) - activation(at - h, name)) / (2 * h)
     return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dx,
                         numeric_slope, central_differences(contracted, x, step), gate,
-                        silu_gate, dgate)
+                        gate_act if cfg.activation == "swiglu" else None, dgate, gate_act)

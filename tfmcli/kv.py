@@ -101,9 +101,9 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
 
 def _ffn_step(x, P, p, cfg):
     pre = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))[0]
-    if cfg.activation == "swiglu":
+    if cfg.gated:
         gate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))[0]
-        hidden = ops.swiglu_forward(gate, pre)[0]
+        hidden = ops.GATES[cfg.activation][0](gate, pre)[0]
     else:
         hidden = ops.ACTIVATIONS[cfg.activation][0](pre)[0]
     return ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))[0]

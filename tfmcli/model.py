@@ -166,14 +166,14 @@ def _linear_backward(dout, cache, grads, layer, w):
 
 def _ffn_forward(x, P, p, cfg, acts, caches):
     cgate = None
-    if cfg.activation == "swiglu":   # act = silu(x W_gate + b_gate) * pre
+    if cfg.gated:   # act = silu(x W_gate + b_gate) * pre, or gelu(...) * pre
         gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))
         acts[p + "ffn.gate"] = gate
     pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))  # (B, T, d_ff)
     if cgate is None:
         hidden, cact = ops.ACTIVATIONS[cfg.activation][0](pre)
     else:
-        hidden, cact = ops.swiglu_forward(gate, pre)
+        hidden, cact = ops.GATES[cfg.activation][0](gate, pre)
     out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))  # (B, T, d)
     acts.update({p + "ffn.pre": pre, p + "ffn.act": hidden, p + "ffn.out": out})
     caches[p + "ffn"] = (cgate, c1, cact, c2)
@@ -187,7 +187,7 @@ def _ffn_backward(dout, p, cfg, caches, grads, dacts):
     if cgate is None:
         dpre = ops.ACTIVATIONS[cfg.activation][1](dhidden, cact)
     else:
-        dgate, dpre = ops.swiglu_backward(dhidden, cact)
+        dgate, dpre = ops.GATES[cfg.activation][1](dhidden, cact)
     dx = _linear_backward(dpre, c1, grads, p + "ffn.", "1")
     dacts[p + "ffn.pre"] = dpre
     if cgate is not None:   # x feeds the gate too: its gradient is the sum of the two

@@ -224,6 +224,46 @@ def swiglu_backward(dhidden, cache):
     return dgate, dpre
 
 
+def geglu_forward(gate, pre):
+    """GeGLU's hidden units: gelu(gate) * pre, GELU in its tanh form (Gemma's FFN, where
+    Hugging Face calls it ``gelu_pytorch_tanh``); ``gate`` and ``pre`` as SwiGLU's."""
+    hidden, (_, t) = gelu_forward(gate)
+    hidden *= pre
+    return hidden, (gate, pre, t)
+
+
+def geglu_backward(dhidden, cache):
+    """dhidden: (..., d_ff) -> (dgate, dpre).
+
+    dpre = dhidden gelu(gate); dgate = dhidden pre gelu'(gate), where with
+    t = tanh(sqrt(2/pi) (g + 0.044715 g^3)) gelu(g) = 0.5 g (1 + t) and
+    gelu'(g) = 0.5 (1 + t + g (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 g^2)): the product rule
+    on 0.5 g (1 + t), with tanh' = 1 - tanh^2. Two (..., d_ff) arrays besides the results."""
+    gate, pre, t = cache
+    dpre = 1.0 + t
+    dpre *= gate
+    dpre *= 0.5
+    dpre *= dhidden
+    inner = gate * gate                 # d/dg of sqrt(2/pi) (g + 0.044715 g^3)
+    inner *= 3 * 0.044715
+    inner += 1.0
+    inner *= _GELU_C
+    slope = t * t
+    np.subtract(1.0, slope, out=slope)
+    slope *= gate
+    slope *= inner
+    del inner
+    slope += t
+    slope += 1.0
+    slope *= 0.5
+    dgate = dhidden * pre
+    dgate *= slope
+    return dgate, dpre
+
+
+GATES = {"swiglu": (swiglu_forward, swiglu_backward), "geglu": (geglu_forward, geglu_backward)}
+
+
 # ---------------------------------------------------------------- softmax
 
 

@@ -131,6 +131,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         h = x @ P[p + "ffn.W_1"] + bias(p + "ffn.b_1")
         if cfg.activation == "swiglu":   # as Hugging Face's LlamaMLP: silu(gate) * up
             h = F.silu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
+        elif cfg.activation == "geglu":   # as Hugging Face's GemmaMLP: gelu_tanh(gate) * up
+            h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate"), approximate="tanh") * h
         else:
             h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
         return h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2")

@@ -125,7 +125,9 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "norm": ("Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN") + (
             ", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
-                                         "swiglu": " (silu(gate) * pre)"}.get(cfg.activation, ""),
+                                         "swiglu": " (silu(gate) * pre)",
+                                         "geglu": " (gelu(gate) * pre, tanh approx.)"}.get(
+            cfg.activation, ""),
         "mask": mask,
         "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else "")
         + _rope_notes(cfg),

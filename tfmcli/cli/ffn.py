@@ -21,6 +21,10 @@ FORMULAS = {
     "swiglu": ("silu(gate) = gate sigmoid(gate) = gate / (1 + exp(-gate));  hidden = silu(gate) "
                "* pre",
                "silu'(gate) = s (1 + gate (1 - s)),  s = sigmoid(gate)"),
+    "geglu": ("gelu(gate) = 0.5 gate (1 + t),  t = tanh(sqrt(2/pi) (gate + 0.044715 gate^3));  "
+              "hidden = gelu(gate) * pre",
+              "gelu'(gate) = 0.5 (1 + t) + 0.5 gate (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 "
+              "gate^2)"),
 }
 
 
@@ -36,11 +40,12 @@ def ffn(
 ):
     """One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.
 
-    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre.
+    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre (geglu:
+    gelu(gate) * pre).
 
     Example: tfm ffn --position 2 --activation gelu
     """
-    from tfmcli.feedforward import explain, input_name
+    from tfmcli.feedforward import GATE_UNITS, explain, input_name
     from tfmcli.io import run_arrays
 
     def validate(cfg):
@@ -51,7 +56,7 @@ def ffn(
     cfg = run.cfg
     p = f"blocks.{block}.ffn."
     x = explain(run.params, fwd, grads.acts[p + "out"], cfg, block, row, position)
-    gated = x.gate is not None   # SwiGLU
+    gated = x.gate is not None   # SwiGLU, GeGLU
     forward_mine = {"pre": x.pre, "act": x.hidden, "out": x.out,
                     **({"gate": x.gate} if gated else {})}
     forward_off = max(float(np.abs(fwd.acts[p + name][row, position] - value).max())
@@ -63,7 +68,8 @@ def ffn(
     dx_off = float(np.abs(x.numeric_dx - x.dx).max())
     token = run.token_labels(row)[position]
     act, (act_formula, slope_formula) = cfg.activation, FORMULAS[cfg.activation]
-    unit, slope_name = ("silu", "silu'(gate)") if gated else (act, f"{act}'(pre)")
+    unit = GATE_UNITS.get(act, act)   # silu or gelu on a gated FFN's gate
+    slope_name = f"{unit}'(gate)" if gated else f"{act}'(pre)"
     mine_names = ("ffn.gate, ffn.pre, ffn.act and ffn.out" if gated else
                   "pre, act and out (ffn.pre, ffn.act, ffn.out)")
 
@@ -82,13 +88,13 @@ def ffn(
 
     def gated_forward():
         return [
-            Text(f"forward, at position {position} (token {token}): out = (silu(x "
+            Text(f"forward, at position {position} (token {token}): out = ({unit}(x "
                  f"W_gate{b('gate')}) * (x W_1{b(1)})) W_2{b(2)}", style="bold"),
             Text(f"x = {input_name(cfg, block)} at this position (d {x.x.size});  gate = x "
                  f"W_gate{b('gate')}, pre = x W_1{b(1)} (d_ff {x.pre.size})"),
             Text(act_formula),
             table({"x": x.x}),
-            table({"gate": x.gate, "silu(gate)": x.silu_gate, "pre": x.pre,
+            table({"gate": x.gate, f"{unit}(gate)": x.gate_act, "pre": x.pre,
                    "hidden": x.hidden})]
 
     def plain_backward():
@@ -99,11 +105,11 @@ def ffn(
 
     def gated_backward():
         return [
-            Text("dpre = dhidden * silu(gate);  dgate = dhidden * pre * silu'(gate) (the "
-                 "product rule: each factor's gradient holds the other);  dx = dpre W_1^T + "
-                 "dgate W_gate^T"),
+            Text(f"dpre = dhidden * {unit}(gate);  dgate = dhidden * pre * {unit}'(gate) (the "
+                 f"product rule: each factor's gradient holds the other);  dx = dpre W_1^T + "
+                 f"dgate W_gate^T"),
             table({"dout": x.dout}),
-            table({"dhidden": x.dhidden, "silu'(gate)": x.slope, "dpre": x.dpre,
+            table({"dhidden": x.dhidden, f"{unit}'(gate)": x.slope, "dpre": x.dpre,
                    "dgate": x.dgate})]
 
     def table(rows: dict):   # every column, wrapped in blocks, up to 32 (or with --full)
@@ -142,7 +148,7 @@ def ffn(
                "dhidden": x.dhidden.tolist(), "slope": x.slope.tolist(), "dpre": x.dpre.tolist(),
                "dx": x.dx.tolist(), "backward_model_diff": backward_off,
                "slope_numeric_diff": slope_off, "dx_numeric_diff": dx_off}
-    if gated:   # SwiGLU: hidden is silu(gate) * pre, slope silu'(gate)
+    if gated:   # SwiGLU: hidden is silu(gate) * pre, slope silu'(gate); GeGLU: gelu
         payload.update({"gate": x.gate.tolist(), "dgate": x.dgate.tolist()})
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
 

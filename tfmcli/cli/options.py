@@ -29,6 +29,7 @@ class Activation(str, Enum):
     relu = "relu"
     gelu = "gelu"
     swiglu = "swiglu"
+    geglu = "geglu"
 
 
 class PE(str, Enum):
@@ -150,7 +151,7 @@ MODEL_OPTIONS = [
     ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
     ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
     ("norm", Annotated[Norm, choice("--norm", choices=Norm, panel=MODEL, help="Layer-norm position.")], Norm(D.norm)),
-    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight).")], Activation(D.activation)),
+    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight; geglu: the same with gelu for silu).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
     ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),

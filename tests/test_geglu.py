@@ -1,0 +1,225 @@
+"""GeGLU (``activation="geglu"``, Gemma's FFN): ``(gelu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 +
+b_2`` with GELU's tanh form. Its backward against central differences; the model with it at
+random O(1) parameters against central differences, its own reference path, the torch
+reference and Hugging Face's GemmaMLP; the KV cache against the full forward; the views.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
+                     decoded_like_the_forward, ok, random_params, torch_reference_rows)
+from tfmcli import ops
+from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.gradcheck import central_differences
+
+
+def geglu_cfg(**fields):
+    base = dict(d_model=8, heads=2, activation="geglu", seq_len=5, lengths=(5, 3))
+    return tfmcli.Config(**{**base, **fields})
+
+
+def gelu_tanh(x):
+    """GELU's tanh form, written out: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+# ---------------------------------------------------------------- the gate alone
+
+
+def test_geglu_is_gelu_of_the_gate_times_pre():
+    gate, pre = np.array([-2.0, 0.0, 1.5, 4.0]), np.array([3.0, -4.0, 0.5, -1.0])
+    hidden, _ = ops.geglu_forward(gate, pre)
+    np.testing.assert_allclose(hidden, gelu_tanh(gate) * pre, rtol=1e-15)
+    assert hidden[1] == 0.0   # gelu(0) = 0: a closed gate passes nothing
+    # far above 0 the gate is nearly the identity: gelu(4) * pre is about 4 * pre
+    assert hidden[3] == pytest.approx(-4.0, rel=1e-4)
+
+
+def test_geglu_backward_against_central_differences():
+    """Both inputs' gradients, from a random upstream gradient, at O(1) values of both signs
+    (gelu' is below 0 for gates under about -0.75)."""
+    rng = np.random.default_rng(0)
+    gate, pre, dhidden = (rng.normal(0.0, 2.0, (3, 7)) for _ in range(3))
+    dgate, dpre = ops.geglu_backward(dhidden, ops.geglu_forward(gate, pre)[1])
+
+    def contracted_gate(g):
+        return float((dhidden * ops.geglu_forward(g.reshape(3, 7), pre)[0]).sum())
+
+    def contracted_pre(p):
+        return float((dhidden * ops.geglu_forward(gate, p.reshape(3, 7))[0]).sum())
+
+    np.testing.assert_allclose(dgate.ravel(), central_differences(contracted_gate, gate.ravel()),
+                               rtol=0, atol=1e-8)
+    np.testing.assert_allclose(dpre.ravel(), central_differences(contracted_pre, pre.ravel()),
+                               rtol=0, atol=1e-8)
+    assert (dgate * dhidden * pre < 0).any()   # the negative slope was reached
+    np.testing.assert_array_equal(dpre, dhidden * ops.gelu_forward(gate)[0])
+
+
+def test_the_backward_holds_its_cache_as_it_found_it():
+    """The backward works in arrays of its own: the cached gate, pre and tanh, which the
+    model also shows (ffn.gate, ffn.pre), are not written over."""
+    rng = np.random.default_rng(1)
+    gate, pre, dhidden = (rng.normal(size=(4, 5)) for _ in range(3))
+    cache = ops.geglu_forward(gate, pre)[1]
+    kept = [a.copy() for a in (*cache, dhidden)]
+    ops.geglu_backward(dhidden, cache)
+    for before, after in zip(kept, (*cache, dhidden)):
+        np.testing.assert_array_equal(before, after)
+
+
+# ---------------------------------------------------------------- the model
+
+
+def test_parameters_activations_and_counts_are_swiglus():
+    """The same three weights and four activations as SwiGLU; only the gate's unit differs."""
+    cfg = geglu_cfg(d_ff=12)
+    swiglu = cfg.replace(activation="swiglu")
+    assert param_shapes(cfg) == param_shapes(swiglu)
+    assert activation_shapes(cfg) == activation_shapes(swiglu)
+    assert flops(cfg) == flops(swiglu)
+    assert cfg.gated and swiglu.gated and not cfg.replace(activation="gelu").gated
+    fwd = tfmcli.forward(random_params(tfmcli.init_params(cfg), seed=1),
+                         tfmcli.make_inputs(cfg), cfg)
+    a = fwd.acts
+    np.testing.assert_allclose(a["blocks.0.ffn.act"],
+                               gelu_tanh(a["blocks.0.ffn.gate"]) * a["blocks.0.ffn.pre"],
+                               rtol=1e-13)
+
+
+def test_memory_estimate_counts_the_gate_and_its_tanh():
+    """The gate and its gradient a block, its tanh cached (the measured peak:
+    tests/test_memory.py's geglu configs)."""
+    cfg = geglu_cfg(batch=2, seq_len=16, lengths=None, d_ff=32, layers=3)
+    geglu, relu = memory_estimate(cfg), memory_estimate(cfg.replace(activation="relu"))
+    btf = 2 * 16 * 32 * 8
+    assert geglu["activations"] - relu["activations"] == 3 * btf
+    assert geglu["activation grads"] - relu["activation grads"] == 3 * btf
+    assert geglu["caches"] - relu["caches"] == 3 * btf
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(norm="post", layers=2, pe="rope"),
+                                    dict(tied_head=True, causal=False, d_ff=5, rms_norm=True)],
+                         ids=["pre", "post-rope-L2", "tied-noncausal-rms-dff5"])
+def test_gradients_match_central_differences_at_random_parameters(fields):
+    report = assert_gradcheck_passes(geglu_cfg(**fields))
+    assert "blocks.0.ffn.b_gate" in [c.name for c in report.params]
+
+
+def test_fast_path_equals_the_reference():
+    cfg = geglu_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=6)
+    g_fast, g_slow = assert_fast_equals_reference(cfg, params, tfmcli.make_inputs(cfg))
+    np.testing.assert_allclose(g_fast.acts["blocks.0.ffn.gate"], g_slow.acts["blocks.0.ffn.gate"],
+                               rtol=0, atol=1e-12 * np.abs(g_slow.acts["blocks.0.ffn.gate"]).max())
+
+
+def test_kv_cache_equals_the_full_forward():
+    decoded_like_the_forward(geglu_cfg(batch=1, seq_len=6, lengths=None, layers=2), 7,
+                             [3, 1, 4, 1, 5, 2])
+
+
+# ---------------------------------------------------------------- the oracles
+
+
+def test_matches_the_torch_reference_at_random_parameters():
+    for fields in (dict(), dict(norm="post", layers=2, pe="rope"), dict(d_ff=5, dtype="float32")):
+        rows = torch_reference_rows(geglu_cfg(**fields), seed=8)
+        assert any(r.name == "grad blocks.0.ffn.W_gate" for r in rows)
+        if fields.get("dtype") != "float32":   # b_K's gradient, 0 but for rounding, aside
+            assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
+
+
+def test_ffn_matches_hugging_face_gemma_mlp():
+    """One FFN sublayer against GemmaMLP (gate_proj, up_proj, down_proj, no biases,
+    ``gelu_pytorch_tanh``): its output and every weight's gradient, from a random upstream
+    gradient, at gates of both signs."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma.modeling_gemma import GemmaMLP
+
+    cfg = geglu_cfg(d_ff=12, bias=False)
+    params = random_params(tfmcli.init_params(cfg), seed=9)
+    rng = np.random.default_rng(10)
+    x, dout = rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8))
+    mlp = GemmaMLP(transformers.GemmaConfig(hidden_size=8, intermediate_size=12,
+                                            num_attention_heads=2, head_dim=4)).double()
+    p = "blocks.0.ffn."
+    pairs = {"gate_proj": "W_gate", "up_proj": "W_1", "down_proj": "W_2"}
+    with torch.no_grad():
+        for layer, w in pairs.items():
+            getattr(mlp, layer).weight.copy_(torch.tensor(params[p + w].T))   # nn.Linear: (out, in)
+    tx = torch.tensor(x, requires_grad=True)
+    theirs = mlp(tx)
+    theirs.backward(torch.tensor(dout))
+
+    from tfmcli.model import _ffn_backward, _ffn_forward
+    acts, caches, grads, dacts = {}, {"fast": False}, {}, {}
+    out = _ffn_forward(x, params, "blocks.0.", cfg, acts, caches)
+    dx = _ffn_backward(dout, "blocks.0.", cfg, caches, grads, dacts)
+    assert (acts[p + "gate"] < -0.75).any() and (acts[p + "gate"] > 0).any()
+    np.testing.assert_allclose(out, theirs.detach().numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=0, atol=1e-13)
+    for layer, w in pairs.items():
+        np.testing.assert_allclose(grads[p + w], getattr(mlp, layer).weight.grad.numpy().T,
+                                   rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- the views
+
+
+def test_ffn_view_lays_out_the_gelu_gate_and_checks_it():
+    """tfm ffn --json under GeGLU: the gate and dgate at that position are the run's own,
+    hidden is gelu(gate) * pre, gelu'(gate) agrees with central differences, and dx with
+    central differences of the sublayer."""
+    args = ("ffn", "--activation", "geglu", "-d", 8, "--d-ff", 12, "-t", 2, "--row", 1)
+    data = json.loads(ok(*args, "--json").stdout)
+    cfg = geglu_cfg(d_ff=12, seq_len=4, lengths=None)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    np.testing.assert_allclose(data["gate"], fwd.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
+                               atol=1e-15)
+    np.testing.assert_allclose(data["dgate"], grads.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
+                               atol=1e-17)
+    gate, pre = np.array(data["gate"]), np.array(data["pre"])
+    np.testing.assert_allclose(data["hidden"], gelu_tanh(gate) * pre, rtol=1e-14)
+    assert data["forward_model_diff"] < 1e-14 and data["backward_model_diff"] < 1e-16
+    assert data["slope_numeric_diff"] < 1e-8 and data["dx_numeric_diff"] < 1e-9
+    text = ok(*args).stdout
+    assert "dgate = dhidden * pre * gelu'(gate)" in text
+    assert "gelu(gate)" in text.split("dhidden = dout")[0]   # the forward's row of the gate
+    assert "activation     geglu (gelu(gate) * pre, tanh approx.)" in text
+    assert "silu" not in text
+
+
+def test_the_explained_ffn_names_the_gate_by_its_unit():
+    """``gate_act`` is gelu(gate) under GeGLU, silu(gate) under SwiGLU; ``silu_gate`` is
+    SwiGLU's alone."""
+    from tfmcli.feedforward import explain
+
+    for activation in ("geglu", "swiglu"):
+        cfg = geglu_cfg(activation=activation)
+        params = random_params(tfmcli.init_params(cfg), seed=2)
+        fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+        grads = tfmcli.backward(params, fwd, cfg)
+        x = explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 3)
+        gate = fwd.acts["blocks.0.ffn.gate"][0, 3]
+        unit = gelu_tanh(gate) if activation == "geglu" else gate / (1 + np.exp(-gate))
+        np.testing.assert_allclose(x.gate_act, unit, rtol=1e-13)
+        assert (x.silu_gate is None) == (activation == "geglu")
+
+
+def test_block_view_and_gradcheck_take_geglu():
+    assert "dpre W_1^T + dgate W_gate^T" in ok("block", "--activation", "geglu", "-t", 1).stdout
+    assert "W_gate" in ok("gradcheck", "--activation", "geglu").stdout
+    pytest.importorskip("torch")
+    assert "grad blocks.0.ffn.W_gate" in ok("check", "--against", "torch", "--activation",
+                                            "geglu").stdout
