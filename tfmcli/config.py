@@ -149,6 +149,11 @@ class Config:
         and the scores (Qwen3's ``q_norm`` and ``k_norm``): by RMSNorm with ``rms_norm``, else
         by layer norm, with the parameters ``attn.q_norm.gamma`` and ``attn.k_norm.gamma``
         ``(d_head,)`` (and their ``.beta`` with layer norm), shared by every head.
+    embed_scale : bool
+        The embedding's rows are multiplied by ``sqrt(d_model)`` before the positions are added
+        (Vaswani et al.'s Transformer, section 3.4, and Gemma's): ``embed`` is
+        ``sqrt(d_model) W_E[tokens]``, and ``dW_E``'s lookup part ``sqrt(d_model)`` times the
+        sum of ``dembed``. A tied head uses ``W_E`` unscaled.
     """
 
     batch: int = 2
@@ -179,6 +184,7 @@ class Config:
     sliding_window: int | None = None
     head_dim: int | None = None
     qk_norm: bool = False
+    embed_scale: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -229,7 +235,8 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm"):
+        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
+                     "embed_scale"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -274,6 +281,12 @@ class Config:
     def gated(self) -> bool:
         """The FFN gates its hidden units (``swiglu``, ``geglu``): a third weight, ``W_gate``."""
         return self.activation in GATED
+
+    @property
+    def embed_factor(self) -> float:
+        """What the embedding's rows are multiplied by: ``sqrt(d_model)`` with ``embed_scale``,
+        else 1."""
+        return math.sqrt(self.d_model) if self.embed_scale else 1.0
 
     @property
     def ff(self) -> int:

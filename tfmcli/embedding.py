@@ -6,7 +6,9 @@ The forward is a lookup and a sum: ``x0 = W_E[id] + PE[t]``, with PE the sinusoi
 nothing (seed 004 adds them; no seed derives their backward). The lookup's gradient is a
 scatter-add: ``dW_E[id]`` is the sum of ``dx0`` over every position of the batch that holds the
 token, and a head tied to the embedding adds its own part, ``sum over b, t of dlogits[b, t, id]
-h[b, t]``. Likewise ``dW_pos[t]`` sums ``dx0`` at position t over the batch.
+h[b, t]``. Likewise ``dW_pos[t]`` sums ``dx0`` at position t over the batch. With
+``embed_scale`` the row is multiplied by ``sqrt(d_model)`` first, ``x0 = sqrt(d) W_E[id] +
+PE[t]``, and so is the lookup's part of its gradient.
 This lays out each term and checks the sums against the backward pass and against central
 differences of the loss itself (the whole model, run again in float64).
 """
@@ -29,10 +31,10 @@ class EmbedExplained(NamedTuple):
     w_e: np.ndarray              # (d,) W_E[token]
     angle: np.ndarray | None     # (d,) t / 10000^(2i/d), column 2i and 2i+1; sinusoidal only
     pe: np.ndarray | None        # (d,) what is added at t: sin/cos of angle, or W_pos[t]
-    x0: np.ndarray               # (d,) w_e + pe: the first block's input
+    x0: np.ndarray               # (d,) scale w_e + pe: the first block's input
     occurrences: list            # [(b, t), ...] every position that holds the token, in order
     dx0: np.ndarray              # (n, d) the backward pass's gradient of x0 at each of them
-    embedding_part: np.ndarray   # (d,) dx0 summed over the occurrences
+    embedding_part: np.ndarray   # (d,) dx0 summed over the occurrences, times scale
     head_part: np.ndarray | None  # (d,) tied: sum over b, t of dlogits[b, t, token] h[b, t]
     dw_e: np.ndarray             # (d,) embedding_part (+ head_part)
     dx0_at_t: np.ndarray | None  # (B, d) learned: dx0 at position t in every batch row
@@ -40,6 +42,7 @@ class EmbedExplained(NamedTuple):
     checked: np.ndarray          # the entries of the row checked by central differences
     numeric_dw_e: np.ndarray     # (len(checked),) d loss / d W_E[token, j] by central differences
     numeric_dw_pos: np.ndarray | None  # (len(checked),) the same for W_pos[t, j]; learned only
+    scale: float = 1.0           # what the row is multiplied by: sqrt(d) with embed_scale
 
 
 def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int, t: int,
@@ -59,12 +62,13 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
         angle, pe = angles(t, d), sinusoidal(t + 1, d)[t]
     elif cfg.pe == "learned":
         pe = params["embed.W_pos"][t].astype(np.float64)
-    x0 = w_e if pe is None else w_e + pe
+    scale = cfg.embed_factor
+    x0 = scale * w_e if pe is None else scale * w_e + pe
 
     dx = grads.acts["embed"].astype(np.float64)                              # (B, T, d)
     occurrences = [(int(b), int(s)) for b, s in np.argwhere(tokens == token)]
     dx0 = np.array([dx[b, s] for b, s in occurrences])
-    embedding_part = dx0.sum(axis=0)
+    embedding_part = scale * dx0.sum(axis=0)
     head_part = None
     dw_e = embedding_part
     if cfg.tied_head:
@@ -100,4 +104,4 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
     numeric_dw_pos = numeric("embed.W_pos", t) if cfg.pe == "learned" else None
     return EmbedExplained(token, w_e, angle, pe, x0, occurrences, dx0, embedding_part,
                           head_part, dw_e, dx0_at_t, dw_pos, checked, numeric_dw_e,
-                          numeric_dw_pos)
+                          numeric_dw_pos, scale)

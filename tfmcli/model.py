@@ -428,6 +428,8 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     acts: OrderedDict[str, np.ndarray] = OrderedDict()
     caches: dict = {"fast": fast, "cfg": cfg}
     x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
+    if cfg.embed_scale:   # sqrt(d_model) W_E[tokens] (a copy of the rows: scaled in place)
+        x *= cfg.embed_factor
     acts["embed"] = x
     pe = positions(params, cfg, T)                                                 # (T, d)
     if pe is not None:
@@ -483,7 +485,9 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     embedding_backward = ops.embedding_backward_fast if caches["fast"] else ops.embedding_backward
     # Tied, W_E is used twice, as the embedding and as the head: both count. The embedding's
     # rows are added to the head's (V, d) gradient in place, with no second (V, d) array.
-    grads["embed.W_E"] = embedding_backward(dx, caches["embed"],
+    # Scaled, each row's gradient is sqrt(d_model) times the sum of its positions' dembed.
+    lookup = dx * cfg.embed_factor if cfg.embed_scale else dx
+    grads["embed.W_E"] = embedding_backward(lookup, caches["embed"],
                                             out=dW_U if cfg.tied_head else None)
     ordered_grads = {name: grads[name] for name in params}
     ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)

@@ -138,6 +138,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         return h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2")
 
     x = P["embed.W_E"][tokens]
+    if cfg.embed_scale:   # Vaswani's and Gemma's sqrt(d_model)
+        x = x * math.sqrt(d)
     if cfg.pe == "sinusoidal":
         x = x + torch_sinusoidal(T, d)
     elif cfg.pe == "learned":

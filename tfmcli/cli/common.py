@@ -140,6 +140,9 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     if cfg.qk_norm:   # after the norm row
         rows = dict(_after(rows, "norm", "q, k norm",
                            "each head's, before the scores (attn.q_norm, attn.k_norm)"))
+    if cfg.embed_scale:   # after the positions
+        rows = dict(_after(rows, "positional", "embed scale",
+                           f"x sqrt(d) = {cfg.embed_factor:.6g} (embed = sqrt(d) W_E[id])"))
     if not cfg.bias:
         rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
                           else "none in attention and FFN")

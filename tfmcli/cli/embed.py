@@ -52,7 +52,7 @@ def embed(
     cfg = run.cfg
     entries = CHECKED if sizes.flops(cfg)[0] <= LARGE else CHECKED_LARGE
     x = explain(run.params, fwd, grads, cfg, row, position, entries)
-    forward_off = float(np.abs(fwd.acts["embed"][row, position] - x.w_e).max())
+    forward_off = float(np.abs(fwd.acts["embed"][row, position] - x.scale * x.w_e).max())
     if x.pe is not None:
         forward_off = max(forward_off, float(np.abs(fwd.acts["pe"][position] - x.pe).max()))
     dw_e_off = float(np.abs(grads["embed.W_E"][x.token] - x.dw_e).max())
@@ -62,6 +62,7 @@ def embed(
         dw_pos_off = float(np.abs(grads["embed.W_pos"][position] - x.dw_pos).max())
         dw_pos_numeric_off = float(np.abs(x.numeric_dw_pos - x.dw_pos[x.checked]).max())
     labels = run.token_labels(row)
+    scaled = cfg.embed_scale   # x0 = sqrt(d) W_E[id] (+ PE[t]); the lookup's gradient times it
     text = run.token_text(x.token)
     named = text + ("" if text == str(x.token) else f" (id {x.token})")
     n = len(x.occurrences)
@@ -78,10 +79,12 @@ def embed(
         left_out = n - len(shown)
         if left_out:   # a row of dim dots, not numbers
             rows[f"… {left_out} more"] = np.zeros(cfg.d_model)
-        rows["sum"] = x.embedding_part
+        rows["sum"] = x.dx0.sum(axis=0)
+        if scaled:
+            rows["x sqrt(d)"] = x.embedding_part
         mask = np.ones((len(rows), cfg.d_model), dtype=bool)
         if left_out:
-            mask[-2] = False
+            mask[-2 - scaled] = False
         return table(rows, f"{left_out} positions left out of the table (--full shows them)"
                      if left_out else None, mask)
 
@@ -90,11 +93,17 @@ def embed(
         views = [
             render.config_panel(describe(cfg, run, row),
                                 title=f"tfm embed: batch row {row}, position {position}"),
-            Text(f"forward: x0 = W_E[id]{' + PE[t]' if x.pe is not None else ''}, the first "
-                 f"block's input", style="bold"),
+            Text(f"forward: x0 = {'sqrt(d) ' * scaled}W_E[id]"
+                 f"{' + PE[t]' if x.pe is not None else ''}, the first block's input",
+                 style="bold"),
             Text(where),
-            Text(POSITIONS[cfg.pe])]
+            Text(POSITIONS[cfg.pe].replace("x0 = W_E", "x0 = sqrt(d) W_E" if scaled else "x0 = W_E"))]
+        if scaled:
+            views.append(Text(f"the row is multiplied by sqrt(d) = sqrt({cfg.d_model}) = "
+                              f"{x.scale:.6g} (--embed-scale) before anything is added"))
         rows = {f"W_E[{x.token}]": x.w_e}
+        if scaled:
+            rows[f"sqrt(d) W_E[{x.token}]"] = x.scale * x.w_e
         if x.angle is not None:
             rows["angle"] = x.angle
         if x.pe is not None:
@@ -107,7 +116,7 @@ def embed(
                                                      if x.pe is not None else " differs from it")
                  + f" by {forward_off:.1e}", style="dim"),
             Text(f"backward: dW_E[{x.token}] sums dx0 over every position that holds the "
-                 f"token", style="bold"),
+                 f"token" + (", times sqrt(d)" if scaled else ""), style="bold"),
             Text(f"the lookup copied row {x.token} to {n} position{'s' * (n > 1)} of the "
                  f"batch, (row,position) " + ", ".join(f"({b},{t})" for b, t in
                                                        x.occurrences[:8])
@@ -146,7 +155,7 @@ def embed(
 
     payload = {"row": row, "position": position, "token": labels[position], "id": x.token,
                "w_e": x.w_e.tolist(), "pe": None if x.pe is None else x.pe.tolist(),
-               "x0": x.x0.tolist(), "forward_model_diff": forward_off,
+               "scale": x.scale, "x0": x.x0.tolist(), "forward_model_diff": forward_off,
                "occurrences": [list(o) for o in x.occurrences], "dx0": x.dx0.tolist(),
                "embedding_part": x.embedding_part.tolist(),
                "head_part": None if x.head_part is None else x.head_part.tolist(),
