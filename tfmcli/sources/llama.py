@@ -35,28 +35,36 @@ WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm makes its angles
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma")   # the model_types this module reads
+NAMES = {"llama": "LLaMA", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+         "gemma": "Gemma"}
+HEAD_DIMS = {"qwen3": 128, "gemma": 256}   # head_dim when config.json has none: HF's defaults
+GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
 
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
     model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
     biases in only one of attention and MLP, a sliding window in some layers only). A
-    ``head_dim`` other than hidden_size / num_attention_heads is ``Config.head_dim``."""
+    ``head_dim`` other than hidden_size / num_attention_heads is ``Config.head_dim``. Gemma's
+    (``sources.gemma``) are GeGLU, an embedding times sqrt(d) and a head tied unless it says
+    otherwise."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
-    if kind not in ("llama", "mistral", "qwen2", "qwen3"):
+    if kind not in KINDS:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
-                       f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2' or a "
-                       f"Qwen3's 'qwen3'")
+                       f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
+                       f"Qwen3's 'qwen3' or a Gemma's 'gemma'")
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
-    activation = config.get("hidden_act", "silu")
-    if activation != "silu":
-        raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
-                       f"is SwiGLU's ('silu')")
-    if kind == "qwen3" and config.get("head_dim") is None:
-        config = {**config, "head_dim": 128}   # Hugging Face's Qwen3Config default
+    activation = _activation(path, config, kind)
+    if kind in HEAD_DIMS and config.get("head_dim") is None:
+        config = {**config, "head_dim": HEAD_DIMS[kind]}   # Hugging Face's Config default
+    if kind == "gemma" and config.get("use_bidirectional_attention"):
+        raise TfmError(f"--load {path}: key 'use_bidirectional_attention' is "
+                       f"{config['use_bidirectional_attention']!r}; tfm reads Gemma as the "
+                       f"causal language model it is trained as")
     head_dim = None if config.get("head_dim") is None else need(path, config, "head_dim")
     if head_dim is not None and head_dim * H == d:
         head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
@@ -64,13 +72,13 @@ def read_config(folder) -> dict:
     window = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
         bias, qkv_bias = False, True
-    elif kind == "qwen3":   # attention_bias: on q, k, v and o, none in the MLP
+    elif kind in ("qwen3", "gemma"):   # attention_bias: on q, k, v and o, none in the MLP
         bias = qkv_bias = False
         if config.get("attention_bias", False) is not False:
             raise TfmError(f"--load {path}: key 'attention_bias' is "
                            f"{config['attention_bias']!r}; tfm adds biases to all of attention "
                            f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
-                           f"Qwen3's would be on o_proj too and not in the MLP")
+                           f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
     else:
         bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
         if bias != mlp_bias or not isinstance(bias, bool):
@@ -80,7 +88,7 @@ def read_config(folder) -> dict:
     eps = config.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TfmError(f"--load {path}: key 'rms_norm_eps' is {eps!r}, not a number")
-    tied = config.get("tie_word_embeddings", False)
+    tied = config.get("tie_word_embeddings", kind == "gemma")   # each Config's default
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     theta, scaling = _rope(path, config)
@@ -88,10 +96,10 @@ def read_config(folder) -> dict:
               "layers": layers,
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
-              "rope_theta": theta, "rope_scaling": scaling, "activation": "swiglu",
+              "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
-              "head_dim": head_dim, "qk_norm": kind == "qwen3"}
+              "head_dim": head_dim, "qk_norm": kind == "qwen3", "embed_scale": kind == "gemma"}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -114,7 +122,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
             raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
                            f"or false")
         window = window if sliding else None
-    if kind == "llama" or window is None:
+    if kind in ("llama", "gemma") or window is None:   # neither has a window
         return None
     layer_types = config.get("layer_types")
     if layer_types is not None:
@@ -144,6 +152,24 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
         raise TfmError(f"--load {path}: key 'sliding_window' is {window!r}, not a positive "
                        f"whole number")
     return window
+
+
+def _activation(path, config: dict, kind: str) -> str:
+    """``swiglu`` for ``hidden_act`` 'silu'; Gemma's ``geglu`` for GELU's tanh form, which its
+    first configs call 'gelu' (Hugging Face's GemmaConfig reads that as the tanh form too) and
+    some also name in ``hidden_activation``. Anything else is refused."""
+    if kind != "gemma":
+        activation = config.get("hidden_act", "silu")
+        if activation != "silu":
+            raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
+                           f"is SwiGLU's ('silu')")
+        return "swiglu"
+    for key in ("hidden_act", "hidden_activation"):
+        value = config.get(key)
+        if value is not None and value not in GELU_TANH:
+            raise TfmError(f"--load {path}: key {key!r} is {value!r}; tfm's Gemma FFN is GeGLU "
+                           f"with GELU's tanh form ('gelu_pytorch_tanh')")
+    return "geglu"
 
 
 def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:

@@ -1,0 +1,253 @@
+"""Gemma checkpoint folders (``"model_type": "gemma"``) and the model they make: GeGLU, the
+embedding times sqrt(d), a tied head, heads 256 wide (here 6) with one key head, and norms
+that multiply by ``1 + weight``. The model at random O(1) parameters against Hugging Face's
+GemmaForCausalLM (loss, logits and every gradient to 1e-12); folders that ``save_pretrained``
+writes, read to the bit and run against ``from_pretrained``; the refusals; the counts of Gemma
+2B and 7B.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import (assert_grads_match, error_line, float64_rotary, hf_saved, llama_grads, ok,
+                     random_params, run, tfm_grads_matching_hf)
+from tfmcli.config import param_count, param_shapes
+from tfmcli.sources import gemma, llama
+
+GEMMA = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bias=False,
+             embed_scale=True, tied_head=True)
+
+
+def gemma_cfg(**fields):
+    """Gemma's shape, small: 4 heads 6 wide on a width of 16 (sqrt(16) = 4 exactly, as Hugging
+    Face's float32 scale is), one key head, a padded row."""
+    base = dict(d_model=16, heads=4, kv_heads=1, head_dim=6, seq_len=6, lengths=(6, 4),
+                d_ff=12, eps=1e-6, **GEMMA)
+    return tfmcli.Config(**{**base, **fields})
+
+
+def float64_gemma(model, cfg):
+    """A GemmaForCausalLM (float64 weights) whose RMSNorms and RoPE angles are made in float64
+    (Hugging Face makes both in float32 whatever the model's dtype), its norms first checked
+    against tfm's with gamma = 1 + weight to float32's rounding, and its embedding's scale
+    checked to be sqrt(d)."""
+    import torch
+
+    from tfmcli import ops
+
+    norm = model.model.norm
+    x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
+    gamma = 1.0 + norm.weight.detach().numpy()
+    ours = ops.rms_norm_forward(x.numpy(), gamma, cfg.eps)[0]
+    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6 * max(1, np.abs(gamma).max())
+
+    def float64_norm(module):
+        def forward(h):
+            return (1.0 + module.weight) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                            + module.eps))
+        return forward
+
+    norms = [m for m in model.modules() if type(m).__name__ == "GemmaRMSNorm"]
+    assert len(norms) == 2 * cfg.layers + 1
+    for module in norms:
+        module.forward = float64_norm(module)
+    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
+    assert float(model.model.embed_tokens.embed_scale) == cfg.d_model ** 0.5
+    return model
+
+
+def gemma_from(params, cfg):
+    """Hugging Face's GemmaForCausalLM holding tfm's parameters in float64: each norm's weight
+    its gamma - 1, every linear weight transposed (``gemma.from_tfm``)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GemmaConfig(
+        vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv, head_dim=cfg.d_head,
+        intermediate_size=cfg.ff, hidden_act="gelu_pytorch_tanh", max_position_embeddings=64,
+        rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+    config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
+    model = transformers.GemmaForCausalLM(config).double().eval()
+    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
+                                           "d_ff", "activation", "pe", "rms_norm", "bias",
+                                           "tied_head", "head_bias", "head_dim", "embed_scale")}
+    state = {key: torch.tensor(value) for key, value in gemma.from_tfm(params, fields).items()}
+    if cfg.tied_head:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), missing
+    return float64_gemma(model, cfg)
+
+
+# ---------------------------------------------------------------- sizes
+
+
+def test_gemma_2b_and_7b_have_their_parameter_counts():
+    """google/gemma-2b's and gemma-7b's sizes (their config.json): the counts Hugging Face's
+    GemmaForCausalLM gives the same configs on the meta device (the tied embedding once)."""
+    two = tfmcli.Config(d_model=2048, heads=8, kv_heads=1, head_dim=256, layers=18, d_ff=16384,
+                        vocab=256000, **GEMMA)
+    seven = tfmcli.Config(d_model=3072, heads=16, head_dim=256, layers=28, d_ff=24576,
+                          vocab=256000, **GEMMA)
+    assert param_count(two) == 2_506_172_416
+    assert param_count(seven) == 8_537_680_896
+    assert seven.d_q == 4096 != seven.d_model   # 16 heads of 256 on a width of 3072
+
+
+# ---------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(tied_head=False, kv_heads=2, layers=1),
+                                    dict(heads=2, kv_heads=2, head_dim=None, rope_theta=500.0)],
+                         ids=["tied-mqa-L2", "untied-gqa", "mha-d-over-H"])
+def test_matches_hugging_face(fields):
+    """GemmaForCausalLM holding tfm's random parameters (every gamma drawn, so every norm
+    weight gamma - 1 is too): loss, logits and every gradient, a padded row included."""
+    pytest.importorskip("torch")
+    cfg = gemma_cfg(**{"layers": 2, **fields})
+    params = random_params(tfmcli.init_params(cfg), seed=12)
+    model = gemma_from(params, cfg)
+    grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
+    theirs = llama_grads(model)   # the same module names; d weight = d gamma
+    assert set(theirs) == set(params)
+    assert_grads_match(grads, theirs)
+
+
+def test_the_three_differences_each_move_the_loss():
+    """Without the scale, with silu for GELU, or with the gammas read as the stored weights
+    (no 1 added), Hugging Face's loss is missed: each is needed."""
+    torch = pytest.importorskip("torch")
+    cfg = gemma_cfg()
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    model = gemma_from(params, cfg)
+    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
+    logits = model(input_ids=torch.as_tensor(inputs.tokens),
+                   attention_mask=torch.as_tensor(keys).long()).logits.detach().numpy()
+    ours = tfmcli.forward(params, inputs, cfg).acts["logits"]
+    assert np.abs(ours - logits)[keys].max() < 1e-12
+    offsets = {n: v - 1.0 if n.endswith(".gamma") else v for n, v in params.items()}
+    for wrong_cfg, wrong_params in ((cfg.replace(embed_scale=False), params),
+                                    (cfg.replace(activation="swiglu"), params),
+                                    (cfg, offsets)):
+        wrong = tfmcli.forward(wrong_params, inputs, wrong_cfg).acts["logits"]
+        assert np.abs(wrong - logits)[keys].max() > 1e-2
+
+
+# ---------------------------------------------------------------- checkpoint folders
+
+
+SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=1, head_dim=6, intermediate_size=24, max_position_embeddings=32,
+             rms_norm_eps=1e-6, pad_token_id=None)
+
+
+def hf_gemma_folder(folder, dtype="bfloat16", seed=0, **config):
+    """A random GemmaForCausalLM saved by ``save_pretrained`` (``helpers.hf_saved``: its norm
+    weights drawn about 1, so its gammas about 2)."""
+    return hf_saved(folder, "Gemma", {**SMALL, **config}, dtype, seed)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(tie_word_embeddings=False)],
+                         ids=["tied", "untied"])
+def test_a_gemma_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path, config):
+    state = hf_gemma_folder(tmp_path, **config)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma"
+    fields = gemma.read_config(tmp_path)
+    cfg = tfmcli.Config(**fields)
+    assert (cfg.activation, cfg.embed_scale, cfg.tied_head, cfg.h_kv, cfg.d_head) == (
+        "geglu", True, config.get("tie_word_embeddings", True), 1, 6)
+    params = gemma.load_params(tmp_path, fields, np.float64)
+    assert list(params) == list(param_shapes(cfg))
+    for key, name, transposed in llama.name_map(fields):
+        stored = state[key].T if transposed else state[key]
+        np.testing.assert_array_equal(params[name], stored + 1.0 if name.endswith(".gamma")
+                                      else stored, err_msg=key)
+    transformers = pytest.importorskip("transformers")
+    run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
+    assert run_.weights_from.startswith("Gemma checkpoint")
+    model = float64_gemma(transformers.GemmaForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="sdpa").double().eval(), run_.cfg)
+    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
+    assert_grads_match(grads, llama_grads(model))
+
+
+def test_float32_gammas_are_added_as_gemma_adds_them(tmp_path):
+    """In float32 the gamma is float32(1 + weight), the sum Hugging Face's GemmaRMSNorm makes
+    in float32; and writing the folder back gives the stored weights."""
+    state = hf_gemma_folder(tmp_path, "float32")
+    fields = gemma.read_config(tmp_path)
+    params = gemma.load_params(tmp_path, fields, np.float32)
+    weight = state["model.norm.weight"].astype(np.float32)
+    assert params["ln_f.gamma"].dtype == np.float32
+    np.testing.assert_array_equal(params["ln_f.gamma"], np.float32(1.0) + weight)
+    back = gemma.from_tfm({n: v.astype(np.float64) for n, v in
+                           gemma.load_params(tmp_path, fields, np.float64).items()}, fields)
+    for key, value in back.items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+
+
+def test_a_gemma_config_without_head_dim_or_tying_takes_gemmas_defaults(tmp_path):
+    hf_gemma_folder(tmp_path, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("head_dim", "tie_word_embeddings", "hidden_act"):
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    fields = gemma.read_config(tmp_path)
+    assert (fields["head_dim"], fields["tied_head"], fields["activation"]) == (256, True, "geglu")
+
+
+def test_the_first_configs_gelu_is_read_as_its_tanh_form(tmp_path):
+    """google/gemma-2b's config.json says hidden_act 'gelu' and hidden_activation
+    'gelu_pytorch_tanh'; Hugging Face runs the tanh form, and so does tfm."""
+    hf_gemma_folder(tmp_path, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(hidden_act="gelu", hidden_activation="gelu_pytorch_tanh")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert gemma.read_config(tmp_path)["activation"] == "geglu"
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(hidden_act="relu"),
+     "key 'hidden_act' is 'relu'; tfm's Gemma FFN is GeGLU with GELU's tanh form "
+     "('gelu_pytorch_tanh')"),
+    (dict(hidden_activation="silu"),
+     "key 'hidden_activation' is 'silu'; tfm's Gemma FFN is GeGLU with GELU's tanh form "
+     "('gelu_pytorch_tanh')"),
+    (dict(attention_bias=True),
+     "key 'attention_bias' is True; tfm adds biases to all of attention and the FFN (--bias) or "
+     "to Q, K and V alone (--qkv-bias), and a Gemma's would be on o_proj too and not in the MLP"),
+    (dict(use_bidirectional_attention=True),
+     "key 'use_bidirectional_attention' is True; tfm reads Gemma as the causal language model "
+     "it is trained as"),
+], ids=["relu", "silu", "attention-bias", "bidirectional"])
+def test_a_gemma_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):
+    hf_gemma_folder(tmp_path, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(change)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
+    assert line.endswith(reason) and "config.json" in line
+
+
+def test_the_views_read_a_gemma_folder(tmp_path):
+    """The panel names the checkpoint and its three differences; tfm ffn lays out gelu(gate)
+    from the folder's weights; tfm embed multiplies by sqrt(16) = 4."""
+    hf_gemma_folder(tmp_path, "float32")
+    text = ok("forward", "--load", tmp_path, "--tokens", "1,5,9,2").stdout
+    assert "Gemma checkpoint" in text
+    assert "geglu (gelu(gate) * pre, tanh approx.)" in text
+    assert "x sqrt(d) = 4 (embed = sqrt(d) W_E[id])" in text
+    assert "h W_E^T (tied to the embedding)" in text
+    data = json.loads(ok("ffn", "--load", tmp_path, "--tokens", "1,5,9,2", "-t", 2,
+                         "--json").stdout)
+    assert data["activation"] == "geglu" and data["dx_numeric_diff"] < 1e-6
+    embed = json.loads(ok("embed", "--load", tmp_path, "--tokens", "1,5,9,2", "-t", 1,
+                          "--json").stdout)
+    assert embed["scale"] == 4.0 and embed["forward_model_diff"] == 0.0

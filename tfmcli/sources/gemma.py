@@ -1,0 +1,42 @@
+"""Gemma checkpoint folders (``"model_type": "gemma"``: Gemma 2B and 7B, CodeGemma): LLaMA's
+names and files (``sources.llama`` reads them), with three differences in the model:
+
+- the FFN is GeGLU, GELU's tanh form where LLaMA has silu (``--activation geglu``);
+- the embedding is multiplied by sqrt(hidden_size) before the first block (``--embed-scale``),
+  and the head is tied to it unless ``tie_word_embeddings`` says false;
+- each RMSNorm multiplies by ``1 + weight``: the weights are stored as offsets from 1, so
+  ``ln1``, ``ln2`` and ``ln_f``'s gammas are ``1 + weight`` (in float32, as Hugging Face's
+  GemmaRMSNorm adds them). Their gradients are the weights'.
+
+Heads are ``head_dim`` wide (256 when config.json has none, GemmaConfig's default), and 2B's
+keys and values are one head (``num_key_value_heads`` 1: multi-query attention). No biases
+(``attention_bias`` true, which would put one on o_proj and none in the MLP, is refused).
+Gemma 2 and 3 (``gemma2``, ``gemma3``: soft-capped logits, norms around each sublayer, layers
+that alternate a sliding window) are other model_types, not read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tfmcli.sources import llama
+
+NAME = "Gemma"
+read_config = llama.read_config
+
+
+def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """The folder's weights under tfm's names (``llama.load_params``), each norm's gamma
+    ``1 + weight``."""
+    params = llama.load_params(folder, fields, dtype, checkpoint=NAME)
+    for name, value in params.items():
+        if name.endswith(".gamma"):
+            value += 1.0
+    return params
+
+
+def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
+    """tfm's parameters under Gemma's names (the inverse of ``load_params``), each norm's weight
+    ``gamma - 1``, for writing a folder."""
+    return llama.from_tfm({name: value - 1.0 if name.endswith(".gamma") else value
+                           for name, value in params.items()}, fields)
