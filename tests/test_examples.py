@@ -76,6 +76,32 @@ def test_tiny_llama_example_trains_and_writes_the_shipped_folder(tmp_path):
     assert tfmcli.forward(shipped.params, shipped.inputs, shipped.cfg).loss < 0.6
 
 
+def test_tiny_gemma_example_trains_and_writes_the_shipped_folder(tmp_path):
+    """As tiny-llama's: the config and tokenizer byte for byte, a trained model after
+    bfloat16's rounding, and the shipped folder read as a Gemma (GeGLU, the embedding times
+    sqrt(32), a tied head, one key head of four query heads 16 wide)."""
+    pytest.importorskip("tokenizers")
+    import subprocess
+    import sys
+
+    import tfmcli
+
+    result = subprocess.run([sys.executable, str(EXAMPLES / "tiny_gemma.py"), str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.split("training loss ")[1].split()[0]) < 0.5
+    for name in ("config.json", "tokenizer.json"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLES / "tiny-gemma" / name).read_bytes(), name
+    made = tfmcli.load(tmp_path, text="The cat sat on the mat.")
+    assert tfmcli.forward(made.params, made.inputs, made.cfg).loss < 0.6
+    shipped = tfmcli.load(EXAMPLES / "tiny-gemma", text="The cat sat on the mat.")
+    assert (shipped.cfg.activation, shipped.cfg.embed_scale, shipped.cfg.tied_head,
+            shipped.cfg.h_kv, shipped.cfg.d_head, shipped.cfg.bias) == (
+        "geglu", True, True, 1, 16, False)
+    assert sum(p.size for p in shipped.params.values()) == 32_800
+    assert tfmcli.forward(shipped.params, shipped.inputs, shipped.cfg).loss < 0.6
+
+
 SEED_EXAMPLES = {   # script: (lines marked ✓, lines marked ≠, a number the note is wrong about)
     "seed_000.py": (12, 1, "0.69194171"),
     "seed_001.py": (11, 1, "0.23502814"),

@@ -9,6 +9,7 @@ writes, read to the bit and run against ``from_pretrained``; the refusals; the c
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,10 +33,10 @@ def gemma_cfg(**fields):
 
 
 def float64_gemma(model, cfg):
-    """A GemmaForCausalLM (float64 weights) whose RMSNorms and RoPE angles are made in float64
-    (Hugging Face makes both in float32 whatever the model's dtype), its norms first checked
-    against tfm's with gamma = 1 + weight to float32's rounding, and its embedding's scale
-    checked to be sqrt(d)."""
+    """A GemmaForCausalLM (float64 weights) whose RMSNorms, RoPE angles and embedding scale are
+    float64's (Hugging Face makes the first two in float32 whatever the model's dtype, and
+    keeps the scale in the dtype it was loaded in), each first checked against tfm's: the norm
+    with gamma = 1 + weight to float32's rounding, the scale to bfloat16's."""
     import torch
 
     from tfmcli import ops
@@ -57,7 +58,12 @@ def float64_gemma(model, cfg):
     for module in norms:
         module.forward = float64_norm(module)
     float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
-    assert float(model.model.embed_tokens.embed_scale) == cfg.d_model ** 0.5
+    # Hugging Face keeps the scale as a buffer in the model's dtype: loaded from a bfloat16
+    # folder, sqrt(32) is 5.65625. It is checked to that rounding and made sqrt(d) in float64.
+    scale = model.model.embed_tokens.embed_scale
+    assert float(scale) == pytest.approx(cfg.d_model ** 0.5, rel=2 ** -8)
+    with torch.no_grad():
+        scale.fill_(cfg.d_model ** 0.5)
     return model
 
 
@@ -251,3 +257,46 @@ def test_the_views_read_a_gemma_folder(tmp_path):
     embed = json.loads(ok("embed", "--load", tmp_path, "--tokens", "1,5,9,2", "-t", 1,
                           "--json").stdout)
     assert embed["scale"] == 4.0 and embed["forward_model_diff"] == 0.0
+
+
+# ---------------------------------------------------------------- the shipped example
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "tiny-gemma"
+
+
+def test_the_example_matches_hugging_face_and_its_tokenizer():
+    """examples/tiny-gemma read by Hugging Face's GemmaForCausalLM.from_pretrained: the same
+    loss, logits and gradients on a text its tokenizer starts with '<s>', the ids transformers'
+    own tokenizer gives."""
+    transformers = pytest.importorskip("transformers")
+    text = "The dog saw the cat."
+    run_ = tfmcli.load(EXAMPLE, text=text)
+    assert (run_.cfg.activation, run_.cfg.embed_scale, run_.cfg.tied_head, run_.cfg.h_kv,
+            run_.cfg.d_q) == ("geglu", True, True, 1, 64)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(EXAMPLE / "tokenizer.json"))
+    assert run_.inputs.tokens[0].tolist() == theirs(text)["input_ids"]
+    model = float64_gemma(transformers.GemmaForCausalLM.from_pretrained(
+        EXAMPLE, attn_implementation="sdpa").double().eval(), run_.cfg)
+    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
+    # Trained, block 1's attention is all but one-hot on this text: its W_Q's gradient is 0
+    # but for rounding (1e-17 in Hugging Face's, 1e-29 in tfm's), so each gradient is held to
+    # 1e-12 of the largest of all, not of its own.
+    theirs = llama_grads(model)
+    largest = max(np.abs(grad).max() for grad in theirs.values())
+    assert np.abs(theirs["blocks.1.attn.W_Q"]).max() < 1e-15 * largest
+    for name, grad in theirs.items():
+        np.testing.assert_allclose(grads[name], grad, rtol=0, atol=1e-12 * largest, err_msg=name)
+    assert np.abs(grads["blocks.0.attn.W_Q"] - theirs["blocks.0.attn.W_Q"]).max() < 1e-12 * (
+        np.abs(theirs["blocks.0.attn.W_Q"]).max())   # where it is not 0, to its own scale
+
+
+def test_a_tied_heads_lens_reads_each_token_back_at_the_embedding():
+    """At the embedding, before any block, the tied head scores each position's own row of
+    W_E against every row: its own wins, so the lens's first row predicts the input token
+    itself (the README's example)."""
+    from tfmcli.lens import logit_lens
+
+    run_ = tfmcli.load(EXAMPLE, text="The dog saw the cat.")
+    fwd = tfmcli.forward(run_.params, run_.inputs, run_.cfg)
+    embed = logit_lens(run_.params, fwd, run_.cfg, 0, 1)[0]
+    assert embed.top[:, 0].tolist() == run_.inputs.tokens[0].tolist()
