@@ -16,10 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-import tfmcli
 from tfmcli.sources import gemma, tensorfile
-from tiny_gpt2 import TEXT, fit   # the same six sentences, trained the same way
-from tiny_llama import make_tokenizer
+from tiny_llama import make_tokenizer, train   # the same six sentences, trained the same way
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
              num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64)
@@ -34,20 +32,11 @@ def fields(vocab: int) -> dict:
             "bias": False, "tied_head": True, "head_bias": False, "embed_scale": True}
 
 
-def train(tok, steps=400):
-    rows = [tok.encode(line).ids for line in TEXT]
-    inputs = tfmcli.inputs_from_tokens(rows)
-    B, T = inputs.tokens.shape
-    cfg = tfmcli.Config(batch=B, seq_len=T, lengths=tuple(inputs.lengths.tolist()),
-                        init="normal", seed=0, **fields(tok.get_vocab_size()))
-    return fit(cfg, inputs, steps)
-
-
 def main(out):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer()
-    params, loss = train(tok)
+    params, loss = train(tok, fields=fields)
     tok.save(str(out / "tokenizer.json"))
     tensors = gemma.from_tfm(params, fields(tok.get_vocab_size()))
     tensorfile.write(out / "model.safetensors", tensors, bfloat16=True, metadata={"format": "pt"})

@@ -57,7 +57,9 @@ def fields(vocab: int) -> dict:
             "tied_head": False, "head_bias": False}
 
 
-def train(tok, steps=400):
+def train(tok, steps=400, fields=fields):
+    """(parameters, loss) of the model ``fields(vocab)`` describes, trained on the sentences
+    (examples/tiny_gemma.py trains its own model so)."""
     rows = [tok.encode(line).ids for line in TEXT]
     inputs = tfmcli.inputs_from_tokens(rows)
     B, T = inputs.tokens.shape

@@ -1,7 +1,8 @@
 """GeGLU (``activation="geglu"``, Gemma's FFN): ``(gelu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 +
-b_2`` with GELU's tanh form. Its backward against central differences; the model with it at
-random O(1) parameters against central differences, its own reference path, the torch
-reference and Hugging Face's GemmaMLP; the KV cache against the full forward; the views.
+b_2`` with GELU's tanh form. Its backward against central differences; one sublayer against
+Hugging Face's GemmaMLP; the views. The model with it (central differences at random O(1)
+parameters, its reference path, the torch reference, the KV cache) is tested with SwiGLU's in
+tests/test_swiglu.py, and Hugging Face's whole Gemma in tests/test_gemma.py.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, ok, random_params, torch_reference_rows)
+from helpers import ok, random_params
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -105,36 +105,9 @@ def test_memory_estimate_counts_the_gate_and_its_tanh():
     assert geglu["caches"] - relu["caches"] == 3 * btf
 
 
-@pytest.mark.parametrize("fields", [dict(), dict(norm="post", layers=2, pe="rope"),
-                                    dict(tied_head=True, causal=False, d_ff=5, rms_norm=True)],
-                         ids=["pre", "post-rope-L2", "tied-noncausal-rms-dff5"])
-def test_gradients_match_central_differences_at_random_parameters(fields):
-    report = assert_gradcheck_passes(geglu_cfg(**fields))
-    assert "blocks.0.ffn.b_gate" in [c.name for c in report.params]
-
-
-def test_fast_path_equals_the_reference():
-    cfg = geglu_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2)
-    params = random_params(tfmcli.init_params(cfg), seed=6)
-    g_fast, g_slow = assert_fast_equals_reference(cfg, params, tfmcli.make_inputs(cfg))
-    np.testing.assert_allclose(g_fast.acts["blocks.0.ffn.gate"], g_slow.acts["blocks.0.ffn.gate"],
-                               rtol=0, atol=1e-12 * np.abs(g_slow.acts["blocks.0.ffn.gate"]).max())
-
-
-def test_kv_cache_equals_the_full_forward():
-    decoded_like_the_forward(geglu_cfg(batch=1, seq_len=6, lengths=None, layers=2), 7,
-                             [3, 1, 4, 1, 5, 2])
-
-
-# ---------------------------------------------------------------- the oracles
-
-
-def test_matches_the_torch_reference_at_random_parameters():
-    for fields in (dict(), dict(norm="post", layers=2, pe="rope"), dict(d_ff=5, dtype="float32")):
-        rows = torch_reference_rows(geglu_cfg(**fields), seed=8)
-        assert any(r.name == "grad blocks.0.ffn.W_gate" for r in rows)
-        if fields.get("dtype") != "float32":   # b_K's gradient, 0 but for rounding, aside
-            assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
+# The model's gradients against central differences, its fast path against its reference,
+# its KV cache against the full forward, the torch reference, tfm block, gradcheck and check
+# --against torch run for GeGLU in tests/test_swiglu.py (GATED).
 
 
 def test_ffn_matches_hugging_face_gemma_mlp():
@@ -215,11 +188,3 @@ def test_the_explained_ffn_names_the_gate_by_its_unit():
         unit = gelu_tanh(gate) if activation == "geglu" else gate / (1 + np.exp(-gate))
         np.testing.assert_allclose(x.gate_act, unit, rtol=1e-13)
         assert (x.silu_gate is None) == (activation == "geglu")
-
-
-def test_block_view_and_gradcheck_take_geglu():
-    assert "dpre W_1^T + dgate W_gate^T" in ok("block", "--activation", "geglu", "-t", 1).stdout
-    assert "W_gate" in ok("gradcheck", "--activation", "geglu").stdout
-    pytest.importorskip("torch")
-    assert "grad blocks.0.ffn.W_gate" in ok("check", "--against", "torch", "--activation",
-                                            "geglu").stdout

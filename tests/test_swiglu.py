@@ -1,7 +1,8 @@
 """SwiGLU (``activation="swiglu"``): the gated feed-forward, its backward, and the model with
 it, against central differences, the torch reference, Hugging Face's own LlamaMLP (with its
 biases) and its whole StableLM (Pre-LN, rotary attention, SwiGLU), at random O(1) parameters;
-the fast path against the reference and the KV cache against the full forward.
+the fast path against the reference and the KV cache against the full forward. The model's
+tests run for GeGLU too (``GATED``), whose own are in tests/test_geglu.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
+
+
+GATED = ["swiglu", "geglu"]   # the gated FFNs: the model's tests below run for both
 
 
 def swiglu_cfg(**fields):
@@ -111,16 +115,19 @@ def test_memory_estimate_counts_the_gate():
     assert swiglu["caches"] - relu["caches"] == 3 * btf
 
 
+@pytest.mark.parametrize("activation", GATED)
 @pytest.mark.parametrize("fields", [dict(), dict(norm="post", layers=2, pe="rope"),
-                                    dict(tied_head=True, causal=False, d_ff=5)],
-                         ids=["pre", "post-rope-L2", "tied-noncausal-dff5"])
-def test_gradients_match_central_differences_at_random_parameters(fields):
-    report = assert_gradcheck_passes(swiglu_cfg(**fields))
+                                    dict(tied_head=True, causal=False, d_ff=5, rms_norm=True)],
+                         ids=["pre", "post-rope-L2", "tied-noncausal-rms-dff5"])
+def test_gradients_match_central_differences_at_random_parameters(fields, activation):
+    report = assert_gradcheck_passes(swiglu_cfg(activation=activation, **fields))
     assert "blocks.0.ffn.b_gate" in [c.name for c in report.params]
 
 
-def test_fast_path_equals_the_reference():
-    cfg = swiglu_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2)
+@pytest.mark.parametrize("activation", GATED)
+def test_fast_path_equals_the_reference(activation):
+    cfg = swiglu_cfg(batch=3, seq_len=9, lengths=(9, 4, 7), d_model=12, heads=2, layers=2,
+                     activation=activation)
     params = random_params(tfmcli.init_params(cfg), seed=6)
     inputs = tfmcli.make_inputs(cfg)
     g_fast, g_slow = assert_fast_equals_reference(cfg, params, inputs)
@@ -128,17 +135,19 @@ def test_fast_path_equals_the_reference():
                                rtol=0, atol=1e-12 * np.abs(g_slow.acts["blocks.0.ffn.gate"]).max())
 
 
-def test_kv_cache_equals_the_full_forward():
-    decoded_like_the_forward(swiglu_cfg(batch=1, seq_len=6, lengths=None, layers=2), 7,
-                             [3, 1, 4, 1, 5, 2])
+@pytest.mark.parametrize("activation", GATED)
+def test_kv_cache_equals_the_full_forward(activation):
+    decoded_like_the_forward(swiglu_cfg(batch=1, seq_len=6, lengths=None, layers=2,
+                                        activation=activation), 7, [3, 1, 4, 1, 5, 2])
 
 
 # ---------------------------------------------------------------- the oracles
 
 
-def test_matches_the_torch_reference_at_random_parameters():
+@pytest.mark.parametrize("activation", GATED)
+def test_matches_the_torch_reference_at_random_parameters(activation):
     for fields in (dict(), dict(norm="post", layers=2, pe="rope"), dict(d_ff=5, dtype="float32")):
-        rows = torch_reference_rows(swiglu_cfg(**fields), seed=8)
+        rows = torch_reference_rows(swiglu_cfg(activation=activation, **fields), seed=8)
         assert any(r.name == "grad blocks.0.ffn.W_gate" for r in rows)
         if fields.get("dtype") != "float32":   # b_K's gradient, 0 but for rounding, aside
             assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
@@ -275,17 +284,19 @@ def test_ffn_view_lays_out_the_gate_and_checks_it():
     assert "activation     swiglu (silu(gate) * pre)" in text
 
 
-def test_block_view_adds_the_gate_path_to_the_ffn_input_gradient():
-    text = ok("block", "--activation", "swiglu", "-t", 1).stdout
+@pytest.mark.parametrize("activation", GATED)
+def test_block_view_adds_the_gate_path_to_the_ffn_input_gradient(activation):
+    text = ok("block", "--activation", activation, "-t", 1).stdout
     assert "dpre W_1^T + dgate W_gate^T" in text
     assert "dpre W_1^T + dgate W_gate^T" not in ok("block", "-t", 1).stdout
 
 
-def test_torch_check_and_gradcheck_take_swiglu_from_the_command_line():
-    assert "W_gate" in ok("gradcheck", "--activation", "swiglu").stdout
+@pytest.mark.parametrize("activation", GATED)
+def test_torch_check_and_gradcheck_take_gated_ffns_from_the_command_line(activation):
+    assert "W_gate" in ok("gradcheck", "--activation", activation).stdout
     pytest.importorskip("torch")
     assert "grad blocks.0.ffn.W_gate" in ok("check", "--against", "torch", "--activation",
-                                            "swiglu").stdout
+                                            activation).stdout
 
 
 def test_kv_step_flops_count_the_gate():
