@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import ok, random_params
+from helpers import error_line, ok, random_params, run
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -188,3 +188,21 @@ def test_the_explained_ffn_names_the_gate_by_its_unit():
         unit = gelu_tanh(gate) if activation == "geglu" else gate / (1 + np.exp(-gate))
         np.testing.assert_allclose(x.gate_act, unit, rtol=1e-13)
         assert (x.silu_gate is None) == (activation == "geglu")
+
+
+def test_a_file_without_its_config_is_swiglu_unless_told_geglu(tmp_path):
+    """An npz of parameters alone holds the same weights for either gate: read as SwiGLU, or
+    as GeGLU with --activation geglu (the loss the GeGLU model gives); a gate-less activation
+    typed for it contradicts its W_gate."""
+    cfg = geglu_cfg(lengths=None, seq_len=4)
+    params = random_params(tfmcli.init_params(cfg), seed=8)
+    path = tmp_path / "bare.npz"
+    np.savez(path, **{"param/" + name: value for name, value in params.items()})
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    told = json.loads(ok("forward", "--load", path, "--activation", "geglu", "--json").stdout)
+    assert told["config"]["activation"] == "geglu"
+    assert told["loss"] == pytest.approx(fwd.loss, rel=1e-12)
+    untold = json.loads(ok("forward", "--load", path, "--json").stdout)
+    assert untold["config"]["activation"] == "swiglu" and untold["loss"] != told["loss"]
+    line = error_line(run("forward", "--load", path, "--activation", "relu"), 2)
+    assert "activation='relu' contradicts" in line and "activation='swiglu'" in line

@@ -23,7 +23,8 @@ from tfmcli.model import arrays_repr
 from tfmcli.sources import gpt2
 from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
-from tfmcli.sources.npz import check_inputs, check_params, infer_heads, load_npz
+from tfmcli.sources.npz import (check_inputs, check_params, infer_activation, infer_heads,
+                                load_npz)
 from tfmcli.sources.text import find_tokenizer
 
 INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
@@ -117,6 +118,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         fields, params, inputs = dict(loaded.fields), loaded.params, loaded.inputs
         if not loaded.has_config:   # heads of their own width, grouped keys: for the heads given
             fields.update(infer_heads(params, {**flags, **fields}))
+            fields.update(infer_activation(params, {**flags, **fields}))   # a gate: which one
         weights_from = f"file {load}"
         tokens_from = f"file {load}" if inputs is not None else None
     if text is not None:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import Config, param_misfit
+from tfmcli.config import GATED, Config, param_misfit
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.inputs import IGNORE, Inputs, first_outside
 
@@ -60,12 +60,19 @@ def _infer_fields(path, arrays: dict) -> dict:
     fields["head_bias"] = "param/head.b_U" in arrays
     fields["bias"] = "param/blocks.0.attn.b_O" in arrays   # LLaMA's linear layers have none
     fields["qkv_bias"] = "param/blocks.0.attn.b_Q" in arrays and not fields["bias"]   # Qwen2
-    if "param/blocks.0.ffn.W_gate" in arrays:
-        fields["activation"] = "swiglu"
     fields["rms_norm"] = ("param/blocks.0.ln1.gamma" in arrays
                           and "param/blocks.0.ln1.beta" not in arrays)
     fields["qk_norm"] = "param/blocks.0.attn.q_norm.gamma" in arrays   # Qwen3's
     return fields
+
+
+def infer_activation(params: dict, fields: dict) -> dict:
+    """A file without a ``config`` key: a gate (``ffn.W_gate``) makes the FFN gated, SwiGLU
+    unless the activation given is GeGLU, which has the same weights (the file cannot tell the
+    two apart); ``check_params`` names a gated activation given for a file with no gate."""
+    if "blocks.0.ffn.W_gate" in params and fields.get("activation") not in GATED:
+        return {"activation": "swiglu"}
+    return {}
 
 
 def infer_heads(params: dict, fields: dict) -> dict:
