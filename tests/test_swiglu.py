@@ -51,18 +51,20 @@ def test_swiglu_is_silu_of_the_gate_times_pre():
     assert hidden[1] == 0.0   # silu(0) = 0: a closed gate passes nothing
 
 
-def test_swiglu_backward_against_central_differences():
+@pytest.mark.parametrize("activation", GATED)
+def test_the_gates_backward_against_central_differences(activation):
     """Both inputs' gradients, from a random upstream gradient, at O(1) values of both
-    signs (the slope silu' is below 0 for gates under about -1.28)."""
+    signs: the slope is below 0 for gates under about -1.28 (silu') and -0.75 (gelu')."""
+    forward, backward = ops.GATES[activation]
     rng = np.random.default_rng(0)
     gate, pre, dhidden = (rng.normal(0.0, 2.0, (3, 7)) for _ in range(3))
-    dgate, dpre = ops.swiglu_backward(dhidden, ops.swiglu_forward(gate, pre)[1])
+    dgate, dpre = backward(dhidden, forward(gate, pre)[1])
 
     def contracted_gate(g):
-        return float((dhidden * ops.swiglu_forward(g.reshape(3, 7), pre)[0]).sum())
+        return float((dhidden * forward(g.reshape(3, 7), pre)[0]).sum())
 
     def contracted_pre(p):
-        return float((dhidden * ops.swiglu_forward(gate, p.reshape(3, 7))[0]).sum())
+        return float((dhidden * forward(gate, p.reshape(3, 7))[0]).sum())
 
     np.testing.assert_allclose(dgate.ravel(), central_differences(contracted_gate, gate.ravel()),
                                rtol=0, atol=1e-8)
