@@ -50,7 +50,8 @@ def assert_paths_agree(cfg, params, inputs):
 
 @settings(max_examples=40, deadline=None)
 @given(B=st.integers(1, 3), T=st.integers(1, 7), H=st.sampled_from([1, 2, 3]),
-       norm=st.sampled_from(["pre", "post"]), activation=st.sampled_from(["relu", "gelu", "swiglu", "geglu"]),
+       norm=st.sampled_from(["pre", "post"]),
+       activation=st.sampled_from(["relu", "gelu", "swiglu", "geglu"]),
        causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
        tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
        block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans(),

@@ -70,9 +70,9 @@ class FFNExplained(NamedTuple):
     dx: np.ndarray         # (d,) dpre W_1^T
     numeric_slope: np.ndarray  # central differences of act at pre (silu or gelu at gate)
     numeric_dx: np.ndarray     # central differences of sum(dout * FFN(x)) in x
-    gate: np.ndarray | None = None       # (d_ff,) x W_gate + b_gate (SwiGLU)
+    gate: np.ndarray | None = None       # (d_ff,) x W_gate + b_gate (a gated FFN)
     silu_gate: np.ndarray | None = None  # (d_ff,) silu(gate), each unit's weight (SwiGLU)
-    dgate: np.ndarray | None = None      # (d_ff,) dhidden * pre * silu'(gate) (SwiGLU)
+    dgate: np.ndarray | None = None      # (d_ff,) dhidden * pre * silu'(gate) (or gelu')
     gate_act: np.ndarray | None = None   # (d_ff,) silu(gate) or gelu(gate) (a gated FFN)
 
 

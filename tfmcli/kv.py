@@ -151,8 +151,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         if t == len(tokens):   # past the given tokens: the last step's most likely next token
             tokens.append(int(np.argmax(steps[-1].logits)))
         token = tokens[t]
-        x = P["embed.W_E"][token] * cfg.embed_factor if cfg.embed_scale else P["embed.W_E"][token]
-        x = x if pe is None else x + pe[t]                                     # (d,)
+        x = P["embed.W_E"][token] * cfg.embed_factor       # (d,); the factor is 1 unscaled
+        x = x if pe is None else x + pe[t]
         attention = {}
         for i in range(cfg.layers):
             p = f"blocks.{i}."

@@ -97,10 +97,12 @@ def embed(
                  f"{' + PE[t]' if x.pe is not None else ''}, the first block's input",
                  style="bold"),
             Text(where),
-            Text(POSITIONS[cfg.pe].replace("x0 = W_E", "x0 = sqrt(d) W_E" if scaled else "x0 = W_E"))]
+            Text(POSITIONS[cfg.pe].replace("x0 = W_E", "x0 = sqrt(d) W_E") if scaled
+                 else POSITIONS[cfg.pe])]
         if scaled:
             views.append(Text(f"the row is multiplied by sqrt(d) = sqrt({cfg.d_model}) = "
-                              f"{x.scale:.6g} (--embed-scale) before anything is added"))
+                              f"{x.scale:.6g} (--embed-scale)"
+                              + (" before anything is added" if x.pe is not None else "")))
         rows = {f"W_E[{x.token}]": x.w_e}
         if scaled:
             rows[f"sqrt(d) W_E[{x.token}]"] = x.scale * x.w_e

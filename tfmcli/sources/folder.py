@@ -1,8 +1,7 @@
 """Checkpoint folders as Hugging Face's ``save_pretrained`` writes them and the hub serves them:
 ``config.json``'s ``model_type`` says whose names the weights carry (``sources.gpt2``,
 ``sources.llama``, ``sources.mistral``, ``sources.qwen2``, ``sources.qwen3``,
-``sources.gemma``), and each of
-those modules reads its own."""
+``sources.gemma``), and each of those modules reads its own."""
 
 from __future__ import annotations
 

@@ -36,8 +36,6 @@ IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm ma
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma")   # the model_types this module reads
-NAMES = {"llama": "LLaMA", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "gemma": "Gemma"}
 HEAD_DIMS = {"qwen3": 128, "gemma": 256}   # head_dim when config.json has none: HF's defaults
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
@@ -78,7 +76,7 @@ def read_config(folder) -> dict:
             raise TfmError(f"--load {path}: key 'attention_bias' is "
                            f"{config['attention_bias']!r}; tfm adds biases to all of attention "
                            f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
-                           f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
+                           f"{kind.capitalize()}'s would be on o_proj too and not in the MLP")
     else:
         bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
         if bias != mlp_bias or not isinstance(bias, bool):
