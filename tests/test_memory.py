@@ -146,6 +146,14 @@ CONFIGS = [
                       qk_norm=True, dtype="float32"), id="qk-layernorm-f32"),
     pytest.param(dict(batch=2, seq_len=256, d_model=64, heads=3, head_dim=8, vocab=128,
                       layers=2, norm="post", dtype="float32"), id="narrow-heads-post-f32"),
+    # soft caps: the fast backward's gradients before each cap, arrays of their own
+    pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
+                      attn_softcap=50.0, dtype="float32"), id="score-cap-T-dominates-f32"),
+    pytest.param(dict(batch=4, seq_len=32, d_model=64, heads=4, vocab=20000, layers=1,
+                      logit_softcap=30.0), id="logit-cap-V-leads-f64"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      attn_softcap=50.0, logit_softcap=30.0, rms_norm=True,
+                      activation="geglu", pe="rope"), id="gemma2-like-caps-f64"),
 ]
 
 

@@ -154,6 +154,15 @@ class Config:
         (Vaswani et al.'s Transformer, section 3.4, and Gemma's): ``embed`` is
         ``sqrt(d_model) W_E[tokens]``, and ``dW_E``'s lookup part ``sqrt(d_model)`` times the
         sum of ``dembed``. A tied head uses ``W_E`` unscaled.
+    attn_softcap : float or None
+        Each attention score ``s`` (scaled, before the mask) becomes ``c tanh(s / c)`` for
+        ``c = attn_softcap``, so that no score reaches ``c`` (Gemma 2's
+        ``attn_logit_softcapping``, 50). ``attn.scores`` holds the capped scores, and
+        ``d score / d s = 1 - (capped / c)^2``. ``None``: no cap.
+    logit_softcap : float or None
+        The head's logits ``z`` become ``c tanh(z / c)`` for ``c = logit_softcap`` (Gemma 2's
+        ``final_logit_softcapping``, 30). ``logits`` holds the capped logits, whose softmax the
+        loss takes. ``None``: no cap.
     """
 
     batch: int = 2
@@ -185,6 +194,8 @@ class Config:
     head_dim: int | None = None
     qk_norm: bool = False
     embed_scale: bool = False
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -248,6 +259,14 @@ class Config:
                 or not np.isfinite(self.rope_theta) or self.rope_theta <= 0):
             raise ConfigError("rope_theta", f"rope_theta must be a positive finite number, "
                                             f"got {self.rope_theta!r}")
+        for name in ("attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float, np.number))
+                                      or not np.isfinite(value) or value <= 0):
+                raise ConfigError(name, f"{name} must be a positive finite number, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, float(value))
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ConfigError("seed", f"seed must be a non-negative integer, got {self.seed!r}")
 
@@ -530,7 +549,8 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     ``rstd``). On top of that comes one transient: the forward's largest temporary (a
     (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward, which
     briefly holds about three (B, T, d_ff) arrays (a gated FFN's one: its slope, made before
-    dgate; grouped attention's dk and dv at every head, two (B, T, H d_head)).
+    dgate; grouped attention's dk and dv at every head, two (B, T, H d_head); capped scores'
+    gradient before the cap, one (B, H, T, T); capped logits', one (B, T, V)).
     ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
     item = np.dtype(cfg.dtype).itemsize
@@ -561,7 +581,10 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
               + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
-    backward_transient = max(activation_transient, grouped * 2 * btq)
+    # capped scores: the fast backward's gradient before the cap is an array of its own
+    backward_transient = max(activation_transient, grouped * 2 * btq,
+                             (cfg.attn_softcap is not None) * bhtt,
+                             (cfg.logit_softcap is not None) * btv)
     transient = max(forward_transient - params - dacts, backward_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,

@@ -16,7 +16,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config, ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import head_weights, normalise, positions, rope_for
+from tfmcli.model import head_logits, normalise, positions, rope_for
 
 
 class KVStep(NamedTuple):
@@ -51,9 +51,12 @@ def chosen_probabilities(steps: list[KVStep]) -> list[float | None]:
                      for before, step in zip(steps, steps[1:])]
 
 
-def _attend(q, K, V, scale):
-    """q: (H, d_head) against K, V: (H, c, d_head) -> context (H, d_head), weights (H, c)."""
+def _attend(q, K, V, scale, cap=None):
+    """q: (H, d_head) against K, V: (H, c, d_head) -> context (H, d_head), weights (H, c);
+    each score soft-capped at ``cap`` (``Config.attn_softcap``) unless it is None."""
     scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)
+    if cap is not None:
+        scores = ops.softcap_forward(scores, cap)
     weights, _ = ops.softmax_forward(scores)
     return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
 
@@ -90,7 +93,7 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
         keys, values = K[:, slots], V[:, slots]
     if cfg.group > 1:
         keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
-    context, seen = _attend(q, keys, values, 1.0 / math.sqrt(dh))    # seen: (H, c)
+    context, seen = _attend(q, keys, values, 1.0 / math.sqrt(dh), cfg.attn_softcap)  # (H, c)
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P.get(p + "attn.b_O"))[0]
     if start == 0:
         return out, seen                                          # (d,), (H, t + 1)
@@ -167,7 +170,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             attention.update({(i, h): weights[h] for h in range(H)})
         if cfg.norm == "pre":
             x = normalise(x, P, "ln_f", cfg)
-        logits = ops.linear_forward(x, *head_weights(P, cfg))[0]               # (V,)
+        logits = head_logits(x, P, cfg)                                        # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
         seen = t + 1 - window_start(cfg, t)                      # keys this step attends to
         steps.append(KVStep(t, int(token), (cfg.h_kv, min(t + 1, C), dh), attention, logits,

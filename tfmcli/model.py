@@ -119,9 +119,10 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
         k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
     scale = 1.0 / math.sqrt(cfg.d_head)
     if caches["fast"]:   # mask: an ops.AttentionMask
-        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale)
+        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap)
     else:
-        context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale)
+        context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
+                                                    cfg.attn_softcap)
     context = ops.merge_heads(context)                                  # (B, T, d)
     out, co = ops.linear_forward(context, P[p + "attn.W_O"], P.get(p + "attn.b_O"))
     acts.update({p + "attn.scores": scores, p + "attn.pattern": ca.pattern,
@@ -292,6 +293,12 @@ def head_weights(params: dict, cfg: Config):
     return W_U, (params["head.b_U"] if cfg.head_bias else 0.0)
 
 
+def head_logits(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
+    """The head on x (..., d): ``x W_U + b_U``, soft-capped with ``logit_softcap``."""
+    logits = ops.linear_forward(x, *head_weights(params, cfg))[0]
+    return logits if cfg.logit_softcap is None else ops.softcap_forward(logits, cfg.logit_softcap)
+
+
 # ---------------------------------------------------------------- blocks
 
 
@@ -445,6 +452,8 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     if cfg.norm == "pre":
         x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
+    if cfg.logit_softcap is not None:   # c tanh(z / c): no logit reaches c
+        logits = caches["capped logits"] = ops.softcap_forward(logits, cfg.logit_softcap)
     valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
     acts["logits"] = logits
@@ -499,6 +508,9 @@ def _head_and_blocks_backward(caches, cfg, grads, dacts):
     dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
     dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
     dacts["logits"] = dlogits
+    if cfg.logit_softcap is not None:   # back through the cap: times 1 - (logits / c)^2
+        slope = ops.softcap_slope(caches["capped logits"], cfg.logit_softcap)    # (B, T, V)
+        dlogits = np.multiply(dlogits, slope, out=slope)
     # tied, W_U is the view W_E.T: its gradient comes as (V, d), W_E's shape, to join W_E's
     dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"], transposed=cfg.tied_head)
     if not cfg.tied_head:

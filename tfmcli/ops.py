@@ -337,6 +337,22 @@ def rope_backward(dout, cos, sin):
     return dx
 
 
+def softcap_forward(x, cap):
+    """``cap * tanh(x / cap)``: x squashed smoothly into (-cap, cap), close to x where
+    ``|x|`` is small against cap (Gemma 2's soft caps of its scores and logits)."""
+    return np.tanh(x / cap) * cap
+
+
+def softcap_slope(capped, cap):
+    """d capped / d x from the capped values themselves: ``1 - tanh^2 = 1 - (capped / cap)^2``;
+    0 where ``capped`` is -inf (a hidden key's score, after the mask)."""
+    slope = capped / cap                                       # tanh, then its slope in place
+    np.multiply(slope, slope, out=slope)
+    np.subtract(1.0, slope, out=slope)
+    slope[np.isneginf(capped)] = 0.0
+    return slope
+
+
 class AttentionCache(NamedTuple):
     q: np.ndarray        # (B, H, T, d_head)
     k: np.ndarray
@@ -345,30 +361,40 @@ class AttentionCache(NamedTuple):
     scale: float
     blocks: tuple = ()   # the fast path's query blocks (see key_blocks); the reference: none
     starts: tuple = ()   # per block, the first key it may see (key_starts); the reference: none
+    cap: float | None = None   # the scores' soft cap (Config.attn_softcap), or None
+    scores: np.ndarray | None = None   # (B, H, T, T) the capped, masked scores, when capped
 
 
-def attention_forward(q, k, v, mask, scale):
-    """softmax(q k^T * scale, hidden where mask is False) @ v.
+def attention_forward(q, k, v, mask, scale, cap=None):
+    """softmax(q k^T * scale, hidden where mask is False) @ v; with ``cap``, each scaled score
+    is soft-capped (``softcap_forward``) before the mask.
 
     q, k, v: (B, H, T, d_head); mask: bool, broadcastable to (B, H, T, T), True = may attend.
     Returns context (B, H, T, d_head), the masked scores (-inf where hidden), and the cache.
     """
     scores = q @ k.swapaxes(-1, -2)                            # (B, H, T, T)
     scores *= scale
+    if cap is not None:
+        scores = softcap_forward(scores, cap)
     scores = np.where(mask, scores, -np.inf)
     pattern, _ = softmax_forward(scores)
     context = pattern @ v                                      # (B, H, T, d_head)
-    return context, scores, AttentionCache(q, k, v, pattern, scale)
+    capped = scores if cap is not None else None
+    return context, scores, AttentionCache(q, k, v, pattern, scale, cap=cap, scores=capped)
 
 
 def attention_backward(dcontext, cache):
-    """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T)."""
+    """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T).
+    dscores is the gradient of the scores the softmax took (capped, when capped)."""
     q, k, v, pattern, scale = cache[:5]
     dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
     dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
     dscores = softmax_backward(dpattern, pattern)             # 0 on hidden keys
-    dq = (dscores @ k) * scale
-    dk = (dscores.swapaxes(-1, -2) @ q) * scale
+    draw = dscores                                            # before the cap, if any
+    if cache.cap is not None:
+        draw = dscores * softcap_slope(cache.scores, cache.cap)
+    dq = (draw @ k) * scale
+    dk = (draw.swapaxes(-1, -2) @ q) * scale
     return dq, dk, dv, dpattern, dscores
 
 
@@ -452,7 +478,7 @@ def row_dot(a, b):
     return out
 
 
-def attention_forward_fast(q, k, v, mask, scale):
+def attention_forward_fast(q, k, v, mask, scale, cap=None):
     """attention_forward block by block over the queries (``mask``: an AttentionMask), each
     block only over the keys it may see; the scale folded into q, the mask added only where it
     hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
@@ -473,6 +499,10 @@ def attention_forward_fast(q, k, v, mask, scale):
             for (r0, r1, end), first, start in zip(mask.blocks, mask.hidden_from, starts):
                 s = scores[b, h, r0:r1, start:end]            # this block's visible part
                 np.matmul(q_scaled[b, h, r0:r1], k[b, h, start:end].swapaxes(-1, -2), out=s)
+                if cap is not None:   # cap * tanh(s / cap), in place
+                    s /= cap
+                    np.tanh(s, out=s)
+                    s *= cap
                 first = max(first, start)
                 s[..., first - start:] += mask.bias[b, :, r0:r1, first:end]   # -inf where hidden
                 scores[b, h, r0:r1, end:] = -np.inf
@@ -487,7 +517,8 @@ def attention_forward_fast(q, k, v, mask, scale):
                 np.matmul(p, v[b, h, start:end], out=context[b, h, r0:r1])
 
     parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))
-    return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks, starts)
+    return context, scores, AttentionCache(q, k, v, pattern, scale, mask.blocks, starts, cap,
+                                           scores if cap is not None else None)
 
 
 def attention_backward_fast(dcontext, cache):
@@ -497,9 +528,12 @@ def attention_backward_fast(dcontext, cache):
     each is written once rather than summed over query blocks. dpattern is computed whole: it
     is not 0 where the weight is. The heads go in parts on the machine's cores
     (``parallel``), a few sequences at a time (``_sequences``), unbuffered as in the forward."""
-    q, k, v, pattern, scale, blocks, starts = cache
+    q, k, v, pattern, scale, blocks, starts, cap, capped = cache
     B, H, T, dh = q.shape
     dpattern, dscores = np.empty_like(pattern), np.empty_like(pattern)   # (B, H, T, T)
+    # capped: the gradient before the cap, which dq and dk take, is an array of its own
+    draw = dscores if cap is None else np.empty_like(pattern)
+    zeroed = (dscores,) if cap is None else (dscores, draw)   # 0 at the keys a block cannot see
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     k_scaled, q_scaled = k * scale, q * scale
     # keys c0..c1 are seen by the query blocks from the first whose keys reach them to the last
@@ -516,17 +550,21 @@ def attention_backward_fast(dcontext, cache):
             for (r0, r1, end), start in zip(blocks, starts):
                 p, dp = pattern[b, h, r0:r1, start:end], dpattern[b, h, r0:r1, start:end]
                 ds = dscores[b, h, r0:r1, start:end]
-                dscores[b, h, r0:r1, end:] = 0.0
-                if start:   # a sliding window: the keys before it too
-                    dscores[b, h, r0:r1, :start] = 0.0
+                for grad in zeroed:
+                    grad[b, h, r0:r1, end:] = 0.0
+                    if start:   # a sliding window: the keys before it too
+                        grad[b, h, r0:r1, :start] = 0.0
                 rows = row_dot(dp, p)                         # sum(dpattern * p) per row
                 np.subtract(dp, rows, out=ds)
                 ds *= p                                       # p * (dpattern - rows)
+                if cap is not None:   # times the cap's slope, 1 - (capped / cap)^2
+                    ds = np.multiply(ds, softcap_slope(capped[b, h, r0:r1, start:end], cap),
+                                     out=draw[b, h, r0:r1, start:end])
                 np.matmul(ds, k_scaled[b, h, start:end], out=dq[b, h, r0:r1])
             for (c0, c1, _), rows in zip(blocks, seen_by):    # keys c0..c1
                 np.matmul(pattern[b, h, rows, c0:c1].swapaxes(-1, -2),
                           dcontext[b, h, rows], out=dv[b, h, c0:c1])
-                np.matmul(dscores[b, h, rows, c0:c1].swapaxes(-1, -2),
+                np.matmul(draw[b, h, rows, c0:c1].swapaxes(-1, -2),
                           q_scaled[b, h, rows], out=dk[b, h, c0:c1])
 
     parallel.run(part, H, parallel.cost(B * H * T * T * dh, q.dtype))

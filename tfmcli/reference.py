@@ -120,6 +120,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
+        if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
+            scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.masked_fill(~mask, float("-inf"))
         pattern = torch.softmax(scores, dim=-1)
         pattern.retain_grad()
@@ -156,6 +158,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         x = norm(x, "ln_f")
     W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
     logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
+    if cfg.logit_softcap is not None:
+        logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
     logits.retain_grad()
     loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
     loss.backward()

@@ -143,12 +143,18 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     if cfg.embed_scale:   # after the positions
         rows = dict(_after(rows, "positional", "embed scale",
                            f"x sqrt(d) = {cfg.embed_factor:.6g} (embed = sqrt(d) W_E[id])"))
+    if cfg.attn_softcap is not None:   # after the mask
+        c = f"{cfg.attn_softcap:g}"
+        rows = dict(_after(rows, "mask", "score cap", f"{c} tanh(s / {c}), before the mask"))
     if not cfg.bias:
         rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
                           else "none in attention and FFN")
     if cfg.tied_head or not cfg.head_bias:
         rows["head"] = ("h W_E^T (tied to the embedding)" if cfg.tied_head else "h W_U") + (
             " + b_U" if cfg.head_bias else ", no bias")
+    if cfg.logit_softcap is not None:
+        c = f"{cfg.logit_softcap:g}"
+        rows["logit cap"] = f"{c} tanh(z / {c}) of the head's z"
     if run is not None:
         del rows["init"], rows["seed"]
         rows["weights"] = run.weights_from

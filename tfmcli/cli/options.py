@@ -168,6 +168,8 @@ MODEL_OPTIONS = [
     ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
     ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
     ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
+    ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
+    ("logit_softcap", Annotated[Optional[float], _opt("--logit-softcap", panel=MODEL, metavar="C", help="Soft-cap each logit z of the head: C tanh(z / C) (Gemma 2: 30) (> 0).")], D.logit_softcap),
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
@@ -191,7 +193,8 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
          "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
          "sliding_window": "--sliding-window", "head_dim": "--head-dim", "qk_norm": "--qk-norm",
-         "embed_scale": "--embed-scale",
+         "embed_scale": "--embed-scale", "attn_softcap": "--attn-softcap",
+         "logit_softcap": "--logit-softcap",
          "tokens": "--tokens", "text": "--text"}
 
 

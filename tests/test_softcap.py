@@ -1,0 +1,158 @@
+"""Soft caps (``attn_softcap``, ``logit_softcap``; ``--attn-softcap``, ``--logit-softcap``):
+Gemma 2's ``c tanh(x / c)`` on the attention scores and on the head's logits. The forward, the
+backward at random O(1) parameters against central differences, the fast path against the
+reference, the torch reference and the KV cache; the caps' slope; the views and flags.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
+                     decoded_like_the_forward, error_line, ok, random_params, run,
+                     torch_reference_rows)
+from tfmcli import ops
+from tfmcli.config import memory_estimate
+
+
+def capped_cfg(**fields):
+    """Caps near the size of random O(1) parameters' scores and logits, so that some are
+    squashed hard and some barely."""
+    base = dict(d_model=8, heads=2, seq_len=5, lengths=(5, 3), attn_softcap=1.5,
+                logit_softcap=2.0)
+    return tfmcli.Config(**{**base, **fields})
+
+
+def test_softcap_is_c_tanh_x_over_c_and_its_slope_is_one_minus_tanh_squared():
+    x = np.array([-100.0, -3.0, -0.5, 0.0, 1e-9, 2.0, 40.0])
+    capped = ops.softcap_forward(x, 2.0)
+    np.testing.assert_array_equal(capped, 2.0 * np.tanh(x / 2.0))
+    assert np.all(np.abs(capped) <= 2.0) and capped[4] == pytest.approx(1e-9, rel=1e-12)
+    h = 1e-6
+    numeric = (ops.softcap_forward(x + h, 2.0) - ops.softcap_forward(x - h, 2.0)) / (2 * h)
+    np.testing.assert_allclose(ops.softcap_slope(capped, 2.0), numeric, rtol=1e-8, atol=1e-12)
+    hidden = np.array([-np.inf, 1.0])   # a hidden key's score: slope 0, not nan
+    np.testing.assert_array_equal(ops.softcap_slope(hidden, 2.0), [0.0, 1 - 0.25])
+
+
+def test_the_scores_and_logits_are_the_capped_ones():
+    cfg = capped_cfg()
+    params = random_params(tfmcli.init_params(cfg), seed=1)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg, fast=False)
+    plain = cfg.replace(attn_softcap=None, logit_softcap=None)
+    raw = tfmcli.forward(params, fwd.inputs, plain, fast=False)
+    # the first block sees the same input either way: its scores are the plain ones, capped
+    scores, raw_scores = fwd.acts["blocks.0.attn.scores"], raw.acts["blocks.0.attn.scores"]
+    seen = np.isfinite(raw_scores)
+    np.testing.assert_array_equal(np.isfinite(scores), seen)
+    np.testing.assert_allclose(scores[seen], 1.5 * np.tanh(raw_scores[seen] / 1.5), rtol=1e-14)
+    assert np.abs(raw_scores[seen]).max() > 1.5 > np.abs(scores[seen]).max()
+    h = fwd.acts["ln_f.out"]
+    z = h @ params["head.W_U"] + params["head.b_U"]
+    np.testing.assert_allclose(fwd.acts["logits"], 2.0 * np.tanh(z / 2.0), rtol=1e-14)
+    assert np.abs(z).max() > 2.0 > np.abs(fwd.acts["logits"]).max()
+
+
+def test_the_logit_caps_gradient_is_the_slope_times_p_minus_y():
+    """dW_U = h^T (dlogits * (1 - (logits / c)^2)): the head's gradient goes through the cap."""
+    cfg = capped_cfg(attn_softcap=None)
+    params = random_params(tfmcli.init_params(cfg), seed=2)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    slope = 1 - (fwd.acts["logits"] / 2.0) ** 2
+    dz = grads.acts["logits"] * slope
+    np.testing.assert_allclose(grads["head.W_U"],
+                               np.einsum("btd,btv->dv", fwd.acts["ln_f.out"], dz), rtol=1e-13)
+    np.testing.assert_allclose(grads["head.b_U"], dz.sum(axis=(0, 1)), rtol=1e-13)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(),
+    dict(logit_softcap=None),
+    dict(attn_softcap=None, tied_head=True),
+    dict(norm="post", layers=2, pe="learned", activation="gelu"),
+    dict(pe="rope", rms_norm=True, activation="geglu", bias=False, head_bias=False, kv_heads=1,
+         sliding_window=3, embed_scale=True, tied_head=True),
+], ids=["both", "scores", "logits-tied", "post-L2", "gemma-like"])
+def test_gradients_match_central_differences_at_random_parameters(fields):
+    assert_gradcheck_passes(capped_cfg(**fields))
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(sliding_window=5, kv_heads=1, pe="rope"),
+                                    dict(dtype="float32")], ids=["causal", "window", "float32"])
+def test_fast_path_equals_the_reference(fields):
+    """T 300: three query blocks, the causal (and window's) keys skipped, capped in place."""
+    cfg = capped_cfg(batch=3, seq_len=300, lengths=(300, 140, 290), layers=2, **fields)
+    params = random_params(tfmcli.init_params(cfg), seed=6)
+    if cfg.dtype == "float32":
+        params = {name: value.astype(np.float32) for name, value in params.items()}
+        inputs = tfmcli.make_inputs(cfg)
+        fast, slow = (tfmcli.forward(params, inputs, cfg, fast=f) for f in (True, False))
+        assert fast.loss == pytest.approx(slow.loss, rel=1e-5)
+        return
+    assert_fast_equals_reference(cfg, params, tfmcli.make_inputs(cfg))
+
+
+def test_kv_cache_equals_the_full_forward():
+    decoded_like_the_forward(capped_cfg(batch=1, seq_len=6, lengths=None, layers=2,
+                                        sliding_window=3), 7, [3, 1, 4, 1, 5, 2])
+
+
+def test_matches_the_torch_reference_at_random_parameters():
+    for fields in (dict(), dict(tied_head=True, pe="rope", kv_heads=1)):
+        rows = torch_reference_rows(capped_cfg(**fields), seed=8)
+        assert any(r.name == "grad logits" for r in rows)
+        assert max(r.rel for r in rows if not r.name.endswith("b_K")) < 1e-12
+
+
+def test_each_cap_changes_the_loss():
+    """A model that dropped either cap would differ: the loss moves with each."""
+    cfg = capped_cfg()
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    loss = tfmcli.forward(params, inputs, cfg).loss
+    for name in ("attn_softcap", "logit_softcap"):
+        assert abs(tfmcli.forward(params, inputs, cfg.replace(**{name: None})).loss - loss) > 1e-3
+
+
+def test_the_memory_estimate_counts_the_gradients_before_the_caps():
+    """The head's dlogits before the cap is one (B, T, V) array of its own, and the fast
+    backward's dscores before the cap one (B, H, T, T): transients the plain model has none of
+    (tests/test_memory.py holds the estimate to the measured peak)."""
+    cfg = capped_cfg(batch=2, seq_len=64, lengths=None, d_model=16, vocab=4096,
+                     attn_softcap=None)
+    assert memory_estimate(cfg.replace(logit_softcap=None))["transient"] == 0
+    assert memory_estimate(cfg)["transient"] == 2 * 64 * 4096 * 8
+    cfg = cfg.replace(attn_softcap=50.0, logit_softcap=None, vocab=8)
+    assert memory_estimate(cfg)["transient"] == 2 * 2 * 64 * 64 * 8
+
+
+def test_the_config_refuses_a_cap_that_is_not_a_positive_number():
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "50"):
+        with pytest.raises(tfmcli.ConfigError, match="attn_softcap must be a positive finite"):
+            capped_cfg(attn_softcap=bad)
+    assert capped_cfg(logit_softcap=30).logit_softcap == 30.0
+    assert isinstance(capped_cfg(logit_softcap=30).logit_softcap, float)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_the_flags_reach_the_run_and_the_panel():
+    data = json.loads(ok("forward", "--attn-softcap", 50, "--logit-softcap", 30, "--json").stdout)
+    assert data["config"]["attn_softcap"] == 50.0 and data["config"]["logit_softcap"] == 30.0
+    text = ok("forward", "--attn-softcap", 50, "--logit-softcap", 30).stdout
+    assert "50 tanh(s / 50)" in text and "30 tanh(z / 30)" in text
+    assert "tanh" not in ok("forward").stdout
+    data = json.loads(ok("train", "--logit-softcap", 3, "--steps", 2, "--json").stdout)
+    assert data["config"]["logit_softcap"] == 3.0
+
+
+@pytest.mark.parametrize("flag", ["--attn-softcap", "--logit-softcap"])
+def test_a_cap_that_is_not_positive_is_a_usage_error(flag):
+    line = error_line(run("forward", flag, 0), 2)
+    assert f"'{flag}'" in line and "must be a positive finite number, got 0.0" in line
