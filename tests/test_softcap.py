@@ -156,3 +156,67 @@ def test_the_flags_reach_the_run_and_the_panel():
 def test_a_cap_that_is_not_positive_is_a_usage_error(flag):
     line = error_line(run("forward", flag, 0), 2)
     assert f"'{flag}'" in line and "must be a positive finite number, got 0.0" in line
+
+
+# ---------------------------------------------------------------- the views
+
+
+def test_tfm_attn_caps_the_heads_scores_and_goes_back_through_the_slope():
+    data = json.loads(ok("attn", "--attn-softcap", 0.5, "--backward", "--json").stdout)
+    steps = {s["name"]: np.array(s["value"], dtype=float) for s in data["steps"]}
+    names = [s["name"] for s in data["steps"]]
+    assert names.index("capped scores") == names.index("scaled scores") + 1
+    capped = 0.5 * np.tanh(steps["scaled scores"] / 0.5)
+    np.testing.assert_allclose(steps["capped scores"], capped, rtol=1e-15)
+    seen = np.isfinite(steps["masked scores"])
+    np.testing.assert_array_equal(steps["masked scores"][seen], steps["capped scores"][seen])
+    back = {s["name"]: np.array(s["value"], dtype=float) for s in data["backward_steps"]}
+    np.testing.assert_allclose(back["dscaled scores"],
+                               back["dcapped scores"] * (1 - (capped / 0.5) ** 2), rtol=1e-14)
+    assert data["backward_model_diff"] < 1e-15   # dcapped against the model's attn.scores'
+    plain = json.loads(ok("attn", "--backward", "--json").stdout)
+    assert "capped scores" not in [s["name"] for s in plain["steps"]]
+    assert "dcapped scores" not in [s["name"] for s in plain["backward_steps"]]
+
+
+def test_tfm_attn_query_shows_each_capped_score_and_its_slope():
+    data = json.loads(ok("attn", "--attn-softcap", 0.5, "--query", 3, "--backward",
+                         "--json").stdout)
+    keys = data["keys"]
+    scaled = np.array([k["scaled"] for k in keys])
+    capped = np.array([k["capped"] for k in keys])
+    np.testing.assert_allclose(capped, 0.5 * np.tanh(scaled / 0.5), rtol=1e-15)
+    weights = np.exp(capped) / np.exp(capped).sum()   # query 3 of 4 sees every key
+    np.testing.assert_allclose([k["weight"] for k in keys], weights, rtol=1e-14)
+    back = data["backward"]
+    for key, c in zip(back["keys"], capped):
+        assert key["slope"] == pytest.approx(1 - (c / 0.5) ** 2, rel=1e-14)
+        assert key["dscore"] == pytest.approx(key["dscaled"] * key["slope"] * data["scale"],
+                                              rel=1e-14, abs=1e-300)
+    assert back["dq_numeric_diff"] < 1e-9 and back["dq_model_diff"] < 1e-15
+    assert back["dscaled_model_diff"] < 1e-15
+    text = ok("attn", "--attn-softcap", 0.5, "--query", 3, "--backward").stdout
+    assert "capped (0.5 tanh(scaled / 0.5))" in text and "dcapped = weight x" in text
+
+
+def test_tfm_loss_shows_z_the_capped_logits_and_dz():
+    data = json.loads(ok("loss", "--logit-softcap", 1, "--json").stdout)
+    z, logits = np.array(data["z"]), np.array(data["logits"])
+    np.testing.assert_allclose(logits, np.tanh(z), rtol=1e-15)
+    np.testing.assert_allclose(data["dz"], np.array(data["dlogits"]) * (1 - logits ** 2),
+                               rtol=1e-14)
+    assert data["forward_model_diff"] < 1e-15 and data["dh_model_diff"] < 1e-15
+    assert data["dh_numeric_diff"] < 1e-8   # central differences through the cap
+    assert "z" not in json.loads(ok("loss", "--json").stdout)
+    text = ok("loss", "--logit-softcap", 1).stdout
+    assert "tanh(z / 1) (the cap)" in text and "is h^T dz (d x V), of db_U dz" in text
+
+
+def test_the_logit_lens_caps_its_logits_as_the_head_does():
+    """The last stream read through ln_f and the head is the model's own logits, capped."""
+    cfg = capped_cfg(logit_softcap=0.7)
+    params = random_params(tfmcli.init_params(cfg), seed=9)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    last = tfmcli.lens.logit_lens(params, fwd, cfg, row=1)[-1]
+    np.testing.assert_allclose(last.logits, fwd.acts["logits"][1], rtol=1e-14)
+    assert np.abs(last.logits).max() < 0.7

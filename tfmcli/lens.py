@@ -13,7 +13,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config
-from tfmcli.model import Forward, head_weights, normalise
+from tfmcli.model import Forward, head_logits, normalise
 
 
 class LensRow(NamedTuple):
@@ -37,13 +37,12 @@ def logit_lens(params: dict, fwd: Forward, cfg: Config, row: int, k: int = 3) ->
         raise ValueError(f"logit_lens: k={k}; it must be at least 1")
     streams = [("embed", "blocks.0.in")] + [(f"block {i}", f"blocks.{i}.out")
                                               for i in range(cfg.layers)]
-    W_U, b_U = head_weights(params, cfg)
     rows = []
     for name, stream in streams:
         x = fwd.acts[stream][row]                                   # (T, d)
         if cfg.norm == "pre":
             x = normalise(x, params, "ln_f", cfg)
-        logits, _ = ops.linear_forward(x, W_U, b_U)                 # (T, V)
+        logits = head_logits(x, params, cfg)                        # (T, V)
         probs, _ = ops.softmax_forward(logits)
         top = top_k(probs, k)                                       # (T, k)
         rows.append(LensRow(name, stream, logits, top, np.take_along_axis(probs, top, -1)))

@@ -25,7 +25,7 @@ def input_name(cfg: Config) -> str:
 
 class LossExplained(NamedTuple):
     h: np.ndarray          # (d,) the head's input row
-    logits: np.ndarray     # (V,) h W_U + b_U
+    logits: np.ndarray     # (V,) h W_U + b_U; with logit_softcap C, C tanh((h W_U + b_U) / C)
     top: float             # logits.max()
     shifted: np.ndarray    # (V,) logits - top
     exps: np.ndarray       # (V,) exp(shifted)
@@ -37,8 +37,10 @@ class LossExplained(NamedTuple):
     term_share: float      # term / N: what this position adds to the loss
     p_minus_y: np.ndarray  # (V,) probs less 1 at the target, 0 unscored
     dlogits: np.ndarray    # (V,) p_minus_y / N
-    dh: np.ndarray         # (d,) dlogits W_U^T
+    dh: np.ndarray         # (d,) dz W_U^T
     numeric_dh: np.ndarray  # central differences of term / N in h
+    z: np.ndarray          # (V,) h W_U + b_U: the logits before a cap (the logits, uncapped)
+    dz: np.ndarray         # (V,) dlogits x the cap's slope 1 - (logits / C)^2 (dlogits, uncapped)
 
 
 def shown_ids(probs: np.ndarray, target: int | None, k: int, whole: int = 32) -> list[int]:
@@ -63,11 +65,17 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
     target = int(cache.targets[row, t]) if scored else None
     h = fwd.acts[input_name(cfg)][row, t].astype(np.float64)
 
-    def term_of(row_h):   # -log softmax(row_h W_U + b_U)[target], by log-sum-exp
-        z = row_h @ W_U + b_U
+    cap = cfg.logit_softcap
+
+    def capped(z):   # the logits the softmax takes
+        return z if cap is None else cap * np.tanh(z / cap)
+
+    def term_of(row_h):   # -log softmax(logits of row_h)[target], by log-sum-exp
+        z = capped(row_h @ W_U + b_U)
         return float(np.log(np.exp(z - z.max()).sum()) - (z[target] - z.max()))
 
-    logits = h @ W_U + b_U
+    z = h @ W_U + b_U
+    logits = capped(z)
     top = float(logits.max())
     shifted = logits - top
     exps = np.exp(shifted)
@@ -82,5 +90,6 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
         p_minus_y[target] -= 1.0
         numeric = central_differences(term_of, h, step) / cache.n
     dlogits = p_minus_y / cache.n
+    dz = dlogits if cap is None else dlogits * (1.0 - (logits / cap) ** 2)
     return LossExplained(h, logits, top, shifted, exps, total, probs, target, cache.n, term,
-                         term / cache.n, p_minus_y, dlogits, dlogits @ W_U.T, numeric)
+                         term / cache.n, p_minus_y, dlogits, dz @ W_U.T, numeric, z, dz)

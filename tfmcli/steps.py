@@ -25,6 +25,7 @@ class Step(NamedTuple):
     mask: np.ndarray | None = None   # True = may attend: hidden cells are drawn as "·"
 
 
+CAP_FORMULA = "{0:g} tanh(scaled / {0:g}): Gemma 2's soft cap, never past ±{0:g}"
 ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t's angles"
 # Qwen3's norms of each head's queries and keys: {0} the array, {1} the norm's parameters
 NORM_FORMULA = {True: "RMSNorm of each row: {0} / sqrt(mean({0}^2) + eps) * {1}.gamma",
@@ -43,13 +44,14 @@ def scored(cfg: Config, which: str) -> str:
     return which + "_norm.out" if cfg.qk_norm else which
 
 
-def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None):
+def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None, cap=None):
     """The steps of one head on one sequence.
 
     x: (T, d); W_*: (d, d_head); b_*: (d_head,), or None in a model without biases; mask:
     (T, T) bool, True = may attend; rope: None, or RoPE's (cos, sin) tables (T, d_head), which
     turn Q and K before the scores; norms: None, or (Q's norm, K's norm, its formula), the
-    functions of a (T, d_head) array that normalise Q and K first (Qwen3's q_norm, k_norm).
+    functions of a (T, d_head) array that normalise Q and K first (Qwen3's q_norm, k_norm);
+    cap: None, or the scores' soft cap C (Gemma 2's), ``C tanh(scaled / C)`` before the mask.
     """
     steps = [Step("X", "input to attention, one row of the batch", x)]
     for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
@@ -73,12 +75,16 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
     product = f"{Q} {K}^T"
     scores = q @ k.T                                             # (T, T)
     scaled = scores * scale
+    steps += [Step("scores", product, scores),
+              Step("scaled scores", f"{product} / sqrt(d_head) = {product} x {scale:.6g}",
+                   scaled)]
+    if cap is not None:   # squashed into (-cap, cap) before the mask
+        scaled = ops.softcap_forward(scaled, cap)
+        steps.append(Step("capped scores", CAP_FORMULA.format(cap), scaled))
     masked = np.where(mask, scaled, -np.inf)
     pattern, _ = ops.softmax_forward(masked)
     context = pattern @ v                                        # (T, d_head)
     return steps + [
-        Step("scores", product, scores),
-        Step("scaled scores", f"{product} / sqrt(d_head) = {product} x {scale:.6g}", scaled),
         Step("masked scores", "-inf where the mask hides a key", masked),
         Step("softmax", "softmax over keys, row max subtracted; · = hidden (exactly 0)",
              pattern, mask),
@@ -112,7 +118,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
                  lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
     steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T),
-                       norms=norms)
+                       norms=norms, cap=cfg.attn_softcap)
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
@@ -161,6 +167,8 @@ class QueryExplained(NamedTuple):
     weighted: np.ndarray  # (T, d_head) weights[s] * v[s]; the rows sum to the context
     context: np.ndarray   # (d_head,)
     scaled: np.ndarray    # (T,) scores * scale, before the mask
+    capped: np.ndarray    # (T,) the scaled scores soft-capped (attn_softcap): the softmax's
+    #                       input before the mask; without a cap, the scaled scores themselves
 
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
@@ -179,16 +187,23 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     scores = products.sum(axis=-1)                               # (T,)
     scale = 1.0 / math.sqrt(cfg.d_head)
     scaled = scores * scale
-    weights, _ = ops.softmax_forward(np.where(visible, scaled, -np.inf))
+    capped = capped_scores(scaled, cfg)
+    weights, _ = ops.softmax_forward(np.where(visible, capped, -np.inf))
     weighted = weights[:, None] * v                              # (T, d_head)
     return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
-                          weighted.sum(axis=0), scaled)
+                          weighted.sum(axis=0), scaled, capped)
+
+
+def capped_scores(scaled, cfg: Config):
+    """The scaled scores soft-capped at ``cfg.attn_softcap``; themselves without a cap."""
+    return scaled if cfg.attn_softcap is None else ops.softcap_forward(scaled, cfg.attn_softcap)
 
 
 # ---------------------------------------------------------------- backward
 
 
-def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norms=None):
+def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norms=None,
+                        cap=None):
     """The backward of one head on one sequence, from the gradient of its context: where seed
     003 stops (at dV), on through the softmax to dQ and dK.
 
@@ -196,22 +211,34 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norm
     None, or RoPE's (cos, sin) tables, when q and k are the turned ones: then dQ_rot and
     dK_rot, and the turn back to dQ and dK; norms: None, or (Q's norm's backward, K's, its
     formula), when q and k were normalised first: then the gradients so far are dQ_norm and
-    dK_norm, and the norms' backward gives dQ and dK.
+    dK_norm, and the norms' backward gives dQ and dK; cap: None, or the scores' soft cap C:
+    then the softmax's backward gives dcapped, and the cap's slope ``1 - (capped / C)^2``
+    dscaled.
     """
     Q, K = ("Q_rot", "K_rot") if rope is not None else ("Q_norm", "K_norm") if norms else ("Q", "K")
     dpattern = dcontext @ v.T                                    # (T, T)
     dv = pattern.T @ dcontext                                    # (T, d_head)
     row_sums = (dpattern * pattern).sum(axis=-1, keepdims=True)  # (T, 1)
-    dscaled = pattern * (dpattern - row_sums)                    # 0 on hidden keys
-    dq = dscaled @ k * scale
-    dk = dscaled.T @ q * scale
+    dsoftmax_in = pattern * (dpattern - row_sums)                # 0 on hidden keys
+    softmax_back = "softmax * (dsoftmax - rowsum(softmax * dsoftmax)); · = hidden (exactly 0)"
     steps = [
         Step("dcontext", "d loss / d context, from the backward pass", dcontext),
         Step("dsoftmax", "dcontext @ V^T (every key; a hidden key's weight is 0, so it goes "
              "no further)", dpattern),
         Step("dV", "softmax^T @ dcontext", dv),
-        Step("dscaled scores", "softmax * (dsoftmax - rowsum(softmax * dsoftmax)); · = hidden "
-             "(exactly 0)", dscaled, mask),
+    ]
+    if cap is None:
+        dscaled = dsoftmax_in
+        steps.append(Step("dscaled scores", softmax_back, dscaled, mask))
+    else:   # the softmax took the capped scores: back through the cap by its slope
+        capped = ops.softcap_forward(q @ k.T * scale, cap)
+        dscaled = dsoftmax_in * (1.0 - (capped / cap) ** 2)
+        steps += [Step("dcapped scores", softmax_back, dsoftmax_in, mask),
+                  Step("dscaled scores", f"dcapped scores x (1 - (capped / {cap:g})^2), the "
+                       f"cap's slope", dscaled, mask)]
+    dq = dscaled @ k * scale
+    dk = dscaled.T @ q * scale
+    steps += [
         Step("d" + Q, f"dscaled scores @ {K} x {scale:.6g} (1/sqrt(d_head))", dq),
         Step("d" + K, f"dscaled scores^T @ {Q} x {scale:.6g} (1/sqrt(d_head))", dk),
     ]
@@ -251,7 +278,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
         norms = (norm_backward("q_norm", head), norm_backward("k_norm", shared),
                  NORM_BACK_FORMULA[cfg.rms_norm])
     return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
-                               rope_for(cfg, T), norms)
+                               rope_for(cfg, T), norms, cfg.attn_softcap)
 
 
 class QueryBackward(NamedTuple):
@@ -263,14 +290,16 @@ class QueryBackward(NamedTuple):
     dweights: np.ndarray   # (T,) dcontext . v[s]: d loss / d weight of key s
     weighted_sum: float    # sum over keys of weights * dweights
     dweights_centred: np.ndarray  # (T,) dweights - weighted_sum
-    dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum): d loss / d scaled score
-    dscores: np.ndarray    # (T,) dscaled * scale: d loss / d (q . k)
+    dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum): d loss / d the softmax's
+    #                        input (the scaled score, or with a cap the capped one)
+    dscores: np.ndarray    # (T,) dscaled * slope * scale: d loss / d (q . k)
     dq_parts: np.ndarray   # (T, d_head) dscores[s] * k[s]; the rows sum to dq
     dq: np.ndarray         # (d_head,)
     dk_share: np.ndarray   # (T, d_head) dscores[s] * q: this query's part of each key's dk
     dv_share: np.ndarray   # (T, d_head) weights[s] * dcontext: its part of each key's dv
     numeric_dq: np.ndarray  # central differences of sum(dcontext * context) in q
     dq_turned_back: np.ndarray | None = None   # RoPE: the gradient of q before its turn
+    slope: np.ndarray | None = None   # (T,) a cap's 1 - (capped / C)^2; None without a cap
 
 
 def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
@@ -287,11 +316,14 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     weighted_sum = float((weights * dweights).sum())
     dweights_centred = dweights - weighted_sum
     dscaled = weights * dweights_centred                         # 0 where hidden
-    dscores = dscaled * x.scale
+    slope = None
+    if cfg.attn_softcap is not None:   # dscaled is the capped score's: back through the cap
+        slope = 1.0 - (x.capped.astype(np.float64) / cfg.attn_softcap) ** 2
+    dscores = dscaled * (1.0 if slope is None else slope) * x.scale
     dq_parts = dscores[:, None] * k                              # (T, d_head)
 
     def contracted(query):   # sum(dcontext * context(query)): its gradient in q is dq
-        scaled = np.where(x.visible, (k @ query) * x.scale, -np.inf)
+        scaled = np.where(x.visible, capped_scores((k @ query) * x.scale, cfg), -np.inf)
         w, _ = ops.softmax_forward(scaled)
         return float(dcontext @ (w @ v))
 
@@ -301,4 +333,4 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],
-                         weights[:, None] * dcontext[None, :], numeric, turned_back)
+                         weights[:, None] * dcontext[None, :], numeric, turned_back, slope)

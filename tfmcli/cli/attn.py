@@ -83,6 +83,8 @@ def attn(
         own = {"dsoftmax": "pattern", "dV": "v", "dscaled scores": "scores", "dQ": "q",
                "dK": "k", "dQ_rot": "q_rot", "dK_rot": "k_rot", "dQ_norm": "q_norm.out",
                "dK_norm": "k_norm.out"}   # the backward pass's own
+        if cfg.attn_softcap is not None:   # the softmax took the capped scores: theirs is kept
+            own["dcapped scores"] = own.pop("dscaled scores")
         values = {s.name: s.value for s in back}
         shared = head // cfg.group
         if cfg.group > 1:   # a shared key head's gradient: the sum of its query heads' shares
@@ -169,11 +171,14 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         return render.tensor_table(array, title=title, row_labels=rows, col_labels=cols,
                                    precision=precision, width=w)
 
+    cap = cfg.attn_softcap
     score_rows = [[keys[s], render.fmt(x.scores[s], precision),
                    render.fmt(x.scaled[s], precision),
+                   *([render.fmt(x.capped[s], precision)] if cap is not None else []),
                    "visible" if x.visible[s] else "hidden",
                    render.fmt(x.weights[s], precision) if x.visible[s] else "·"]
                   for s in range(len(keys))]
+    capping = "" if cap is None else f", capped ({cap:g} tanh(scaled / {cap:g}))"
     parts = [
         render.config_panel(describe(cfg, run, row), title=f"tfm attn: block {block}, head "
                                                           f"{head}, query {labels[t]}"),
@@ -189,9 +194,10 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),
         table(np.column_stack([x.products[seen], x.scores[seen]]), None, shown,
               dims + ["Σ score"]),
-        Text(f"4. scaled by 1/sqrt(d_head) = {x.scale:.6g}, masked, softmax over the visible keys",
-             style="bold"),
-        render.record_table(["key", "score", "scaled", "mask", "softmax"], score_rows),
+        Text(f"4. scaled by 1/sqrt(d_head) = {x.scale:.6g}{capping}, masked, softmax over the "
+             f"visible keys", style="bold"),
+        render.record_table(["key", "score", "scaled", *(["capped"] if cap is not None else []),
+                             "mask", "softmax"], score_rows),
         Text("5. softmax weight x v, and their sum: the context row", style="bold"),
         table(np.vstack([x.weighted[seen], x.context]), None,
               [f"w·v {k}" for k in shown] + ["Σ context"], dims),
@@ -204,7 +210,9 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                "q": x.q.tolist(), "scale": x.scale, "context": x.context.tolist(),
                "keys": [{"position": s, "token": keys[s], "k": x.k[s].tolist(),
                          "products": x.products[s].tolist(), "score": float(x.scores[s]),
-                         "scaled": float(x.scaled[s]), "visible": bool(x.visible[s]),
+                         "scaled": float(x.scaled[s]),
+                         **({"capped": float(x.capped[s])} if cap is not None else {}),
+                         "visible": bool(x.visible[s]),
                          "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}
                         for s in range(len(keys))]}
     if grads is not None:
@@ -229,6 +237,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                 "dq_turned_back_model_diff": offs["dq_turned_back"]} if rope else {}),
             "keys": [{"position": s, "dweight": float(xb.dweights[s]),
                       "dscaled": float(xb.dscaled[s]), "dscore": float(xb.dscores[s]),
+                      **({"slope": float(xb.slope[s])} if cap is not None else {}),
                       "dk_share": xb.dk_share[s].tolist(), "dv_share": xb.dv_share[s].tolist()}
                      for s in range(len(keys))]}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
@@ -243,11 +252,14 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
         return render.fmt(value, precision) if value is not None else "·"
 
     rope = xb.dq_turned_back is not None   # q and k are the turned ones
+    capped = xb.slope is not None           # the softmax took the capped scores
+    dname = "dcapped" if capped else "dscaled"   # the gradient of the softmax's input
 
     softmax_rows = [[keys[s], num(x.weights[s] if x.visible[s] else None),
                      num(xb.dweights[s] if x.visible[s] else None),
                      num(xb.dweights_centred[s] if x.visible[s] else None),
                      num(xb.dscaled[s] if x.visible[s] else None),
+                     *([num(xb.slope[s] if x.visible[s] else None)] if capped else []),
                      num(xb.dscores[s] if x.visible[s] else None)]
                     for s in range(len(keys))]
     views = [
@@ -257,12 +269,13 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
         Text("6. dcontext_i x v_i, and their sum: d loss / d weight, one per key", style="bold"),
         table(np.column_stack([xb.dproducts[seen], xb.dweights[seen]]), None,
               [f"dc·v {k}" for k in shown], dims + ["dweight"]),
-        Text("7. the softmax's backward: dscaled = weight x (dweight - S)", style="bold"),
-        Text(f"S = Σ weight x dweight = {xb.weighted_sum:.{precision + 4}g};  dscore = dscaled "
-             f"/ sqrt(d_head)"),
-        render.record_table(["key", "weight", "dweight", "dweight - S", "dscaled", "dscore"],
-                            softmax_rows),
-        Text(f"the backward pass's own dscaled row (attn.scores) differs by "
+        Text(f"7. the softmax's backward: {dname} = weight x (dweight - S)", style="bold"),
+        Text(f"S = Σ weight x dweight = {xb.weighted_sum:.{precision + 4}g};  dscore = {dname} "
+             + ("x slope " if capped else "") + "/ sqrt(d_head)"
+             + (", the cap's slope = 1 - (capped / C)^2" if capped else "")),
+        render.record_table(["key", "weight", "dweight", "dweight - S", dname,
+                             *(["slope"] if capped else []), "dscore"], softmax_rows),
+        Text(f"the backward pass's own {dname} row (attn.scores) differs by "
              f"{offs['dscaled']:.1e}", style="dim"),
         Text("8. dscore x k, and their sum: dq", style="bold"),
         table(np.vstack([xb.dq_parts[seen], xb.dq]), None,

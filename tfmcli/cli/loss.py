@@ -49,6 +49,9 @@ def loss(
     ids = shown_ids(x.probs, x.target, top, WHOLE)
     labels = [("y=" if i == x.target else "") + run.token_text(i) for i in ids]
     p = "p[target]"
+    cap = cfg.logit_softcap   # the logits are C tanh(z / C) of the head's z
+    c = f"{cap:g}" if cap is not None else ""
+    dz = "dlogits" if cap is None else "dz"   # what the head's backward takes
 
     def vocab_table(rows: dict, caption=None):
         return render.tensor_table(np.vstack([v[ids] for v in rows.values()]),
@@ -69,16 +72,17 @@ def loss(
         views = [
             render.config_panel(describe(cfg, run, row),
                                 title=f"tfm loss: batch row {row}, position {position}"),
-            Text(f"forward: logits = h W_U + b_U, p = softmax(logits), the loss term -log "
-                 f"{p}", style="bold"),
+            Text(("forward: logits = h W_U + b_U" if cap is None else
+                  f"forward: z = h W_U + b_U, logits = {c} tanh(z / {c}) (the cap)")
+                 + f", p = softmax(logits), the loss term -log {p}", style="bold"),
             Text(where),
             Text(f"h = {input_name(cfg)} at this position (d {x.h.size})"),
             render.tensor_table(x.h[None, :], row_labels=["h"], precision=precision,
                                 width=width(), full=x.h.size <= WHOLE),
             Text(f"p = exp(logits - max) / sum:  max = {x.top:.{precision + 4}g},  sum = "
                  f"{x.total:.{precision + 4}g}"),
-            vocab_table({"logits": x.logits, "logits - max": x.shifted, "exp": x.exps,
-                         "p": x.probs}, columns),
+            vocab_table({**({"z": x.z} if cap is not None else {}), "logits": x.logits,
+                         "logits - max": x.shifted, "exp": x.exps, "p": x.probs}, columns),
             Text(f"the model's own logits and probs differ from these by {forward_off:.1e}",
                  style="dim")]
         if x.target is not None:
@@ -89,8 +93,12 @@ def loss(
                      f"{x.term_share:.{precision + 4}g}"),
                 Text("backward: dlogits = (p - y) / N, y = 1 at the target and 0 elsewhere",
                      style="bold"),
-                vocab_table({"p - y": x.p_minus_y, "dlogits": x.dlogits}, columns),
-                Text("dh = dlogits W_U^T" + (" (tied: W_U = W_E^T, so dh = dlogits W_E)"
+                vocab_table({"p - y": x.p_minus_y, "dlogits": x.dlogits,
+                             **({"slope": 1.0 - (x.logits / cap) ** 2, "dz": x.dz}
+                                if cap is not None else {})}, columns),
+                Text((f"back through the cap: dz = dlogits x slope, slope = 1 - (logits / {c})^2;"
+                      f" " if cap is not None else "")
+                     + f"dh = {dz} W_U^T" + (f" (tied: W_U = W_E^T, so dh = {dz} W_E)"
                                              if cfg.tied_head else "")),
                 render.tensor_table(x.dh[None, :], row_labels=["dh"], precision=precision,
                                     width=width(), full=x.dh.size <= WHOLE),
@@ -98,10 +106,10 @@ def loss(
                      f"from its gradient of {input_name(cfg)} by {dh_off:.1e}, and from "
                      f"central differences of -log {p} / N by {dh_numeric_off:.1e}",
                      style="dim"),
-                Text("this position's part of " + ("W_E's gradient is dlogits^T h (V x d)"
+                Text("this position's part of " + (f"W_E's gradient is {dz}^T h (V x d)"
                                                     if cfg.tied_head else
-                                                    "dW_U is h^T dlogits (d x V)")
-                     + (", of db_U dlogits" if cfg.head_bias else ""), style="bold")]
+                                                    f"dW_U is h^T {dz} (d x V)")
+                     + (f", of db_U {dz}" if cfg.head_bias else ""), style="bold")]
         else:
             views.append(Text("no target, so dlogits and dh are 0 here", style="dim"))
         return views
@@ -112,5 +120,6 @@ def loss(
                "probs": x.probs.tolist(), "term": x.term, "forward_model_diff": forward_off,
                "dlogits": x.dlogits.tolist(), "dh": x.dh.tolist(),
                "dlogits_model_diff": dlogits_off, "dh_model_diff": dh_off,
-               "dh_numeric_diff": dh_numeric_off, "shown": ids}
+               "dh_numeric_diff": dh_numeric_off, "shown": ids,
+               **({"z": x.z.tolist(), "dz": x.dz.tolist()} if cap is not None else {})}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
