@@ -56,9 +56,11 @@ def assert_paths_agree(cfg, params, inputs):
        tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
        block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans(),
        window=st.sampled_from([None, 1, 2, 3]), head_dim=st.sampled_from([None, 3]),
-       qk_norm=st.booleans())
+       qk_norm=st.booleans(), caps=st.sampled_from([(None, None), (0.5, None), (None, 1.0),
+                                                    (2.0, 3.0)]))
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
-                                        seed, block, rms, grouped, window, head_dim, qk_norm):
+                                        seed, block, rms, grouped, window, head_dim, qk_norm,
+                                        caps):
     """Small query blocks, so that keys are skipped at these small sizes too (after each
     block's keys, and before its sliding window)."""
     rng = np.random.default_rng(seed)
@@ -68,7 +70,7 @@ def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, 
                         tied_head=tied, head_bias=not tied, layers=layers, seed=seed,
                         rms_norm=rms, kv_heads=1 if grouped else None,
                         sliding_window=window if causal else None, head_dim=head_dim,
-                        qk_norm=qk_norm)
+                        qk_norm=qk_norm, attn_softcap=caps[0], logit_softcap=caps[1])
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     with mock.patch.object(ops, "QUERY_BLOCK", block):
         assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))

@@ -72,7 +72,9 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
         lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)),
-        rms_norm=draw(st.booleans()))
+        rms_norm=draw(st.booleans()),
+        attn_softcap=draw(st.none() | st.sampled_from([0.5, 50.0])),
+        logit_softcap=draw(st.none() | st.sampled_from([1.0, 30.0])))
 
 
 def check_run(cfg, inputs, fwd, grads):

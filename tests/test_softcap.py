@@ -220,3 +220,11 @@ def test_the_logit_lens_caps_its_logits_as_the_head_does():
     last = tfmcli.lens.logit_lens(params, fwd, cfg, row=1)[-1]
     np.testing.assert_allclose(last.logits, fwd.acts["logits"][1], rtol=1e-14)
     assert np.abs(last.logits).max() < 0.7
+
+
+def test_tfm_embed_takes_a_tied_heads_part_through_the_cap():
+    """Tied, W_E's row gets the head's sum of dz h, dz = dlogits x the cap's slope: checked
+    against the backward pass and against central differences of the loss."""
+    data = json.loads(ok("embed", "--tied-head", "--logit-softcap", 1, "--json").stdout)
+    assert data["dW_E_model_diff"] < 1e-15 and data["dW_E_numeric_diff"] < 1e-8
+    assert "dz = dlogits x (1 -" in ok("embed", "--tied-head", "--logit-softcap", 1).stdout

@@ -126,10 +126,13 @@ def embed(
                  "rows below)"),
             occurrences_table()]
         if x.head_part is not None:
+            dz = "dlogits" if cfg.logit_softcap is None else "dz"
             views += [
                 Text(f"tied: the head's W_U is W_E^T, so row {x.token} is also the head's "
-                     f"column {x.token}: it adds sum over b, t of dlogits[b, t, {x.token}] "
-                     f"h[b, t] ({cfg.batch * cfg.seq_len} positions; h = {head_input(cfg)})"),
+                     f"column {x.token}: it adds sum over b, t of {dz}[b, t, {x.token}] "
+                     f"h[b, t] ({cfg.batch * cfg.seq_len} positions; h = {head_input(cfg)}"
+                     + (", dz = dlogits x (1 - (logits / C)^2), through the cap)"
+                        if cfg.logit_softcap is not None else ")")),
                 table({"lookup": x.embedding_part, "head": x.head_part,
                        f"dW_E[{x.token}]": x.dw_e})]
         checked = ("every entry" if x.checked.size == cfg.d_model else
