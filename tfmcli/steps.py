@@ -290,9 +290,9 @@ class QueryBackward(NamedTuple):
     dweights: np.ndarray   # (T,) dcontext . v[s]: d loss / d weight of key s
     weighted_sum: float    # sum over keys of weights * dweights
     dweights_centred: np.ndarray  # (T,) dweights - weighted_sum
-    dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum): d loss / d the softmax's
-    #                        input (the scaled score, or with a cap the capped one)
-    dscores: np.ndarray    # (T,) dscaled * slope * scale: d loss / d (q . k)
+    dscaled: np.ndarray    # (T,) weights * (dweights - weighted_sum), times the slope with a
+    #                        cap: d loss / d scaled score
+    dscores: np.ndarray    # (T,) dscaled * scale: d loss / d (q . k)
     dq_parts: np.ndarray   # (T, d_head) dscores[s] * k[s]; the rows sum to dq
     dq: np.ndarray         # (d_head,)
     dk_share: np.ndarray   # (T, d_head) dscores[s] * q: this query's part of each key's dk
@@ -300,6 +300,8 @@ class QueryBackward(NamedTuple):
     numeric_dq: np.ndarray  # central differences of sum(dcontext * context) in q
     dq_turned_back: np.ndarray | None = None   # RoPE: the gradient of q before its turn
     slope: np.ndarray | None = None   # (T,) a cap's 1 - (capped / C)^2; None without a cap
+    dcapped: np.ndarray | None = None  # (T,) weights * (dweights - weighted_sum): d loss / d
+    #                                    capped score, with a cap; None without
 
 
 def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, block: int,
@@ -316,10 +318,11 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     weighted_sum = float((weights * dweights).sum())
     dweights_centred = dweights - weighted_sum
     dscaled = weights * dweights_centred                         # 0 where hidden
-    slope = None
-    if cfg.attn_softcap is not None:   # dscaled is the capped score's: back through the cap
+    slope = dcapped = None
+    if cfg.attn_softcap is not None:   # that is the capped score's: back through the cap
         slope = 1.0 - (x.capped.astype(np.float64) / cfg.attn_softcap) ** 2
-    dscores = dscaled * (1.0 if slope is None else slope) * x.scale
+        dcapped, dscaled = dscaled, dscaled * slope
+    dscores = dscaled * x.scale
     dq_parts = dscores[:, None] * k                              # (T, d_head)
 
     def contracted(query):   # sum(dcontext * context(query)): its gradient in q is dq
@@ -333,4 +336,5 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],
-                         weights[:, None] * dcontext[None, :], numeric, turned_back, slope)
+                         weights[:, None] * dcontext[None, :], numeric, turned_back, slope,
+                         dcapped)

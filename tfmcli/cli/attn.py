@@ -220,7 +220,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         xb = explain_query_backward(fwd, grads.acts[p + "context"], cfg, block, head, row, t)
         model = {name: grads.acts[p + act][row, head, t]
                  for name, act in (("dq", scored(cfg, "q")), ("dscaled", "scores"))}
-        offs = {"dscaled": float(np.abs(model["dscaled"] - xb.dscaled).max()),
+        softmax_in = xb.dscaled if xb.dcapped is None else xb.dcapped   # the softmax's input's
+        offs = {"dscaled": float(np.abs(model["dscaled"] - softmax_in).max()),
                 "dq": float(np.abs(model["dq"] - xb.dq).max()),
                 "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
         before = "q_norm.out" if cfg.qk_norm else "q"   # what RoPE turned
@@ -237,7 +238,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                 "dq_turned_back_model_diff": offs["dq_turned_back"]} if rope else {}),
             "keys": [{"position": s, "dweight": float(xb.dweights[s]),
                       "dscaled": float(xb.dscaled[s]), "dscore": float(xb.dscores[s]),
-                      **({"slope": float(xb.slope[s])} if cap is not None else {}),
+                      **({"dcapped": float(xb.dcapped[s]), "slope": float(xb.slope[s])}
+                         if cap is not None else {}),
                       "dk_share": xb.dk_share[s].tolist(), "dv_share": xb.dv_share[s].tolist()}
                      for s in range(len(keys))]}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))
@@ -258,7 +260,7 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
     softmax_rows = [[keys[s], num(x.weights[s] if x.visible[s] else None),
                      num(xb.dweights[s] if x.visible[s] else None),
                      num(xb.dweights_centred[s] if x.visible[s] else None),
-                     num(xb.dscaled[s] if x.visible[s] else None),
+                     num((xb.dcapped if capped else xb.dscaled)[s] if x.visible[s] else None),
                      *([num(xb.slope[s] if x.visible[s] else None)] if capped else []),
                      num(xb.dscores[s] if x.visible[s] else None)]
                     for s in range(len(keys))]
