@@ -6,9 +6,10 @@ The forward is a lookup and a sum: ``x0 = W_E[id] + PE[t]``, with PE the sinusoi
 nothing (seed 004 adds them; no seed derives their backward). The lookup's gradient is a
 scatter-add: ``dW_E[id]`` is the sum of ``dx0`` over every position of the batch that holds the
 token, and a head tied to the embedding adds its own part, ``sum over b, t of dlogits[b, t, id]
-h[b, t]`` (with ``logit_softcap``, dlogits times the cap's slope). Likewise ``dW_pos[t]`` sums ``dx0`` at position t over the batch. With
-``embed_scale`` the row is multiplied by ``sqrt(d_model)`` first, ``x0 = sqrt(d) W_E[id] +
-PE[t]``, and so is the lookup's part of its gradient.
+h[b, t]`` (with ``logit_softcap``, dlogits times the cap's slope). Likewise ``dW_pos[t]`` sums
+``dx0`` at position t over the batch. With ``embed_scale`` the row is multiplied by
+``sqrt(d_model)`` first, ``x0 = sqrt(d) W_E[id] + PE[t]``, and so is the lookup's part of its
+gradient.
 This lays out each term and checks the sums against the backward pass and against central
 differences of the loss itself (the whole model, run again in float64).
 """
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.loss import input_name as head_input
@@ -75,7 +77,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
         dlogits = grads.acts["logits"][..., token].astype(np.float64)          # (B, T)
         if cfg.logit_softcap is not None:   # the head's own gradient: through the cap's slope
             logits = fwd.acts["logits"][..., token].astype(np.float64)
-            dlogits = dlogits * (1.0 - (logits / cfg.logit_softcap) ** 2)
+            dlogits = dlogits * ops.softcap_slope(logits, cfg.logit_softcap)
         h = fwd.acts[head_input(cfg)].astype(np.float64)                       # (B, T, d)
         head_part = np.einsum("bt,btd->d", dlogits, h)
         dw_e = embedding_part + head_part

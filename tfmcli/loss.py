@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward, check_within, head_weights
@@ -40,7 +41,8 @@ class LossExplained(NamedTuple):
     dh: np.ndarray         # (d,) dz W_U^T
     numeric_dh: np.ndarray  # central differences of term / N in h
     z: np.ndarray          # (V,) h W_U + b_U: the logits before a cap (the logits, uncapped)
-    dz: np.ndarray         # (V,) dlogits x the cap's slope 1 - (logits / C)^2 (dlogits, uncapped)
+    dz: np.ndarray         # (V,) dlogits x slope: what the head's backward takes
+    slope: np.ndarray      # (V,) the cap's 1 - (logits / C)^2; 1 everywhere without a cap
 
 
 def shown_ids(probs: np.ndarray, target: int | None, k: int, whole: int = 32) -> list[int]:
@@ -68,7 +70,7 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
     cap = cfg.logit_softcap
 
     def capped(z):   # the logits the softmax takes
-        return z if cap is None else cap * np.tanh(z / cap)
+        return z if cap is None else ops.softcap_forward(z, cap)
 
     def term_of(row_h):   # -log softmax(logits of row_h)[target], by log-sum-exp
         z = capped(row_h @ W_U + b_U)
@@ -90,6 +92,7 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
         p_minus_y[target] -= 1.0
         numeric = central_differences(term_of, h, step) / cache.n
     dlogits = p_minus_y / cache.n
-    dz = dlogits if cap is None else dlogits * (1.0 - (logits / cap) ** 2)
+    slope = np.ones_like(logits) if cap is None else ops.softcap_slope(logits, cap)
+    dz = dlogits * slope
     return LossExplained(h, logits, top, shifted, exps, total, probs, target, cache.n, term,
-                         term / cache.n, p_minus_y, dlogits, dz @ W_U.T, numeric, z, dz)
+                         term / cache.n, p_minus_y, dlogits, dz @ W_U.T, numeric, z, dz, slope)

@@ -232,7 +232,7 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norm
         steps.append(Step("dscaled scores", softmax_back, dscaled, mask))
     else:   # the softmax took the capped scores: back through the cap by its slope
         capped = ops.softcap_forward(q @ k.T * scale, cap)
-        dscaled = dsoftmax_in * (1.0 - (capped / cap) ** 2)
+        dscaled = dsoftmax_in * ops.softcap_slope(capped, cap)
         steps += [Step("dcapped scores", softmax_back, dsoftmax_in, mask),
                   Step("dscaled scores", f"dcapped scores x (1 - (capped / {cap:g})^2), the "
                        f"cap's slope", dscaled, mask)]
@@ -320,7 +320,7 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     dscaled = weights * dweights_centred                         # 0 where hidden
     slope = dcapped = None
     if cfg.attn_softcap is not None:   # that is the capped score's: back through the cap
-        slope = 1.0 - (x.capped.astype(np.float64) / cfg.attn_softcap) ** 2
+        slope = ops.softcap_slope(x.capped.astype(np.float64), cfg.attn_softcap)
         dcapped, dscaled = dscaled, dscaled * slope
     dscores = dscaled * x.scale
     dq_parts = dscores[:, None] * k                              # (T, d_head)

@@ -94,10 +94,10 @@ def loss(
                 Text("backward: dlogits = (p - y) / N, y = 1 at the target and 0 elsewhere",
                      style="bold"),
                 vocab_table({"p - y": x.p_minus_y, "dlogits": x.dlogits,
-                             **({"slope": 1.0 - (x.logits / cap) ** 2, "dz": x.dz}
-                                if cap is not None else {})}, columns),
-                Text((f"back through the cap: dz = dlogits x slope, slope = 1 - (logits / {c})^2;"
-                      f" " if cap is not None else "")
+                             **({"slope": x.slope, "dz": x.dz} if cap is not None else {})},
+                            columns),
+                Text((f"back through the cap: dz = dlogits x slope, slope = 1 - (logits / {c})^2; "
+                      if cap is not None else "")
                      + f"dh = {dz} W_U^T" + (f" (tied: W_U = W_E^T, so dh = {dz} W_E)"
                                              if cfg.tied_head else "")),
                 render.tensor_table(x.dh[None, :], row_labels=["dh"], precision=precision,
