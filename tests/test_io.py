@@ -307,11 +307,12 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
                    head_bias=False, rms_norm=True, kv_heads=2, bias=False, qkv_bias=True,
                    head_dim=3, qk_norm=True, embed_scale=True, attn_softcap=1.5,
-                   logit_softcap=2.5)
+                   logit_softcap=2.5, attn_scale=0.3)
     # every field; rope_theta and rope_scaling need --pe rope, which --n-ctx's --pe learned
-    # rules out, and sliding_window a causal model: their own round trip is the next test
-    assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window"} == {
-        f.name for f in dataclasses.fields(Config)}
+    # rules out, sliding_window and sliding_layers a causal model, and sandwich_norm Pre-LN:
+    # their own round trip is the next test
+    assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window", "sliding_layers",
+                           "sandwich_norm"} == {f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
     assert Config.from_json(cfg.to_json()) == cfg
@@ -320,7 +321,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
              "--pe", "learned", "--init", "normal", "--dtype", "float32", "--eps", 0.1,
              "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm", "--kv-heads", 2,
              "--no-bias", "--qkv-bias", "--head-dim", 3, "--qk-norm", "--embed-scale",
-             "--attn-softcap", 1.5, "--logit-softcap", 2.5]
+             "--attn-softcap", 1.5, "--logit-softcap", 2.5, "--attn-scale", 0.3]
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
     loaded = json.loads(run("forward", "--load", path, "--json").stdout)
@@ -334,19 +335,26 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
 @pytest.mark.parametrize("flag, value, default", [
     ("--rope-theta", 3.5, 10000.0),
     ("--rope-scaling", "4,1,4,12", None),
-    ("--sliding-window", 2, None)])
+    ("--sliding-window", 2, None),
+    ("--sliding-layers", "1", None),
+    ("--sandwich-norm", None, False)])
 def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, value, default):
-    """--rope-theta, --rope-scaling and --sliding-window are kept by --save and --load (the loss
-    they give comes back), and each changes the loss: a dropped one would reload at its
-    default."""
+    """--rope-theta, --rope-scaling, --sliding-window, --sliding-layers and --sandwich-norm are
+    kept by --save and --load (the loss they give comes back), and each changes the loss: a
+    dropped one would reload at its default."""
     import json
 
-    flags = ["-T", 6, "-d", 8, "-H", 2, "--pe", "rope", flag, value]
+    flags = ["-T", 6, "-d", 8, "-H", 2, "-L", 2, "--pe", "rope", flag, value]
+    if flag == "--sliding-layers":   # block 1 alone slides: block 0 sees every earlier key
+        flags = ["--sliding-window", 2, *flags]
+    typed = 2
+    if value is None:   # a switch: the flag alone
+        flags, typed = flags[:-1], 1
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)
     loaded = json.loads(run("forward", "--load", path, "--json").stdout)
     field = flag[2:].replace("-", "_")
     assert saved["config"][field] == loaded["config"][field] != default
     assert loaded["loss"] == saved["loss"]
-    dropped = json.loads(run("forward", *flags[:-2], "--json").stdout)
+    dropped = json.loads(run("forward", *flags[:-typed], "--json").stdout)
     assert dropped["config"][field] == default and dropped["loss"] != saved["loss"]

@@ -118,7 +118,7 @@ def test_cli_ln_shows_every_column_up_to_d_32_and_wider_rows_with_full(monkeypat
     (["--layer", "ln_f", "--block", "0"], "'--block'", "takes no --block"),
     (["-t", "4"], "'--position'", "0..3"),
     (["--block", "1"], "'--block'", "0..0"),
-    (["--layer", "ln3"], "'--layer'", "'ln1', 'ln2', 'ln_f'"),
+    (["--layer", "ln3"], "'--layer'", "'ln1', 'ln1_post', 'ln2', 'ln2_post', 'ln_f'"),
 ])
 def test_bad_ln_options(args, option, needle):
     line = error_line(run("ln", *args), 2)

@@ -64,17 +64,20 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
     d = draw(st.integers(1, 12))
     lengths = draw(st.none() | st.tuples(*[st.integers(1, T)] * B))
     H = draw(st.sampled_from(divisors(d)))
+    norm = draw(st.sampled_from(["pre", "post"]))
     return Config(
         batch=B, seq_len=T, d_model=d, heads=H, kv_heads=draw(st.none() | st.sampled_from(divisors(H))),
         d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
-        layers=draw(st.integers(1, max_layers)), norm=draw(st.sampled_from(["pre", "post"])),
+        layers=draw(st.integers(1, max_layers)), norm=norm,
         activation=draw(st.sampled_from(["relu", "gelu", "swiglu", "geglu"])), causal=draw(st.booleans()),
         lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)),
         rms_norm=draw(st.booleans()),
         attn_softcap=draw(st.none() | st.sampled_from([0.5, 50.0])),
-        logit_softcap=draw(st.none() | st.sampled_from([1.0, 30.0])))
+        logit_softcap=draw(st.none() | st.sampled_from([1.0, 30.0])),
+        attn_scale=draw(st.none() | st.sampled_from([0.2, 3.0])),
+        sandwich_norm=norm == "pre" and draw(st.booleans()))
 
 
 def check_run(cfg, inputs, fwd, grads):

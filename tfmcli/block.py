@@ -83,7 +83,11 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
         Row("via q", "dq W_Q^T: as a query", via["Q"], None),
         Row("via k", "dk W_K^T: as a key, from every query that sees it", via["K"], None),
         Row("via v", "dv W_V^T: as a value, from every query that sees it", via["V"], None)]
-    if cfg.norm == "pre":
+    if cfg.sandwich_norm:   # each sublayer's output normalised before its sum
+        forward, backward = _sandwich_rows(x, attn, ffn, ln("ln1_post"), ln("ln2_post"), ln1,
+                                           ln2, dz, above, ffn_formula, through_ffn,
+                                           attention_rows, through_attn)
+    elif cfg.norm == "pre":
         y = x + attn
         dy = dz + ln2.dx
         forward = [
@@ -140,3 +144,32 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
 
     numeric = central_differences(contracted, xs[0, t, checked].copy(), step)
     return BlockExplained(forward, backward, checked, numeric)
+
+
+def _sandwich_rows(x, attn, ffn, post1, post2, ln1, ln2, dz, above, ffn_formula, through_ffn,
+                   attention_rows, through_attn):
+    """The rows of a sandwich block, ``y = x + LN1_post(attn)``, ``z = y + LN2_post(ffn)``:
+    each residual sum takes the normalised output, and each path of the backward goes back
+    through its sublayer's output norm first."""
+    y = x + post1.y
+    dy = dz + ln2.dx
+    forward = [
+        Row("x", "the block's input", x, None),
+        Row("attn", "MHA(LN1(x)), attention's output", attn, None),
+        Row("attn normed", "LN1_post(attn)", post1.y, "ln1_post.out"),
+        Row("y", "x + attn normed", y, "resid1"),
+        Row("ffn", "FFN(LN2(y)), the feed-forward's output", ffn, None),
+        Row("ffn normed", "LN2_post(ffn)", post2.y, "ln2_post.out"),
+        Row("z", "y + ffn normed, the block's output", y + post2.y, "out")]
+    backward = [
+        Row("dz", f"{above}: the gradient at the block's output", dz, None),
+        Row("dffn", "LN2_post's backward of dz", post2.dx, "ffn.out"),
+        Row("dffn in", ffn_formula, through_ffn, "ln2.out"),
+        Row("ffn path", "LN2's backward of dffn in", ln2.dx, None),
+        Row("dy", "dz + ffn path (dz carried straight through)", dy, "resid1"),
+        Row("dattn", "LN1_post's backward of dy", post1.dx, "attn.out"),
+        *attention_rows,
+        Row("dattn in", "via q + via k + via v", through_attn, "ln1.out"),
+        Row("attn path", "LN1's backward of dattn in", ln1.dx, None),
+        Row("dx", "dy + attn path", dy + ln1.dx, "in")]
+    return forward, backward

@@ -163,6 +163,20 @@ class Config:
         The head's logits ``z`` become ``c tanh(z / c)`` for ``c = logit_softcap`` (Gemma 2's
         ``final_logit_softcapping``, 30). ``logits`` holds the capped logits, whose softmax the
         loss takes. ``None``: no cap.
+    attn_scale : float or None
+        What each score ``q . k`` is multiplied by, when it is not ``1 / sqrt(d_head)`` (Gemma 2's
+        ``query_pre_attn_scalar`` s gives ``1 / sqrt(s)``: 27B's 144 with heads of 128).
+        ``None``: ``1 / sqrt(d_head)`` (``Config.score_scale`` is the one used).
+    sandwich_norm : bool
+        Each sublayer's output is normalised too, before it joins the residual stream (Gemma 2's
+        and 3's): ``y = x + LN1_post(MHA(LN1(x)))``, ``z = y + LN2_post(FFN(LN2(y)))``, with
+        the parameters ``ln1_post.gamma`` and ``ln2_post.gamma`` (and ``.beta`` with layer
+        norm). Needs ``norm="pre"``.
+    sliding_layers : tuple of int or None
+        The blocks whose attention slides (``sliding_window`` wide); the others see every
+        earlier key (Gemma 2's alternate: 0, 2, 4, ...). ``None``: every block slides when
+        ``sliding_window`` is set. Needs ``sliding_window``; ascending, each in
+        ``0..layers - 1``.
     """
 
     batch: int = 2
@@ -196,12 +210,17 @@ class Config:
     embed_scale: bool = False
     attn_softcap: float | None = None
     logit_softcap: float | None = None
+    attn_scale: float | None = None
+    sandwich_norm: bool = False
+    sliding_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
             object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
         if self.rope_scaling is not None:
             object.__setattr__(self, "rope_scaling", RopeScaling.parse(self.rope_scaling))
+        if isinstance(self.sliding_layers, (list, np.ndarray)):
+            object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
         for name in ("batch", "seq_len", "d_model", "heads", "vocab", "layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -247,7 +266,7 @@ class Config:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
-                     "embed_scale"):
+                     "embed_scale", "sandwich_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -259,7 +278,12 @@ class Config:
                 or not np.isfinite(self.rope_theta) or self.rope_theta <= 0):
             raise ConfigError("rope_theta", f"rope_theta must be a positive finite number, "
                                             f"got {self.rope_theta!r}")
-        for name in ("attn_softcap", "logit_softcap"):
+        if self.sandwich_norm and self.norm != "pre":
+            raise ConfigError("sandwich_norm", "a sandwich norm normalises each sublayer's "
+                                               "input and output, so the norms must be Pre-LN "
+                                               "(norm 'pre')")
+        self._check_sliding_layers()
+        for name in ("attn_softcap", "logit_softcap", "attn_scale"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, (int, float, np.number))
@@ -269,6 +293,39 @@ class Config:
                 object.__setattr__(self, name, float(value))
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ConfigError("seed", f"seed must be a non-negative integer, got {self.seed!r}")
+
+    def _check_sliding_layers(self):
+        layers = self.sliding_layers
+        if layers is None:
+            return
+        if not isinstance(layers, tuple) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers):
+            raise ConfigError("sliding_layers", f"sliding_layers must be block numbers, got "
+                                                f"{layers!r}")
+        object.__setattr__(self, "sliding_layers", tuple(int(i) for i in layers))
+        if self.sliding_window is None:
+            raise ConfigError("sliding_layers", "sliding_layers names the blocks whose "
+                                                "attention slides, and there is no "
+                                                "sliding_window")
+        outside = [i for i in layers if not 0 <= i < self.layers]
+        if outside:
+            raise ConfigError("sliding_layers", f"block {outside[0]} is outside "
+                                                f"0..{self.layers - 1} (layers)")
+        if any(b <= a for a, b in zip(layers, layers[1:])):
+            raise ConfigError("sliding_layers", f"sliding_layers must be ascending, each block "
+                                                f"once, got {','.join(map(str, layers))}")
+
+    def window(self, block: int) -> int | None:
+        """How many keys block ``block``'s queries see (``sliding_window``), or None for every
+        earlier key: None in a block ``sliding_layers`` leaves out."""
+        if self.sliding_layers is not None and block not in self.sliding_layers:
+            return None
+        return self.sliding_window
+
+    @property
+    def score_scale(self) -> float:
+        """What each score ``q . k`` is multiplied by: ``attn_scale``, or ``1 / sqrt(d_head)``."""
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.d_head)
 
     @property
     def d_head(self) -> int:
@@ -336,6 +393,8 @@ class Config:
         fields = dataclasses.asdict(self)
         if fields["lengths"] is not None:
             fields["lengths"] = list(fields["lengths"])
+        if fields["sliding_layers"] is not None:
+            fields["sliding_layers"] = list(fields["sliding_layers"])
         if self.rope_scaling is not None:   # by name, as config.json writes it
             fields["rope_scaling"] = self.rope_scaling._asdict()
         return json.dumps(fields)
@@ -391,9 +450,9 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
                 shapes[p + f"attn.{norm}.gamma"] = (cfg.d_head,)
                 if not cfg.rms_norm:
                     shapes[p + f"attn.{norm}.beta"] = (cfg.d_head,)
-        shapes[p + "ln2.gamma"] = (d,)
-        if not cfg.rms_norm:
-            shapes[p + "ln2.beta"] = (d,)
+        if cfg.sandwich_norm:   # the norm of attention's output
+            _norm_shapes(shapes, p + "ln1_post", d, cfg)
+        _norm_shapes(shapes, p + "ln2", d, cfg)
         if cfg.gated:   # the gate, which silu (GELU) turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
             if cfg.bias:
@@ -404,6 +463,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         shapes[p + "ffn.W_2"] = (F, d)
         if cfg.bias:
             shapes[p + "ffn.b_2"] = (d,)
+        if cfg.sandwich_norm:   # the norm of the FFN's output
+            _norm_shapes(shapes, p + "ln2_post", d, cfg)
     if cfg.norm == "pre":
         shapes["ln_f.gamma"] = (d,)
         if not cfg.rms_norm:
@@ -413,6 +474,13 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     if cfg.head_bias:
         shapes["head.b_U"] = (V,)
     return shapes
+
+
+def _norm_shapes(shapes: dict, name: str, width: int, cfg: Config) -> None:
+    """A norm's parameters: ``gamma``, and ``beta`` unless it is RMSNorm."""
+    shapes[name + ".gamma"] = (width,)
+    if not cfg.rms_norm:
+        shapes[name + ".beta"] = (width,)
 
 
 class Misfit(NamedTuple):
@@ -469,6 +537,9 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         if cfg.gated:   # act = silu(gate) * pre, or gelu(gate) * pre
             ffn.insert(0, (p + "ffn.gate", (B, T, F)))
         shapes[p + "in"] = btd
+        if cfg.sandwich_norm:   # each sublayer's output normalised
+            attn.append((p + "ln1_post.out", btd))
+            ffn.append((p + "ln2_post.out", btd))
         if cfg.norm == "pre":
             order = [(p + "ln1.out", btd), *attn, (p + "resid1", btd),
                      (p + "ln2.out", btd), *ffn, (p + "resid2", btd)]
@@ -492,9 +563,10 @@ def per_layers(total, cfg: Config):
     """``total(cfg)`` for any number of layers, from the 1- and 2-layer values.
 
     Every count here is affine in the number of blocks, so a deep config costs no more to
-    describe than a shallow one. ``total`` returns a number or a dict of numbers.
+    describe than a shallow one. ``total`` returns a number or a dict of numbers. Which blocks
+    slide (``sliding_layers``) changes no count: the one- and two-block models leave it out.
     """
-    one, two = total(cfg.replace(layers=1)), total(cfg.replace(layers=2))
+    one, two = (total(cfg.replace(layers=n, sliding_layers=None)) for n in (1, 2))
     extra = cfg.layers - 1
     if isinstance(one, dict):
         return type(one)((key, one[key] + extra * (two[key] - one[key])) for key in one)
@@ -511,7 +583,7 @@ def param_groups(cfg: Config) -> OrderedDict[str, int]:
         groups: OrderedDict[str, int] = OrderedDict()
         for name, shape in param_shapes(c).items():
             group = name.split(".")[2] if name.startswith("blocks.") else name.split(".")[0]
-            group = "ln" if group in ("ln1", "ln2", "ln_f") else group
+            group = "ln" if group in ("ln1", "ln2", "ln_f", "ln1_post", "ln2_post") else group
             groups[group] = groups.get(group, 0) + numel(shape)
         return groups
     return per_layers(groups_of, cfg)
@@ -566,18 +638,19 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
     #                           backward makes dk, dv at H heads before their sums
     qk = cfg.qk_norm          # q and k normalised a block, their gradients; each norm's cache
+    sandwich = cfg.sandwich_norm   # two more norms a block: outputs, input gradients, caches
     params = param_count(cfg)
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
-    acts = (L * (6 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
+    acts = (L * ((6 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
                  + (2 + gated) * btf)
             + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
-    dacts = (L * (4 * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
+    dacts = (L * ((4 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
                   + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + pre) * (btd + B * T) + (gelu + gated) * L * btf + rope * 2 * T * cfg.d_head
+    caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf + rope * 2 * T * cfg.d_head
               + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf

@@ -8,7 +8,6 @@ returns what each step did so that the CLI (and the tests) can check and show it
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -23,6 +22,7 @@ class KVStep(NamedTuple):
     step: int             # the position decoded (0-based); the cache then holds step + 1 keys
     token: int
     cache_shape: tuple    # (H_kv, cache_len, d_head): each block's K and V after this step
+    #                       (with sliding_layers, the widest block's: every earlier key's)
     attention: dict       # (block, head) -> (step + 1,) the new query's attention weights on
     #                       every position so far (0 on those a sliding window has dropped)
     logits: np.ndarray    # (V,)
@@ -30,8 +30,10 @@ class KVStep(NamedTuple):
     flops_full: int       # matmul FLOPs of recomputing the prefix from scratch
 
 
-def step_flops(cfg: Config, cache_len: int) -> int:
-    """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys.
+def step_flops(cfg: Config, cache_len) -> int:
+    """Matmul FLOPs (2 per multiply-add) of decoding one token against ``cache_len`` keys in
+    every block, or against ``cache_len[i]`` in block i (a sequence: each block's own, when only
+    some slide).
 
     Per block: the four projections of one row (8 d^2; 4 d d_q + 4 d d_kv when grouped or with
     a head_dim of its own), the new query against every cached key and the weighted sum of the
@@ -39,9 +41,9 @@ def step_flops(cfg: Config, cache_len: int) -> int:
     the FFN (4 d d_ff, 6 d d_ff with SwiGLU's gate); then the head of one position (2 d V).
     """
     d, F, V = cfg.d_model, cfg.ff, cfg.vocab
-    per_block = (4 * d * cfg.d_q + 4 * d * cfg.d_kv + 4 * cache_len * cfg.d_q
-                 + 2 * ffn_products(cfg) * d * F)
-    return cfg.layers * per_block + 2 * d * V
+    lens = [cache_len] * cfg.layers if np.ndim(cache_len) == 0 else list(cache_len)
+    per_block = 4 * d * cfg.d_q + 4 * d * cfg.d_kv + 2 * ffn_products(cfg) * d * F
+    return sum(per_block + 4 * c * cfg.d_q for c in lens) + 2 * d * V
 
 
 def chosen_probabilities(steps: list[KVStep]) -> list[float | None]:
@@ -61,19 +63,28 @@ def _attend(q, K, V, scale, cap=None):
     return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
 
 
-def window_start(cfg: Config, t: int) -> int:
-    """The first position query t sees: 0, or with a sliding window of W the last W's first."""
-    return 0 if cfg.sliding_window is None else max(0, t - cfg.sliding_window + 1)
+def window_start(cfg: Config, t: int, block: int = 0) -> int:
+    """The first position query t sees in block ``block``: 0, or where that block slides
+    (``Config.window``) with a window of W the last W's first."""
+    window = cfg.window(block)
+    return 0 if window is None else max(0, t - window + 1)
 
 
-def _mha_step(x, P, p, cfg, K, V, t, rope):
+def cache_slots(cfg: Config, T: int, block: int = 0) -> int:
+    """Slots of block ``block``'s K and V caches for T positions: T, or a sliding block's
+    min(T, W), a rolling buffer."""
+    window = cfg.window(block)
+    return T if window is None else min(T, window)
+
+
+def _mha_step(x, P, p, cfg, K, V, t, rope, start):
     """Attention of position t's row x (d,): its k, v join the cache; returns (out, weights
     (H, t + 1)). With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's
     angles first: a cached key keeps the turn of its own position, and no step turns it again.
     Grouped (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it
     serves. The cache has C slots (``K.shape[1]``) and position t goes in slot t mod C: with a
     sliding window of W, C is W (a rolling buffer), and position t overwrites t - W, which no
-    query from t on sees."""
+    query from t on sees. ``start`` is the first position the query sees (``window_start``)."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
     k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)
@@ -82,7 +93,7 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
     if rope is not None:
         cos, sin = rope[0][t], rope[1][t]                        # (d_head,)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
-    C, start = K.shape[1], window_start(cfg, t)
+    C = K.shape[1]
     K[:, t % C] = k
     v = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))[0]
     V[:, t % C] = v.reshape(cfg.h_kv, dh)
@@ -93,7 +104,7 @@ def _mha_step(x, P, p, cfg, K, V, t, rope):
         keys, values = K[:, slots], V[:, slots]
     if cfg.group > 1:
         keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
-    context, seen = _attend(q, keys, values, 1.0 / math.sqrt(dh), cfg.attn_softcap)  # (H, c)
+    context, seen = _attend(q, keys, values, cfg.score_scale, cfg.attn_softcap)   # (H, c)
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P.get(p + "attn.b_O"))[0]
     if start == 0:
         return out, seen                                          # (d,), (H, t + 1)
@@ -120,7 +131,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     Each block's cache is allocated once, (H_kv, T, d_head) for K and for V, and filled one
     position per step; the step's attention reads the filled part ``[:, :t + 1]``. With a
     sliding window of W (``sliding_window``) it is a rolling buffer of min(T, W) slots, and the
-    step reads the last W positions. The
+    step reads the last W positions (in the blocks ``sliding_layers`` names, if it names any).
+    The
     block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
     One step per position: ``len(tokens) + generate`` in all, the generated ones last.
     """
@@ -146,9 +158,9 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     rope = rope_for(cfg, T)                                       # (cos, sin) or None
-    C = T if cfg.sliding_window is None else min(T, cfg.sliding_window)   # the cache's slots
-    K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
-    V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for _ in range(cfg.layers)]
+    slots = [cache_slots(cfg, T, i) for i in range(cfg.layers)]   # each block's cache
+    K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
+    V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     steps = []
     for t in range(T):
         if t == len(tokens):   # past the given tokens: the last step's most likely next token
@@ -158,13 +170,19 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         x = x if pe is None else x + pe[t]
         attention = {}
         for i in range(cfg.layers):
-            p = f"blocks.{i}."
+            p, start = f"blocks.{i}.", window_start(cfg, t, i)
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
-                out, weights = _mha_step(normalise(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i], t, rope)
+                out, weights = _mha_step(normalise(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i],
+                                         t, rope, start)
+                if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
+                    out = normalise(out, P, p + "ln1_post", cfg)
                 y = x + out
-                x = y + _ffn_step(normalise(y, P, p + "ln2", cfg), P, p, cfg)
+                out = _ffn_step(normalise(y, P, p + "ln2", cfg), P, p, cfg)
+                if cfg.sandwich_norm:
+                    out = normalise(out, P, p + "ln2_post", cfg)
+                x = y + out
             else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope)
+                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope, start)
                 y = normalise(x + out, P, p + "ln1", cfg)
                 x = normalise(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
             attention.update({(i, h): weights[h] for h in range(H)})
@@ -172,7 +190,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             x = normalise(x, P, "ln_f", cfg)
         logits = head_logits(x, P, cfg)                                        # (V,)
         full = flops(cfg.replace(batch=1, seq_len=t + 1, lengths=None))[0]
-        seen = t + 1 - window_start(cfg, t)                      # keys this step attends to
-        steps.append(KVStep(t, int(token), (cfg.h_kv, min(t + 1, C), dh), attention, logits,
-                            step_flops(cfg, seen), full))
+        seen = [t + 1 - window_start(cfg, t, i) for i in range(cfg.layers)]   # keys attended
+        steps.append(KVStep(t, int(token), (cfg.h_kv, min(t + 1, max(slots)), dh), attention,
+                            logits, step_flops(cfg, seen), full))
     return steps

@@ -19,17 +19,22 @@ from tfmcli.model import Forward, check_within
 
 
 def names(cfg: Config) -> list[str]:
-    """Every layer norm of the model, in forward order: 'blocks.0.ln1', ..., 'ln_f'."""
-    blocks = [f"blocks.{i}.{ln}" for i in range(cfg.layers) for ln in ("ln1", "ln2")]
+    """Every layer norm of the model, in forward order: 'blocks.0.ln1', ..., 'ln_f' (with
+    ``sandwich_norm``, 'blocks.0.ln1_post' after ln1 and 'blocks.0.ln2_post' after ln2)."""
+    each = ("ln1", "ln1_post", "ln2", "ln2_post") if cfg.sandwich_norm else ("ln1", "ln2")
+    blocks = [f"blocks.{i}.{ln}" for i in range(cfg.layers) for ln in each]
     return blocks + (["ln_f"] if cfg.norm == "pre" else [])
 
 
 def input_name(cfg: Config, name: str) -> str:
     """The activation a layer norm reads. Pre-LN: ln1 the block's input, ln2 the residual
-    after attention, ln_f the last block's output; Post-LN: each the residual sum before it."""
+    after attention, ln_f the last block's output; Post-LN: each the residual sum before it.
+    A sandwich's ln1_post reads attention's output, ln2_post the FFN's."""
     if name == "ln_f":
         return f"blocks.{cfg.layers - 1}.out"
     block, ln = name.rsplit(".", 1)
+    if ln.endswith("_post"):
+        return f"{block}.attn.out" if ln == "ln1_post" else f"{block}.ffn.out"
     if cfg.norm == "pre":
         return f"{block}.in" if ln == "ln1" else f"{block}.resid1"
     return f"{block}.resid1" if ln == "ln1" else f"{block}.resid2"

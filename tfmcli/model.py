@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
@@ -117,7 +116,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
         k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
-    scale = 1.0 / math.sqrt(cfg.d_head)
+    scale = cfg.score_scale   # 1 / sqrt(d_head) unless attn_scale says otherwise
     if caches["fast"]:   # mask: an ops.AttentionMask
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap)
     else:
@@ -268,10 +267,31 @@ def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=
     return tables
 
 
-def mask_for(cfg: Config, lengths, T: int) -> np.ndarray:
-    """(B, T, T) bool, True = may attend: the mask this Config's attention applies to rows of
-    these ``lengths`` (padding, and causal and sliding window as the Config says)."""
-    return combined_mask(np.asarray(lengths), T, cfg.causal, cfg.sliding_window)
+def block_masks(cfg: Config, lengths, T: int, row: int) -> dict:
+    """Block -> (T, T) bool: each block's mask for batch row ``row`` (``mask_for``); the views
+    draw each block's attention over its own."""
+    return {i: m[row] for i, m in _block_masks(cfg, lengths, T, False, range(cfg.layers)).items()}
+
+
+def mask_for(cfg: Config, lengths, T: int, block: int = 0) -> np.ndarray:
+    """(B, T, T) bool, True = may attend: the mask block ``block``'s attention applies to rows
+    of these ``lengths`` (padding, and causal and sliding window as the Config says: the
+    window only in the blocks ``sliding_layers`` names)."""
+    return combined_mask(np.asarray(lengths), T, cfg.causal, cfg.window(block))
+
+
+def _block_masks(cfg: Config, lengths, T: int, fast: bool, blocks) -> dict:
+    """Each of these blocks' mask, by block: the fast path's ``ops.AttentionMask`` or the
+    reference's (B, T, T) bool, one of each window the blocks have (two with
+    ``sliding_layers``: the window's and every earlier key's)."""
+    made = {}
+    for window in {cfg.window(i) for i in blocks}:
+        if fast:
+            made[window] = _fast_mask(tuple(int(n) for n in lengths), T, cfg.causal, cfg.dtype,
+                                      ops.QUERY_BLOCK, window)
+        else:
+            made[window] = combined_mask(np.asarray(lengths), T, cfg.causal, window)
+    return {i: made[cfg.window(i)] for i in blocks}
 
 
 @functools.lru_cache(maxsize=8)
@@ -307,10 +327,16 @@ def _block_forward(x, P, i, cfg, mask, acts, caches):
     acts[p + "in"] = x
     if cfg.norm == "pre":   # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
         h = _ln_forward(x, P, p + "ln1", cfg, acts, caches)
-        y = x + _mha_forward(h, P, p, cfg, mask, acts, caches)
+        out = _mha_forward(h, P, p, cfg, mask, acts, caches)
+        if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
+            out = _ln_forward(out, P, p + "ln1_post", cfg, acts, caches)
+        y = x + out
         acts[p + "resid1"] = y
         h = _ln_forward(y, P, p + "ln2", cfg, acts, caches)
-        z = y + _ffn_forward(h, P, p, cfg, acts, caches)
+        out = _ffn_forward(h, P, p, cfg, acts, caches)
+        if cfg.sandwich_norm:   # z = y + LN2_post(FFN(LN2(y)))
+            out = _ln_forward(out, P, p + "ln2_post", cfg, acts, caches)
+        z = y + out
         acts[p + "resid2"] = z
     else:                   # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
         r = x + _mha_forward(x, P, p, cfg, mask, acts, caches)
@@ -328,10 +354,16 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
     dacts[p + "out"] = dz
     if cfg.norm == "pre":
         dacts[p + "resid2"] = dz
-        dy = dz + _ln_backward(_ffn_backward(dz, p, cfg, caches, grads, dacts),
+        dout = dz
+        if cfg.sandwich_norm:   # back through the norm of the FFN's output first
+            dout = _ln_backward(dz, p + "ln2_post", cfg, caches, grads, dacts)
+        dy = dz + _ln_backward(_ffn_backward(dout, p, cfg, caches, grads, dacts),
                                p + "ln2", cfg, caches, grads, dacts)
         dacts[p + "resid1"] = dy
-        dx = dy + _ln_backward(_mha_backward(dy, p, cfg, caches, grads, dacts),
+        dout = dy
+        if cfg.sandwich_norm:
+            dout = _ln_backward(dy, p + "ln1_post", cfg, caches, grads, dacts)
+        dx = dy + _ln_backward(_mha_backward(dout, p, cfg, caches, grads, dacts),
                                p + "ln1", cfg, caches, grads, dacts)
     else:
         dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)
@@ -361,11 +393,7 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
     rows' lengths, for the padding mask; ``params`` need hold only that block's parameters;
     ``fast=False`` takes the clear reference path, as ``forward`` does."""
     B, T = x.shape[:2]
-    if fast:
-        mask = _fast_mask(tuple(int(n) for n in lengths), T, cfg.causal, cfg.dtype,
-                          ops.QUERY_BLOCK, cfg.sliding_window)
-    else:
-        mask = mask_for(cfg, lengths, T)                                           # (B, T, T)
+    mask = _block_masks(cfg, lengths, T, fast, [block])[block]
     with _engine(fast, cfg, B, T):
         return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": fast})
 
@@ -442,13 +470,9 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     if pe is not None:
         acts["pe"] = pe
         x = x + pe
-    if fast:
-        mask = _fast_mask(tuple(inputs.lengths.tolist()), T, cfg.causal, cfg.dtype,
-                          ops.QUERY_BLOCK, cfg.sliding_window)
-    else:
-        mask = mask_for(cfg, inputs.lengths, T)                                    # (B, T, T)
+    masks = _block_masks(cfg, inputs.lengths, T, fast, range(cfg.layers))
     for i in range(cfg.layers):
-        x = _block_forward(x, params, i, cfg, mask, acts, caches)
+        x = _block_forward(x, params, i, cfg, masks[i], acts, caches)
     if cfg.norm == "pre":
         x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)

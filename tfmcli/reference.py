@@ -89,13 +89,14 @@ def torch_run(params, inputs, cfg) -> TorchRun:
 
     keys = torch.arange(T)[None, :] < lengths[:, None]                        # (B, T)
     valid = keys & (targets != -100)                                          # scored positions
-    mask = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
+    full = keys[:, None, None, :].expand(B, 1, T, T)                          # (B, 1, T, T)
     if cfg.causal:
-        mask = mask & torch.tril(torch.ones(T, T, dtype=torch.bool))
+        full = full & torch.tril(torch.ones(T, T, dtype=torch.bool))
+    sliding = full
     if cfg.sliding_window is not None:   # hides keys W or more behind (a padded query: its row's last)
         query = torch.minimum(torch.arange(T)[None, :], lengths[:, None] - 1)   # (B, T)
         near = torch.arange(T)[None, None, :] > query[:, :, None] - cfg.sliding_window
-        mask = mask & near[:, None]                                           # (B, 1, T, T)
+        sliding = full & near[:, None]                                        # (B, 1, T, T)
     patterns = {}
 
     def bias(name):   # 0 for a layer without one (cfg.bias false)
@@ -106,7 +107,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             return F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps)
         return F.layer_norm(x, (width,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
 
-    def attention(x, p):
+    def attention(x, p, mask):
         def project(w, heads):
             y = x @ P[p + f"attn.W_{w}"] + bias(p + f"attn.b_{w}")
             return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
@@ -119,7 +120,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             k = torch_rope(k, cfg.rope_theta, cfg.rope_scaling)
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(dh)
+        scale = 1 / math.sqrt(dh) if cfg.attn_scale is None else cfg.attn_scale
+        scores = (q @ k.transpose(-1, -2)) * scale
         if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -148,11 +150,15 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         x = x + P["embed.W_pos"][:T]
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        if cfg.norm == "pre":
-            x = x + attention(norm(x, p + "ln1"), p)
+        mask = full if cfg.sliding_layers is not None and i not in cfg.sliding_layers else sliding
+        if cfg.sandwich_norm:   # Gemma 2's: each sublayer's output normalised too
+            x = x + norm(attention(norm(x, p + "ln1"), p, mask), p + "ln1_post")
+            x = x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post")
+        elif cfg.norm == "pre":
+            x = x + attention(norm(x, p + "ln1"), p, mask)
             x = x + ffn(norm(x, p + "ln2"), p)
         else:
-            x = norm(x + attention(x, p), p + "ln1")
+            x = norm(x + attention(x, p, mask), p + "ln1")
             x = norm(x + ffn(x, p), p + "ln2")
     if cfg.norm == "pre":
         x = norm(x, "ln_f")

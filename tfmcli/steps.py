@@ -7,7 +7,6 @@ and the tests check that they do).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -44,7 +43,14 @@ def scored(cfg: Config, which: str) -> str:
     return which + "_norm.out" if cfg.qk_norm else which
 
 
-def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None, cap=None):
+def scale_name(cfg: Config) -> str:
+    """What the scores are multiplied by, as the formulas name it: '1/sqrt(d_head)', or
+    'attn_scale' when the Config gives its own (``Config.attn_scale``)."""
+    return "1/sqrt(d_head)" if cfg.attn_scale is None else "attn_scale"
+
+
+def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None, cap=None,
+               scale_by="1/sqrt(d_head)"):
     """The steps of one head on one sequence.
 
     x: (T, d); W_*: (d, d_head); b_*: (d_head,), or None in a model without biases; mask:
@@ -52,6 +58,7 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
     turn Q and K before the scores; norms: None, or (Q's norm, K's norm, its formula), the
     functions of a (T, d_head) array that normalise Q and K first (Qwen3's q_norm, k_norm);
     cap: None, or the scores' soft cap C (Gemma 2's), ``C tanh(scaled / C)`` before the mask.
+    scale_by: what ``scale`` is, for the formulas (``scale_name``).
     """
     steps = [Step("X", "input to attention, one row of the batch", x)]
     for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
@@ -76,8 +83,9 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
     scores = q @ k.T                                             # (T, T)
     scaled = scores * scale
     steps += [Step("scores", product, scores),
-              Step("scaled scores", f"{product} / sqrt(d_head) = {product} x {scale:.6g}",
-                   scaled)]
+              Step("scaled scores", (f"{product} / sqrt(d_head)" if scale_by == "1/sqrt(d_head)"
+                                     else f"{product} x {scale_by}")
+                   + f" = {product} x {scale:.6g}", scaled)]
     if cap is not None:   # squashed into (-cap, cap) before the mask
         scaled = ops.softcap_forward(scaled, cap)
         steps.append(Step("capped scores", CAP_FORMULA.format(cap), scaled))
@@ -112,13 +120,13 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         bias = params.get(p + f"attn.b_{w}")   # None in a model without biases
         weights += [params[p + f"attn.W_{w}"][:, cols], None if bias is None else bias[cols]]
     T = fwd.inputs.tokens.shape[1]
-    mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
+    mask = mask_for(cfg, fwd.inputs.lengths, T, block)[row]
     norms = None
     if cfg.qk_norm:
         norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
                  lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
-    steps = head_steps(x, *weights, mask, 1.0 / math.sqrt(cfg.d_head), rope=rope_for(cfg, T),
-                       norms=norms, cap=cfg.attn_softcap)
+    steps = head_steps(x, *weights, mask, cfg.score_scale, rope=rope_for(cfg, T),
+                       norms=norms, cap=cfg.attn_softcap, scale_by=scale_name(cfg))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
@@ -160,7 +168,7 @@ class QueryExplained(NamedTuple):
     k: np.ndarray         # (T, d_head) every key
     products: np.ndarray  # (T, d_head) q_i * k_i; each row sums to that key's score
     scores: np.ndarray    # (T,) q . k
-    scale: float          # 1 / sqrt(d_head)
+    scale: float          # 1 / sqrt(d_head), or the Config's attn_scale
     visible: np.ndarray   # (T,) bool: the mask of this query's row
     weights: np.ndarray   # (T,) the softmax (0 where hidden)
     v: np.ndarray         # (T, d_head)
@@ -182,10 +190,10 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     k = fwd.acts[p + scored(cfg, "k")][row, head // cfg.group]   # (T, d_head): grouped, shared
     v = fwd.acts[p + "v"][row, head // cfg.group]
     T = k.shape[0]
-    visible = mask_for(cfg, fwd.inputs.lengths, T)[row, t]                # (T,)
+    visible = mask_for(cfg, fwd.inputs.lengths, T, block)[row, t]         # (T,)
     products = q[None, :] * k                                    # (T, d_head)
     scores = products.sum(axis=-1)                               # (T,)
-    scale = 1.0 / math.sqrt(cfg.d_head)
+    scale = cfg.score_scale
     scaled = scores * scale
     capped = capped_scores(scaled, cfg)
     weights, _ = ops.softmax_forward(np.where(visible, capped, -np.inf))
@@ -203,7 +211,7 @@ def capped_scores(scaled, cfg: Config):
 
 
 def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norms=None,
-                        cap=None):
+                        cap=None, scale_by="1/sqrt(d_head)"):
     """The backward of one head on one sequence, from the gradient of its context: where seed
     003 stops (at dV), on through the softmax to dQ and dK.
 
@@ -239,8 +247,8 @@ def head_backward_steps(dcontext, q, k, v, pattern, mask, scale, rope=None, norm
     dq = dscaled @ k * scale
     dk = dscaled.T @ q * scale
     steps += [
-        Step("d" + Q, f"dscaled scores @ {K} x {scale:.6g} (1/sqrt(d_head))", dq),
-        Step("d" + K, f"dscaled scores^T @ {Q} x {scale:.6g} (1/sqrt(d_head))", dk),
+        Step("d" + Q, f"dscaled scores @ {K} x {scale:.6g} ({scale_by})", dq),
+        Step("d" + K, f"dscaled scores^T @ {Q} x {scale:.6g} ({scale_by})", dk),
     ]
     if rope is not None:   # q and k were turned: the turn back gives the gradients before it
         Q, K = ("Q_norm", "K_norm") if norms else ("Q", "K")
@@ -266,7 +274,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
         (scored(cfg, "q"), head), (scored(cfg, "k"), shared), ("v", shared), ("pattern", head)))
     dcontext = dcontext_all[row, :, head * cfg.d_head:(head + 1) * cfg.d_head]
     T = fwd.inputs.tokens.shape[1]
-    mask = mask_for(cfg, fwd.inputs.lengths, T)[row]
+    mask = mask_for(cfg, fwd.inputs.lengths, T, block)[row]
     norms = None
     if cfg.qk_norm:   # each norm's backward, from the forward's own cache of this head
         back = ops.rms_norm_backward if cfg.rms_norm else ops.layer_norm_backward
@@ -277,8 +285,8 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
 
         norms = (norm_backward("q_norm", head), norm_backward("k_norm", shared),
                  NORM_BACK_FORMULA[cfg.rms_norm])
-    return head_backward_steps(dcontext, q, k, v, pattern, mask, 1.0 / math.sqrt(cfg.d_head),
-                               rope_for(cfg, T), norms, cfg.attn_softcap)
+    return head_backward_steps(dcontext, q, k, v, pattern, mask, cfg.score_scale,
+                               rope_for(cfg, T), norms, cfg.attn_softcap, scale_name(cfg))
 
 
 class QueryBackward(NamedTuple):

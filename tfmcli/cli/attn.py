@@ -153,7 +153,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.steps import explain_query, explain_query_backward, scored, sharing
+    from tfmcli.steps import explain_query, explain_query_backward, scale_name, scored, sharing
 
     cfg = run.cfg
     rope = cfg.pe == "rope"   # q and k are the turned ones
@@ -194,7 +194,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         Text("3. q_i x k_i, and their sum: the score q . k", style="bold"),
         table(np.column_stack([x.products[seen], x.scores[seen]]), None, shown,
               dims + ["Σ score"]),
-        Text(f"4. scaled by 1/sqrt(d_head) = {x.scale:.6g}{capping}, masked, softmax over the "
+        Text(f"4. scaled by {scale_name(cfg)} = {x.scale:.6g}{capping}, masked, softmax over the "
              f"visible keys", style="bold"),
         render.record_table(["key", "score", "scaled", *(["capped"] if cap is not None else []),
                              "mask", "softmax"], score_rows),
@@ -229,7 +229,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
             offs["dq_turned_back"] = float(np.abs(grads.acts[p + before][row, head, t]
                                                   - xb.dq_turned_back).max())
         parts += query_backward_parts(xb, x, keys, seen, shown, dims, offs, table,
-                                      precision, row, t, q_name, "attn." + before)
+                                      precision, row, t, q_name, "attn." + before,
+                                      scale_name(cfg))
         payload["backward"] = {
             "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
             "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"],
@@ -246,10 +247,11 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
 
 
 def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision, row, t,
-                         q_name="attn.q", before="attn.q"):
+                         q_name="attn.q", before="attn.q", scale_by="1/sqrt(d_head)"):
     """Steps 6-9 of --query --backward: dcontext to dweights, the softmax's backward, dq, and
     this query's share of each key's dk and dv. ``q_name``: the activation the scores
-    multiply; ``before``: what RoPE turned into it."""
+    multiply; ``before``: what RoPE turned into it; ``scale_by``: the scale's name
+    (``steps.scale_name``)."""
     def num(value):
         return render.fmt(value, precision) if value is not None else "·"
 
@@ -273,7 +275,8 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
               [f"dc·v {k}" for k in shown], dims + ["dweight"]),
         Text(f"7. the softmax's backward: {dname} = weight x (dweight - S)", style="bold"),
         Text(f"S = Σ weight x dweight = {xb.weighted_sum:.{precision + 4}g};  dscore = {dname} "
-             + ("x slope " if capped else "") + "/ sqrt(d_head)"
+             + ("x slope " if capped else "")
+             + ("/ sqrt(d_head)" if scale_by == "1/sqrt(d_head)" else f"x {scale_by}")
              + (", the cap's slope = 1 - (capped / C)^2" if capped else "")),
         render.record_table(["key", "weight", "dweight", "dweight - S", dname,
                              *(["slope"] if capped else []), "dscore"], softmax_rows),

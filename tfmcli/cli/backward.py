@@ -16,8 +16,8 @@ from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTION
 from tfmcli.errors import TfmError
 from tfmcli.summary import l2_norm, max_abs, mean
 
-Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln2", "ffn", "ln_f",
-                                               "head", "all")}, type=str)
+Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln1_post", "ln2", "ffn",
+                                               "ln2_post", "ln_f", "head", "all")}, type=str)
 
 
 def layer_of(name: str) -> str:
@@ -62,7 +62,8 @@ def backward(
                      if (layer == "all" or layer_of(n) == layer)
                      and (block is None or n.startswith(f"blocks.{block}.")))
         if not names:
-            raise typer.BadParameter(f"no parameter of layer {layer!r} in block {block}",
+            where = "" if block is None else f" in block {block}"
+            raise typer.BadParameter(f"this model has no parameter of layer {layer!r}{where}",
                                      param_hint="'--layer'")
 
     run, fwd, grads = execute(opts, with_grads=True, validate=validate)

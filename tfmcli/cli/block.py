@@ -23,6 +23,10 @@ SHAPES = {
     "post": ("Post-LN: y = LN1(x + MHA(x)),  z = LN2(y + FFN(y))",
              "each layer norm's backward comes first; then the gradient at each sum is carried "
              "straight through, plus what comes back through the sublayer"),
+    "sandwich": ("Pre-LN, sandwich: y = x + LN1_post(MHA(LN1(x))),  z = y + LN2_post(FFN(LN2(y)))",
+                 "the gradient at each sum is the one after it, carried straight through, plus "
+                 "what comes back through the sublayer's output norm, the sublayer and its "
+                 "input norm"),
 }
 
 
@@ -61,7 +65,7 @@ def block(
     dx = x.backward[-1].value
     numeric_off = float(np.abs(x.numeric_dx - dx[x.checked]).max())
     token = run.token_labels(row)[position]
-    shape, backward_shape = SHAPES[cfg.norm]
+    shape, backward_shape = SHAPES["sandwich" if cfg.sandwich_norm else cfg.norm]
 
     def table(rows):   # every column, wrapped in blocks, up to 32 (or with --full)
         return render.tensor_table(np.vstack([r.value for r in rows]),

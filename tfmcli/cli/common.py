@@ -115,15 +115,20 @@ def _after(rows: dict, key: str, new_key: str, value: str):
 def describe(cfg, run=None, row: int = 0) -> dict:
     """The config panel's rows; with a run, where its weights and tokens came from, and the
     tokens and targets of batch row ``row``."""
+    sliding = "" if cfg.sliding_layers is None else (
+        f" in block{'s' * (len(cfg.sliding_layers) != 1)} "
+        f"{', '.join(map(str, cfg.sliding_layers)) or 'none'}")
     mask = ("causal" if cfg.causal else "none") + (
-        f", sliding window {cfg.sliding_window}" if cfg.sliding_window is not None else "") + (
+        f", sliding window {cfg.sliding_window}{sliding}" if cfg.sliding_window is not None
+        else "") + (
         f" + padding {list(cfg.lengths)}" if cfg.lengths is not None else "")
     rows = {
         "sizes": (f"B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
                   + (f"H_kv={cfg.h_kv} " if cfg.group > 1 else "")   # grouped keys and values
                   + f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}"),
         "norm": ("Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN") + (
-            ", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
+            ", sandwich (ln1_post, ln2_post on each sublayer's output)" if cfg.sandwich_norm
+            else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "swiglu": " (silu(gate) * pre)",
                                          "geglu": " (gelu(gate) * pre, tanh approx.)"}.get(
@@ -146,6 +151,10 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     if cfg.attn_softcap is not None:   # after the mask
         c = f"{cfg.attn_softcap:g}"
         rows = dict(_after(rows, "mask", "score cap", f"{c} tanh(s / {c}), before the mask"))
+    if cfg.attn_scale is not None:   # after the mask, before the cap
+        rows = dict(_after(rows, "mask", "score scale",
+                           f"q . k x {cfg.attn_scale:.6g} (not 1/sqrt(d_head) = "
+                           f"{1 / cfg.d_head ** 0.5:.6g})"))
     if not cfg.bias:
         rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
                           else "none in attention and FFN")
@@ -239,12 +248,12 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
     from tfmcli.io import jsonable
-    from tfmcli.model import mask_for
+    from tfmcli.model import block_masks
 
     prefix = "d" if gradient else ""
     cfg = run.cfg
     activations = sizes.activation_shapes(cfg)
-    mask = mask_for(cfg, run.inputs.lengths, cfg.seq_len)[row]
+    masks = block_masks(cfg, run.inputs.lengths, cfg.seq_len, row)   # each block's
     shown, payload = [], {}
     for raw in names or []:
         name = check_name(raw, tensors, gradient=gradient)
@@ -253,7 +262,8 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
         labels = {}
         if name.endswith(("attn.scores", "attn.pattern")):
             labels = dict(row_labels=position_labels(run, row, "q"),
-                          col_labels=position_labels(run, row, "k"), mask=mask)
+                          col_labels=position_labels(run, row, "k"),
+                          mask=masks[int(name.split(".")[1])])
         elif name in activations and value.ndim >= 3:   # (B, T, ...) or (B, H, T, d_head)
             labels = dict(row_labels=position_labels(run, row))
         shown.append(render.tensor_table(cut, title=caption, precision=precision, full=True,

@@ -33,7 +33,7 @@ def forward(
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
     from tfmcli.io import run_arrays
-    from tfmcli.model import mask_for
+    from tfmcli.model import block_masks
     from tfmcli.summary import stats
 
     def validate(cfg):
@@ -53,8 +53,8 @@ def forward(
         picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
                                       max(map(cell_len, labels)))
         patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
-        mask = mask_for(cfg, inputs.lengths, cfg.seq_len)[row]
-        maps = render.attention_maps(patterns, mask, row, width(), total=len(pairs),
+        masks = block_masks(cfg, inputs.lengths, cfg.seq_len, row)
+        maps = render.attention_maps(patterns, masks, row, width(), total=len(pairs),
                                      row_labels=labels, col_labels=position_labels(run, row, "k"))
         return [render.config_panel(describe(cfg, run, row), title="tfm forward"),
                 render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),

@@ -32,7 +32,7 @@ def kv(
     """
     import tfmcli
     from tfmcli.io import run_arrays
-    from tfmcli.kv import chosen_probabilities, decode
+    from tfmcli.kv import cache_slots, chosen_probabilities, decode
     from tfmcli.masks import causal_mask, sliding_window_mask
 
     def validate(cfg):
@@ -74,10 +74,12 @@ def kv(
             row_cells.insert(2, "—" if chance[t] is None else f"{chance[t]:.2f}")
     table = render.record_table(headers, cells, title=f"decoding batch row {row}, one token "
                                 f"per step", max_rows=rows_limit(full), left=2)
-    window = cfg.sliding_window
-    kept = "step + 1" if window is None else f"min(step + 1, {window})"
-    table.caption = (f"K, V cache: each block's cached keys and values, "
-                     f"({'H_kv' if cfg.group > 1 else 'H'}, {kept}, d_head)")
+    window = cfg.window(block)   # the drawn block's; None where it sees every earlier key
+    some = cfg.sliding_layers is not None   # only some blocks slide: the others keep every key
+    kept = ("step + 1" if cfg.sliding_window is None or some
+            else f"min(step + 1, {cfg.sliding_window})")
+    table.caption = (f"K, V cache: {'the widest' if some else 'each'} block's cached keys and "
+                     f"values, ({'H_kv' if cfg.group > 1 else 'H'}, {kept}, d_head)")
     if generate:
         table.caption = (f"p: the token's probability after the step before\n{table.caption}\n"
                          f"→: generated, the most likely token after the step before "
@@ -99,12 +101,20 @@ def kv(
                    f"the cache, {human(uncached)} recomputing each prefix "
                    f"({uncached / cached:.1f}x)",
                    style="bold")
-    slots = steps[-1].cache_shape[1]
-    numbers = 2 * cfg.layers * cfg.h_kv * slots * cfg.d_head   # K and V of every block, at the end
+    slots = [cache_slots(cfg, length, i) for i in range(cfg.layers)]   # each block's, at the end
+    numbers = 2 * sum(slots) * cfg.h_kv * cfg.d_head   # K and V of every block
+    sizes = {C: slots.count(C) for C in slots}
+    blocks = " + ".join(f"{render.counted(n, 'block')} x {(cfg.h_kv, C, cfg.d_head)}"
+                        for C, n in sizes.items())
     memory = (f"K, V cache after {render.counted(length, 'step')}: 2 x "
-              f"{render.counted(cfg.layers, 'block')} x {(cfg.h_kv, slots, cfg.d_head)} = "
-              f"{numbers:,} numbers ({binary_size(numbers * cfg.np_dtype.itemsize)})")
-    if window is not None and window < length:
+              f"{blocks if len(sizes) == 1 else f'({blocks})'} = {numbers:,} numbers "
+              f"({binary_size(numbers * cfg.np_dtype.itemsize)})")
+    if some:
+        sliding = ", ".join(map(str, cfg.sliding_layers)) or "none"
+        memory += (f"\nsliding window {cfg.sliding_window} in blocks {sliding} only: each of "
+                   f"those keeps the last {cfg.sliding_window} positions (a rolling buffer), "
+                   f"the others every one")
+    elif window is not None and window < length:
         memory += (f"\nsliding window {window}: the cache keeps the last {window} positions in "
                    f"{window} slots, position t in slot t mod {window} (a rolling buffer)")
     elif window is not None:

@@ -14,13 +14,14 @@ from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, d
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, choice, with_options)
 
-Which = Enum("Which", {name: name for name in ("ln1", "ln2", "ln_f")}, type=str)
+Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_post", "ln_f")},
+             type=str)
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ln(
-    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln_f: the final one, Pre-LN).")] = Which.ln1,
+    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln1_post, ln2_post: a sandwich's, after attention and the FFN; ln_f: the final one, Pre-LN).")] = Which.ln1,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
     row: Row = 0,
     position: Position = 0,
@@ -44,6 +45,10 @@ def ln(
         check_range(position, cfg.seq_len, "--position", "positions")
         if layer == Which.ln_f and cfg.norm == "post":
             raise typer.BadParameter("Post-LN has no ln_f; use --norm pre", param_hint="'--layer'")
+        if layer.value.endswith("_post") and not cfg.sandwich_norm:
+            raise typer.BadParameter(f"this model has no {layer.value}: only a sandwich norm "
+                                     f"normalises each sublayer's output; add --sandwich-norm",
+                                     param_hint="'--layer'")
         if layer == Which.ln_f and opts.explicit("block"):
             raise typer.BadParameter("ln_f follows the last block; it takes no --block",
                                      param_hint="'--block'")

@@ -63,6 +63,17 @@ def parse_lengths(text: Optional[str]):
     return values
 
 
+def parse_sliding_layers(text: Optional[str]):
+    """'0,2,4' -> (0, 2, 4); the Config checks each block against --layers and the order."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of block numbers "
+                                 f"(like 0,2,4)", param_hint="'--sliding-layers'") from None
+
+
 def parse_rope_scaling(text: Optional[str], flag: str = "--rope-scaling"):
     """'32,1,4,8192' -> (32.0, 1.0, 4.0, 8192.0); the Config checks each number's range."""
     if text is None:
@@ -154,6 +165,7 @@ MODEL_OPTIONS = [
     ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight; geglu: the same with gelu for silu).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
     ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
+    ("sliding_layers", Annotated[Optional[str], _opt("--sliding-layers", panel=MODEL, metavar="0,2", help="Only these blocks slide with --sliding-window; the others see every earlier key (Gemma 2: every other block, 0,2,4,...).")], None),
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
     ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
     ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
@@ -170,6 +182,8 @@ MODEL_OPTIONS = [
     ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
     ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
     ("logit_softcap", Annotated[Optional[float], _opt("--logit-softcap", panel=MODEL, metavar="C", help="Soft-cap each logit z of the head: C tanh(z / C) (Gemma 2: 30) (> 0).")], D.logit_softcap),
+    ("attn_scale", Annotated[Optional[float], _opt("--attn-scale", panel=MODEL, metavar="X", help="Multiply each score q . k by X instead of 1 / sqrt(d_head) (Gemma 2 27B: 1 / sqrt(144)) (> 0).")], D.attn_scale),
+    ("sandwich_norm", Annotated[bool, _opt("--sandwich-norm/--no-sandwich-norm", panel=MODEL, help="Normalise each sublayer's output too, before the residual sum (Gemma 2 and 3): ln1_post after attention, ln2_post after the FFN; needs --norm pre.")], D.sandwich_norm),
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
@@ -194,7 +208,8 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
          "sliding_window": "--sliding-window", "head_dim": "--head-dim", "qk_norm": "--qk-norm",
          "embed_scale": "--embed-scale", "attn_softcap": "--attn-softcap",
-         "logit_softcap": "--logit-softcap",
+         "logit_softcap": "--logit-softcap", "attn_scale": "--attn-scale",
+         "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
          "tokens": "--tokens", "text": "--text"}
 
 
@@ -227,6 +242,8 @@ class Options:
             fields["lengths"] = parse_lengths(fields["lengths"])
         if "rope_scaling" in fields:
             fields["rope_scaling"] = parse_rope_scaling(fields["rope_scaling"])
+        if "sliding_layers" in fields:
+            fields["sliding_layers"] = parse_sliding_layers(fields["sliding_layers"])
         return fields
 
     def config(self, **fixed) -> Config:

@@ -27,7 +27,7 @@ DEFAULTS = {"batch": 32, "d_model": 32, "heads": 2, "seed": 0}
 FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
           "init", "dtype", "eps", "rms_norm", "kv_heads", "rope_theta", "bias", "rope_scaling",
           "qkv_bias", "sliding_window", "head_dim", "qk_norm", "embed_scale",
-          "attn_softcap", "logit_softcap")
+          "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
 TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
@@ -49,7 +49,7 @@ def train(
     Example: tfm train --task reverse --save reverse.npz
     """
     from tfmcli.io import run_arrays
-    from tfmcli.model import mask_for
+    from tfmcli.model import block_masks
     from tfmcli.memory import keep_freed_memory
     from tfmcli.inputs import IGNORE
     from tfmcli.sources import Run, parse_tokens
@@ -100,8 +100,8 @@ def train(
                 for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
                                                   for h in range(cfg.heads)], T, width(), False,
                                                  height(), max(map(cell_len, queries)))}
-    mask = mask_for(cfg, shown.lengths, T)[0]
-    maps = render.attention_maps(patterns, mask, 0, width(), total=cfg.layers * cfg.heads,
+    masks = block_masks(cfg, shown.lengths, T, 0)
+    maps = render.attention_maps(patterns, masks, 0, width(), total=cfg.layers * cfg.heads,
                                  row_labels=queries, col_labels=keys)
     parts += [*maps,
               Text(f"held-out token accuracy {accuracy:.1%} over "

@@ -71,7 +71,8 @@ def quantile(values, q: float) -> float:
 def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
                    row_labels=None, col_labels=None) -> list:
     """Heatmaps of attention patterns ((block, head) -> (T, T)) of one batch row: a heading,
-    the maps side by side in a grid that fits ``width``, and one legend for all.
+    the maps side by side in a grid that fits ``width``, and one legend for all. ``mask`` is
+    the (T, T) mask of every block, or a dict block -> its own (only some blocks sliding).
 
     One colour scale for all maps, comparable across heads: 0 to the 99th percentile of the
     weights shown (higher ones take the top colour, which the legend marks ``≥``), so that a
@@ -79,18 +80,19 @@ def attention_maps(patterns: dict, mask, row: int, width: int, total: int,
     structure. ``total`` is how many maps there were to choose from, for the note saying how
     to see the rest.
     """
-    T = mask.shape[0]
+    masks = [mask[b] if isinstance(mask, dict) else mask for b, _ in patterns]
+    T = masks[0].shape[0]
     row_labels = row_labels or [f"q{t}" for t in range(T)]
     col_labels = col_labels or [f"k{t}" for t in range(T)]
     values = list(patterns.values())
-    vmax = quantile(np.concatenate([p[mask] for p in values]), 0.99)
+    vmax = quantile(np.concatenate([p[m] for p, m in zip(values, masks)]), 0.99)
     digits = max(2, 1 - math.floor(math.log10(vmax / 4)))  # legend stops vmax/4 apart differ
-    clipped = any(_beyond(p, mask, vmax) for p in values)
+    clipped = any(_beyond(p, m, vmax) for p, m in zip(values, masks))
     maps = [heatmap(pattern, title=f"block {b} head {h}", row_labels=row_labels,
-                    col_labels=col_labels, mask=mask, width=width, vmin=0.0, vmax=vmax,
+                    col_labels=col_labels, mask=m, width=width, vmin=0.0, vmax=vmax,
                     precision=digits, legend=False)
-            for (b, h), pattern in patterns.items()]
-    values_shown = shows_values(values[0], row_labels, col_labels, width, digits, mask)
+            for ((b, h), pattern), m in zip(patterns.items(), masks)]
+    values_shown = shows_values(values[0], row_labels, col_labels, width, digits, masks[0])
     parts = [Text(f"attention patterns, batch row {row}: queries down, keys across", style="bold"),
              Columns(maps, padding=(1, GAP)),
              Legend(0.0, vmax, precision=digits, clipped=clipped, hidden=True,
