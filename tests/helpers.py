@@ -308,6 +308,41 @@ def in_float64(model, cfg):
     return model
 
 
+def float64_gemma(model, cfg):
+    """A GemmaForCausalLM or Gemma2ForCausalLM (float64 weights) whose RMSNorms, RoPE angles and embedding scale are
+    float64's (Hugging Face makes the first two in float32 whatever the model's dtype, and
+    keeps the scale in the dtype it was loaded in), each first checked against tfm's: the norm
+    with gamma = 1 + weight to float32's rounding, the scale to bfloat16's."""
+    import torch
+
+    from tfmcli import ops
+
+    norm = model.model.norm
+    x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
+    gamma = 1.0 + norm.weight.detach().numpy()
+    ours = ops.rms_norm_forward(x.numpy(), gamma, cfg.eps)[0]
+    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6 * max(1, np.abs(gamma).max())
+
+    def float64_norm(module):
+        def forward(h):
+            return (1.0 + module.weight) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                            + module.eps))
+        return forward
+
+    norms = [m for m in model.modules() if type(m).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm")]
+    assert len(norms) == (4 if cfg.sandwich_norm else 2) * cfg.layers + 1   # Gemma 2's four
+    for module in norms:
+        module.forward = float64_norm(module)
+    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
+    # Hugging Face keeps the scale as a buffer in the model's dtype: loaded from a bfloat16
+    # folder, sqrt(32) is 5.65625. It is checked to that rounding and made sqrt(d) in float64.
+    scale = model.model.embed_tokens.embed_scale
+    assert float(scale) == pytest.approx(cfg.d_model ** 0.5, rel=2 ** -8)
+    with torch.no_grad():
+        scale.fill_(cfg.d_model ** 0.5)
+    return model
+
+
 def llama_grads(model) -> dict:
     """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
     float64 arrays (weights transposed to tfm's ``(in, out)``). Tied, the one matrix's

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_grads_match, error_line, float64_rotary, hf_saved, llama_grads, ok,
+from helpers import (assert_grads_match, error_line, float64_gemma, hf_saved, llama_grads, ok,
                      random_params, run, tfm_grads_matching_hf)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gemma, llama
@@ -30,41 +30,6 @@ def gemma_cfg(**fields):
     base = dict(d_model=16, heads=4, kv_heads=1, head_dim=6, seq_len=6, lengths=(6, 4),
                 d_ff=12, eps=1e-6, **GEMMA)
     return tfmcli.Config(**{**base, **fields})
-
-
-def float64_gemma(model, cfg):
-    """A GemmaForCausalLM (float64 weights) whose RMSNorms, RoPE angles and embedding scale are
-    float64's (Hugging Face makes the first two in float32 whatever the model's dtype, and
-    keeps the scale in the dtype it was loaded in), each first checked against tfm's: the norm
-    with gamma = 1 + weight to float32's rounding, the scale to bfloat16's."""
-    import torch
-
-    from tfmcli import ops
-
-    norm = model.model.norm
-    x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
-    gamma = 1.0 + norm.weight.detach().numpy()
-    ours = ops.rms_norm_forward(x.numpy(), gamma, cfg.eps)[0]
-    assert np.abs(norm(x).detach().numpy() - ours).max() < 1e-6 * max(1, np.abs(gamma).max())
-
-    def float64_norm(module):
-        def forward(h):
-            return (1.0 + module.weight) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
-                                                            + module.eps))
-        return forward
-
-    norms = [m for m in model.modules() if type(m).__name__ == "GemmaRMSNorm"]
-    assert len(norms) == 2 * cfg.layers + 1
-    for module in norms:
-        module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
-    # Hugging Face keeps the scale as a buffer in the model's dtype: loaded from a bfloat16
-    # folder, sqrt(32) is 5.65625. It is checked to that rounding and made sqrt(d) in float64.
-    scale = model.model.embed_tokens.embed_scale
-    assert float(scale) == pytest.approx(cfg.d_model ** 0.5, rel=2 ** -8)
-    with torch.no_grad():
-        scale.fill_(cfg.d_model ** 0.5)
-    return model
 
 
 def gemma_from(params, cfg):

@@ -3,7 +3,10 @@
 ``query_pre_attn_scalar``), and a sliding window in some blocks only (``sliding_layers``,
 ``--sliding-layers``). The forward against the formulas, the backward at random O(1) parameters
 against central differences, the fast path against the reference, torch and the KV cache; the
-views and flags.
+views and flags. Then Gemma 2 checkpoint folders (``"model_type": "gemma2"``): the model at
+random O(1) parameters against Hugging Face's Gemma2ForCausalLM, folders that
+``save_pretrained`` writes read to the bit and run against ``from_pretrained``, the defaults,
+the refusals, the counts of Gemma 2 2B, 9B and 27B.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, error_line, ok, random_params, run,
-                     torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
+                     decoded_like_the_forward, error_line, float64_gemma, hf_saved, llama_grads,
+                     ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
+from tfmcli.sources import gemma2, llama
 
 
 def gemma2_cfg(**fields):
@@ -290,3 +294,225 @@ def test_tfm_forward_draws_each_block_over_its_own_mask():
                 if line.startswith("q5"))
     assert row0.count("·") == 4 and row1.count("·") == 0
 
+
+
+# ---------------------------------------------------------------- Gemma 2 checkpoints
+
+GEMMA2 = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bias=False,
+              embed_scale=True, tied_head=True, sandwich_norm=True)
+
+
+def test_gemma2_2b_9b_and_27b_have_their_parameter_counts():
+    """google/gemma-2-2b's, 9b's and 27b's sizes (their config.json): the counts Hugging Face's
+    Gemma2ForCausalLM gives the same configs on the meta device (the tied embedding once)."""
+    sizes = {2_614_341_888: (2304, 8, 4, 256, 26, 9216),
+             9_241_705_984: (3584, 16, 8, 256, 42, 14336),
+             27_227_128_320: (4608, 32, 16, 128, 46, 36864)}
+    for count, (d, H, kv, head_dim, L, F) in sizes.items():
+        cfg = tfmcli.Config(d_model=d, heads=H, kv_heads=kv, head_dim=head_dim, layers=L,
+                            d_ff=F, vocab=256000, **GEMMA2)
+        assert param_count(cfg) == count
+
+
+def gemma2_model_cfg(**fields):
+    """Gemma 2's shape, small: 4 heads 6 wide on a width of 16 (sqrt(16) = 4 exactly, as
+    Hugging Face's float32 embedding scale is), two key heads, three layers, the first and last
+    sliding with a window of 2, query_pre_attn_scalar 10, both caps, a padded row."""
+    base = dict(d_model=16, heads=4, kv_heads=2, head_dim=6, seq_len=6, lengths=(6, 4),
+                d_ff=12, eps=1e-6, layers=3, sliding_window=2, sliding_layers=(0, 2),
+                attn_scale=10 ** -0.5, attn_softcap=1.5, logit_softcap=2.0, **GEMMA2)
+    return tfmcli.Config(**{**base, **fields})
+
+
+@pytest.fixture
+def float64_softmax(monkeypatch):
+    """Gemma 2's eager attention takes its softmax in float32 whatever the model's dtype; here
+    a float64 input keeps float64, and nothing else of Hugging Face's code changes."""
+    torch = pytest.importorskip("torch")
+    softmax = torch.nn.functional.softmax
+
+    def keeping_float64(x, dim=None, dtype=None, **kwargs):
+        return softmax(x, dim=dim, dtype=torch.float64 if x.dtype == torch.float64 else dtype,
+                       **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", keeping_float64)
+
+
+def hf_gemma2_config(cfg):
+    """The Gemma2Config of tfm's ``cfg``: its caps, its scale as query_pre_attn_scalar, the
+    layers its window slides in."""
+    transformers = pytest.importorskip("transformers")
+    scalar = 10 if cfg.attn_scale is not None else cfg.d_head
+    # (6 ** -0.5 and tfm's 1 / sqrt(6) may differ in the last bit)
+    assert cfg.score_scale == pytest.approx(scalar ** -0.5, rel=1e-15)
+    layer_types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
+                   for i in range(cfg.layers)]
+    return transformers.Gemma2Config(
+        vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv, head_dim=cfg.d_head,
+        intermediate_size=cfg.ff, hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=64, rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head,
+        pad_token_id=None, query_pre_attn_scalar=scalar,
+        sliding_window=cfg.sliding_window or 4096, layer_types=layer_types,
+        attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+
+
+def gemma2_from(params, cfg):
+    """Hugging Face's Gemma2ForCausalLM holding tfm's parameters in float64 (eager attention,
+    the kernel that soft-caps): each norm's weight its gamma - 1, every linear weight
+    transposed (``gemma2.from_tfm``)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = hf_gemma2_config(cfg)
+    config._attn_implementation = "eager"
+    model = transformers.Gemma2ForCausalLM(config).double().eval()
+    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
+                                           "d_ff", "activation", "pe", "rms_norm", "bias",
+                                           "tied_head", "head_bias", "head_dim", "embed_scale",
+                                           "sandwich_norm")}
+    state = {key: torch.tensor(value) for key, value in gemma2.from_tfm(params, fields).items()}
+    if cfg.tied_head:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), missing
+    return float64_gemma(model, cfg)
+
+
+def gemma2_grads(model) -> dict:
+    """``llama_grads`` under Gemma 2's names: post_attention_layernorm is ln1_post, and the
+    feed-forward's two norms ln2 and ln2_post."""
+    theirs = llama_grads(model)
+    for i, layer in enumerate(model.model.layers):
+        p = f"blocks.{i}."
+        theirs.update({p + "ln1_post.gamma": layer.post_attention_layernorm.weight.grad.numpy(),
+                       p + "ln2.gamma": layer.pre_feedforward_layernorm.weight.grad.numpy(),
+                       p + "ln2_post.gamma": layer.post_feedforward_layernorm.weight.grad.numpy()})
+    return theirs
+
+
+@pytest.mark.parametrize("fields", [
+    dict(),
+    dict(tied_head=False, kv_heads=4, layers=2, sliding_layers=(1,)),
+    dict(attn_softcap=None, logit_softcap=None, attn_scale=None, sliding_layers=None),
+], ids=["tied-gqa-alternate", "untied-mha-last-slides", "no-caps-every-layer"])
+def test_matches_hugging_face(fields, float64_softmax):
+    """Gemma2ForCausalLM holding tfm's random parameters (every gamma drawn): loss, logits and
+    every gradient to 1e-12, a padded row included; the rows of 6 and 4 tokens run past the
+    window of 2."""
+    cfg = gemma2_model_cfg(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=12)
+    model = gemma2_from(params, cfg)
+    grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
+    theirs = gemma2_grads(model)
+    assert set(theirs) == set(params)
+    assert_grads_match(grads, theirs)
+
+
+def test_each_of_gemma2s_differences_moves_the_loss(float64_softmax):
+    """Without the post norms, either cap, the scale or the window's layers, Hugging Face's
+    loss is missed: each is needed."""
+    torch = pytest.importorskip("torch")
+    cfg = gemma2_model_cfg()
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    model = gemma2_from(params, cfg)
+    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
+    logits = model(input_ids=torch.as_tensor(inputs.tokens),
+                   attention_mask=torch.as_tensor(keys).long()).logits.detach().numpy()
+    assert np.abs(tfmcli.forward(params, inputs, cfg).acts["logits"] - logits)[keys].max() < 1e-12
+    plain = {name: value for name, value in params.items() if "_post" not in name}
+    for changed, p in ((dict(sandwich_norm=False), plain), (dict(attn_softcap=None), params),
+                       (dict(logit_softcap=None), params), (dict(attn_scale=None), params),
+                       (dict(sliding_layers=None), params)):
+        ours = tfmcli.forward(p, inputs, cfg.replace(**changed)).acts["logits"]
+        assert np.abs(ours - logits)[keys].max() > 1e-3, changed
+
+
+SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=6, intermediate_size=24, max_position_embeddings=32,
+             rms_norm_eps=1e-6, pad_token_id=None, sliding_window=2, query_pre_attn_scalar=10,
+             attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(tie_word_embeddings=False)],
+                         ids=["tied", "untied"])
+def test_a_gemma2_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path, config,
+                                                                          float64_softmax):
+    state = hf_saved(tmp_path, "Gemma2", {**SMALL, **config})
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma2"
+    fields = gemma2.read_config(tmp_path)
+    cfg = tfmcli.Config(**fields)
+    assert (cfg.sandwich_norm, cfg.sliding_window, cfg.sliding_layers, cfg.attn_softcap,
+            cfg.logit_softcap, cfg.attn_scale) == (True, 2, (0, 2), 1.5, 2.0, 10 ** -0.5)
+    assert (cfg.activation, cfg.embed_scale, cfg.tied_head, cfg.h_kv, cfg.d_head) == (
+        "geglu", True, config.get("tie_word_embeddings", True), 2, 6)
+    params = gemma2.load_params(tmp_path, fields, np.float64)
+    assert list(params) == list(param_shapes(cfg))
+    for key, name, transposed in llama.name_map(fields):
+        stored = state[key].T if transposed else state[key]
+        np.testing.assert_array_equal(params[name], stored + 1.0 if name.endswith(".gamma")
+                                      else stored, err_msg=key)
+    assert [name for _, name, _ in llama.name_map(fields)][1:6] == [
+        "blocks.0.ln1.gamma", "blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.W_V",
+        "blocks.0.attn.W_O"]
+    transformers = pytest.importorskip("transformers")
+    run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
+    assert run_.weights_from.startswith("Gemma 2 checkpoint")
+    model = float64_gemma(transformers.Gemma2ForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").double().eval(), run_.cfg)
+    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
+    assert_grads_match(grads, gemma2_grads(model))
+    back = gemma2.from_tfm(gemma2.load_params(tmp_path, fields, np.float64), fields)
+    assert set(back) | ({"lm_head.weight"} if cfg.tied_head else set()) >= set(state) - {
+        "lm_head.weight"}
+
+
+def test_a_gemma2_config_takes_gemma2configs_defaults(tmp_path):
+    """A config.json without the window, the scalar, the caps, head_dim or layer_types: 4096,
+    256 (1 / sqrt(256), tfm's own scale), 50 and 30, 256, the even layers sliding."""
+    hf_saved(tmp_path, "Gemma2", {**SMALL, "head_dim": 256}, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping",
+                "final_logit_softcapping", "head_dim", "layer_types"):
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    fields = gemma2.read_config(tmp_path)
+    assert (fields["sliding_window"], fields["sliding_layers"], fields["attn_scale"],
+            fields["attn_softcap"], fields["logit_softcap"], fields["head_dim"]) == (
+        4096, (0, 2), None, 50.0, 30.0, 256)
+    # null caps: none (Gemma2Config keeps a null as no cap)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**config, "attn_logit_softcapping": None, "final_logit_softcapping": None}))
+    fields = gemma2.read_config(tmp_path)
+    assert fields["attn_softcap"] is None and fields["logit_softcap"] is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(query_pre_attn_scalar=0), "key 'query_pre_attn_scalar' is 0, not a positive number"),
+    (dict(query_pre_attn_scalar="144"), "key 'query_pre_attn_scalar' is '144', not a number"),
+    (dict(attn_logit_softcapping=-50.0), "attn_softcap must be a positive finite number"),
+    (dict(hidden_activation="silu"), "key 'hidden_activation' is 'silu'; tfm's Gemma FFN is "
+                                     "GeGLU"),
+    (dict(layer_types=["sliding_attention"] * 2), "key 'layer_types' names 2 layers, and "
+                                                  "'num_hidden_layers' is 3"),
+])
+def test_a_gemma2_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):
+    hf_saved(tmp_path, "Gemma2", SMALL, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
+    assert reason in line and line.split(": ")[2].endswith("config.json")
+
+
+def test_the_views_read_a_gemma2_folder(tmp_path):
+    hf_saved(tmp_path, "Gemma2", SMALL, "bfloat16")
+    text = ok("forward", "--load", tmp_path, "--tokens", "1,5,9,2,7,30").stdout
+    assert "Gemma 2 checkpoint" in text and "sliding window 2 in blocks 0, 2" in text
+    assert "sandwich (ln1_post, ln2_post" in text and "1.5 tanh(s / 1.5)" in text
+    data = json.loads(ok("ln", "--load", tmp_path, "--tokens", "1,5,9,2,7,30", "--layer",
+                         "ln2_post", "--block", 2, "--position", 5, "--json").stdout)
+    assert data["y_model_diff"] < 1e-12 and data["dx_numeric_diff"] < 1e-8
+    data = json.loads(ok("kv", "--load", tmp_path, "--tokens", "1,5,9,2,7,30", "--json").stdout)
+    assert data["max_abs_diff"] < 1e-12
+    assert data["cache_numbers"] == 2 * (2 + 6 + 2) * 2 * 6

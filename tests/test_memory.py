@@ -154,6 +154,14 @@ CONFIGS = [
     pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
                       attn_softcap=50.0, logit_softcap=30.0, rms_norm=True,
                       activation="geglu", pe="rope"), id="gemma2-like-caps-f64"),
+    # sandwich norms: two more norms a block; a window in some blocks: a second mask
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=4,
+                      sandwich_norm=True, rms_norm=True, activation="geglu", pe="rope",
+                      sliding_window=16, sliding_layers=(0, 2), attn_scale=0.1),
+                 id="gemma2-like-sandwich-f64"),
+    pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
+                      sandwich_norm=True, sliding_window=64, sliding_layers=(1,),
+                      dtype="float32"), id="sandwich-some-slide-T-dominates-f32"),
 ]
 
 

@@ -242,21 +242,27 @@ SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_h
              rms_norm_eps=1e-6)
 
 
-@pytest.mark.parametrize("kind, config, window", [
-    ("mistral", dict(sliding_window=3), 3),
-    ("mistral", dict(sliding_window=None, tie_word_embeddings=True), None),
-    ("qwen2", dict(use_sliding_window=True, sliding_window=2, max_window_layers=0), 2),
-], ids=["mistral-W3", "mistral-no-window-tied", "qwen2-every-layer-W2"])
-def test_a_folder_matches_from_pretrained(tmp_path, kind, config, window):
-    """tfm --load and Hugging Face's from_pretrained on one bfloat16 folder: the window read
-    from config.json, loss, logits and every gradient to 1e-12, a padded row included."""
+@pytest.mark.parametrize("kind, config, window, layers", [
+    ("mistral", dict(sliding_window=3), 3, None),
+    ("mistral", dict(sliding_window=None, tie_word_embeddings=True), None, None),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=2, max_window_layers=0), 2, None),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=2, max_window_layers=1), 2, (1,)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=2,
+                   layer_types=["sliding_attention", "full_attention"]), 2, (0,)),
+], ids=["mistral-W3", "mistral-no-window-tied", "qwen2-every-layer-W2",
+        "qwen2-from-layer-1-W2", "qwen2-layer-types-W2"])
+def test_a_folder_matches_from_pretrained(tmp_path, kind, config, window, layers):
+    """tfm --load and Hugging Face's from_pretrained on one bfloat16 folder: the window and the
+    layers it slides in (``max_window_layers``, ``layer_types``) read from config.json, loss,
+    logits and every gradient to 1e-12, a padded row included: its rows of 6 and 4 tokens run
+    past the window of 2."""
     transformers = pytest.importorskip("transformers")
     name = {"mistral": "Mistral", "qwen2": "Qwen2"}[kind]
     hf_saved(tmp_path, name, {**SMALL, **config})
     Model = getattr(transformers, name + "ForCausalLM")
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == kind
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8, 4]])
-    assert run_.cfg.sliding_window == window
+    assert run_.cfg.sliding_window == window and run_.cfg.sliding_layers == layers
     assert run_.weights_from.startswith("Mistral checkpoint" if kind == "mistral" else "Qwen2")
     model = in_float64(Model.from_pretrained(tmp_path, attn_implementation="sdpa")
                        .double().eval(), run_.cfg)
@@ -279,14 +285,12 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
 
 
 @pytest.mark.parametrize("kind, change, reason", [
-    ("qwen2", dict(use_sliding_window=True, sliding_window=2, max_window_layers=1,
-                   layer_types=None),
-     "keys 'use_sliding_window' and 'max_window_layers' make layers 1..1 slide and the others "
-     "not; tfm gives every block the same mask"),
-    ("qwen2", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=2,
+    ("qwen2", dict(layer_types=["sliding_attention"] * 3, sliding_window=2,
                    use_sliding_window=True),
-     "key 'layer_types' mixes 'full_attention' and 'sliding_attention' layers (the first "
-     "sliding one is layer 1)"),
+     "key 'layer_types' names 3 layers, and 'num_hidden_layers' is 2"),
+    ("mistral", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=2),
+     "key 'layer_types' mixes 'full_attention' and 'sliding_attention' layers, which Hugging "
+     "Face's Mistral does not read (its window is in every layer)"),
     ("mistral", dict(layer_types=["chunked_attention"] * 2),
      "key 'layer_types' has 'chunked_attention'; tfm's layers are 'full_attention' or "
      "'sliding_attention'"),
@@ -294,7 +298,7 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
     ("qwen2", dict(use_sliding_window="yes", layer_types=None),
      "key 'use_sliding_window' is 'yes', not true or false"),
 ])
-def test_some_layers_sliding_is_refused(tmp_path, kind, change, reason):
+def test_a_window_tfm_cannot_place_is_refused(tmp_path, kind, change, reason):
     hf_saved(tmp_path, {"mistral": "Mistral", "qwen2": "Qwen2"}[kind], SMALL, "float32")
     config = json.loads((tmp_path / "config.json").read_text())
     config = {k: v for k, v in {**config, **change}.items() if v is not None}

@@ -11,8 +11,8 @@ names and files (``sources.llama`` reads them), with three differences in the mo
 Heads are ``head_dim`` wide (256 when config.json has none, GemmaConfig's default), and 2B's
 keys and values are one head (``num_key_value_heads`` 1: multi-query attention). No biases
 (``attention_bias`` true, which would put one on o_proj and none in the MLP, is refused).
-Gemma 2 and 3 (``gemma2``, ``gemma3``: soft-capped logits, norms around each sublayer, layers
-that alternate a sliding window) are other model_types, not read.
+Gemma 2 (``gemma2``: soft caps, norms around each sublayer, layers that alternate a sliding
+window) is ``sources.gemma2``; Gemma 3 (``gemma3``, per-layer RoPE bases besides) is not read.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ NAME = "Gemma"
 read_config = llama.read_config
 
 
-def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+def load_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names (``llama.load_params``), each norm's gamma
     ``1 + weight``."""
-    params = llama.load_params(folder, fields, dtype, checkpoint=NAME)
+    params = llama.load_params(folder, fields, dtype, checkpoint=checkpoint)
     for name, value in params.items():
         if name.endswith(".gamma"):
             value += 1.0

@@ -14,6 +14,11 @@ when ``num_key_value_heads`` is under the heads, with biases only when ``attenti
     model.layers.{i}.mlp.gate_proj, up_proj, down_proj -> ffn.W_gate, W_1, W_2 (b_*)
     model.norm -> ln_f.gamma                lm_head -> head.W_U (absent when tied)
 
+Gemma 2's four norms a layer (a sandwich) are named for where they sit:
+
+    model.layers.{i}.input_layernorm / post_attention_layernorm -> blocks.{i}.ln1 / ln1_post
+    model.layers.{i}.pre_feedforward_layernorm / post_feedforward_layernorm -> ln2 / ln2_post
+
 ``nn.Linear`` stores its weight as ``(d_out, d_in)``, so every weight is transposed to tfm's
 ``(d_in, d_out)``. The pairs RoPE turns are Hugging Face's ``rotate_half`` layout, tfm's own.
 """
@@ -21,6 +26,7 @@ when ``num_key_value_heads`` is under the heads, with biases only when ``attenti
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -35,31 +41,38 @@ WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm makes its angles
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
-KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma")   # the model_types this module reads
-HEAD_DIMS = {"qwen3": 128, "gemma": 256}   # head_dim when config.json has none: HF's defaults
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")   # the model_types read here
+GEMMAS = ("gemma", "gemma2")
+NAMES = {"qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma 2"}   # for the messages
+HEAD_DIMS = {"qwen3": 128, "gemma": 256, "gemma2": 256}   # head_dim when config.json has none
+GEMMA2_DEFAULTS = {"sliding_window": 4096, "query_pre_attn_scalar": 256,   # Gemma2Config's
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
 
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and the key at fault, for a
     model tfm does not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's,
-    biases in only one of attention and MLP, a sliding window in some layers only). A
-    ``head_dim`` other than hidden_size / num_attention_heads is ``Config.head_dim``. Gemma's
-    (``sources.gemma``) are GeGLU, an embedding times sqrt(d) and a head tied unless it says
-    otherwise."""
+    biases in only one of attention and MLP). A ``head_dim`` other than hidden_size /
+    num_attention_heads is ``Config.head_dim``. Gemma's (``sources.gemma``) are GeGLU, an
+    embedding times sqrt(d) and a head tied unless it says otherwise; Gemma 2's
+    (``sources.gemma2``) add a norm after each sublayer, soft caps, their own score scale and a
+    window in every other layer."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind not in KINDS:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
                        f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
-                       f"Qwen3's 'qwen3' or a Gemma's 'gemma'")
+                       f"Qwen3's 'qwen3', a Gemma's 'gemma' or a Gemma 2's 'gemma2'")
+    if kind == "gemma2":   # what Gemma2Config fills in when config.json leaves a key out
+        config = {**GEMMA2_DEFAULTS, **config}
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
     activation = _activation(path, config, kind)
     if kind in HEAD_DIMS and config.get("head_dim") is None:
         config = {**config, "head_dim": HEAD_DIMS[kind]}   # Hugging Face's Config default
-    if kind == "gemma" and config.get("use_bidirectional_attention"):
+    if kind in GEMMAS and config.get("use_bidirectional_attention"):
         raise TfmError(f"--load {path}: key 'use_bidirectional_attention' is "
                        f"{config['use_bidirectional_attention']!r}; tfm reads Gemma as the "
                        f"causal language model it is trained as")
@@ -67,16 +80,16 @@ def read_config(folder) -> dict:
     if head_dim is not None and head_dim * H == d:
         head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
     layers = need(path, config, "num_hidden_layers")
-    window = _sliding_window(path, config, kind, layers)
+    window, sliding_layers = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
         bias, qkv_bias = False, True
-    elif kind in ("qwen3", "gemma"):   # attention_bias: on q, k, v and o, none in the MLP
+    elif kind in ("qwen3", *GEMMAS):   # attention_bias: on q, k, v and o, none in the MLP
         bias = qkv_bias = False
         if config.get("attention_bias", False) is not False:
             raise TfmError(f"--load {path}: key 'attention_bias' is "
                            f"{config['attention_bias']!r}; tfm adds biases to all of attention "
                            f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
-                           f"{kind.capitalize()}'s would be on o_proj too and not in the MLP")
+                           f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
     else:
         bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
         if bias != mlp_bias or not isinstance(bias, bool):
@@ -86,7 +99,7 @@ def read_config(folder) -> dict:
     eps = config.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TfmError(f"--load {path}: key 'rms_norm_eps' is {eps!r}, not a number")
-    tied = config.get("tie_word_embeddings", kind == "gemma")   # each Config's default
+    tied = config.get("tie_word_embeddings", kind in GEMMAS)   # each Config's default
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     theta, scaling = _rope(path, config)
@@ -97,7 +110,10 @@ def read_config(folder) -> dict:
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
-              "head_dim": head_dim, "qk_norm": kind == "qwen3", "embed_scale": kind == "gemma"}
+              "head_dim": head_dim, "qk_norm": kind == "qwen3", "embed_scale": kind in GEMMAS,
+              "sliding_layers": sliding_layers}
+    if kind == "gemma2":
+        fields.update(_gemma2_fields(path, config))
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -105,13 +121,34 @@ def read_config(folder) -> dict:
     return fields
 
 
-def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
-    """The window every layer's queries see (``Config.sliding_window``), or None for every
-    earlier key. ``sliding_window`` is the window: Mistral's whenever set, Qwen2's only with
-    ``use_sliding_window`` (Hugging Face's Qwen2Config drops it otherwise); LLaMA has none.
-    Which layers slide: ``layer_types`` when the config has it, else Qwen2's from layer
-    ``max_window_layers`` on, else every one. tfm gives every block the same mask, so some
-    layers sliding and others not is refused.
+def _gemma2_fields(path, config: dict) -> dict:
+    """Gemma 2's soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``; null: no
+    cap), its score scale ``query_pre_attn_scalar ** -0.5`` as Hugging Face computes it (None
+    when that is tfm's own 1 / sqrt(d_head)), and its sandwich norms."""
+    d_head = need(path, config, "head_dim")
+    fields = {"sandwich_norm": True}
+    for key, field in (("attn_logit_softcapping", "attn_softcap"),
+                       ("final_logit_softcapping", "logit_softcap")):
+        cap = config.get(key)
+        fields[field] = None if cap is None else need(path, config, key, (int, float))
+    scalar = need(path, config, "query_pre_attn_scalar", (int, float))
+    if scalar <= 0:
+        raise TfmError(f"--load {path}: key 'query_pre_attn_scalar' is {scalar!r}, not a "
+                       f"positive number")
+    scale = scalar ** -0.5
+    fields["attn_scale"] = None if scale == 1.0 / math.sqrt(d_head) else scale
+    return fields
+
+
+def _sliding_window(path, config: dict, kind: str, layers: int):
+    """(the window, the layers that slide): ``Config.sliding_window`` and
+    ``Config.sliding_layers``, (None, None) for every earlier key everywhere, and None for the
+    layers when every one slides. ``sliding_window`` is the window: Mistral's and Gemma 2's
+    whenever set, Qwen2's only with ``use_sliding_window`` (Hugging Face's Qwen2Config drops it
+    otherwise); LLaMA and Gemma have none. Which layers slide: ``layer_types`` when the config
+    has it, else Gemma 2's even ones (0, 2, 4, ...), else Qwen2's from layer
+    ``max_window_layers`` on, else every one. Mistral's model slides in every layer whatever
+    ``layer_types`` says, so a Mistral whose ``layer_types`` mixes the two is refused.
     """
     window = config.get("sliding_window")
     if kind in ("qwen2", "qwen3"):
@@ -121,7 +158,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
                            f"or false")
         window = window if sliding else None
     if kind in ("llama", "gemma") or window is None:   # neither has a window
-        return None
+        return None, None
     layer_types = config.get("layer_types")
     if layer_types is not None:
         kinds = set(layer_types) if isinstance(layer_types, list) else {repr(layer_types)}
@@ -129,34 +166,36 @@ def _sliding_window(path, config: dict, kind: str, layers: int) -> int | None:
             odd = sorted(kinds - {"full_attention", "sliding_attention"})[0]
             raise TfmError(f"--load {path}: key 'layer_types' has {odd!r}; tfm's layers are "
                            f"'full_attention' or 'sliding_attention'")
-        if len(kinds) > 1:
+        if len(layer_types) != layers:
+            raise TfmError(f"--load {path}: key 'layer_types' names {len(layer_types)} layers, "
+                           f"and 'num_hidden_layers' is {layers}")
+        sliding_layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        if kind == "mistral" and 0 < len(sliding_layers) < layers:
             raise TfmError(f"--load {path}: key 'layer_types' mixes 'full_attention' and "
-                           f"'sliding_attention' layers (the first sliding one is layer "
-                           f"{layer_types.index('sliding_attention')}); tfm gives every block "
-                           f"the same mask")
-        if kinds == {"full_attention"}:
-            return None
+                           f"'sliding_attention' layers, which Hugging Face's Mistral does not "
+                           f"read (its window is in every layer); tfm will not guess which")
+    elif kind == "gemma2":   # Gemma2Config's own: the even layers slide
+        sliding_layers = list(range(0, layers, 2))
     elif kind in ("qwen2", "qwen3"):
         first = config.get("max_window_layers", 28)   # Hugging Face's default
         if isinstance(first, bool) or not isinstance(first, int):
             raise TfmError(f"--load {path}: key 'max_window_layers' is {first!r}, not a number")
-        if first >= layers:
-            return None
-        if first > 0:
-            raise TfmError(f"--load {path}: keys 'use_sliding_window' and 'max_window_layers' "
-                           f"make layers {first}..{layers - 1} slide and the others not; tfm "
-                           f"gives every block the same mask")
+        sliding_layers = list(range(max(first, 0), layers))
+    else:
+        sliding_layers = list(range(layers))
+    if not sliding_layers:
+        return None, None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise TfmError(f"--load {path}: key 'sliding_window' is {window!r}, not a positive "
                        f"whole number")
-    return window
+    return window, None if len(sliding_layers) == layers else tuple(sliding_layers)
 
 
 def _activation(path, config: dict, kind: str) -> str:
     """``swiglu`` for ``hidden_act`` 'silu'; Gemma's ``geglu`` for GELU's tanh form, which its
     first configs call 'gelu' (Hugging Face's GemmaConfig reads that as the tanh form too) and
     some also name in ``hidden_activation``. Anything else is refused."""
-    if kind != "gemma":
+    if kind not in GEMMAS:
         activation = config.get("hidden_act", "silu")
         if activation != "silu":
             raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
@@ -213,10 +252,15 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
                      (m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False)]
         rows += [(m + f"self_attn.{norm}.weight", p + f"attn.{norm}.gamma", False)
                  for norm in ("q_norm", "k_norm")]   # Qwen3's
-        rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
+        if fields.get("sandwich_norm"):   # Gemma 2's: a norm after attention, two at the MLP
+            rows += [(m + "post_attention_layernorm.weight", p + "ln1_post.gamma", False),
+                     (m + "pre_feedforward_layernorm.weight", p + "ln2.gamma", False)]
+        else:
+            rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
         for w, proj in MLP:
             rows += [(m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True),
                      (m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False)]
+        rows.append((m + "post_feedforward_layernorm.weight", p + "ln2_post.gamma", False))
     rows += [("model.norm.weight", "ln_f.gamma", False), ("lm_head.weight", "head.W_U", True)]
     return [row for row in rows if row[1] in shapes]
 
