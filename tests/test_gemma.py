@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_grads_match, error_line, float64_gemma, hf_saved, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf)
+from helpers import (assert_gemma_weights_read_to_the_bit, assert_grads_match, error_line,
+                     float64_gemma, hf_logits, hf_saved, llama_grads, ok, random_params, run,
+                     tfm_grads_matching_hf)
 from tfmcli.config import param_count, param_shapes
-from tfmcli.sources import gemma, llama
+from tfmcli.sources import gemma
 
 GEMMA = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bias=False,
              embed_scale=True, tied_head=True)
@@ -93,14 +94,11 @@ def test_matches_hugging_face(fields):
 def test_the_three_differences_each_move_the_loss():
     """Without the scale, with silu for GELU, or with the gammas read as the stored weights
     (no 1 added), Hugging Face's loss is missed: each is needed."""
-    torch = pytest.importorskip("torch")
     cfg = gemma_cfg()
     params = random_params(tfmcli.init_params(cfg), seed=3)
     inputs = tfmcli.make_inputs(cfg)
     model = gemma_from(params, cfg)
-    keys = np.arange(cfg.seq_len)[None] < inputs.lengths[:, None]
-    logits = model(input_ids=torch.as_tensor(inputs.tokens),
-                   attention_mask=torch.as_tensor(keys).long()).logits.detach().numpy()
+    logits, keys = hf_logits(model, inputs, cfg)
     ours = tfmcli.forward(params, inputs, cfg).acts["logits"]
     assert np.abs(ours - logits)[keys].max() < 1e-12
     offsets = {n: v - 1.0 if n.endswith(".gamma") else v for n, v in params.items()}
@@ -136,10 +134,7 @@ def test_a_gemma_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path,
         "geglu", True, config.get("tie_word_embeddings", True), 1, 6)
     params = gemma.load_params(tmp_path, fields, np.float64)
     assert list(params) == list(param_shapes(cfg))
-    for key, name, transposed in llama.name_map(fields):
-        stored = state[key].T if transposed else state[key]
-        np.testing.assert_array_equal(params[name], stored + 1.0 if name.endswith(".gamma")
-                                      else stored, err_msg=key)
+    assert_gemma_weights_read_to_the_bit(params, state, fields)
     transformers = pytest.importorskip("transformers")
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Gemma checkpoint")

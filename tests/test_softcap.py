@@ -88,12 +88,6 @@ def test_fast_path_equals_the_reference(fields):
     """T 300: three query blocks, the causal (and window's) keys skipped, capped in place."""
     cfg = capped_cfg(batch=3, seq_len=300, lengths=(300, 140, 290), layers=2, **fields)
     params = random_params(tfmcli.init_params(cfg), seed=6)
-    if cfg.dtype == "float32":
-        params = {name: value.astype(np.float32) for name, value in params.items()}
-        inputs = tfmcli.make_inputs(cfg)
-        fast, slow = (tfmcli.forward(params, inputs, cfg, fast=f) for f in (True, False))
-        assert fast.loss == pytest.approx(slow.loss, rel=1e-5)
-        return
     assert_fast_equals_reference(cfg, params, tfmcli.make_inputs(cfg))
 
 
