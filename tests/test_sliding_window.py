@@ -289,8 +289,11 @@ def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
                    use_sliding_window=True),
      "key 'layer_types' names 3 layers, and 'num_hidden_layers' is 2"),
     ("mistral", dict(layer_types=["full_attention", "sliding_attention"], sliding_window=2),
-     "key 'layer_types' mixes 'full_attention' and 'sliding_attention' layers, which Hugging "
-     "Face's Mistral does not read (its window is in every layer)"),
+     "key 'layer_types' has 'full_attention' layers, which Hugging Face's Mistral does not "
+     "read (its window is in every layer)"),
+    ("mistral", dict(layer_types=["full_attention"] * 2, sliding_window=2),
+     "key 'layer_types' has 'full_attention' layers, which Hugging Face's Mistral does not "
+     "read"),
     ("mistral", dict(layer_types=["chunked_attention"] * 2),
      "key 'layer_types' has 'chunked_attention'; tfm's layers are 'full_attention' or "
      "'sliding_attention'"),

@@ -132,8 +132,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     position per step; the step's attention reads the filled part ``[:, :t + 1]``. With a
     sliding window of W (``sliding_window``) it is a rolling buffer of min(T, W) slots, and the
     step reads the last W positions (in the blocks ``sliding_layers`` names, if it names any).
-    The
-    block arithmetic is the model's (Pre-LN or Post-LN), on one row instead of (B, T).
+    The block arithmetic is the model's (Pre-LN or Post-LN, with or without the sandwich's
+    output norms), on one row instead of (B, T).
     One step per position: ``len(tokens) + generate`` in all, the generated ones last.
     """
     P = params

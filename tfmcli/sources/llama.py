@@ -148,7 +148,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
     otherwise); LLaMA and Gemma have none. Which layers slide: ``layer_types`` when the config
     has it, else Gemma 2's even ones (0, 2, 4, ...), else Qwen2's from layer
     ``max_window_layers`` on, else every one. Mistral's model slides in every layer whatever
-    ``layer_types`` says, so a Mistral whose ``layer_types`` mixes the two is refused.
+    ``layer_types`` says, so a Mistral whose ``layer_types`` has a full layer is refused.
     """
     window = config.get("sliding_window")
     if kind in ("qwen2", "qwen3"):
@@ -170,10 +170,10 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
             raise TfmError(f"--load {path}: key 'layer_types' names {len(layer_types)} layers, "
                            f"and 'num_hidden_layers' is {layers}")
         sliding_layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
-        if kind == "mistral" and 0 < len(sliding_layers) < layers:
-            raise TfmError(f"--load {path}: key 'layer_types' mixes 'full_attention' and "
-                           f"'sliding_attention' layers, which Hugging Face's Mistral does not "
-                           f"read (its window is in every layer); tfm will not guess which")
+        if kind == "mistral" and len(sliding_layers) < layers:
+            raise TfmError(f"--load {path}: key 'layer_types' has 'full_attention' layers, "
+                           f"which Hugging Face's Mistral does not read (its window is in every "
+                           f"layer); tfm will not guess which is meant")
     elif kind == "gemma2":   # Gemma2Config's own: the even layers slide
         sliding_layers = list(range(0, layers, 2))
     elif kind in ("qwen2", "qwen3"):
