@@ -323,10 +323,11 @@ def in_float64(model, cfg):
 
 
 def float64_gemma(model, cfg):
-    """A GemmaForCausalLM or Gemma2ForCausalLM (float64 weights) whose RMSNorms, RoPE angles and embedding scale are
-    float64's (Hugging Face makes the first two in float32 whatever the model's dtype, and
-    keeps the scale in the dtype it was loaded in), each first checked against tfm's: the norm
-    with gamma = 1 + weight to float32's rounding, the scale to bfloat16's."""
+    """A GemmaForCausalLM or Gemma2ForCausalLM (float64 weights) whose RMSNorms, RoPE angles
+    and embedding scale are float64's (Hugging Face makes the first two in float32 whatever the
+    model's dtype, and keeps the scale in the dtype it was loaded in), each first checked
+    against tfm's: the norm with gamma = 1 + weight to float32's rounding, the scale to
+    bfloat16's."""
     import torch
 
     from tfmcli import ops

@@ -181,8 +181,8 @@ def test_the_config_refuses_what_it_cannot_run():
 
 # ---------------------------------------------------------------- the command line
 
-GEMMA2_FLAGS = ["-L", 3, "-T", 6, "-d", 8, "--activation", "gelu", "--sliding-window", 2, "--sliding-layers", "0,2",
-                "--sandwich-norm", "--attn-scale", 0.3]
+GEMMA2_FLAGS = ["-L", 3, "-T", 6, "-d", 8, "--activation", "gelu", "--sliding-window", 2,
+                "--sliding-layers", "0,2", "--sandwich-norm", "--attn-scale", 0.3]
 
 
 def test_the_flags_reach_the_run_and_the_panel():

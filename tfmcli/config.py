@@ -642,16 +642,16 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     params = param_count(cfg)
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
-    acts = (L * ((6 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
-                 + (2 + gated) * btf)
+    acts = (L * ((6 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
+                 + 2 * bhtt + (2 + gated) * btf)
             + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
-    dacts = (L * ((4 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk + 2 * bhtt
-                  + (2 + gated) * btf)
+    dacts = (L * ((4 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
+                  + 2 * bhtt + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf + rope * 2 * T * cfg.d_head
-              + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
+    caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
+              + rope * 2 * T * cfg.d_head + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own

@@ -120,8 +120,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             k = torch_rope(k, cfg.rope_theta, cfg.rope_scaling)
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
-        scale = 1 / math.sqrt(dh) if cfg.attn_scale is None else cfg.attn_scale
-        scores = (q @ k.transpose(-1, -2)) * scale
+        scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale
         if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -150,7 +149,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         x = x + P["embed.W_pos"][:T]
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        mask = full if cfg.sliding_layers is not None and i not in cfg.sliding_layers else sliding
+        mask = full if cfg.window(i) is None else sliding   # only some blocks may slide
         if cfg.sandwich_norm:   # Gemma 2's: each sublayer's output normalised too
             x = x + norm(attention(norm(x, p + "ln1"), p, mask), p + "ln1_post")
             x = x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post")
