@@ -58,10 +58,11 @@ def assert_paths_agree(cfg, params, inputs):
        window=st.sampled_from([None, 1, 2, 3]), head_dim=st.sampled_from([None, 3]),
        qk_norm=st.booleans(), caps=st.sampled_from([(None, None), (0.5, None), (None, 1.0),
                                                     (2.0, 3.0)]),
-       sandwich=st.booleans(), scale=st.sampled_from([None, 0.7]), some_slide=st.booleans())
+       sandwich=st.booleans(), scale=st.sampled_from([None, 0.7]), some_slide=st.booleans(),
+       local=st.sampled_from([None, 3.0]), linear=st.booleans())
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
                                         seed, block, rms, grouped, window, head_dim, qk_norm,
-                                        caps, sandwich, scale, some_slide):
+                                        caps, sandwich, scale, some_slide, local, linear):
     """Small query blocks, so that keys are skipped at these small sizes too (after each
     block's keys, and before its sliding window)."""
     rng = np.random.default_rng(seed)
@@ -73,7 +74,9 @@ def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, 
                         sliding_window=window if causal else None, head_dim=head_dim,
                         qk_norm=qk_norm, attn_softcap=caps[0], logit_softcap=caps[1],
                         sandwich_norm=sandwich and norm == "pre", attn_scale=scale,
-                        sliding_layers=(layers - 1,) if some_slide and causal and window else None)
+                        sliding_layers=(layers - 1,) if some_slide and causal and window else None,
+                        rope_scaling=2.0 if linear and pe == "rope" else None,
+                        rope_local_theta=local if pe == "rope" and causal and window else None)
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     with mock.patch.object(ops, "QUERY_BLOCK", block):
         assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))

@@ -158,8 +158,8 @@ def test_rope_scaling_on_the_command_line():
     assert error_line(run("forward", "--rope-scaling", "8,1,4,8192"), 2) == (
         "tfm forward: error: Invalid value for '--rope-scaling': it sets RoPE's scaling, and "
         "this model's --pe is sinusoidal; add --pe rope")
-    assert "is not four comma-separated numbers" in error_line(
-        run("forward", "--pe", "rope", "--rope-scaling", "8,1,4"), 2)
+    assert "is not one number (linear scaling's factor, Gemma 3's 8) or four comma-separated " \
+           "numbers" in error_line(run("forward", "--pe", "rope", "--rope-scaling", "8,1,4"), 2)
     assert "high_freq_factor (1) must be above its low_freq_factor (4)" in error_line(
         run("forward", "--pe", "rope", "--rope-scaling", "8,4,1,8192"), 2)
     panel = ok("forward", "--pe", "rope", "--rope-theta", 500000, "--rope-scaling",

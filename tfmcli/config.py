@@ -37,9 +37,15 @@ class RopeScaling(NamedTuple):
     original_max_position_embeddings: int   # the context the model was first trained at
 
     @classmethod
-    def parse(cls, value) -> "RopeScaling":
+    def parse(cls, value) -> "RopeScaling | LinearRopeScaling":
         """From four numbers, or a dict with these names (and ``rope_type`` "llama3", which
-        ``config.json`` carries); ConfigError naming what is wrong."""
+        ``config.json`` carries); a ``LinearRopeScaling`` from one number, or from a dict of
+        ``rope_type`` "linear" and a ``factor``. ConfigError naming what is wrong."""
+        if isinstance(value, (LinearRopeScaling, int, float, np.number)) or (
+                isinstance(value, (tuple, list)) and len(value) == 1):
+            return LinearRopeScaling.parse(value)
+        if isinstance(value, dict) and value.get("rope_type") == "linear":
+            return LinearRopeScaling.parse(value)
         if isinstance(value, dict):
             value = dict(value)
             kind = value.pop("rope_type", "llama3")
@@ -65,6 +71,41 @@ class RopeScaling(NamedTuple):
             raise ConfigError("rope_scaling", f"rope_scaling's original_max_position_embeddings "
                                               f"must be a positive integer, got {context!r}")
         return cls(float(factor), float(low), float(high), int(context))
+
+    def to_dict(self) -> dict:
+        """By name, as ``config.json`` writes it (no ``rope_type``: llama3 is the default)."""
+        return self._asdict()
+
+
+class LinearRopeScaling(NamedTuple):
+    """Linear RoPE scaling (Hugging Face's ``rope_scaling`` of ``rope_type`` ``"linear"``,
+    "position interpolation"): every pair's angle divided by ``factor``, so that position t
+    turns as t / factor did. Gemma 3 4B, 12B and 27B have 8 in their full-attention layers."""
+    factor: float   # how many times slower every pair turns
+
+    @classmethod
+    def parse(cls, value) -> "LinearRopeScaling":
+        """From one number (or a one-number tuple), or a dict of ``rope_type`` "linear" and a
+        ``factor``; ConfigError naming what is wrong."""
+        if isinstance(value, dict):
+            value = dict(value)
+            kind = value.pop("rope_type", "linear")
+            if kind != "linear" or set(value) != {"factor"}:
+                raise ConfigError("rope_scaling", f"a linear rope_scaling names factor "
+                                                  f"(rope_type linear), got {kind!r} and "
+                                                  f"{sorted(value)}")
+            value = value["factor"]
+        if isinstance(value, (tuple, list)):
+            value = value[0]
+        if (isinstance(value, bool) or not isinstance(value, (int, float, np.number))
+                or not np.isfinite(value) or value <= 0):
+            raise ConfigError("rope_scaling", f"a linear rope_scaling's factor must be a "
+                                              f"positive finite number, got {value!r}")
+        return cls(float(value))
+
+    def to_dict(self) -> dict:
+        """As ``config.json`` writes it: ``{"rope_type": "linear", "factor": ...}``."""
+        return {"rope_type": "linear", "factor": self.factor}
 
 
 @dataclass(frozen=True)
@@ -124,13 +165,15 @@ class Config:
         The attention's and the FFN's linear layers add biases (``attn.b_Q``, ``b_K``, ``b_V``,
         ``b_O``, ``ffn.b_1``, ``b_2`` and with SwiGLU ``b_gate``). LLaMA's have none.
         ``head_bias`` decides the head's.
-    rope_scaling : RopeScaling or None
+    rope_scaling : RopeScaling, LinearRopeScaling or None
         LLaMA 3.1's scaled RoPE (Hugging Face's ``rope_scaling`` of ``rope_type`` ``"llama3"``):
         the pairs that turn slower than ``original_max_position_embeddings / low_freq_factor``
         positions a turn are slowed ``factor`` times more, those faster than ``... /
         high_freq_factor`` are left alone, and the pairs between are slowed by a blend
         (``positional.rope_scale``). A tuple of four numbers or a dict with those names is
-        taken too. ``None``: RoPE's own angles. Only ``pe="rope"`` reads it.
+        taken too. Or linear scaling (``LinearRopeScaling``, ``rope_type`` ``"linear"``, from
+        one number or ``{"rope_type": "linear", "factor": 8}``): every angle divided by
+        ``factor`` (Gemma 3 4B+'s 8). ``None``: RoPE's own angles. Only ``pe="rope"`` reads it.
     qkv_bias : bool
         With ``bias`` false, attention's Q, K and V still add biases (``attn.b_Q``, ``b_K``,
         ``b_V``) and nothing else does: Qwen2's model. With ``bias`` true it adds nothing.
@@ -177,6 +220,12 @@ class Config:
         earlier key (Gemma 2's alternate: 0, 2, 4, ...). ``None``: every block slides when
         ``sliding_window`` is set. Needs ``sliding_window``; ascending, each in
         ``0..layers - 1``.
+    rope_local_theta : float or None
+        RoPE's base in the blocks whose attention slides (Gemma 3's ``rope_local_base_freq``,
+        10000, where its full blocks turn at ``rope_theta`` 1e6): those blocks turn by their own
+        angles at this base, without ``rope_scaling``, which only the full blocks take
+        (``Config.rope(block)``). ``None``: every block turns alike. Needs ``pe="rope"`` and
+        ``sliding_window``.
     """
 
     batch: int = 2
@@ -213,6 +262,7 @@ class Config:
     attn_scale: float | None = None
     sandwich_norm: bool = False
     sliding_layers: tuple[int, ...] | None = None
+    rope_local_theta: float | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -283,6 +333,7 @@ class Config:
                                                "input and output, so the norms must be Pre-LN "
                                                "(norm 'pre')")
         self._check_sliding_layers()
+        self._check_rope_local_theta()
         for name in ("attn_softcap", "logit_softcap", "attn_scale"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)
@@ -314,6 +365,31 @@ class Config:
         if any(b <= a for a, b in zip(layers, layers[1:])):
             raise ConfigError("sliding_layers", f"sliding_layers must be ascending, each block "
                                                 f"once, got {','.join(map(str, layers))}")
+
+    def _check_rope_local_theta(self):
+        theta = self.rope_local_theta
+        if theta is None:
+            return
+        if (isinstance(theta, bool) or not isinstance(theta, (int, float, np.number))
+                or not np.isfinite(theta) or theta <= 0):
+            raise ConfigError("rope_local_theta", f"rope_local_theta must be a positive finite "
+                                                  f"number, got {theta!r}")
+        object.__setattr__(self, "rope_local_theta", float(theta))
+        if self.pe != "rope":
+            raise ConfigError("rope_local_theta", f"rope_local_theta is RoPE's base in the "
+                                                  f"sliding blocks, and pe is {self.pe!r}, not "
+                                                  f"'rope'")
+        if self.sliding_window is None:
+            raise ConfigError("rope_local_theta", "rope_local_theta is RoPE's base in the "
+                                                  "blocks whose attention slides, and there is "
+                                                  "no sliding_window")
+
+    def rope(self, block: int) -> tuple[float, "RopeScaling | LinearRopeScaling | None"]:
+        """(base, scaling) of block ``block``'s RoPE: ``rope_local_theta`` unscaled in a
+        sliding block when it is set, else ``rope_theta`` and ``rope_scaling``."""
+        if self.rope_local_theta is not None and self.window(block) is not None:
+            return self.rope_local_theta, None
+        return self.rope_theta, self.rope_scaling
 
     def window(self, block: int) -> int | None:
         """How many keys block ``block``'s queries see (``sliding_window``), or None for every
@@ -396,7 +472,7 @@ class Config:
         if fields["sliding_layers"] is not None:
             fields["sliding_layers"] = list(fields["sliding_layers"])
         if self.rope_scaling is not None:   # by name, as config.json writes it
-            fields["rope_scaling"] = self.rope_scaling._asdict()
+            fields["rope_scaling"] = self.rope_scaling.to_dict()
         return json.dumps(fields)
 
     @classmethod
@@ -633,6 +709,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     gated = cfg.gated   # the gate a block, its gradient; SwiGLU's sigmoid or GeGLU's tanh cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
+    tables = len({cfg.rope(i) for i in range(L)}) if rope else 0   # two a base (Gemma 3's: 2)
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
     btq = B * T * cfg.d_q     # q, context (and q_rot): BTd unless head_dim says otherwise
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
@@ -651,7 +728,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
                   + 2 * bhtt + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
     caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
-              + rope * 2 * T * cfg.d_head + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
+              + tables * 2 * T * cfg.d_head + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own

@@ -157,7 +157,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                           f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
-    rope = rope_for(cfg, T)                                       # (cos, sin) or None
+    rope = [rope_for(cfg, T, i) for i in range(cfg.layers)]       # each block's (cos, sin) or None
     slots = [cache_slots(cfg, T, i) for i in range(cfg.layers)]   # each block's cache
     K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
@@ -173,7 +173,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             p, start = f"blocks.{i}.", window_start(cfg, t, i)
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
                 out, weights = _mha_step(normalise(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i],
-                                         t, rope, start)
+                                         t, rope[i], start)
                 if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
                     out = normalise(out, P, p + "ln1_post", cfg)
                 y = x + out
@@ -182,7 +182,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                     out = normalise(out, P, p + "ln2_post", cfg)
                 x = y + out
             else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope, start)
+                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope[i], start)
                 y = normalise(x + out, P, p + "ln1", cfg)
                 x = normalise(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
             attention.update({(i, h): weights[h] for h in range(H)})

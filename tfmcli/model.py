@@ -99,8 +99,8 @@ def arrays_repr(named: dict) -> str:
 # ---------------------------------------------------------------- sublayers
 
 
-def _mha_forward(x, P, p, cfg, mask, acts, caches):
-    H = cfg.heads
+def _mha_forward(x, P, i, cfg, mask, acts, caches):
+    H, p = cfg.heads, f"blocks.{i}."
     q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))   # (B, T, d)
     k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))
     v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))
@@ -111,7 +111,7 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
         q = _ln_forward(q, P, p + "attn.q_norm", cfg, acts, caches)
         k = _ln_forward(k, P, p + "attn.k_norm", cfg, acts, caches)
     if cfg.pe == "rope":   # each query and key turned by its position's angles
-        cos, sin = rope_for(cfg, q.shape[2])                                  # (T, d_head)
+        cos, sin = rope_for(cfg, q.shape[2], i)                               # (T, d_head)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
@@ -130,7 +130,8 @@ def _mha_forward(x, P, p, cfg, mask, acts, caches):
     return out
 
 
-def _mha_backward(dout, p, cfg, caches, grads, dacts):
+def _mha_backward(dout, i, cfg, caches, grads, dacts):
+    p = f"blocks.{i}."
     cq, ck, cv, ca, co = caches[p + "attn"]
     dcontext = _linear_backward(dout, co, grads, p + "attn.", "O")
     attention_backward = ops.attention_backward_fast if caches["fast"] else ops.attention_backward
@@ -140,7 +141,7 @@ def _mha_backward(dout, p, cfg, caches, grads, dacts):
     if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
         dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
     if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
-        cos, sin = rope_for(cfg, dq.shape[2])
+        cos, sin = rope_for(cfg, dq.shape[2], i)
         dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
         dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
     if cfg.qk_norm:   # back through each head's norms
@@ -249,12 +250,12 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
     return table
 
 
-def rope_for(cfg: Config, T: int):
-    """RoPE's (cos, sin) tables for T positions at this model's base and scaling, or None when
-    the model does not turn its queries and keys."""
+def rope_for(cfg: Config, T: int, block: int = 0):
+    """RoPE's (cos, sin) tables for T positions at block ``block``'s base and scaling
+    (``Config.rope``), or None when the model does not turn its queries and keys."""
     if cfg.pe != "rope":
         return None
-    return rope_tables(T, cfg.d_head, cfg.dtype, cfg.rope_theta, cfg.rope_scaling)
+    return rope_tables(T, cfg.d_head, cfg.dtype, *cfg.rope(block))
 
 
 @functools.lru_cache(maxsize=8)
@@ -327,7 +328,7 @@ def _block_forward(x, P, i, cfg, mask, acts, caches):
     acts[p + "in"] = x
     if cfg.norm == "pre":   # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
         h = _ln_forward(x, P, p + "ln1", cfg, acts, caches)
-        out = _mha_forward(h, P, p, cfg, mask, acts, caches)
+        out = _mha_forward(h, P, i, cfg, mask, acts, caches)
         if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
             out = _ln_forward(out, P, p + "ln1_post", cfg, acts, caches)
         y = x + out
@@ -339,7 +340,7 @@ def _block_forward(x, P, i, cfg, mask, acts, caches):
         z = y + out
         acts[p + "resid2"] = z
     else:                   # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-        r = x + _mha_forward(x, P, p, cfg, mask, acts, caches)
+        r = x + _mha_forward(x, P, i, cfg, mask, acts, caches)
         acts[p + "resid1"] = r
         y = _ln_forward(r, P, p + "ln1", cfg, acts, caches)
         r = y + _ffn_forward(y, P, p, cfg, acts, caches)
@@ -363,7 +364,7 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
         dout = dy
         if cfg.sandwich_norm:
             dout = _ln_backward(dy, p + "ln1_post", cfg, caches, grads, dacts)
-        dx = dy + _ln_backward(_mha_backward(dout, p, cfg, caches, grads, dacts),
+        dx = dy + _ln_backward(_mha_backward(dout, i, cfg, caches, grads, dacts),
                                p + "ln1", cfg, caches, grads, dacts)
     else:
         dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)
@@ -371,7 +372,7 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
         dy = dr + _ffn_backward(dr, p, cfg, caches, grads, dacts)
         dr = _ln_backward(dy, p + "ln1", cfg, caches, grads, dacts)
         dacts[p + "resid1"] = dr
-        dx = dr + _mha_backward(dr, p, cfg, caches, grads, dacts)
+        dx = dr + _mha_backward(dr, i, cfg, caches, grads, dacts)
     dacts[p + "in"] = dx
     return dx
 

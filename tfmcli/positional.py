@@ -35,8 +35,9 @@ def rope_angles(T, d_head, base=10000.0, scaling=None):
     """(T, d_head // 2): RoPE's angle of rotation pair i at position t, ``t / base^(2i/n)``,
     n = 2 (d_head // 2) the rotated dimensions (d_head itself when it is even). The base is
     10000 in RoFormer and LLaMA 1 and 2 (``Config.rope_theta``, Hugging Face's ``rope_theta``);
-    LLaMA 3 turns slower, at 500000. With ``scaling`` (``Config.rope_scaling``, LLaMA 3.1's)
-    each pair's angle is multiplied by its ``rope_scale``.
+    LLaMA 3 turns slower, at 500000. With ``scaling`` (``Config.rope_scaling``: LLaMA 3.1's,
+    or linear) each pair's angle is multiplied by its ``rope_scale`` (linear: divided by the
+    factor).
 
     Pair i is the dimensions (i, i + d_head // 2) of a head, the "rotate half" layout of
     GPT-NeoX and Hugging Face's LLaMA (the RoFormer paper pairs neighbours (2i, 2i + 1): the
@@ -45,18 +46,25 @@ def rope_angles(T, d_head, base=10000.0, scaling=None):
     ones."""
     n = 2 * (d_head // 2)   # the sinusoidal table's angles over n columns: one per pair
     angle = angles(np.arange(T, dtype=np.float64)[:, None], n, base)[:, 0::2]
-    return angle if scaling is None else angle * rope_scale(d_head, base, scaling)
+    if scaling is None:
+        return angle
+    if len(scaling) == 1:   # linear (config.LinearRopeScaling): every angle / factor
+        return angle / scaling[0]
+    return angle * rope_scale(d_head, base, scaling)
 
 
 def rope_scale(d_head, base, scaling):
-    """(d_head // 2,): what LLaMA 3.1's scaling (``config.RopeScaling``) multiplies each pair's
-    frequency by, from its wavelength λ (positions per turn) at ``base``. With C the original
-    context, ``C / high_freq_factor`` < ``C / low_freq_factor``:
+    """(d_head // 2,): what the scaling multiplies each pair's frequency by. Linear scaling
+    (``config.LinearRopeScaling``): 1 / factor for every pair. LLaMA 3.1's
+    (``config.RopeScaling``) decides from each pair's wavelength λ (positions per turn) at
+    ``base``. With C the original context, ``C / high_freq_factor`` < ``C / low_freq_factor``:
     - λ < C / high_freq_factor: 1 (the fast pairs, which turn many times within C, kept);
     - λ > C / low_freq_factor: 1 / factor (the slow ones, slowed factor times);
     - between: (1 - s) / factor + s, s = (C / λ - low_freq_factor) / (high_freq_factor -
       low_freq_factor), which runs from 0 at the slow end to 1 at the fast one.
     """
+    if len(scaling) == 1:
+        return np.full(d_head // 2, 1 / scaling[0])
     factor, low, high, context = scaling
     n = 2 * (d_head // 2)
     wavelength = wavelengths(n, base)[0::2]                       # one per pair

@@ -53,12 +53,16 @@ def torch_rope(x, base=10000.0, scaling=None):
     / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each
     angle repeated for the two halves, ``x cos + rotate_half(x) sin``; an odd d_head's last
     dimension passes as it is. ``scaling`` (factor, low_freq_factor, high_freq_factor, original
-    context) rescales the frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does."""
+    context) rescales the frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does; a
+    linear one (factor) divides them by the factor, as ``_compute_linear_scaling_rope_parameters``
+    does."""
     torch = import_torch()
     T, dh = x.shape[-2], x.shape[-1]
     n = 2 * (dh // 2)
     inv_freq = 1.0 / (float(base) ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
-    if scaling is not None:
+    if scaling is not None and len(scaling) == 1:
+        inv_freq = inv_freq / scaling[0]
+    elif scaling is not None:
         factor, low, high, context = scaling
         wavelen = 2 * math.pi / inv_freq
         slowed = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
@@ -107,7 +111,9 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             return F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps)
         return F.layer_norm(x, (width,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
 
-    def attention(x, p, mask):
+    def attention(x, i, mask):
+        p = f"blocks.{i}."
+
         def project(w, heads):
             y = x @ P[p + f"attn.W_{w}"] + bias(p + f"attn.b_{w}")
             return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
@@ -115,9 +121,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
         if cfg.qk_norm:   # over each head's dh entries, one gamma (and beta) for every head
             q, k = norm(q, p + "attn.q_norm", dh), norm(k, p + "attn.k_norm", dh)
-        if cfg.pe == "rope":
-            q = torch_rope(q, cfg.rope_theta, cfg.rope_scaling)
-            k = torch_rope(k, cfg.rope_theta, cfg.rope_scaling)
+        if cfg.pe == "rope":   # at the block's own base (Gemma 3's sliding blocks: their own)
+            q, k = torch_rope(q, *cfg.rope(i)), torch_rope(k, *cfg.rope(i))
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale
@@ -151,13 +156,13 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         p = f"blocks.{i}."
         mask = full if cfg.window(i) is None else sliding   # only some blocks may slide
         if cfg.sandwich_norm:   # Gemma 2's: each sublayer's output normalised too
-            x = x + norm(attention(norm(x, p + "ln1"), p, mask), p + "ln1_post")
+            x = x + norm(attention(norm(x, p + "ln1"), i, mask), p + "ln1_post")
             x = x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post")
         elif cfg.norm == "pre":
-            x = x + attention(norm(x, p + "ln1"), p, mask)
+            x = x + attention(norm(x, p + "ln1"), i, mask)
             x = x + ffn(norm(x, p + "ln2"), p)
         else:
-            x = norm(x + attention(x, p, mask), p + "ln1")
+            x = norm(x + attention(x, i, mask), p + "ln1")
             x = norm(x + ffn(x, p), p + "ln2")
     if cfg.norm == "pre":
         x = norm(x, "ln_f")

@@ -125,7 +125,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
     if cfg.qk_norm:
         norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
                  lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
-    steps = head_steps(x, *weights, mask, cfg.score_scale, rope=rope_for(cfg, T),
+    steps = head_steps(x, *weights, mask, cfg.score_scale, rope=rope_for(cfg, T, block),
                        norms=norms, cap=cfg.attn_softcap, scale_by=scale_name(cfg))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
@@ -286,7 +286,7 @@ def model_head_backward_steps(fwd: Forward, dcontext_all: np.ndarray, cfg: Confi
         norms = (norm_backward("q_norm", head), norm_backward("k_norm", shared),
                  NORM_BACK_FORMULA[cfg.rms_norm])
     return head_backward_steps(dcontext, q, k, v, pattern, mask, cfg.score_scale,
-                               rope_for(cfg, T), norms, cfg.attn_softcap, scale_name(cfg))
+                               rope_for(cfg, T, block), norms, cfg.attn_softcap, scale_name(cfg))
 
 
 class QueryBackward(NamedTuple):
@@ -340,7 +340,7 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
 
     numeric = central_differences(contracted, q, step)
     dq = dq_parts.sum(axis=0)
-    rope = rope_for(cfg, len(k))   # under RoPE q is the turned one: turned back, q's own gradient
+    rope = rope_for(cfg, len(k), block)   # under RoPE q is the turned one: turned back, its own gradient
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],

@@ -95,13 +95,26 @@ def emit(opts: Options, renderables, payload, arrays=None):
 
 
 def _rope_notes(cfg) -> str:
-    """' (theta 500000, llama3 scaling 32,1,4,8192)': what RoPE turns by, when not its own."""
+    """' (theta 500000, llama3 scaling 32,1,4,8192)': what RoPE turns by, when not its own;
+    with a base of the sliding blocks' own, ' (full blocks: theta 1e+06, linear scaling 8;
+    sliding blocks: theta 10000)'."""
+    if cfg.pe != "rope":
+        return ""
     notes = []
-    if cfg.pe == "rope" and cfg.rope_theta != 10000:
+    if cfg.rope_theta != 10000 or cfg.rope_local_theta is not None:
         notes.append(f"theta {cfg.rope_theta:g}")
-    if cfg.pe == "rope" and cfg.rope_scaling is not None:
-        notes.append("llama3 scaling " + ",".join(f"{x:g}" for x in cfg.rope_scaling))
+    if cfg.rope_scaling is not None:
+        notes.append(scaling_name(cfg.rope_scaling))
+    if cfg.rope_local_theta is not None:
+        return (f" (full blocks: {', '.join(notes)}; sliding blocks: theta "
+                f"{cfg.rope_local_theta:g})")
     return f" ({', '.join(notes)})" if notes else ""
+
+
+def scaling_name(scaling) -> str:
+    """'llama3 scaling 32,1,4,8192' or 'linear scaling 8': a Config.rope_scaling, named."""
+    kind = "linear" if len(scaling) == 1 else "llama3"
+    return f"{kind} scaling " + ",".join(f"{x:g}" for x in scaling)
 
 
 def _after(rows: dict, key: str, new_key: str, value: str):

@@ -19,7 +19,7 @@ def pe(
     d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine); with --rope a head's width d_head.")] = 16,
     rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
     rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
-    rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="LLaMA 3.1's scaled RoPE, with --rope: the four numbers of Hugging Face's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192).")] = None,
+    rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="Scaled RoPE, with --rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor (Gemma 3 4B+: 8).")] = None,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -71,7 +71,8 @@ def pe(
 
 
 def _scaling(text):
-    """--rope-scaling's four numbers as a config.RopeScaling, or None."""
+    """--rope-scaling's four numbers as a config.RopeScaling, its one a
+    config.LinearRopeScaling, or None."""
     from tfmcli.cli.options import parse_rope_scaling
     from tfmcli.config import RopeScaling
     from tfmcli.errors import ConfigError
@@ -89,7 +90,7 @@ MAX_ROPE_LEN = 4_000   # the score map is len x len: 16 million values at most
 def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
     """tfm pe --rope: the cosine and sine of each pair's angle at each position, and the score
     of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s; with ``scaling``
-    (LLaMA 3.1's), which pairs it slows and by how much."""
+    (LLaMA 3.1's, or linear), which pairs it slows and by how much."""
     import numpy as np
 
     from tfmcli.io import jsonable
@@ -145,9 +146,12 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
 
 def scaling_note(scaling, scale) -> str:
     """Which pairs LLaMA 3.1's scaling keeps, slows and blends, from each pair's ``scale``
-    (``positional.rope_scale``)."""
+    (``positional.rope_scale``); linear scaling slows every one alike."""
     import numpy as np
 
+    if len(scaling) == 1:
+        return (f"s_i = 1/{scaling[0]:g} for every pair: linear scaling (position "
+                f"interpolation), position t turns as t / {scaling[0]:g} did")
     factor, low, high, context = scaling
     kept, slowed = scale == 1, scale == 1 / factor
     between = ~kept & ~slowed

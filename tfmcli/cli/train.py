@@ -27,7 +27,8 @@ DEFAULTS = {"batch": 32, "d_model": 32, "heads": 2, "seed": 0}
 FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
           "init", "dtype", "eps", "rms_norm", "kv_heads", "rope_theta", "bias", "rope_scaling",
           "qkv_bias", "sliding_window", "head_dim", "qk_norm", "embed_scale",
-          "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers")
+          "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers",
+          "rope_local_theta")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
 TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
