@@ -102,6 +102,19 @@ def float64_rotary(rotary, d_rot: int, base: float = 10000.0, scaling=None) -> N
     (LLaMA 3.1's, ``positional.rope_scale``): the module's own frequencies, which Hugging Face
     computed in float32 from its config, are first checked equal to these to float32's
     rounding."""
+    inv_freq = float64_inv_freq(d_rot, base, scaling)
+    np.testing.assert_allclose(rotary.inv_freq.double().numpy(), inv_freq.numpy(), rtol=1e-6)
+
+    def tables(x, position_ids):
+        return rope_cos_sin(position_ids, inv_freq)
+
+    rotary.forward = tables
+
+
+def float64_inv_freq(d_rot: int, base: float, scaling=None):
+    """RoPE's inverse frequencies in float64 as Hugging Face lays them out, ``1 / base^(arange(0,
+    d_rot, 2) / d_rot)``, times each pair's scale (``positional.rope_scale``: LLaMA 3.1's, or
+    linear's 1 / factor)."""
     import torch
 
     from tfmcli import positional
@@ -109,12 +122,33 @@ def float64_rotary(rotary, d_rot: int, base: float = 10000.0, scaling=None) -> N
     inv_freq = 1.0 / float(base) ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
     if scaling is not None:
         inv_freq = inv_freq * torch.from_numpy(positional.rope_scale(d_rot, base, scaling))
-    np.testing.assert_allclose(rotary.inv_freq.double().numpy(), inv_freq.numpy(), rtol=1e-6)
+    return inv_freq
 
-    def tables(x, position_ids):
-        freqs = position_ids[..., None].double() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+
+def rope_cos_sin(position_ids, inv_freq):
+    """(cos, sin) of each position's angles, each angle twice (``cat((freqs, freqs))``)."""
+    import torch
+
+    freqs = position_ids[..., None].double() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def float64_rotary_by_layer_type(rotary, cfg) -> None:
+    """``float64_rotary`` for Gemma 3's rotary module, which keeps one set of frequencies a
+    layer type (``full_attention_inv_freq``, ``sliding_attention_inv_freq``): each at the base
+    and scaling tfm gives a block of that type (``Config.rope``)."""
+    blocks = {"full_attention": [i for i in range(cfg.layers) if cfg.window(i) is None],
+              "sliding_attention": [i for i in range(cfg.layers) if cfg.window(i) is not None]}
+    inv_freqs = {}
+    for kind, chosen in blocks.items():
+        if chosen:
+            inv_freqs[kind] = float64_inv_freq(cfg.d_head, *cfg.rope(chosen[0]))
+            np.testing.assert_allclose(getattr(rotary, kind + "_inv_freq").double().numpy(),
+                                       inv_freqs[kind].numpy(), rtol=1e-6)
+
+    def tables(x, position_ids, layer_type):
+        return rope_cos_sin(position_ids, inv_freqs[layer_type])
 
     rotary.forward = tables
 
@@ -246,7 +280,7 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False, qwen3: b
         rope_parameters=({"rope_type": "default", "rope_theta": cfg.rope_theta}
                          if cfg.rope_scaling is None else
                          {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
-                          **cfg.rope_scaling._asdict()}))
+                          **cfg.rope_scaling.to_dict()}))   # linear's names its own type
     assert not cfg.head_bias   # LLaMA's head has none
     config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
     model = Model(config).double().eval()
@@ -273,14 +307,17 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False, qwen3: b
     return in_float64(model, cfg)
 
 
-def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int = 0) -> dict:
+def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int = 0,
+             config_class: str | None = None) -> dict:
     """A random Hugging Face ``{name}ForCausalLM`` (``name``: "Mistral", "Qwen2", "Qwen3", ...)
-    of ``config``, its weights drawn O(1) and its norms' gains about 1, saved in ``dtype`` by
-    its own ``save_pretrained``; returns its state in float64 under Hugging Face's names."""
+    of ``config`` (a ``{name}Config``, or ``config_class``: Gemma 3's is "Gemma3TextConfig"),
+    its weights drawn O(1) and its norms' gains about 1, saved in ``dtype`` by its own
+    ``save_pretrained``; returns its state in float64 under Hugging Face's names."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
-    Model, Config = (getattr(transformers, name + kind) for kind in ("ForCausalLM", "Config"))
+    Model = getattr(transformers, name + "ForCausalLM")
+    Config = getattr(transformers, config_class or name + "Config")
     model = Model(Config(**config))
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -323,7 +360,7 @@ def in_float64(model, cfg):
 
 
 def float64_gemma(model, cfg):
-    """A GemmaForCausalLM or Gemma2ForCausalLM (float64 weights) whose RMSNorms, RoPE angles
+    """A Gemma, Gemma2 or Gemma3ForCausalLM (float64 weights) whose RMSNorms, RoPE angles
     and embedding scale are float64's (Hugging Face makes the first two in float32 whatever the
     model's dtype, and keeps the scale in the dtype it was loaded in), each first checked
     against tfm's: the norm with gamma = 1 + weight to float32's rounding, the scale to
@@ -344,11 +381,16 @@ def float64_gemma(model, cfg):
                                                             + module.eps))
         return forward
 
-    norms = [m for m in model.modules() if type(m).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm")]
-    assert len(norms) == (4 if cfg.sandwich_norm else 2) * cfg.layers + 1   # Gemma 2's four
+    norms = [m for m in model.modules()
+             if type(m).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")]
+    # Gemma 2's and 3's four a layer, Gemma 3's q_norm and k_norm
+    assert len(norms) == (4 if cfg.sandwich_norm else 2) * cfg.layers + 1 + 2 * cfg.qk_norm * cfg.layers
     for module in norms:
         module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
+    if hasattr(model.model.rotary_emb, "layer_types"):   # Gemma 3's: a RoPE a layer type
+        float64_rotary_by_layer_type(model.model.rotary_emb, cfg)
+    else:
+        float64_rotary(model.model.rotary_emb, cfg.d_head, cfg.rope_theta)
     # Hugging Face keeps the scale as a buffer in the model's dtype: loaded from a bfloat16
     # folder, sqrt(32) is 5.65625. It is checked to that rounding and made sqrt(d) in float64.
     scale = model.model.embed_tokens.embed_scale

@@ -198,7 +198,7 @@ def rewrite_weights(folder, change):
 @pytest.mark.parametrize("what, file, reason", [
     (lambda f: edit_config(f, rope_scaling={"rope_type": "yarn", "factor": 8.0}),
      "config.json", "key 'rope_scaling' has rope_type 'yarn'; tfm turns by RoPE's own angles "
-                    "('default') or LLaMA 3.1's ('llama3')"),
+                    "('default'), LLaMA 3.1's ('llama3') or linearly scaled ones ('linear')"),
     (lambda f: edit_config(f, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
      "config.json", "key 'rope_scaling' has rope_type 'llama3' but no 'low_freq_factor'"),
     (lambda f: edit_config(f, rope_scaling={**LLAMA3_ROPE, "high_freq_factor": 0.5}),

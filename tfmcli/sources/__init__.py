@@ -85,8 +85,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma or Gemma 2 checkpoint folder (its
-        parameters; its tokenizer for ``text``).
+        or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 or Gemma 3 checkpoint folder
+        (its parameters; its tokenizer for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
     text : list of str, optional

@@ -12,7 +12,8 @@ Heads are ``head_dim`` wide (256 when config.json has none, GemmaConfig's defaul
 keys and values are one head (``num_key_value_heads`` 1: multi-query attention). No biases
 (``attention_bias`` true, which would put one on o_proj and none in the MLP, is refused).
 Gemma 2 (``gemma2``: soft caps, norms around each sublayer, layers that alternate a sliding
-window) is ``sources.gemma2``; Gemma 3 (``gemma3``, per-layer RoPE bases besides) is not read.
+window) is ``sources.gemma2``; Gemma 3 (``gemma3_text``: q and k norms, a RoPE base of the
+sliding layers' own besides) is ``sources.gemma3``.
 """
 
 from __future__ import annotations

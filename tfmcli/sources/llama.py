@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.config import Config, RopeScaling, param_shapes
+from tfmcli.config import Config, LinearRopeScaling, RopeScaling, param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import tensorfile
 from tfmcli.sources.folder import model_type, need, read_json
@@ -41,12 +41,20 @@ WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm makes its angles
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
-KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")   # the model_types read here
-GEMMAS = ("gemma", "gemma2")
-NAMES = {"qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma 2"}   # for the messages
-HEAD_DIMS = {"qwen3": 128, "gemma": 256, "gemma2": 256}   # head_dim when config.json has none
-GEMMA2_DEFAULTS = {"sliding_window": 4096, "query_pre_attn_scalar": 256,   # Gemma2Config's
-                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")   # read here
+GEMMAS = ("gemma", "gemma2", "gemma3_text")
+SANDWICHED = ("gemma2", "gemma3_text")   # a norm after each sublayer too, soft caps, a scale
+NAMES = {"qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma 2",
+         "gemma3_text": "Gemma 3"}   # for the messages
+HEAD_DIMS = {"qwen3": 128, "gemma": 256, "gemma2": 256,
+             "gemma3_text": 256}   # head_dim when config.json has none
+DEFAULTS = {   # what Gemma2Config and Gemma3TextConfig fill in for a key config.json leaves out
+    "gemma2": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "gemma3_text": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
+                    "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                    "sliding_window_pattern": 6}}
+GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}   # the defaults
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
 
@@ -63,9 +71,9 @@ def read_config(folder) -> dict:
     if kind not in KINDS:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
                        f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
-                       f"Qwen3's 'qwen3', a Gemma's 'gemma' or a Gemma 2's 'gemma2'")
-    if kind == "gemma2":   # what Gemma2Config fills in when config.json leaves a key out
-        config = {**GEMMA2_DEFAULTS, **config}
+                       f"Qwen3's 'qwen3', a Gemma's 'gemma', a Gemma 2's 'gemma2' or a Gemma "
+                       f"3's 'gemma3_text'")
+    config = {**DEFAULTS.get(kind, {}), **config}   # the Config's own for a key left out
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
                 if config.get("num_key_value_heads") is not None else None)
@@ -102,7 +110,8 @@ def read_config(folder) -> dict:
     tied = config.get("tie_word_embeddings", kind in GEMMAS)   # each Config's default
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
-    theta, scaling = _rope(path, config)
+    theta, scaling, local_theta = (_gemma3_rope(path, config) if kind == "gemma3_text"
+                                   else (*_rope(path, config), None))
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
               "layers": layers,
               "vocab": need(path, config, "vocab_size"),
@@ -110,9 +119,15 @@ def read_config(folder) -> dict:
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
               "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
-              "head_dim": head_dim, "qk_norm": kind == "qwen3", "embed_scale": kind in GEMMAS,
-              "sliding_layers": sliding_layers}
-    if kind == "gemma2":
+              "head_dim": head_dim, "qk_norm": kind in ("qwen3", "gemma3_text"),
+              "embed_scale": kind in GEMMAS, "sliding_layers": sliding_layers,
+              "rope_local_theta": None if window is None else local_theta}
+    if kind == "gemma3_text" and config.get("attn_logit_softcapping") is not None:
+        raise TfmError(f"--load {path}: key 'attn_logit_softcapping' is "
+                       f"{config['attn_logit_softcapping']!r}, which Hugging Face's Gemma 3 "
+                       f"does not apply (its scores are not capped); tfm will not guess which "
+                       f"is meant")
+    if kind in SANDWICHED:
         fields.update(_gemma2_fields(path, config))
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
@@ -122,7 +137,7 @@ def read_config(folder) -> dict:
 
 
 def _gemma2_fields(path, config: dict) -> dict:
-    """Gemma 2's soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``; null: no
+    """Gemma 2's (and 3's) soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``; null: no
     cap), its score scale ``query_pre_attn_scalar ** -0.5`` as Hugging Face computes it (None
     when that is tfm's own 1 / sqrt(d_head)), and its sandwich norms."""
     d_head = need(path, config, "head_dim")
@@ -144,10 +159,11 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
     """(the window, the layers that slide): ``Config.sliding_window`` and
     ``Config.sliding_layers``, (None, None) for every earlier key everywhere, and None for the
     layers when every one slides. ``sliding_window`` is the window: Mistral's and Gemma 2's
-    whenever set, Qwen2's only with ``use_sliding_window`` (Hugging Face's Qwen2Config drops it
-    otherwise); LLaMA and Gemma have none. Which layers slide: ``layer_types`` when the config
-    has it, else Gemma 2's even ones (0, 2, 4, ...), else Qwen2's from layer
-    ``max_window_layers`` on, else every one. Mistral's model slides in every layer whatever
+    and 3's whenever set, Qwen2's only with ``use_sliding_window`` (Hugging Face's Qwen2Config
+    drops it otherwise); LLaMA and Gemma have none. Which layers slide: ``layer_types`` when
+    the config has it, else Gemma 2's even ones (0, 2, 4, ...), Gemma 3's all but every
+    ``sliding_window_pattern``-th (5 of each 6), Qwen2's from layer ``max_window_layers`` on,
+    else every one. Mistral's model slides in every layer whatever
     ``layer_types`` says, so a Mistral whose ``layer_types`` has a full layer is refused.
     """
     window = config.get("sliding_window")
@@ -176,6 +192,12 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
                            f"layer); tfm will not guess which is meant")
     elif kind == "gemma2":   # Gemma2Config's own: the even layers slide
         sliding_layers = list(range(0, layers, 2))
+    elif kind == "gemma3_text":   # Gemma3TextConfig's: every layer but each pattern-th
+        pattern = config["sliding_window_pattern"]
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise TfmError(f"--load {path}: key 'sliding_window_pattern' is {pattern!r}, not a "
+                           f"positive whole number")
+        sliding_layers = [i for i in range(layers) if (i + 1) % pattern]
     elif kind in ("qwen2", "qwen3"):
         first = config.get("max_window_layers", 28)   # Hugging Face's default
         if isinstance(first, bool) or not isinstance(first, int):
@@ -209,33 +231,70 @@ def _activation(path, config: dict, kind: str) -> str:
     return "geglu"
 
 
-def _rope(path, config: dict) -> tuple[float, RopeScaling | None]:
+def _rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | None]:
     """RoPE's base and scaling: ``rope_parameters`` (transformers 5) or ``rope_theta`` and
-    ``rope_scaling``. LLaMA 3.1's scaling (``"llama3"``) is read; the other kinds
-    (``"linear"``, ``"yarn"``, ``"dynamic"``, ...) turn by angles tfm does not make: refused."""
+    ``rope_scaling`` (``_scaling``)."""
     scaling = None
     for key in ("rope_parameters", "rope_scaling"):
         rope = config.get(key)
         if rope is None:
             continue
-        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
-        if kind == "llama3":
-            missing = [name for name in RopeScaling._fields if name not in rope]
-            if missing:
-                raise TfmError(f"--load {path}: key {key!r} has rope_type 'llama3' but no "
-                               f"{missing[0]!r}")
-            try:
-                scaling = RopeScaling.parse([rope[name] for name in RopeScaling._fields])
-            except ConfigError as e:
-                raise TfmError(f"--load {path}: key {key!r}: {e}") from None
-        elif kind != "default":
-            raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r}; tfm turns by "
-                           f"RoPE's own angles ('default') or LLaMA 3.1's ('llama3')")
+        scaling = _scaling(path, key, rope)
         if key == "rope_parameters" and "rope_theta" in rope:
             config = {**config, "rope_theta": rope["rope_theta"]}
     theta = 10000.0 if config.get("rope_theta") is None else need(path, config, "rope_theta",
                                                                   (int, float))
     return float(theta), scaling
+
+
+def _scaling(path, key: str, rope) -> RopeScaling | LinearRopeScaling | None:
+    """The scaling of one ``rope_scaling`` (or ``rope_parameters``) dict: LLaMA 3.1's
+    (``"llama3"``) and linear scaling (``"linear"``, a ``factor``) are read, and ``"default"``
+    is none; the other kinds (``"yarn"``, ``"dynamic"``, ...) turn by angles tfm does not make:
+    refused."""
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+    if kind == "default":
+        return None
+    if kind not in ("llama3", "linear"):
+        raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r}; tfm turns by "
+                       f"RoPE's own angles ('default'), LLaMA 3.1's ('llama3') or linearly "
+                       f"scaled ones ('linear')")
+    names = RopeScaling._fields if kind == "llama3" else LinearRopeScaling._fields
+    missing = [name for name in names if name not in rope]
+    if missing:
+        raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r} but no "
+                       f"{missing[0]!r}")
+    try:
+        return RopeScaling.parse([rope[name] for name in names])
+    except ConfigError as e:
+        raise TfmError(f"--load {path}: key {key!r}: {e}") from None
+
+
+def _gemma3_rope(path, config: dict):
+    """(rope_theta, rope_scaling, rope_local_theta): Gemma 3's full-attention layers turn at
+    ``rope_theta`` (1e6) with ``rope_scaling`` (4B and up: linear, 8), its sliding ones at
+    ``rope_local_base_freq`` (10000), unscaled. transformers 5 writes both in
+    ``rope_parameters``, one dict a layer type."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and set(rope) & set(GEMMA3_THETAS):
+        key = "rope_parameters"
+        full, sliding = (rope.get(kind) or {} for kind in GEMMA3_THETAS)
+        names = [f"'rope_parameters' {kind}'s 'rope_theta'" for kind in GEMMA3_THETAS]
+    else:   # the first configs' keys
+        key = "rope_scaling"
+        full = {**(config.get(key) or {}), "rope_theta": config.get("rope_theta")}
+        sliding = {"rope_theta": config.get("rope_local_base_freq")}
+        names = ["'rope_theta'", "'rope_local_base_freq'"]
+    if _scaling(path, key, sliding) is not None:
+        raise TfmError(f"--load {path}: key {key!r} scales the sliding layers' angles "
+                       f"({sliding.get('rope_type')!r}); tfm turns them by RoPE's own")
+    thetas = []
+    for kind, given, name in zip(GEMMA3_THETAS, (full, sliding), names):
+        theta = GEMMA3_THETAS[kind] if given.get("rope_theta") is None else given["rope_theta"]
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            raise TfmError(f"--load {path}: key {name} is {theta!r}, not a positive number")
+        thetas.append(float(theta))
+    return thetas[0], _scaling(path, key, full), thetas[1]
 
 
 def name_map(fields: dict) -> list[tuple[str, str, bool]]:
