@@ -231,14 +231,19 @@ GEMMA3 = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bia
               embed_scale=True, tied_head=True, sandwich_norm=True, qk_norm=True)
 
 
-def test_gemma3_270m_and_1b_have_their_parameter_counts():
-    """google/gemma-3-270m's and gemma-3-1b-pt's sizes (their config.json): the counts Hugging
-    Face's Gemma3ForCausalLM gives the same configs on the meta device (the tied embedding
-    once; q_norm and k_norm 256 each a layer)."""
-    sizes = {268_098_176: (640, 2048, 18), 999_885_952: (1152, 6912, 26)}
-    for count, (d, F, L) in sizes.items():
-        cfg = tfmcli.Config(d_model=d, heads=4, kv_heads=1, head_dim=256, layers=L, d_ff=F,
-                            vocab=262144, **GEMMA3)
+def test_gemma3s_have_their_parameter_counts():
+    """google/gemma-3-270m's and gemma-3-1b-pt's sizes, and the text_config of gemma-3-4b-pt,
+    12b and 27b (their config.json): the counts Hugging Face's Gemma3ForCausalLM gives the same
+    configs on the meta device (the tied embedding once; q_norm and k_norm d_head each a
+    layer). The larger ones' vision towers (about 0.4 billion) are not counted."""
+    sizes = {268_098_176: (640, 4, 1, 256, 18, 2048, 262144),
+             999_885_952: (1152, 4, 1, 256, 26, 6912, 262144),
+             3_880_263_168: (2560, 8, 4, 256, 34, 10240, 262208),
+             11_766_034_176: (3840, 16, 8, 256, 48, 15360, 262208),
+             27_009_346_304: (5376, 32, 16, 128, 62, 21504, 262208)}
+    for count, (d, H, kv, head_dim, L, F, V) in sizes.items():
+        cfg = tfmcli.Config(d_model=d, heads=H, kv_heads=kv, head_dim=head_dim, layers=L,
+                            d_ff=F, vocab=V, **GEMMA3)
         assert param_count(cfg) == count
 
 
@@ -480,3 +485,87 @@ def test_a_llama_folder_with_linear_scaling_matches_from_pretrained(tmp_path):
     assert_grads_match(grads, llama_grads(model))
     unscaled = tfmcli.forward(run_.params, run_.inputs, run_.cfg.replace(rope_scaling=None))
     assert abs(unscaled.loss - tfmcli.forward(run_.params, run_.inputs, run_.cfg).loss) > 1e-4
+
+
+# ---------------------------------------------------------------- Gemma 3 4B+: image and text
+
+
+def saved_image_and_text(folder, dtype="bfloat16") -> dict:
+    """A random Hugging Face Gemma3ForConditionalGeneration (SMALL's language model, a one-layer
+    vision tower), drawn as ``hf_saved`` draws, saved in ``dtype`` by its own
+    ``save_pretrained``; returns its language model's state in float64 under a text model's
+    names (``model.layers...``)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vision = dict(model_type="siglip_vision_model", hidden_size=8, intermediate_size=16,
+                  num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4)
+    config = transformers.Gemma3Config(text_config=SMALL, vision_config=vision,
+                                       mm_tokens_per_image=4, boi_token_index=37,
+                                       eoi_token_index=38, image_token_index=39)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.normal_(0.0, 0.5)
+            if key.endswith("norm.weight"):
+                p.add_(1.0)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    state = model.model.language_model.state_dict()
+    return {"model." + k: v.double().numpy() for k, v in state.items()}
+
+
+def test_an_image_and_text_gemma3_folder_is_read_as_its_language_model(tmp_path,
+                                                                        float64_softmax):
+    """Gemma 3 4B's layout (``"model_type": "gemma3"``, the weights under
+    ``language_model.model.``, a vision tower beside them): the language model's weights to the
+    bit, and the model against the language model of ``from_pretrained``'s own
+    Gemma3ForConditionalGeneration, to 1e-12."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    state = saved_image_and_text(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == "gemma3" and "text_config" in written
+    fields = gemma3.read_config(tmp_path)
+    assert (fields["rope_scaling"], fields["rope_local_theta"], fields["qk_norm"],
+            fields["tied_head"], fields["vocab"]) == ((8.0,), 20.0, True, True, 40)
+    params = gemma3.load_params(tmp_path, fields, np.float64)
+    assert_gemma_weights_read_to_the_bit(params, state, fields)
+    run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
+    assert run_.weights_from.startswith("Gemma 3 checkpoint")
+    whole = transformers.Gemma3ForConditionalGeneration.from_pretrained(tmp_path)
+    model = transformers.Gemma3ForCausalLM(whole.config.text_config)
+    model.model.load_state_dict(whole.model.language_model.state_dict())
+    model.config._attn_implementation = "eager"
+    model = float64_gemma(model.double().eval(), run_.cfg)
+    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
+    assert_grads_match(grads, gemma3_grads(model))
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(text_config=None), "key 'text_config' is None, not the object"),
+    (dict(tie_word_embeddings=False), "key 'tie_word_embeddings' is False and text_config's "
+                                      "True; tfm will not guess"),
+])
+def test_an_image_and_text_gemma3_tfm_cannot_read_is_refused(tmp_path, change, reason):
+    saved_image_and_text(tmp_path, "float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["text_config"]["tie_word_embeddings"] = True
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
+    assert reason in line and line.split(": ")[2].endswith("config.json")
+
+
+def test_an_image_and_text_folder_missing_a_language_weight_names_it(tmp_path):
+    """Every vision key is left, but a language model's key still must be there."""
+    pytest.importorskip("safetensors")
+    from safetensors.numpy import load_file, save_file
+
+    saved_image_and_text(tmp_path, "float32")
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert any(key.startswith("vision_tower.") for key in tensors)
+    del tensors["language_model.model.layers.1.self_attn.k_norm.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
+    assert line.endswith("missing key 'model.layers.1.self_attn.k_norm.weight' (of its "
+                         "language model)")

@@ -12,7 +12,8 @@ from pathlib import Path
 from tfmcli.errors import TfmError
 
 CONFIG = "config.json"
-MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+               "gemma3")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -52,7 +53,7 @@ def checkpoint_module(folder):
 
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
             "qwen3": qwen3, "gemma": gemma, "gemma2": gemma2,
-            "gemma3_text": gemma3}[model_type(folder)]
+            "gemma3_text": gemma3, "gemma3": gemma3}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):

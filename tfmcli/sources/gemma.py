@@ -12,8 +12,8 @@ Heads are ``head_dim`` wide (256 when config.json has none, GemmaConfig's defaul
 keys and values are one head (``num_key_value_heads`` 1: multi-query attention). No biases
 (``attention_bias`` true, which would put one on o_proj and none in the MLP, is refused).
 Gemma 2 (``gemma2``: soft caps, norms around each sublayer, layers that alternate a sliding
-window) is ``sources.gemma2``; Gemma 3 (``gemma3_text``: q and k norms, a RoPE base of the
-sliding layers' own besides) is ``sources.gemma3``.
+window) is ``sources.gemma2``; Gemma 3 (``gemma3_text``, and ``gemma3``'s language model: q
+and k norms, a RoPE base of the sliding layers' own besides) is ``sources.gemma3``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ NAME = "Gemma"
 read_config = llama.read_config
 
 
-def load_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> dict[str, np.ndarray]:
-    """The folder's weights under tfm's names (``llama.load_params``), each norm's gamma
-    ``1 + weight``."""
-    params = llama.load_params(folder, fields, dtype, checkpoint=checkpoint)
+def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
+                text_part: bool = False) -> dict[str, np.ndarray]:
+    """The folder's weights under tfm's names (``llama.load_params``; ``text_part``: an
+    image-and-text model's language model), each norm's gamma ``1 + weight``."""
+    params = llama.load_params(folder, fields, dtype, checkpoint=checkpoint, text_part=text_part)
     for name, value in params.items():
         if name.endswith(".gamma"):
             value += 1.0

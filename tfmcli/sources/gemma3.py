@@ -1,5 +1,6 @@
-"""Gemma 3 checkpoint folders (``"model_type": "gemma3_text"``: Gemma 3 270M and 1B, the
-text-only ones): Gemma 2's block and names (``sources.gemma2``: a norm before and after each
+"""Gemma 3 checkpoint folders: ``"model_type": "gemma3_text"`` (Gemma 3 270M and 1B, the
+text-only ones), and the language model of ``"gemma3"`` (4B, 12B, 27B, which read images
+too: its ``text_config``, its weights under ``language_model.``). Gemma 2's block and names (``sources.gemma2``: a norm before and after each
 sublayer, GeGLU, the embedding times sqrt(hidden_size), a tied head, each RMSNorm's gamma
 ``1 + weight``, the score scale ``query_pre_attn_scalar ** -0.5``), with four differences:
 
@@ -11,8 +12,8 @@ sublayer, GeGLU, the embedding times sqrt(hidden_size), a tied head, each RMSNor
   full ones at ``rope_theta`` (1e6) with ``rope_scaling`` (``--rope-local-theta``);
 - no soft caps (``attn_logit_softcapping`` and ``final_logit_softcapping`` null).
 
-A key config.json leaves out takes Gemma3TextConfig's default. The larger Gemma 3s (4B, 12B,
-27B: ``"model_type": "gemma3"``) hold this model inside an image-and-text one and are not read.
+A key config.json leaves out takes Gemma3TextConfig's default. Of an image-and-text folder
+the vision tower and its projector are left unread: tfm runs the text.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from __future__ import annotations
 import numpy as np
 
 from tfmcli.sources import gemma, llama
+from tfmcli.sources.folder import model_type
 
 NAME = "Gemma 3"
 read_config = llama.read_config
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
-    """The folder's weights under tfm's names, each norm's gamma ``1 + weight``."""
-    return gemma.load_params(folder, fields, dtype, checkpoint=NAME)
+    """The folder's weights under tfm's names, each norm's gamma ``1 + weight``; of an
+    image-and-text folder, its language model's."""
+    return gemma.load_params(folder, fields, dtype, checkpoint=NAME,
+                             text_part=model_type(folder) == "gemma3")
 
 
 from_tfm = gemma.from_tfm

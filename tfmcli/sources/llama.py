@@ -39,6 +39,10 @@ from tfmcli.sources.folder import model_type, need, read_json
 NAME = "LLaMA"
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older checkpoints carry: tfm makes its angles
+LANGUAGE_MODEL = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."))   # an image-and-text model's text part
+BESIDE_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+               "model.multi_modal_projector.")   # and the rest of it, which tfm leaves
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")   # read here
@@ -68,6 +72,8 @@ def read_config(folder) -> dict:
     window in every other layer."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
+    if kind == "gemma3":   # Gemma 3 4B+: an image-and-text model, whose text part tfm reads
+        config, kind = _text_config(path, config), "gemma3_text"
     if kind not in KINDS:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
                        f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
@@ -134,6 +140,23 @@ def read_config(folder) -> dict:
     except ConfigError as e:
         raise TfmError(f"--load {path}: {e}") from None
     return fields
+
+
+def _text_config(path, config: dict) -> dict:
+    """The ``text_config`` of an image-and-text Gemma 3 (``"model_type": "gemma3"``), with its
+    head's tying: the outer config's ``tie_word_embeddings`` (Gemma3Config's default true), which
+    the inner one, when it says, must agree with."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise TfmError(f"--load {path}: key 'text_config' is {text!r}, not the object an "
+                       f"image-and-text Gemma 3's config.json holds its language model's "
+                       f"config in")
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    if text.get("tie_word_embeddings", tied) != tied:
+        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r} and "
+                       f"text_config's {text['tie_word_embeddings']!r}; tfm will not guess "
+                       f"which is meant")
+    return {**text, "model_type": "gemma3_text", "tie_word_embeddings": tied}
 
 
 def _gemma2_fields(path, config: dict) -> dict:
@@ -357,39 +380,62 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
     return stored
 
 
-def load_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> dict[str, np.ndarray]:
+def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
+                text_part: bool = False) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
     (float32 and bfloat16 to float64 are exact). Every key and shape is checked before any is
     read; then two threads read them, each tensor whole, since a fresh array's first touch and
     the file's pages leave one core waiting (LLaMA 3.2 1B's 2.5 GB in float32: 3.4-4.6 s
-    instead of 7-14)."""
+    instead of 7-14). With ``text_part`` the folder holds an image-and-text model (Gemma 3
+    4B+): its language model's weights are read (``text_keys``), the rest left."""
     from concurrent.futures import ThreadPoolExecutor
 
     expected = expected_shapes(fields)
     stored = stored_tensors(folder)
-    for key, (path, _, _) in stored.items():
-        tied_copy = key == "lm_head.weight" and fields["tied_head"]
-        if key not in expected and not tied_copy and not key.endswith(IGNORED):
-            raise TfmError(f"--load {path}: unknown key {key!r} (not a weight of the {checkpoint} "
-                           f"that config.json describes)")
-    for key, _, _ in name_map(fields):
-        if key not in stored:   # named in the one file, or in the index of the shards
+    names = text_keys(stored) if text_part else {key: key for key in stored}   # name -> stored
+    for name, key in names.items():
+        tied_copy = name == "lm_head.weight" and fields["tied_head"]
+        if name not in expected and not tied_copy and not name.endswith(IGNORED):
+            raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
+                           f"{checkpoint} that config.json describes)")
+    for name, _, _ in name_map(fields):
+        if name not in names:   # named in the one file, or in the index of the shards
             whole = Path(folder) / WEIGHTS
             raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
-                           f"missing key {key!r}")
+                           f"missing key {name!r}" + (" (of its language model)" if text_part
+                                                      else ""))
+        key = names[name]
         path, header, _ = stored[key]
         shape = tuple(header[key]["shape"])
-        if shape != expected[key]:
+        if shape != expected[name]:
             raise TfmError(f"--load {path}: key {key!r} has shape {shape}, but config.json "
-                           f"says {expected[key]}")
+                           f"says {expected[name]}")
 
     def read(row):
-        key, name, transposed = row
+        name, ours, transposed = row
+        key = names[name]
         path, header, start = stored[key]
-        return name, tensorfile.read_tensor(path, header, start, key, dtype, transposed)
+        return ours, tensorfile.read_tensor(path, header, start, key, dtype, transposed)
 
     with ThreadPoolExecutor(2) as pool:
         return dict(pool.map(read, name_map(fields)))
+
+
+def text_keys(stored: dict) -> dict[str, str]:
+    """Name in a text model (``model.layers.0...``) -> stored key, for the language model's
+    weights of an image-and-text folder: ``language_model.model.*`` and
+    ``language_model.lm_head.*`` as Hugging Face saves Gemma 3 4B+ (and the hub serves it), or
+    ``model.language_model.*``; the vision tower's and projector's keys are left out."""
+    names = {}
+    for key in stored:
+        for prefix, name in LANGUAGE_MODEL:
+            if key.startswith(prefix):
+                names[name + key[len(prefix):]] = key
+                break
+        else:
+            if not key.startswith(BESIDE_TEXT):
+                names[key] = key   # unknown: load_params names it
+    return names
 
 
 def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
