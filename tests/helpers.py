@@ -412,6 +412,42 @@ def assert_gemma_weights_read_to_the_bit(params, state, fields) -> None:
                                       else stored, err_msg=key)
 
 
+def sandwich_grads(model) -> dict:
+    """``llama_grads`` (q_norm's and k_norm's included) under the names of Gemma 2's and 3's
+    four norms a layer: post_attention_layernorm is ln1_post, and the feed-forward's two norms
+    ln2 and ln2_post."""
+    theirs = llama_grads(model)
+    for i, layer in enumerate(model.model.layers):
+        p = f"blocks.{i}."
+        theirs.update({p + "ln1_post.gamma": layer.post_attention_layernorm.weight.grad.numpy(),
+                       p + "ln2.gamma": layer.pre_feedforward_layernorm.weight.grad.numpy(),
+                       p + "ln2_post.gamma": layer.post_feedforward_layernorm.weight.grad.numpy()})
+    return theirs
+
+
+def gemma_holding(Model, config, params, cfg):
+    """Hugging Face's ``Model`` (Gemma2ForCausalLM, Gemma3ForCausalLM) of ``config`` holding
+    tfm's parameters in float64 (eager attention, the kernel that soft-caps): each norm's
+    weight its gamma - 1, every linear weight transposed (``gemma.from_tfm``), then
+    ``float64_gemma``."""
+    import torch
+
+    from tfmcli.sources import gemma
+
+    config._attn_implementation = "eager"
+    model = Model(config).double().eval()
+    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
+                                           "d_ff", "activation", "pe", "rms_norm", "bias",
+                                           "tied_head", "head_bias", "head_dim", "embed_scale",
+                                           "sandwich_norm", "qk_norm")}
+    state = {key: torch.tensor(value) for key, value in gemma.from_tfm(params, fields).items()}
+    if cfg.tied_head:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), missing
+    return float64_gemma(model, cfg)
+
+
 def llama_grads(model) -> dict:
     """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
     float64 arrays (weights transposed to tfm's ``(in, out)``). Tied, the one matrix's

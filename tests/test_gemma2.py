@@ -19,9 +19,9 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
                      assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, float64_gemma, hf_saved, llama_grads,
-                     hf_logits, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+                     decoded_like_the_forward, error_line, float64_gemma, gemma_holding,
+                     hf_logits, hf_saved, ok, random_params, run, sandwich_grads,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 
@@ -342,36 +342,9 @@ def hf_gemma2_config(cfg):
 
 
 def gemma2_from(params, cfg):
-    """Hugging Face's Gemma2ForCausalLM holding tfm's parameters in float64 (eager attention,
-    the kernel that soft-caps): each norm's weight its gamma - 1, every linear weight
-    transposed (``gemma2.from_tfm``)."""
-    torch = pytest.importorskip("torch")
+    """Hugging Face's Gemma2ForCausalLM holding tfm's parameters in float64 (``gemma_holding``)."""
     transformers = pytest.importorskip("transformers")
-    config = hf_gemma2_config(cfg)
-    config._attn_implementation = "eager"
-    model = transformers.Gemma2ForCausalLM(config).double().eval()
-    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
-                                           "d_ff", "activation", "pe", "rms_norm", "bias",
-                                           "tied_head", "head_bias", "head_dim", "embed_scale",
-                                           "sandwich_norm")}
-    state = {key: torch.tensor(value) for key, value in gemma2.from_tfm(params, fields).items()}
-    if cfg.tied_head:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), missing
-    return float64_gemma(model, cfg)
-
-
-def gemma2_grads(model) -> dict:
-    """``llama_grads`` under Gemma 2's names: post_attention_layernorm is ln1_post, and the
-    feed-forward's two norms ln2 and ln2_post."""
-    theirs = llama_grads(model)
-    for i, layer in enumerate(model.model.layers):
-        p = f"blocks.{i}."
-        theirs.update({p + "ln1_post.gamma": layer.post_attention_layernorm.weight.grad.numpy(),
-                       p + "ln2.gamma": layer.pre_feedforward_layernorm.weight.grad.numpy(),
-                       p + "ln2_post.gamma": layer.post_feedforward_layernorm.weight.grad.numpy()})
-    return theirs
+    return gemma_holding(transformers.Gemma2ForCausalLM, hf_gemma2_config(cfg), params, cfg)
 
 
 @pytest.mark.parametrize("fields", [
@@ -387,7 +360,7 @@ def test_matches_hugging_face(fields, float64_softmax):
     params = random_params(tfmcli.init_params(cfg), seed=12)
     model = gemma2_from(params, cfg)
     grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
-    theirs = gemma2_grads(model)
+    theirs = sandwich_grads(model)
     assert set(theirs) == set(params)
     assert_grads_match(grads, theirs)
 
@@ -438,7 +411,7 @@ def test_a_gemma2_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path
     model = float64_gemma(transformers.Gemma2ForCausalLM.from_pretrained(
         tmp_path, attn_implementation="eager").double().eval(), run_.cfg)
     grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, gemma2_grads(model))
+    assert_grads_match(grads, sandwich_grads(model))
     back = gemma2.from_tfm(gemma2.load_params(tmp_path, fields, np.float64), fields)
     assert set(back) | ({"lm_head.weight"} if cfg.tied_head else set()) >= set(state) - {
         "lm_head.weight"}

@@ -19,8 +19,9 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
                      assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
-                     error_line, float64_gemma, hf_logits, hf_saved, in_float64, llama_grads,
-                     ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows)
+                     error_line, float64_gemma, gemma_holding, hf_logits, hf_saved, in_float64,
+                     llama_grads, ok, random_params, run, sandwich_grads,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops, positional
 from tfmcli.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
 from tfmcli.sources import gemma3, llama
@@ -283,35 +284,9 @@ def hf_gemma3_config(cfg):
 
 
 def gemma3_from(params, cfg):
-    """Hugging Face's Gemma3ForCausalLM holding tfm's parameters in float64 (eager attention):
-    each norm's weight its gamma - 1, every linear weight transposed (``gemma3.from_tfm``)."""
-    torch = pytest.importorskip("torch")
+    """Hugging Face's Gemma3ForCausalLM holding tfm's parameters in float64 (``gemma_holding``)."""
     transformers = pytest.importorskip("transformers")
-    config = hf_gemma3_config(cfg)
-    config._attn_implementation = "eager"
-    model = transformers.Gemma3ForCausalLM(config).double().eval()
-    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
-                                           "d_ff", "activation", "pe", "rms_norm", "bias",
-                                           "tied_head", "head_bias", "head_dim", "embed_scale",
-                                           "sandwich_norm", "qk_norm")}
-    state = {key: torch.tensor(value) for key, value in gemma3.from_tfm(params, fields).items()}
-    if cfg.tied_head:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), missing
-    return float64_gemma(model, cfg)
-
-
-def gemma3_grads(model) -> dict:
-    """``llama_grads`` (q_norm and k_norm included) under Gemma 3's names: the feed-forward's
-    two norms ln2 and ln2_post, post_attention_layernorm ln1_post."""
-    theirs = llama_grads(model)
-    for i, layer in enumerate(model.model.layers):
-        p = f"blocks.{i}."
-        theirs.update({p + "ln1_post.gamma": layer.post_attention_layernorm.weight.grad.numpy(),
-                       p + "ln2.gamma": layer.pre_feedforward_layernorm.weight.grad.numpy(),
-                       p + "ln2_post.gamma": layer.post_feedforward_layernorm.weight.grad.numpy()})
-    return theirs
+    return gemma_holding(transformers.Gemma3ForCausalLM, hf_gemma3_config(cfg), params, cfg)
 
 
 @pytest.mark.parametrize("fields", [
@@ -326,7 +301,7 @@ def test_matches_hugging_face(fields, float64_softmax):
     params = random_params(tfmcli.init_params(cfg), seed=12)
     model = gemma3_from(params, cfg)
     grads = tfm_grads_matching_hf(model, params, tfmcli.make_inputs(cfg), cfg)
-    theirs = gemma3_grads(model)
+    theirs = sandwich_grads(model)
     assert set(theirs) == set(params)
     assert_grads_match(grads, theirs)
 
@@ -397,7 +372,7 @@ def test_a_gemma3_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path
     model = float64_gemma(transformers.Gemma3ForCausalLM.from_pretrained(
         tmp_path, attn_implementation="eager").double().eval(), run_.cfg)
     grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, gemma3_grads(model))
+    assert_grads_match(grads, sandwich_grads(model))
 
 
 def test_a_gemma3_config_takes_gemma3textconfigs_defaults(tmp_path):
@@ -538,7 +513,7 @@ def test_an_image_and_text_gemma3_folder_is_read_as_its_language_model(tmp_path,
     model.config._attn_implementation = "eager"
     model = float64_gemma(model.double().eval(), run_.cfg)
     grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, gemma3_grads(model))
+    assert_grads_match(grads, sandwich_grads(model))
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
 
 
