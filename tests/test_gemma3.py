@@ -405,6 +405,8 @@ def test_a_gemma3_config_takes_gemma3textconfigs_defaults(tmp_path):
                            "full_attention": {"rope_type": "default"}}),
      "key 'rope_parameters' sliding_attention's 'rope_theta' is -1, not a positive number"),
     (dict(use_bidirectional_attention=True), "key 'use_bidirectional_attention' is True"),
+    (dict(sliding_window=None), "key 'sliding_window' is null; a Gemma 3's sliding layers need "
+                                "a window"),
     (dict(attn_logit_softcapping=50.0), "key 'attn_logit_softcapping' is 50.0, which Hugging "
                                         "Face's Gemma 3 does not apply"),
     (dict(layer_types=None, sliding_window_pattern=0),

@@ -709,7 +709,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     gated = cfg.gated   # the gate a block, its gradient; SwiGLU's sigmoid or GeGLU's tanh cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
-    tables = len({cfg.rope(i) for i in range(L)}) if rope else 0   # two a base (Gemma 3's: 2)
+    tables = len({cfg.rope(i) for i in range(L)}) if rope else 0   # (cos, sin) a RoPE: Gemma 3, 2
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
     btq = B * T * cfg.d_q     # q, context (and q_rot): BTd unless head_dim says otherwise
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its

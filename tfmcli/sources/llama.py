@@ -69,7 +69,8 @@ def read_config(folder) -> dict:
     num_attention_heads is ``Config.head_dim``. Gemma's (``sources.gemma``) are GeGLU, an
     embedding times sqrt(d) and a head tied unless it says otherwise; Gemma 2's
     (``sources.gemma2``) add a norm after each sublayer, soft caps, their own score scale and a
-    window in every other layer."""
+    window in every other layer; Gemma 3's (``sources.gemma3``, an image-and-text one's
+    ``text_config``) add q and k norms and a RoPE base of the sliding layers' own."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind == "gemma3":   # Gemma 3 4B+: an image-and-text model, whose text part tfm reads
@@ -128,6 +129,9 @@ def read_config(folder) -> dict:
               "head_dim": head_dim, "qk_norm": kind in ("qwen3", "gemma3_text"),
               "embed_scale": kind in GEMMAS, "sliding_layers": sliding_layers,
               "rope_local_theta": None if window is None else local_theta}
+    if kind == "gemma3_text" and config["sliding_window"] is None:
+        raise TfmError(f"--load {path}: key 'sliding_window' is null; a Gemma 3's sliding "
+                       f"layers need a window (and turn at a RoPE base of their own)")
     if kind == "gemma3_text" and config.get("attn_logit_softcapping") is not None:
         raise TfmError(f"--load {path}: key 'attn_logit_softcapping' is "
                        f"{config['attn_logit_softcapping']!r}, which Hugging Face's Gemma 3 "
@@ -160,9 +164,9 @@ def _text_config(path, config: dict) -> dict:
 
 
 def _gemma2_fields(path, config: dict) -> dict:
-    """Gemma 2's (and 3's) soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``; null: no
-    cap), its score scale ``query_pre_attn_scalar ** -0.5`` as Hugging Face computes it (None
-    when that is tfm's own 1 / sqrt(d_head)), and its sandwich norms."""
+    """Gemma 2's (and 3's) soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``;
+    null: no cap), its score scale ``query_pre_attn_scalar ** -0.5`` as Hugging Face computes it
+    (None when that is tfm's own 1 / sqrt(d_head)), and its sandwich norms."""
     d_head = need(path, config, "head_dim")
     fields = {"sandwich_norm": True}
     for key, field in (("attn_logit_softcapping", "attn_softcap"),
