@@ -425,16 +425,36 @@ def sandwich_grads(model) -> dict:
     return theirs
 
 
-def gemma_holding(Model, config, params, cfg):
-    """Hugging Face's ``Model`` (Gemma2ForCausalLM, Gemma3ForCausalLM) of ``config`` holding
-    tfm's parameters in float64 (eager attention, the kernel that soft-caps): each norm's
-    weight its gamma - 1, every linear weight transposed (``gemma.from_tfm``), then
-    ``float64_gemma``."""
+def sandwich_config_kwargs(cfg) -> dict:
+    """The keyword arguments a Gemma2Config and a Gemma3TextConfig share for tfm's ``cfg`` (all
+    but the RoPE, which each lays out its own way): the sizes, GELU's tanh form, the score scale
+    as ``query_pre_attn_scalar`` (10 with ``attn_scale``, else d_head), the layers the window
+    slides in, the caps."""
+    scalar = 10 if cfg.attn_scale is not None else cfg.d_head
+    # (6 ** -0.5 and tfm's 1 / sqrt(6) may differ in the last bit)
+    assert cfg.score_scale == pytest.approx(scalar ** -0.5, rel=1e-15)
+    layer_types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
+                   for i in range(cfg.layers)]
+    return dict(vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
+                num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv,
+                head_dim=cfg.d_head, intermediate_size=cfg.ff,
+                hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64,
+                rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, pad_token_id=None,
+                query_pre_attn_scalar=scalar, sliding_window=cfg.sliding_window or 4096,
+                layer_types=layer_types, attn_logit_softcapping=cfg.attn_softcap,
+                final_logit_softcapping=cfg.logit_softcap)
+
+
+def gemma_holding(Model, config, params, cfg, attention: str = "eager"):
+    """Hugging Face's ``Model`` (Gemma, Gemma2 or Gemma3ForCausalLM) of ``config`` holding
+    tfm's parameters in float64 (``attention``: eager, the kernel that soft-caps; Gemma's
+    ``"sdpa"``, torch's own, keeps its softmax in float64): each norm's weight its gamma - 1,
+    every linear weight transposed (``gemma.from_tfm``), then ``float64_gemma``."""
     import torch
 
     from tfmcli.sources import gemma
 
-    config._attn_implementation = "eager"
+    config._attn_implementation = attention
     model = Model(config).double().eval()
     fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
                                            "d_ff", "activation", "pe", "rms_norm", "bias",

@@ -16,8 +16,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_gemma_weights_read_to_the_bit, assert_grads_match, error_line,
-                     float64_gemma, hf_logits, hf_saved, llama_grads, ok, random_params, run,
-                     tfm_grads_matching_hf)
+                     float64_gemma, gemma_holding, hf_logits, hf_saved, llama_grads, ok,
+                     random_params, run, tfm_grads_matching_hf)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gemma
 
@@ -34,9 +34,8 @@ def gemma_cfg(**fields):
 
 
 def gemma_from(params, cfg):
-    """Hugging Face's GemmaForCausalLM holding tfm's parameters in float64: each norm's weight
-    its gamma - 1, every linear weight transposed (``gemma.from_tfm``)."""
-    torch = pytest.importorskip("torch")
+    """Hugging Face's GemmaForCausalLM holding tfm's parameters in float64
+    (``gemma_holding``, torch's own attention kernel)."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GemmaConfig(
         vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
@@ -44,17 +43,7 @@ def gemma_from(params, cfg):
         intermediate_size=cfg.ff, hidden_act="gelu_pytorch_tanh", max_position_embeddings=64,
         rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head, pad_token_id=None,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
-    config._attn_implementation = "sdpa"   # torch's own kernel: the softmax stays in float64
-    model = transformers.GemmaForCausalLM(config).double().eval()
-    fields = {f: getattr(cfg, f) for f in ("d_model", "heads", "kv_heads", "layers", "vocab",
-                                           "d_ff", "activation", "pe", "rms_norm", "bias",
-                                           "tied_head", "head_bias", "head_dim", "embed_scale")}
-    state = {key: torch.tensor(value) for key, value in gemma.from_tfm(params, fields).items()}
-    if cfg.tied_head:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), missing
-    return float64_gemma(model, cfg)
+    return gemma_holding(transformers.GemmaForCausalLM, config, params, cfg, attention="sdpa")
 
 
 # ---------------------------------------------------------------- sizes

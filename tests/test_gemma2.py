@@ -20,7 +20,8 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
                      assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, error_line, float64_gemma, gemma_holding,
-                     hf_logits, hf_saved, ok, random_params, run, sandwich_grads,
+                     hf_logits, hf_saved, ok, random_params, run, sandwich_config_kwargs,
+                     sandwich_grads,
                      tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
@@ -323,21 +324,10 @@ def gemma2_model_cfg(**fields):
 
 def hf_gemma2_config(cfg):
     """The Gemma2Config of tfm's ``cfg``: its caps, its scale as query_pre_attn_scalar, the
-    layers its window slides in."""
+    layers its window slides in (``sandwich_config_kwargs``), one RoPE."""
     transformers = pytest.importorskip("transformers")
-    scalar = 10 if cfg.attn_scale is not None else cfg.d_head
-    # (6 ** -0.5 and tfm's 1 / sqrt(6) may differ in the last bit)
-    assert cfg.score_scale == pytest.approx(scalar ** -0.5, rel=1e-15)
-    layer_types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
-                   for i in range(cfg.layers)]
     return transformers.Gemma2Config(
-        vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv, head_dim=cfg.d_head,
-        intermediate_size=cfg.ff, hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=64, rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head,
-        pad_token_id=None, query_pre_attn_scalar=scalar,
-        sliding_window=cfg.sliding_window or 4096, layer_types=layer_types,
-        attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
+        **sandwich_config_kwargs(cfg),
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
 
 

@@ -20,7 +20,8 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
                      assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
                      error_line, float64_gemma, gemma_holding, hf_logits, hf_saved, in_float64,
-                     llama_grads, ok, random_params, run, sandwich_grads,
+                     llama_grads, ok, random_params, run, sandwich_config_kwargs,
+                     sandwich_grads,
                      tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops, positional
 from tfmcli.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
@@ -261,24 +262,14 @@ def gemma3_model_cfg(**fields):
 
 
 def hf_gemma3_config(cfg):
-    """The Gemma3TextConfig of tfm's ``cfg``: a RoPE a layer type, its scale as
-    query_pre_attn_scalar, the layers its window slides in, its caps."""
+    """The Gemma3TextConfig of tfm's ``cfg``: its scale as query_pre_attn_scalar, the layers
+    its window slides in, its caps (``sandwich_config_kwargs``), a RoPE a layer type."""
     transformers = pytest.importorskip("transformers")
-    scalar = 10 if cfg.attn_scale is not None else cfg.d_head
-    assert cfg.score_scale == pytest.approx(scalar ** -0.5, rel=1e-15)
-    layer_types = ["sliding_attention" if cfg.window(i) is not None else "full_attention"
-                   for i in range(cfg.layers)]
     full = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         full.update({"rope_type": "llama3", **cfg.rope_scaling.to_dict()})   # or linear's
     return transformers.Gemma3TextConfig(
-        vocab_size=cfg.vocab, hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.h_kv, head_dim=cfg.d_head,
-        intermediate_size=cfg.ff, hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=64, rms_norm_eps=cfg.eps, tie_word_embeddings=cfg.tied_head,
-        pad_token_id=None, query_pre_attn_scalar=scalar,
-        sliding_window=cfg.sliding_window or 4096, layer_types=layer_types,
-        attn_logit_softcapping=cfg.attn_softcap, final_logit_softcapping=cfg.logit_softcap,
+        **sandwich_config_kwargs(cfg),
         rope_parameters={"full_attention": full, "sliding_attention": {
             "rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}})
 
