@@ -330,10 +330,10 @@ def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int
 
 
 def in_float64(model, cfg):
-    """A LLaMA, Qwen2, Mistral or Qwen3 ForCausalLM (float64 weights) with its RMSNorm (Qwen3's
-    q_norm and k_norm too) and RoPE angles
-    made in float64: both make them in float32 whatever the model's dtype. Its norm is first
-    checked against tfm's to float32's rounding."""
+    """A LLaMA, Qwen2, Mistral, Qwen3 or Phi3 ForCausalLM (float64 weights) with its RMSNorm
+    (Qwen3's q_norm and k_norm too) and RoPE angles made in float64: both make them in float32
+    whatever the model's dtype. Its norm is first checked against tfm's to float32's
+    rounding."""
     import torch
 
     from tfmcli import ops
@@ -351,7 +351,7 @@ def in_float64(model, cfg):
         return forward
 
     norms = [m for m in model.modules() if type(m).__name__ in (
-        "LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "Qwen3RMSNorm")]
+        "LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")]
     assert len(norms) == (4 if cfg.qk_norm else 2) * cfg.layers + 1
     for module in norms:
         module.forward = float64_norm(module)

@@ -45,19 +45,21 @@ BESIDE_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                "model.multi_modal_projector.")   # and the rest of it, which tfm leaves
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
-KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")   # read here
+KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+         "phi3")   # read here
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 SANDWICHED = ("gemma2", "gemma3_text")   # a norm after each sublayer too, soft caps, a scale
 NAMES = {"qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma 2",
-         "gemma3_text": "Gemma 3"}   # for the messages
+         "gemma3_text": "Gemma 3", "phi3": "Phi-3"}   # for the messages
 HEAD_DIMS = {"qwen3": 128, "gemma": 256, "gemma2": 256,
              "gemma3_text": 256}   # head_dim when config.json has none
-DEFAULTS = {   # what Gemma2Config and Gemma3TextConfig fill in for a key config.json leaves out
+DEFAULTS = {   # what Gemma2Config, Gemma3TextConfig and Phi3Config fill in for a key left out
     "gemma2": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "gemma3_text": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
                     "attn_logit_softcapping": None, "final_logit_softcapping": None,
-                    "sliding_window_pattern": 6}}
+                    "sliding_window_pattern": 6},
+    "phi3": {"rms_norm_eps": 1e-5}}
 GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}   # the defaults
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
@@ -70,7 +72,9 @@ def read_config(folder) -> dict:
     embedding times sqrt(d) and a head tied unless it says otherwise; Gemma 2's
     (``sources.gemma2``) add a norm after each sublayer, soft caps, their own score scale and a
     window in every other layer; Gemma 3's (``sources.gemma3``, an image-and-text one's
-    ``text_config``) add q and k norms and a RoPE base of the sliding layers' own."""
+    ``text_config``) add q and k norms and a RoPE base of the sliding layers' own. Phi-3's
+    (``sources.phi3``) are LLaMA's, RMSNorm's epsilon 1e-5 by default, never biased, and
+    refused when RoPE turns only part of each head."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind == "gemma3":   # Gemma 3 4B+: an image-and-text model, whose text part tfm reads
@@ -78,8 +82,8 @@ def read_config(folder) -> dict:
     if kind not in KINDS:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
                        f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
-                       f"Qwen3's 'qwen3', a Gemma's 'gemma', a Gemma 2's 'gemma2' or a Gemma "
-                       f"3's 'gemma3_text'")
+                       f"Qwen3's 'qwen3', a Gemma's 'gemma', a Gemma 2's 'gemma2', a Gemma "
+                       f"3's 'gemma3_text' or a Phi-3's 'phi3'")
     config = {**DEFAULTS.get(kind, {}), **config}   # the Config's own for a key left out
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
@@ -98,6 +102,8 @@ def read_config(folder) -> dict:
     window, sliding_layers = _sliding_window(path, config, kind, layers)
     if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
         bias, qkv_bias = False, True
+    elif kind == "phi3":   # Hugging Face's Phi-3 has no biases, whatever the config says
+        bias = qkv_bias = False
     elif kind in ("qwen3", *GEMMAS):   # attention_bias: on q, k, v and o, none in the MLP
         bias = qkv_bias = False
         if config.get("attention_bias", False) is not False:
@@ -119,6 +125,8 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     theta, scaling, local_theta = (_gemma3_rope(path, config) if kind == "gemma3_text"
                                    else (*_rope(path, config), None))
+    if kind == "phi3":
+        _whole_rotation(path, config)
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
               "layers": layers,
               "vocab": need(path, config, "vocab_size"),
@@ -213,10 +221,10 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
             raise TfmError(f"--load {path}: key 'layer_types' names {len(layer_types)} layers, "
                            f"and 'num_hidden_layers' is {layers}")
         sliding_layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
-        if kind == "mistral" and len(sliding_layers) < layers:
+        if kind in ("mistral", "phi3") and len(sliding_layers) < layers:
             raise TfmError(f"--load {path}: key 'layer_types' has 'full_attention' layers, "
-                           f"which Hugging Face's Mistral does not read (its window is in every "
-                           f"layer); tfm will not guess which is meant")
+                           f"which Hugging Face's {NAMES.get(kind, 'Mistral')} does not read "
+                           f"(its window is in every layer); tfm will not guess which is meant")
     elif kind == "gemma2":   # Gemma2Config's own: the even layers slide
         sliding_layers = list(range(0, layers, 2))
     elif kind == "gemma3_text":   # Gemma3TextConfig's: every layer but each pattern-th
@@ -274,6 +282,17 @@ def _rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | 
     return float(theta), scaling
 
 
+def _whole_rotation(path, config: dict) -> None:
+    """Refuse a Phi-3 whose RoPE turns only part of each head (``partial_rotary_factor`` under 1,
+    as Phi-4-mini's 0.75): tfm turns all of it."""
+    for where, holder in (("", config), ("'rope_parameters' ", config.get("rope_parameters")),
+                          ("'rope_scaling' ", config.get("rope_scaling"))):
+        factor = holder.get("partial_rotary_factor", 1.0) if isinstance(holder, dict) else 1.0
+        if factor != 1.0:
+            raise TfmError(f"--load {path}: key {where}'partial_rotary_factor' is {factor!r}; "
+                           f"tfm's RoPE turns every dimension of a head (1.0)")
+
+
 def _scaling(path, key: str, rope) -> RopeScaling | LinearRopeScaling | None:
     """The scaling of one ``rope_scaling`` (or ``rope_parameters``) dict: LLaMA 3.1's
     (``"llama3"``) and linear scaling (``"linear"``, a ``factor``) are read, and ``"default"``
@@ -324,16 +343,21 @@ def _gemma3_rope(path, config: dict):
     return thetas[0], _scaling(path, key, full), thetas[1]
 
 
-def name_map(fields: dict) -> list[tuple[str, str, bool]]:
+def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, bool]]:
     """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order: each
     key that maps to a parameter these fields' Config has (``config.param_shapes`` decides
-    which biases there are, and whether the head is its own)."""
+    which biases there are, and whether the head is its own). ``fused``: Phi-3's layout, one
+    ``qkv_proj`` and one ``gate_up_proj`` a layer, whose tfm parameter is a tuple of names,
+    stacked along the output axis in that order (the rows of the stored ``(d_out, d_in)``)."""
     shapes = param_shapes(Config(**fields))
     rows = [("model.embed_tokens.weight", "embed.W_E", False)]
     for i in range(fields["layers"]):
         m, p = f"model.layers.{i}.", f"blocks.{i}."
         rows.append((m + "input_layernorm.weight", p + "ln1.gamma", False))
-        for w, proj in ATTENTION:
+        if fused:
+            rows.append((m + "self_attn.qkv_proj.weight",
+                         tuple(p + f"attn.W_{w}" for w in "QKV"), True))
+        for w, proj in ATTENTION[3 if fused else 0:]:
             rows += [(m + f"self_attn.{proj}.weight", p + f"attn.W_{w}", True),
                      (m + f"self_attn.{proj}.bias", p + f"attn.b_{w}", False)]
         rows += [(m + f"self_attn.{norm}.weight", p + f"attn.{norm}.gamma", False)
@@ -343,20 +367,32 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
                      (m + "pre_feedforward_layernorm.weight", p + "ln2.gamma", False)]
         else:
             rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
-        for w, proj in MLP:
+        if fused:
+            rows.append((m + "mlp.gate_up_proj.weight", (p + "ffn.W_gate", p + "ffn.W_1"), True))
+        for w, proj in MLP[2 if fused else 0:]:
             rows += [(m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True),
                      (m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False)]
         rows.append((m + "post_feedforward_layernorm.weight", p + "ln2_post.gamma", False))
     rows += [("model.norm.weight", "ln_f.gamma", False), ("lm_head.weight", "head.W_U", True)]
-    return [row for row in rows if row[1] in shapes]
+    return [row for row in rows if all(name in shapes for name in _names(row[1]))]
 
 
-def expected_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
+def _names(name: str | tuple) -> tuple:
+    """A ``name_map`` row's tfm parameters: one name, or a fused key's several."""
+    return name if isinstance(name, tuple) else (name,)
+
+
+def expected_shapes(fields: dict, fused: bool = False) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face key and its shape under these config fields (``read_config``'s,
-    which it has checked make a Config)."""
+    which it has checked make a Config); a fused key's rows are its parameters' outputs."""
     shapes = param_shapes(Config(**fields))
-    return {key: shapes[name][::-1] if transposed else shapes[name]
-            for key, name, transposed in name_map(fields)}
+    expected = {}
+    for key, name, transposed in name_map(fields, fused):
+        if isinstance(name, tuple):   # (d_out of each, summed; d_in)
+            expected[key] = (sum(shapes[n][1] for n in name), shapes[name[0]][0])
+        else:
+            expected[key] = shapes[name][::-1] if transposed else shapes[name]
+    return expected
 
 
 def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
@@ -385,16 +421,18 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
 
 
 def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
-                text_part: bool = False) -> dict[str, np.ndarray]:
+                text_part: bool = False, fused: bool = False) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``
     (float32 and bfloat16 to float64 are exact). Every key and shape is checked before any is
     read; then two threads read them, each tensor whole, since a fresh array's first touch and
     the file's pages leave one core waiting (LLaMA 3.2 1B's 2.5 GB in float32: 3.4-4.6 s
     instead of 7-14). With ``text_part`` the folder holds an image-and-text model (Gemma 3
-    4B+): its language model's weights are read (``text_keys``), the rest left."""
+    4B+): its language model's weights are read (``text_keys``), the rest left. With
+    ``fused`` (Phi-3), q, k and v are one stored matrix, and the gate and up projections
+    another (``name_map``): each is read once and split."""
     from concurrent.futures import ThreadPoolExecutor
 
-    expected = expected_shapes(fields)
+    expected = expected_shapes(fields, fused)
     stored = stored_tensors(folder)
     names = text_keys(stored) if text_part else {key: key for key in stored}   # name -> stored
     for name, key in names.items():
@@ -402,7 +440,8 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
         if name not in expected and not tied_copy and not name.endswith(IGNORED):
             raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
                            f"{checkpoint} that config.json describes)")
-    for name, _, _ in name_map(fields):
+    rows = name_map(fields, fused)
+    for name, _, _ in rows:
         if name not in names:   # named in the one file, or in the index of the shards
             whole = Path(folder) / WEIGHTS
             raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
@@ -419,10 +458,16 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
         name, ours, transposed = row
         key = names[name]
         path, header, start = stored[key]
-        return ours, tensorfile.read_tensor(path, header, start, key, dtype, transposed)
+        value = tensorfile.read_tensor(path, header, start, key, dtype, transposed)
+        if not isinstance(ours, tuple):
+            return [(ours, value)]
+        ends = np.cumsum([shapes[n][1] for n in ours])[:-1]   # (d_in, d_out summed): split
+        return [(n, np.ascontiguousarray(part))
+                for n, part in zip(ours, np.split(value, ends, axis=1))]
 
+    shapes = param_shapes(Config(**fields))
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(read, name_map(fields)))
+        return dict(pair for pairs in pool.map(read, rows) for pair in pairs)
 
 
 def text_keys(stored: dict) -> dict[str, str]:
@@ -448,8 +493,9 @@ def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
     return fields, load_params(folder, fields, dtype)
 
 
-def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
+def from_tfm(params: dict, fields: dict, fused: bool = False) -> dict[str, np.ndarray]:
     """tfm's parameters under LLaMA's names (the inverse of ``load_params``), for writing a
-    folder."""
-    return {key: np.ascontiguousarray(params[name].T if transposed else params[name])
-            for key, name, transposed in name_map(fields)}
+    folder; ``fused``: Phi-3's (``name_map``)."""
+    return {key: np.ascontiguousarray(np.concatenate([params[n] for n in _names(name)], axis=1).T
+                                      if transposed else params[name])
+            for key, name, transposed in name_map(fields, fused)}

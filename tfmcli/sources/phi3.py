@@ -1,0 +1,26 @@
+"""Phi-3 checkpoint folders (``"model_type": "phi3"``: Phi-3 mini and medium with the 4k
+context, Phi-4): LLaMA's model and files (``sources.llama`` reads them), with two of each
+layer's weights stored fused, each read once and split along its rows:
+
+    model.layers.{i}.self_attn.qkv_proj -> attn.W_Q, W_K, W_V   (rows: H, H_kv, H_kv heads)
+    model.layers.{i}.mlp.gate_up_proj -> ffn.W_gate, W_1        (rows: d_ff, then d_ff)
+
+The rest is LLaMA's names. No biases (Hugging Face's Phi-3 has none), RMSNorm's epsilon 1e-5
+when config.json has none (Phi3Config's), and a sliding window in every layer when
+``sliding_window`` is set (Phi-3 mini 4k: 2047, each query seeing itself and the 2046 keys
+before it). Refused: RoPE that turns only part of each head (``partial_rotary_factor`` under 1,
+Phi-4-mini) and the long-context models' ``longrope`` scaling (Phi-3 128k, Phi-3.5), whose
+per-pair factors change with the length and whose cos and sin are scaled too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tfmcli.sources import llama
+
+NAME = "Phi-3"
+read_config = llama.read_config
+load_params = functools.partial(llama.load_params, checkpoint=NAME, fused=True)
+name_map = functools.partial(llama.name_map, fused=True)
+from_tfm = functools.partial(llama.from_tfm, fused=True)
