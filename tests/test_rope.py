@@ -12,7 +12,7 @@ import pytest
 
 import tfmcli
 from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_line,
-                     float64_rotary, ok, random_params, run, tfm_grads_matching_hf,
+                     neox_from, ok, random_params, run, tfm_grads_matching_hf,
                      torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate
@@ -182,55 +182,6 @@ def test_matches_the_torch_reference_at_random_parameters():
     for fields in (dict(), dict(norm="post", layers=2, activation="gelu"), dict(d_model=6)):
         rows = torch_reference_rows(rope_cfg(**fields), seed=8)
         assert max(r.rel for r in rows) < 1e-12
-
-
-def neox_from(params, cfg, rotary_ndims):
-    """Hugging Face's GPTNeoXForCausalLM (sequential residual, rotary on ``rotary_ndims`` of
-    each head, tanh GELU) holding tfm's parameters, in float64."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    d, H, dh = cfg.d_model, cfg.heads, cfg.d_head
-    config = transformers.GPTNeoXConfig(
-        vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
-        num_attention_heads=H, intermediate_size=cfg.ff, hidden_act="gelu_new",
-        max_position_embeddings=64, rotary_pct=rotary_ndims / dh, rotary_emb_base=10000,
-        layer_norm_eps=cfg.eps, use_parallel_residual=False, attention_bias=True,
-        tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0)
-    # its "eager" attention takes the softmax in float32; torch's own kernel stays in float64
-    config._attn_implementation = "sdpa"
-    neox = transformers.GPTNeoXForCausalLM(config).double().eval()
-    assert neox.gpt_neox.layers[0].attention.rotary_ndims == rotary_ndims
-    t = {name: torch.tensor(np.asarray(v, dtype=np.float64)) for name, v in params.items()}
-    state = {"gpt_neox.embed_in.weight": t["embed.W_E"], "lm_head.weight": t["head.W_U"].T,
-             "gpt_neox.final_layer_norm.weight": t["ln_f.gamma"],
-             "gpt_neox.final_layer_norm.bias": t["ln_f.beta"]}
-    for i in range(cfg.layers):
-        p, n = f"blocks.{i}.", f"gpt_neox.layers.{i}."
-        # query_key_value: per head its q, k and v rows, one after another
-        W = torch.stack([t[p + f"attn.W_{w}"].T.reshape(H, dh, d) for w in "QKV"], 1)
-        b = torch.stack([t[p + f"attn.b_{w}"].reshape(H, dh) for w in "QKV"], 1)
-        state.update({
-            n + "input_layernorm.weight": t[p + "ln1.gamma"], n + "input_layernorm.bias": t[p + "ln1.beta"],
-            n + "post_attention_layernorm.weight": t[p + "ln2.gamma"],
-            n + "post_attention_layernorm.bias": t[p + "ln2.beta"],
-            n + "attention.query_key_value.weight": W.reshape(3 * d, d),
-            n + "attention.query_key_value.bias": b.reshape(3 * d),
-            n + "attention.dense.weight": t[p + "attn.W_O"].T, n + "attention.dense.bias": t[p + "attn.b_O"],
-            n + "mlp.dense_h_to_4h.weight": t[p + "ffn.W_1"].T, n + "mlp.dense_h_to_4h.bias": t[p + "ffn.b_1"],
-            n + "mlp.dense_4h_to_h.weight": t[p + "ffn.W_2"].T, n + "mlp.dense_4h_to_h.bias": t[p + "ffn.b_2"]})
-    missing, unexpected = neox.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m or "masked_bias" in m for m in missing), missing
-    # GPT-NeoX makes its angles in float32 (``position_ids.float() * inv_freq``), so its model
-    # agrees with any float64 one to about 1e-8. Its tables must be tfm's to float32's
-    # rounding; then its rotary module makes them in float64 (the same layout: each angle
-    # twice, ``cat((freqs, freqs))``), and the rest of the model is held to 1e-12.
-    rotary = neox.gpt_neox.rotary_emb
-    positions = torch.arange(cfg.seq_len)[None]
-    cos32, sin32 = rotary(torch.zeros(1, dtype=torch.float64), positions)
-    cos, sin = rope_tables(cfg.seq_len, rotary_ndims)
-    assert np.abs(cos32[0].numpy() - cos).max() < 1e-6 and np.abs(sin32[0].numpy() - sin).max() < 1e-6
-    float64_rotary(rotary, rotary_ndims)
-    return neox
 
 
 @pytest.mark.parametrize("d_model, heads", [(8, 2), (12, 2)], ids=["d_head-4", "d_head-6"])

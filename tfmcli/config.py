@@ -226,6 +226,12 @@ class Config:
         angles at this base, without ``rope_scaling``, which only the full blocks take
         (``Config.rope(block)``). ``None``: every block turns alike. Needs ``pe="rope"`` and
         ``sliding_window``.
+    rotary_dim : int or None
+        How many of each head's dimensions RoPE turns: the first ``rotary_dim``, paired
+        ``(i, i + rotary_dim / 2)`` and turning by ``t / rope_theta^(2i/rotary_dim)``; the
+        rest pass unturned (a partial rotation: Hugging Face's ``partial_rotary_factor`` times
+        ``d_head``, GPT-NeoX's ``rotary_pct``, StableLM's 0.25). Even, at most ``d_head``.
+        ``None``: every pair of the head turns. Needs ``pe="rope"``.
     """
 
     batch: int = 2
@@ -263,6 +269,7 @@ class Config:
     sandwich_norm: bool = False
     sliding_layers: tuple[int, ...] | None = None
     rope_local_theta: float | None = None
+    rotary_dim: int | None = None
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -278,7 +285,7 @@ class Config:
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window", "head_dim"):
+        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window", "head_dim", "rotary_dim"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                                       or value < 1):
@@ -334,6 +341,7 @@ class Config:
                                                "(norm 'pre')")
         self._check_sliding_layers()
         self._check_rope_local_theta()
+        self._check_rotary_dim()
         for name in ("attn_softcap", "logit_softcap", "attn_scale"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)
@@ -383,6 +391,28 @@ class Config:
             raise ConfigError("rope_local_theta", "rope_local_theta is RoPE's base in the "
                                                   "blocks whose attention slides, and there is "
                                                   "no sliding_window")
+
+    def _check_rotary_dim(self):
+        n = self.rotary_dim
+        if n is None:
+            return
+        object.__setattr__(self, "rotary_dim", int(n))
+        if self.pe != "rope":
+            raise ConfigError("rotary_dim", f"rotary_dim is how many of a head's dimensions "
+                                            f"RoPE turns, and pe is {self.pe!r}, not 'rope'")
+        if n % 2 or n > self.d_head:
+            top = self.d_head - self.d_head % 2
+            allowed = "none" if top < 2 else ", ".join(map(str, range(2, top + 1, 2))) \
+                if top <= 8 else f"2, 4, ..., {top}"
+            raise ConfigError("rotary_dim", f"rotary_dim={n} is not an even width within a "
+                                            f"head of {self.d_head} (RoPE turns pairs of its "
+                                            f"dimensions); allowed: {allowed}")
+
+    @property
+    def rope_width(self) -> int:
+        """The width of RoPE's tables: the dimensions of a head it turns (``rotary_dim``), or
+        the whole head (an odd one's last dimension unturned, cos 1 and sin 0)."""
+        return self.rotary_dim if self.rotary_dim is not None else self.d_head
 
     def rope(self, block: int) -> tuple[float, "RopeScaling | LinearRopeScaling | None"]:
         """(base, scaling) of block ``block``'s RoPE: ``rope_local_theta`` unscaled in a
@@ -728,7 +758,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
                   + 2 * bhtt + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
     caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
-              + tables * 2 * T * cfg.d_head + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
+              + tables * 2 * T * cfg.rope_width + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own

@@ -111,7 +111,7 @@ def _mha_forward(x, P, i, cfg, mask, acts, caches):
         q = _ln_forward(q, P, p + "attn.q_norm", cfg, acts, caches)
         k = _ln_forward(k, P, p + "attn.k_norm", cfg, acts, caches)
     if cfg.pe == "rope":   # each query and key turned by its position's angles
-        cos, sin = rope_for(cfg, q.shape[2], i)                               # (T, d_head)
+        cos, sin = rope_for(cfg, q.shape[2], i)                           # (T, rope_width)
         q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
         acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
@@ -251,11 +251,12 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
 
 
 def rope_for(cfg: Config, T: int, block: int = 0):
-    """RoPE's (cos, sin) tables for T positions at block ``block``'s base and scaling
-    (``Config.rope``), or None when the model does not turn its queries and keys."""
+    """RoPE's (cos, sin) tables, (T, ``Config.rope_width``), for T positions at block
+    ``block``'s base and scaling (``Config.rope``), or None when the model does not turn its
+    queries and keys. Narrower than a head (``rotary_dim``), they turn its first dimensions."""
     if cfg.pe != "rope":
         return None
-    return rope_tables(T, cfg.d_head, cfg.dtype, *cfg.rope(block))
+    return rope_tables(T, cfg.rope_width, cfg.dtype, *cfg.rope(block))
 
 
 @functools.lru_cache(maxsize=8)

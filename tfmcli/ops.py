@@ -314,7 +314,10 @@ def rotate_half(x):
     a)``; an odd d_head's last dimension, which RoPE leaves unrotated, gives 0."""
     m = x.shape[-1] // 2
     out = np.zeros_like(x)
-    np.negative(x[..., m:2 * m], out=out[..., :m])
+    # times -1 rather than np.negative(..., out=): NumPy 2.4.6's negative writes wrong values
+    # into a strided float64 out of width 1 whose strides differ from its input's (a turned
+    # pair, m = 1, of a slice with gaps: rotary_dim 2)
+    np.multiply(x[..., m:2 * m], -1.0, out=out[..., :m])
     out[..., m:2 * m] = x[..., :m]
     return out
 
@@ -322,7 +325,14 @@ def rotate_half(x):
 def rope_forward(x, cos, sin):
     """RoPE: every pair (i, i + d_head // 2) of x (B, H, T, d_head) turned by its angle at its
     position, ``x cos + rotate_half(x) sin`` (cos, sin: (T, d_head), ``positional.rope_tables``).
-    Returns the rotated array; the backward needs only the tables."""
+    Tables n < d_head wide turn the first n dimensions, pairs (i, i + n / 2), and pass the
+    rest (a partial rotation, ``Config.rotary_dim``). Returns the rotated array; the backward
+    needs only the tables."""
+    n = cos.shape[-1]
+    if n < x.shape[-1]:
+        out = x.copy()
+        out[..., :n] = rope_forward(x[..., :n], cos, sin)
+        return out
     out = x * cos
     out += rotate_half(x) * sin
     return out
@@ -331,7 +341,12 @@ def rope_forward(x, cos, sin):
 def rope_backward(dout, cos, sin):
     """The rotation's transpose, which is its inverse (a turn back by the same angle):
     ``dout cos - rotate_half(dout) sin``. (A pair's sines are equal, so rotate_half(dout) sin
-    is rotate_half(dout sin).)"""
+    is rotate_half(dout sin).) Narrow tables: the dimensions past them pass unturned."""
+    n = cos.shape[-1]
+    if n < dout.shape[-1]:
+        dx = dout.copy()
+        dx[..., :n] = rope_backward(dout[..., :n], cos, sin)
+        return dx
     dx = dout * cos
     dx -= rotate_half(dout) * sin
     return dx

@@ -48,17 +48,18 @@ def torch_sinusoidal(T, d):
     return pe
 
 
-def torch_rope(x, base=10000.0, scaling=None):
+def torch_rope(x, base=10000.0, scaling=None, rotary_dim=None):
     """RoPE as Hugging Face's LLaMA writes it: inverse frequencies ``1 / base^(arange(0, n, 2)
     / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each
     angle repeated for the two halves, ``x cos + rotate_half(x) sin``; an odd d_head's last
-    dimension passes as it is. ``scaling`` (factor, low_freq_factor, high_freq_factor, original
+    dimension passes as it is. With ``rotary_dim`` n is that: the first n dimensions turn and
+    the rest pass, as Hugging Face's StableLM and Phi-3 apply ``partial_rotary_factor``. ``scaling`` (factor, low_freq_factor, high_freq_factor, original
     context) rescales the frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does; a
     linear one (factor) divides them by the factor, as ``_compute_linear_scaling_rope_parameters``
     does."""
     torch = import_torch()
     T, dh = x.shape[-2], x.shape[-1]
-    n = 2 * (dh // 2)
+    n = 2 * (dh // 2) if rotary_dim is None else rotary_dim
     inv_freq = 1.0 / (float(base) ** (torch.arange(0, n, 2, dtype=torch.float64) / n))
     if scaling is not None and len(scaling) == 1:
         inv_freq = inv_freq / scaling[0]
@@ -122,7 +123,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         if cfg.qk_norm:   # over each head's dh entries, one gamma (and beta) for every head
             q, k = norm(q, p + "attn.q_norm", dh), norm(k, p + "attn.k_norm", dh)
         if cfg.pe == "rope":   # at the block's own base (Gemma 3's sliding blocks: their own)
-            q, k = torch_rope(q, *cfg.rope(i)), torch_rope(k, *cfg.rope(i))
+            q = torch_rope(q, *cfg.rope(i), cfg.rotary_dim)
+            k = torch_rope(k, *cfg.rope(i), cfg.rotary_dim)
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale

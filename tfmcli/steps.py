@@ -26,6 +26,7 @@ class Step(NamedTuple):
 
 CAP_FORMULA = "{0:g} tanh(scaled / {0:g}): Gemma 2's soft cap, never past ±{0:g}"
 ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t's angles"
+PARTIAL = ", its first {0} columns only (rotary_dim; the other {1} pass unturned)"
 # Qwen3's norms of each head's queries and keys: {0} the array, {1} the norm's parameters
 NORM_FORMULA = {True: "RMSNorm of each row: {0} / sqrt(mean({0}^2) + eps) * {1}.gamma",
                 False: "layer norm of each row: ({0} - mean) / sqrt(var + eps) * {1}.gamma + "
@@ -75,9 +76,11 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
                   Step("K_norm", formula.format("K", "k_norm"), k)]
         Q, K = "Q_norm", "K_norm"
     if rope is not None:
+        n, d_head = rope[0].shape[-1], q.shape[-1]
+        partial = PARTIAL.format(n, d_head - n) if n < d_head else ""
         q, k = ops.rope_forward(q, *rope), ops.rope_forward(k, *rope)
-        steps += [Step("Q_rot", ROPE_FORMULA.format(Q), q),
-                  Step("K_rot", ROPE_FORMULA.format(K), k)]
+        steps += [Step("Q_rot", ROPE_FORMULA.format(Q) + partial, q),
+                  Step("K_rot", ROPE_FORMULA.format(K) + partial, k)]
         Q, K = "Q_rot", "K_rot"
     product = f"{Q} {K}^T"
     scores = q @ k.T                                             # (T, T)

@@ -97,7 +97,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
 def _rope_notes(cfg) -> str:
     """' (theta 500000, llama3 scaling 32,1,4,8192)': what RoPE turns by, when not its own;
     with a base of the sliding blocks' own, ' (full blocks: theta 1e+06, linear scaling 8;
-    sliding blocks: theta 10000)'."""
+    sliding blocks: theta 10000)'; with ``rotary_dim``, which of a head's dimensions it turns
+    (' (the first 16 of each head's 64 dimensions)')."""
     if cfg.pe != "rope":
         return ""
     notes = []
@@ -106,9 +107,12 @@ def _rope_notes(cfg) -> str:
     if cfg.rope_scaling is not None:
         notes.append(scaling_name(cfg.rope_scaling))
     if cfg.rope_local_theta is not None:
-        return (f" (full blocks: {', '.join(notes)}; sliding blocks: theta "
-                f"{cfg.rope_local_theta:g})")
-    return f" ({', '.join(notes)})" if notes else ""
+        notes = [f"full blocks: {', '.join(notes)}; sliding blocks: theta "
+                 f"{cfg.rope_local_theta:g}"]
+    if cfg.rotary_dim is not None and cfg.rotary_dim < cfg.d_head:
+        notes.append(f"the first {cfg.rotary_dim} of each head's {cfg.d_head} dimensions")
+    return f" ({'; '.join(notes) if cfg.rope_local_theta is not None else ', '.join(notes)})" \
+        if notes else ""
 
 
 def scaling_name(scaling) -> str:

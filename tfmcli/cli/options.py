@@ -173,6 +173,7 @@ MODEL_OPTIONS = [
     ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
     ("rope_scaling", Annotated[Optional[str], _opt("--rope-scaling", panel=MODEL, metavar="32,1,4,8192", help="Scaled RoPE, with --pe rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor, every angle divided by it (Gemma 3 4B+: 8).")], None),
     ("rope_local_theta", Annotated[Optional[float], _opt("--rope-local-theta", panel=MODEL, metavar="X", help="RoPE's base in the blocks that slide (--sliding-window, --sliding-layers), unscaled; the others turn at --rope-theta with --rope-scaling (Gemma 3: 10000, the others 1000000) (> 0).")], D.rope_local_theta),
+    ("rotary_dim", Annotated[Optional[int], _opt("--rotary-dim", panel=MODEL, metavar="N", callback=bounded(1), help="RoPE turns only each head's first N dimensions, pairs (i, i + N/2), and passes the rest (partial_rotary_factor x d_head: StableLM's 0.25) (even, at most d_head; default all).")], D.rotary_dim),
     ("init", Annotated[Init, choice("--init", choices=Init, panel=MODEL, help="Weight initialisation.")], Init(D.init)),
     ("dtype", Annotated[DType, choice("--dtype", choices=DType, panel=MODEL, help="Floating-point type of every array.")], DType(D.dtype)),
     ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm (or RMSNorm) epsilon, inside the square root (> 0).")], D.eps),
@@ -190,7 +191,7 @@ MODEL_OPTIONS = [
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 or Gemma 3 checkpoint folder (config.json + model.safetensors).")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 or Phi-3 checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
@@ -213,7 +214,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "embed_scale": "--embed-scale", "attn_softcap": "--attn-softcap",
          "logit_softcap": "--logit-softcap", "attn_scale": "--attn-scale",
          "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
-         "rope_local_theta": "--rope-local-theta",
+         "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
          "tokens": "--tokens", "text": "--text"}
 
 

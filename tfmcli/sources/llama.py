@@ -73,8 +73,8 @@ def read_config(folder) -> dict:
     (``sources.gemma2``) add a norm after each sublayer, soft caps, their own score scale and a
     window in every other layer; Gemma 3's (``sources.gemma3``, an image-and-text one's
     ``text_config``) add q and k norms and a RoPE base of the sliding layers' own. Phi-3's
-    (``sources.phi3``) are LLaMA's, RMSNorm's epsilon 1e-5 by default, never biased, and
-    refused when RoPE turns only part of each head."""
+    (``sources.phi3``) are LLaMA's, RMSNorm's epsilon 1e-5 by default, never biased, with
+    RoPE on part of each head when ``partial_rotary_factor`` says (``Config.rotary_dim``)."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind == "gemma3":   # Gemma 3 4B+: an image-and-text model, whose text part tfm reads
@@ -125,8 +125,6 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
     theta, scaling, local_theta = (_gemma3_rope(path, config) if kind == "gemma3_text"
                                    else (*_rope(path, config), None))
-    if kind == "phi3":
-        _whole_rotation(path, config)
     fields = {"d_model": d, "heads": H, "kv_heads": kv_heads,
               "layers": layers,
               "vocab": need(path, config, "vocab_size"),
@@ -136,7 +134,9 @@ def read_config(folder) -> dict:
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
               "head_dim": head_dim, "qk_norm": kind in ("qwen3", "gemma3_text"),
               "embed_scale": kind in GEMMAS, "sliding_layers": sliding_layers,
-              "rope_local_theta": None if window is None else local_theta}
+              "rope_local_theta": None if window is None else local_theta,
+              "rotary_dim": _rotary_dim(path, config, head_dim or d // H) if kind == "phi3"
+              else None}
     if kind == "gemma3_text" and config["sliding_window"] is None:
         raise TfmError(f"--load {path}: key 'sliding_window' is null; a Gemma 3's sliding "
                        f"layers need a window (and turn at a RoPE base of their own)")
@@ -282,15 +282,28 @@ def _rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | 
     return float(theta), scaling
 
 
-def _whole_rotation(path, config: dict) -> None:
-    """Refuse a Phi-3 whose RoPE turns only part of each head (``partial_rotary_factor`` under 1,
-    as Phi-4-mini's 0.75): tfm turns all of it."""
-    for where, holder in (("", config), ("'rope_parameters' ", config.get("rope_parameters")),
-                          ("'rope_scaling' ", config.get("rope_scaling"))):
-        factor = holder.get("partial_rotary_factor", 1.0) if isinstance(holder, dict) else 1.0
-        if factor != 1.0:
-            raise TfmError(f"--load {path}: key {where}'partial_rotary_factor' is {factor!r}; "
-                           f"tfm's RoPE turns every dimension of a head (1.0)")
+def _rotary_dim(path, config: dict, d_head: int) -> int | None:
+    """How many of each head's dimensions a Phi-3's RoPE turns (``Config.rotary_dim``):
+    ``partial_rotary_factor`` times ``d_head`` (Phi-4-mini: 0.75), from ``rope_scaling``,
+    ``rope_parameters`` or the top level, where Phi3Config looks for it in that order; None
+    for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
+    for where in ("rope_scaling", "rope_parameters"):
+        holder = config.get(where)
+        if isinstance(holder, dict) and "partial_rotary_factor" in holder:
+            key, factor = f"{where!r} 'partial_rotary_factor'", holder["partial_rotary_factor"]
+            break
+    else:
+        key, factor = "'partial_rotary_factor'", config.get("partial_rotary_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise TfmError(f"--load {path}: key {key} is {factor!r}, not a number in (0, 1]")
+    n = int(d_head * factor)
+    if n == d_head:
+        return None
+    if n % 2 or n < 2:
+        raise TfmError(f"--load {path}: key {key} is {factor!r}, which turns {n} of a head's "
+                       f"{d_head} dimensions; RoPE turns pairs, so tfm needs an even number, "
+                       f"at least 2")
+    return n
 
 
 def _scaling(path, key: str, rope) -> RopeScaling | LinearRopeScaling | None:

@@ -8,9 +8,10 @@ layer's weights stored fused, each read once and split along its rows:
 The rest is LLaMA's names. No biases (Hugging Face's Phi-3 has none), RMSNorm's epsilon 1e-5
 when config.json has none (Phi3Config's), and a sliding window in every layer when
 ``sliding_window`` is set (Phi-3 mini 4k: 2047, each query seeing itself and the 2046 keys
-before it). Refused: RoPE that turns only part of each head (``partial_rotary_factor`` under 1,
-Phi-4-mini) and the long-context models' ``longrope`` scaling (Phi-3 128k, Phi-3.5), whose
-per-pair factors change with the length and whose cos and sin are scaled too.
+before it). A ``partial_rotary_factor`` under 1 turns only the first ``factor * d_head``
+dimensions of each head (``Config.rotary_dim``). Refused: the long-context models' ``longrope``
+scaling (Phi-3 128k, Phi-3.5, Phi-4-mini), whose per-pair factors change with the length and
+whose cos and sin are scaled too.
 """
 
 from __future__ import annotations
