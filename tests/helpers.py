@@ -471,7 +471,8 @@ def gemma_holding(Model, config, params, cfg, attention: str = "eager"):
 def llama_grads(model) -> dict:
     """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
     float64 arrays (weights transposed to tfm's ``(in, out)``). Tied, the one matrix's
-    gradient is ``embed.W_E``'s, its embedding's part and its head's summed."""
+    gradient is ``embed.W_E``'s, its embedding's part and its head's summed. A Phi-3's fused
+    matrices are split by Hugging Face's own slicing (``_phi3_split``)."""
     theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
               "ln_f.gamma": model.model.norm.weight.grad}
     if model.lm_head.weight is not model.model.embed_tokens.weight:
@@ -480,8 +481,12 @@ def llama_grads(model) -> dict:
         p = f"blocks.{i}."
         theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
                        p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
+        if hasattr(layer.self_attn, "qkv_proj"):   # Phi-3's
+            theirs.update(_phi3_split(model.config, layer, p))
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
-            module = getattr(layer.self_attn, name)
+            module = getattr(layer.self_attn, name, None)
+            if module is None:
+                continue
             theirs[p + f"attn.W_{w}"] = module.weight.grad.T
             if module.bias is not None:
                 theirs[p + f"attn.b_{w}"] = module.bias.grad
@@ -489,11 +494,26 @@ def llama_grads(model) -> dict:
             if hasattr(layer.self_attn, norm):
                 theirs[p + f"attn.{norm}.gamma"] = getattr(layer.self_attn, norm).weight.grad
         for w, name in (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj")):
-            module = getattr(layer.mlp, name)
+            module = getattr(layer.mlp, name, None)
+            if module is None:
+                continue
             theirs[p + f"ffn.W_{w}"] = module.weight.grad.T
             if module.bias is not None:
                 theirs[p + f"ffn.b_{w}"] = module.bias.grad
     return {name: grad.numpy() for name, grad in theirs.items()}
+
+
+def _phi3_split(config, layer, p: str) -> dict:
+    """A Phi-3 layer's fused gradients under tfm's names: ``qkv_proj``'s rows the query heads',
+    then the key heads', then the value heads' (``Phi3Attention.forward``), ``gate_up_proj``'s
+    the gate's, then the up projection's (``Phi3MLP``'s ``chunk(2)``)."""
+    q_rows = config.num_attention_heads * layer.self_attn.head_dim
+    kv_rows = config.num_key_value_heads * layer.self_attn.head_dim
+    qkv = layer.self_attn.qkv_proj.weight.grad
+    gate, up = layer.mlp.gate_up_proj.weight.grad.chunk(2, dim=0)
+    return {p + "attn.W_Q": qkv[:q_rows].T, p + "attn.W_K": qkv[q_rows:q_rows + kv_rows].T,
+            p + "attn.W_V": qkv[q_rows + kv_rows:].T, p + "ffn.W_gate": gate.T,
+            p + "ffn.W_1": up.T}
 
 
 def torch_reference_rows(cfg, seed: int) -> list:

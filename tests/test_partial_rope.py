@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, error_line,
-                     decoded_like_the_forward, hf_saved, in_float64, neox_from, ok,
-                     random_params, run, tfm_grads_matching_hf, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
+                     decoded_like_the_forward, error_line, hf_saved, in_float64, llama_grads,
+                     neox_from, ok, random_params, run, tfm_grads_matching_hf,
+                     torch_reference_rows)
 from tfmcli import ops, positional
 from tfmcli.config import memory_estimate
 
@@ -235,9 +236,6 @@ def test_a_phi3_folder_with_partial_rotary_factor_matches_from_pretrained(tmp_pa
     """Heads of 8: Phi3ForCausalLM turns int(8 * factor) of them, and so does tfm: loss,
     logits and every gradient to 1e-12."""
     transformers = pytest.importorskip("transformers")
-    from test_phi3 import phi3_grads
-    from helpers import assert_grads_match
-
     hf_saved(tmp_path, "Phi3", {**PHI3, "partial_rotary_factor": factor})
     loaded = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]])
     assert loaded.cfg.rotary_dim == rotary_dim
@@ -247,7 +245,7 @@ def test_a_phi3_folder_with_partial_rotary_factor_matches_from_pretrained(tmp_pa
     # its angles in float64 over the turned dimensions (in_float64 checks them first)
     model = in_float64(model, loaded.cfg)
     grads = tfm_grads_matching_hf(model, loaded.params, loaded.inputs, loaded.cfg)
-    assert_grads_match(grads, phi3_grads(model))
+    assert_grads_match(grads, llama_grads(model))
 
 
 def test_a_factor_that_leaves_an_odd_width_is_refused(tmp_path):

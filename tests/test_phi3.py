@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_grads_match, error_line, hf_saved, in_float64, run,
+from helpers import (assert_grads_match, error_line, hf_saved, in_float64, llama_grads, run,
                      tfm_grads_matching_hf)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import llama, phi3, tensorfile
@@ -29,34 +29,6 @@ TOKENS = [[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]]
 def hf_phi3_folder(folder, dtype="bfloat16", seed=0, **config):
     """A random Phi3ForCausalLM saved by ``save_pretrained`` (``helpers.hf_saved``)."""
     return hf_saved(folder, "Phi3", {**SMALL, **config}, dtype, seed)
-
-
-def phi3_grads(model) -> dict:
-    """The gradients of a Phi3ForCausalLM after its backward, under tfm's names (weights
-    transposed to ``(in, out)``), its fused matrices split by Hugging Face's own slicing:
-    ``qkv_proj``'s rows the query heads', then the key heads', then the value heads'
-    (``Phi3Attention.forward``), ``gate_up_proj``'s the gate's, then the up projection's
-    (``Phi3MLP``'s ``chunk(2)``)."""
-    config = model.config
-    q_rows = config.num_attention_heads * model.model.layers[0].self_attn.head_dim
-    kv_rows = config.num_key_value_heads * model.model.layers[0].self_attn.head_dim
-    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
-              "ln_f.gamma": model.model.norm.weight.grad}
-    if model.lm_head.weight is not model.model.embed_tokens.weight:
-        theirs["head.W_U"] = model.lm_head.weight.grad.T
-    for i, layer in enumerate(model.model.layers):
-        p = f"blocks.{i}."
-        qkv = layer.self_attn.qkv_proj.weight.grad
-        gate, up = layer.mlp.gate_up_proj.weight.grad.chunk(2, dim=0)
-        theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
-                       p + "ln2.gamma": layer.post_attention_layernorm.weight.grad,
-                       p + "attn.W_Q": qkv[:q_rows].T,
-                       p + "attn.W_K": qkv[q_rows:q_rows + kv_rows].T,
-                       p + "attn.W_V": qkv[q_rows + kv_rows:].T,
-                       p + "attn.W_O": layer.self_attn.o_proj.weight.grad.T,
-                       p + "ffn.W_gate": gate.T, p + "ffn.W_1": up.T,
-                       p + "ffn.W_2": layer.mlp.down_proj.weight.grad.T})
-    return {name: grad.numpy() for name, grad in theirs.items()}
 
 
 @pytest.mark.parametrize("config", [
@@ -91,7 +63,7 @@ def test_a_phi3_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path, 
     model = in_float64(transformers.Phi3ForCausalLM.from_pretrained(
         tmp_path, attn_implementation="sdpa").double().eval(), loaded.cfg)
     grads = tfm_grads_matching_hf(model, loaded.params, loaded.inputs, loaded.cfg)
-    assert_grads_match(grads, phi3_grads(model))
+    assert_grads_match(grads, llama_grads(model))
 
 
 def test_the_window_needs_to_be_read(tmp_path):
