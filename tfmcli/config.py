@@ -401,9 +401,13 @@ class Config:
             raise ConfigError("rotary_dim", f"rotary_dim is how many of a head's dimensions "
                                             f"RoPE turns, and pe is {self.pe!r}, not 'rope'")
         if n % 2 or n > self.d_head:
-            top = self.d_head - self.d_head % 2
-            allowed = "none" if top < 2 else ", ".join(map(str, range(2, top + 1, 2))) \
-                if top <= 8 else f"2, 4, ..., {top}"
+            top = self.d_head - self.d_head % 2   # the widest even width
+            if top < 2:
+                allowed = "none"
+            elif top <= 8:
+                allowed = ", ".join(map(str, range(2, top + 1, 2)))
+            else:
+                allowed = f"2, 4, ..., {top}"
             raise ConfigError("rotary_dim", f"rotary_dim={n} is not an even width within a "
                                             f"head of {self.d_head} (RoPE turns pairs of its "
                                             f"dimensions); allowed: {allowed}")
