@@ -196,6 +196,21 @@ def assert_grads_match(grads, theirs: dict) -> None:
                                    err_msg=name)
 
 
+def assert_folder_matches_hf(Model, folder, run_, to_float64=None, grads_of=None,
+                             attention: str | None = "sdpa"):
+    """Hugging Face's ``Model.from_pretrained(folder)`` (``attention``: its kernel; None, its
+    default) made float64 by ``to_float64`` (``in_float64``, or ``float64_gemma``), against
+    tfm's ``run_`` of the same folder: loss, logits (``tfm_grads_matching_hf``) and every
+    gradient ``grads_of(model)`` gives (``llama_grads``, or ``sandwich_grads``) to 1e-12.
+    Returns the model."""
+    kwargs = {} if attention is None else {"attn_implementation": attention}
+    model = Model.from_pretrained(folder, **kwargs).double().eval()
+    model = (to_float64 or in_float64)(model, run_.cfg)
+    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
+    assert_grads_match(grads, (grads_of or llama_grads)(model))
+    return model
+
+
 def assert_gradcheck_passes(cfg, seed: int = 4):
     """Central differences on every entry of every parameter at random O(1) parameters
     (``seed``) agree with the backward (``tfmcli.gradcheck``); returns the report."""
@@ -562,14 +577,18 @@ def neox_from(params, cfg, rotary_ndims):
         W = torch.stack([t[p + f"attn.W_{w}"].T.reshape(H, dh, d) for w in "QKV"], 1)
         b = torch.stack([t[p + f"attn.b_{w}"].reshape(H, dh) for w in "QKV"], 1)
         state.update({
-            n + "input_layernorm.weight": t[p + "ln1.gamma"], n + "input_layernorm.bias": t[p + "ln1.beta"],
+            n + "input_layernorm.weight": t[p + "ln1.gamma"],
+            n + "input_layernorm.bias": t[p + "ln1.beta"],
             n + "post_attention_layernorm.weight": t[p + "ln2.gamma"],
             n + "post_attention_layernorm.bias": t[p + "ln2.beta"],
             n + "attention.query_key_value.weight": W.reshape(3 * d, d),
             n + "attention.query_key_value.bias": b.reshape(3 * d),
-            n + "attention.dense.weight": t[p + "attn.W_O"].T, n + "attention.dense.bias": t[p + "attn.b_O"],
-            n + "mlp.dense_h_to_4h.weight": t[p + "ffn.W_1"].T, n + "mlp.dense_h_to_4h.bias": t[p + "ffn.b_1"],
-            n + "mlp.dense_4h_to_h.weight": t[p + "ffn.W_2"].T, n + "mlp.dense_4h_to_h.bias": t[p + "ffn.b_2"]})
+            n + "attention.dense.weight": t[p + "attn.W_O"].T,
+            n + "attention.dense.bias": t[p + "attn.b_O"],
+            n + "mlp.dense_h_to_4h.weight": t[p + "ffn.W_1"].T,
+            n + "mlp.dense_h_to_4h.bias": t[p + "ffn.b_1"],
+            n + "mlp.dense_4h_to_h.weight": t[p + "ffn.W_2"].T,
+            n + "mlp.dense_4h_to_h.bias": t[p + "ffn.b_2"]})
     missing, unexpected = neox.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m or "masked_bias" in m for m in missing), missing
     # GPT-NeoX makes its angles in float32 (``position_ids.float() * inv_freq``), so its model
@@ -580,6 +599,7 @@ def neox_from(params, cfg, rotary_ndims):
     positions = torch.arange(cfg.seq_len)[None]
     cos32, sin32 = rotary(torch.zeros(1, dtype=torch.float64), positions)
     cos, sin = positional.rope_tables(cfg.seq_len, rotary_ndims)
-    assert np.abs(cos32[0].numpy() - cos).max() < 1e-6 and np.abs(sin32[0].numpy() - sin).max() < 1e-6
+    assert np.abs(cos32[0].numpy() - cos).max() < 1e-6
+    assert np.abs(sin32[0].numpy() - sin).max() < 1e-6
     float64_rotary(rotary, rotary_ndims)
     return neox

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_gemma_weights_read_to_the_bit, assert_grads_match, error_line,
-                     float64_gemma, gemma_holding, hf_logits, hf_saved, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf)
+from helpers import (assert_folder_matches_hf, assert_gemma_weights_read_to_the_bit,
+                     assert_grads_match, error_line, float64_gemma, gemma_holding, hf_logits,
+                     hf_saved, llama_grads, ok, random_params, run, tfm_grads_matching_hf)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gemma
 
@@ -127,10 +127,7 @@ def test_a_gemma_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path,
     transformers = pytest.importorskip("transformers")
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Gemma checkpoint")
-    model = float64_gemma(transformers.GemmaForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="sdpa").double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    assert_folder_matches_hf(transformers.GemmaForCausalLM, tmp_path, run_, float64_gemma)
 
 
 def test_float32_gammas_are_added_as_gemma_adds_them(tmp_path):

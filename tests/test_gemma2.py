@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
-                     assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, float64_gemma, gemma_holding,
-                     hf_logits, hf_saved, ok, random_params, run, sandwich_config_kwargs,
-                     sandwich_grads,
-                     tfm_grads_matching_hf, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
+                     assert_gemma_weights_read_to_the_bit, assert_gradcheck_passes,
+                     assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
+                     gemma_holding, hf_logits, hf_saved, ok, random_params, run,
+                     sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
+                     torch_reference_rows)
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 
@@ -398,10 +398,8 @@ def test_a_gemma2_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path
     transformers = pytest.importorskip("transformers")
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Gemma 2 checkpoint")
-    model = float64_gemma(transformers.Gemma2ForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="eager").double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, sandwich_grads(model))
+    assert_folder_matches_hf(transformers.Gemma2ForCausalLM, tmp_path, run_, float64_gemma,
+                             sandwich_grads, attention="eager")
     back = gemma2.from_tfm(gemma2.load_params(tmp_path, fields, np.float64), fields)
     assert set(back) | ({"lm_head.weight"} if cfg.tied_head else set()) >= set(state) - {
         "lm_head.weight"}

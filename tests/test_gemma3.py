@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gemma_weights_read_to_the_bit,
-                     assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
-                     error_line, float64_gemma, gemma_holding, hf_logits, hf_saved, in_float64,
-                     llama_grads, ok, random_params, run, sandwich_config_kwargs,
-                     sandwich_grads,
-                     tfm_grads_matching_hf, torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
+                     assert_gemma_weights_read_to_the_bit, assert_gradcheck_passes,
+                     assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
+                     gemma_holding, hf_logits, hf_saved, ok, random_params, run,
+                     sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
+                     torch_reference_rows)
 from tfmcli import ops, positional
 from tfmcli.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
 from tfmcli.sources import gemma3, llama
@@ -360,10 +360,8 @@ def test_a_gemma3_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path
     transformers = pytest.importorskip("transformers")
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Gemma 3 checkpoint")
-    model = float64_gemma(transformers.Gemma3ForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="eager").double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, sandwich_grads(model))
+    assert_folder_matches_hf(transformers.Gemma3ForCausalLM, tmp_path, run_, float64_gemma,
+                             sandwich_grads, attention="eager")
 
 
 def test_a_gemma3_config_takes_gemma3textconfigs_defaults(tmp_path):
@@ -447,10 +445,7 @@ def test_a_llama_folder_with_linear_scaling_matches_from_pretrained(tmp_path):
     fields = llama.read_config(tmp_path)
     assert fields["rope_scaling"] == LinearRopeScaling(4.0)
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
-    model = in_float64(transformers.LlamaForCausalLM.from_pretrained(tmp_path).double().eval(),
-                       run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    assert_folder_matches_hf(transformers.LlamaForCausalLM, tmp_path, run_, attention=None)
     unscaled = tfmcli.forward(run_.params, run_.inputs, run_.cfg.replace(rope_scaling=None))
     assert abs(unscaled.loss - tfmcli.forward(run_.params, run_.inputs, run_.cfg).loss) > 1e-4
 

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, hf_saved, in_float64, llama_grads,
-                     neox_from, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
+                     assert_gradcheck_passes, decoded_like_the_forward, error_line, hf_saved,
+                     neox_from, ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops, positional
 from tfmcli.config import memory_estimate
 
@@ -239,13 +238,9 @@ def test_a_phi3_folder_with_partial_rotary_factor_matches_from_pretrained(tmp_pa
     hf_saved(tmp_path, "Phi3", {**PHI3, "partial_rotary_factor": factor})
     loaded = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]])
     assert loaded.cfg.rotary_dim == rotary_dim
-    model = transformers.Phi3ForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
-    model = model.double().eval()
-    assert model.model.rotary_emb.inv_freq.shape == (rotary_dim // 2,)
     # its angles in float64 over the turned dimensions (in_float64 checks them first)
-    model = in_float64(model, loaded.cfg)
-    grads = tfm_grads_matching_hf(model, loaded.params, loaded.inputs, loaded.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    model = assert_folder_matches_hf(transformers.Phi3ForCausalLM, tmp_path, loaded)
+    assert model.model.rotary_emb.inv_freq.shape == (rotary_dim // 2,)
 
 
 def test_a_factor_that_leaves_an_odd_width_is_refused(tmp_path):

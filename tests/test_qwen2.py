@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_gradcheck_passes, assert_grads_match, error_line, hf_saved, llama_from,
-                     llama_grads, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+from helpers import (assert_folder_matches_hf, assert_gradcheck_passes, assert_grads_match,
+                     error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import llama, qwen2
 
@@ -134,14 +134,9 @@ def test_a_qwen2_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path,
         np.testing.assert_array_equal(params[name], state[key].T if transposed else state[key],
                                       err_msg=key)
     transformers = pytest.importorskip("transformers")
-    from helpers import in_float64
-
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Qwen2 checkpoint")
-    model = in_float64(transformers.Qwen2ForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="sdpa").double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    assert_folder_matches_hf(transformers.Qwen2ForCausalLM, tmp_path, run_)
 
 
 def test_an_unknown_key_names_qwen2(tmp_path):

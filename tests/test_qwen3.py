@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, hf_saved, in_float64, llama_from,
-                     llama_grads, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
+                     assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
+                     error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
+                     tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import llama, qwen3
@@ -264,10 +264,7 @@ def test_a_qwen3_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path,
     transformers = pytest.importorskip("transformers")
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8]])
     assert run_.weights_from.startswith("Qwen3 checkpoint")
-    model = in_float64(transformers.Qwen3ForCausalLM.from_pretrained(
-        tmp_path, attn_implementation="sdpa").double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    assert_folder_matches_hf(transformers.Qwen3ForCausalLM, tmp_path, run_)
 
 
 def test_a_qwen3_config_without_head_dim_takes_qwen3s_default(tmp_path):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, grid_rows, hf_saved, in_float64,
-                     llama_from, llama_grads, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
+                     assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
+                     error_line, grid_rows, hf_saved, llama_from, llama_grads, ok, random_params,
+                     run, tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli.errors import ConfigError
 from tfmcli.masks import combined_mask, sliding_window_mask
 from tfmcli.sources import llama, mistral
@@ -264,10 +264,7 @@ def test_a_folder_matches_from_pretrained(tmp_path, kind, config, window, layers
     run_ = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7, 30], [3, 3, 8, 4]])
     assert run_.cfg.sliding_window == window and run_.cfg.sliding_layers == layers
     assert run_.weights_from.startswith("Mistral checkpoint" if kind == "mistral" else "Qwen2")
-    model = in_float64(Model.from_pretrained(tmp_path, attn_implementation="sdpa")
-                       .double().eval(), run_.cfg)
-    grads = tfm_grads_matching_hf(model, run_.params, run_.inputs, run_.cfg)
-    assert_grads_match(grads, llama_grads(model))
+    assert_folder_matches_hf(Model, tmp_path, run_)
 
 
 def test_a_mistral_folder_is_read_to_the_bit(tmp_path):
