@@ -345,14 +345,18 @@ def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int
 
 
 def in_float64(model, cfg):
-    """A LLaMA, Qwen2, Mistral, Qwen3 or Phi3 ForCausalLM (float64 weights) with its RMSNorm
-    (Qwen3's q_norm and k_norm too) and RoPE angles made in float64: both make them in float32
-    whatever the model's dtype. Its norm is first checked against tfm's to float32's
-    rounding."""
+    """A LLaMA, Qwen2, Mistral, Qwen3, Phi3 or StableLm ForCausalLM (float64 weights) with its
+    RMSNorm (Qwen3's q_norm and k_norm too) and RoPE angles made in float64: both make them in
+    float32 whatever the model's dtype. Its norm is first checked against tfm's to float32's
+    rounding. StableLM's ``nn.LayerNorm`` is float64's already."""
     import torch
 
     from tfmcli import ops
 
+    float64_rotary(model.model.rotary_emb, cfg.rope_width, cfg.rope_theta, cfg.rope_scaling)
+    if not cfg.rms_norm:
+        assert type(model.model.norm) is torch.nn.LayerNorm
+        return model
     norm = model.model.norm
     x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
     gamma = norm.weight.detach().numpy()
@@ -370,7 +374,6 @@ def in_float64(model, cfg):
     assert len(norms) == (4 if cfg.qk_norm else 2) * cfg.layers + 1
     for module in norms:
         module.forward = float64_norm(module)
-    float64_rotary(model.model.rotary_emb, cfg.rope_width, cfg.rope_theta, cfg.rope_scaling)
     return model
 
 
@@ -487,15 +490,15 @@ def llama_grads(model) -> dict:
     """The gradients of a ``llama_from`` model after its backward, under tfm's names, as
     float64 arrays (weights transposed to tfm's ``(in, out)``). Tied, the one matrix's
     gradient is ``embed.W_E``'s, its embedding's part and its head's summed. A Phi-3's fused
-    matrices are split by Hugging Face's own slicing (``_phi3_split``)."""
-    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad,
-              "ln_f.gamma": model.model.norm.weight.grad}
+    matrices are split by Hugging Face's own slicing (``_phi3_split``). A StableLM's layer
+    norms have biases: their gradients are the ``beta``s'."""
+    theirs = {"embed.W_E": model.model.embed_tokens.weight.grad}
+    norms = {"ln_f": model.model.norm}
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         theirs["head.W_U"] = model.lm_head.weight.grad.T
     for i, layer in enumerate(model.model.layers):
         p = f"blocks.{i}."
-        theirs.update({p + "ln1.gamma": layer.input_layernorm.weight.grad,
-                       p + "ln2.gamma": layer.post_attention_layernorm.weight.grad})
+        norms.update({p + "ln1": layer.input_layernorm, p + "ln2": layer.post_attention_layernorm})
         if hasattr(layer.self_attn, "qkv_proj"):   # Phi-3's
             theirs.update(_phi3_split(model.config, layer, p))
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):
@@ -515,6 +518,10 @@ def llama_grads(model) -> dict:
             theirs[p + f"ffn.W_{w}"] = module.weight.grad.T
             if module.bias is not None:
                 theirs[p + f"ffn.b_{w}"] = module.bias.grad
+    for name, norm in norms.items():
+        theirs[name + ".gamma"] = norm.weight.grad
+        if getattr(norm, "bias", None) is not None:
+            theirs[name + ".beta"] = norm.bias.grad
     return {name: grad.numpy() for name, grad in theirs.items()}
 
 

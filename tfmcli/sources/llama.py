@@ -9,10 +9,11 @@ when ``num_key_value_heads`` is under the heads, with biases only when ``attenti
 
     model.embed_tokens -> embed.W_E
     model.layers.{i}.input_layernorm / post_attention_layernorm -> blocks.{i}.ln1 / ln2.gamma
+                                                  (StableLM's layer norm: .bias -> ln1 / ln2.beta)
     model.layers.{i}.self_attn.q_proj, k_proj, v_proj, o_proj -> attn.W_Q, W_K, W_V, W_O (b_*)
     model.layers.{i}.self_attn.q_norm, k_norm -> attn.q_norm.gamma, attn.k_norm.gamma (Qwen3)
     model.layers.{i}.mlp.gate_proj, up_proj, down_proj -> ffn.W_gate, W_1, W_2 (b_*)
-    model.norm -> ln_f.gamma                lm_head -> head.W_U (absent when tied)
+    model.norm -> ln_f.gamma (.beta)        lm_head -> head.W_U (absent when tied)
 
 Gemma 2's four norms a layer (a sandwich) are named for where they sit:
 
@@ -46,20 +47,21 @@ BESIDE_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
 ATTENTION = (("Q", "q_proj"), ("K", "k_proj"), ("V", "v_proj"), ("O", "o_proj"))
 MLP = (("gate", "gate_proj"), ("1", "up_proj"), ("2", "down_proj"))
 KINDS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-         "phi3")   # read here
+         "phi3", "stablelm")   # read here
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 SANDWICHED = ("gemma2", "gemma3_text")   # a norm after each sublayer too, soft caps, a scale
 NAMES = {"qwen3": "Qwen3", "gemma": "Gemma", "gemma2": "Gemma 2",
-         "gemma3_text": "Gemma 3", "phi3": "Phi-3"}   # for the messages
+         "gemma3_text": "Gemma 3", "phi3": "Phi-3", "stablelm": "StableLM"}   # for the messages
 HEAD_DIMS = {"qwen3": 128, "gemma": 256, "gemma2": 256,
              "gemma3_text": 256}   # head_dim when config.json has none
-DEFAULTS = {   # what Gemma2Config, Gemma3TextConfig and Phi3Config fill in for a key left out
+DEFAULTS = {   # what Gemma2Config, Gemma3TextConfig, Phi3Config and StableLmConfig fill in
     "gemma2": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "gemma3_text": {"sliding_window": 4096, "query_pre_attn_scalar": 256,
                     "attn_logit_softcapping": None, "final_logit_softcapping": None,
                     "sliding_window_pattern": 6},
-    "phi3": {"rms_norm_eps": 1e-5}}
+    "phi3": {"rms_norm_eps": 1e-5},
+    "stablelm": {"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25}}
 GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}   # the defaults
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
@@ -74,7 +76,10 @@ def read_config(folder) -> dict:
     window in every other layer; Gemma 3's (``sources.gemma3``, an image-and-text one's
     ``text_config``) add q and k norms and a RoPE base of the sliding layers' own. Phi-3's
     (``sources.phi3``) are LLaMA's, RMSNorm's epsilon 1e-5 by default, never biased, with
-    RoPE on part of each head when ``partial_rotary_factor`` says (``Config.rotary_dim``)."""
+    RoPE on part of each head when ``partial_rotary_factor`` says (``Config.rotary_dim``).
+    StableLM's (``sources.stablelm``) are LLaMA's with layer norm (a gain and a bias) for
+    RMSNorm, biases on q, k and v when ``use_qkv_bias`` says, and RoPE on a quarter of each head
+    unless ``partial_rotary_factor`` says otherwise."""
     path, config = read_json(folder)
     kind = model_type(folder, config)
     if kind == "gemma3":   # Gemma 3 4B+: an image-and-text model, whose text part tfm reads
@@ -83,7 +88,7 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'model_type' is {kind!r}, not a LLaMA "
                        f"checkpoint's 'llama', a Mistral's 'mistral', a Qwen2's 'qwen2', a "
                        f"Qwen3's 'qwen3', a Gemma's 'gemma', a Gemma 2's 'gemma2', a Gemma "
-                       f"3's 'gemma3_text' or a Phi-3's 'phi3'")
+                       f"3's 'gemma3_text', a Phi-3's 'phi3' or a StableLM's 'stablelm'")
     config = {**DEFAULTS.get(kind, {}), **config}   # the Config's own for a key left out
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
@@ -98,28 +103,15 @@ def read_config(folder) -> dict:
     head_dim = None if config.get("head_dim") is None else need(path, config, "head_dim")
     if head_dim is not None and head_dim * H == d:
         head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
+    if head_dim is not None and kind == "stablelm":
+        raise TfmError(f"--load {path}: key 'head_dim' is {head_dim!r}, and Hugging Face's "
+                       f"StableLM gives a head hidden_size / num_attention_heads = {d / H:g} "
+                       f"dimensions in attention but head_dim in RoPE's tables; tfm will not "
+                       f"guess which is meant")
     layers = need(path, config, "num_hidden_layers")
     window, sliding_layers = _sliding_window(path, config, kind, layers)
-    if kind == "qwen2":   # Qwen2's q, k and v add biases, and nothing else does
-        bias, qkv_bias = False, True
-    elif kind == "phi3":   # Hugging Face's Phi-3 has no biases, whatever the config says
-        bias = qkv_bias = False
-    elif kind in ("qwen3", *GEMMAS):   # attention_bias: on q, k, v and o, none in the MLP
-        bias = qkv_bias = False
-        if config.get("attention_bias", False) is not False:
-            raise TfmError(f"--load {path}: key 'attention_bias' is "
-                           f"{config['attention_bias']!r}; tfm adds biases to all of attention "
-                           f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
-                           f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
-    else:
-        bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
-        if bias != mlp_bias or not isinstance(bias, bool):
-            raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias!r} "
-                           f"and {mlp_bias!r}; tfm's --bias is both or neither")
-        qkv_bias = False
-    eps = config.get("rms_norm_eps", 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key 'rms_norm_eps' is {eps!r}, not a number")
+    bias, qkv_bias = _biases(path, config, kind)
+    rms_norm, eps = _norm(path, config, kind)
     tied = config.get("tie_word_embeddings", kind in GEMMAS)   # each Config's default
     if not isinstance(tied, bool):
         raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
@@ -130,13 +122,13 @@ def read_config(folder) -> dict:
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
-              "norm": "pre", "pe": "rope", "rms_norm": True, "bias": bias, "tied_head": tied,
+              "norm": "pre", "pe": "rope", "rms_norm": rms_norm, "bias": bias, "tied_head": tied,
               "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
               "head_dim": head_dim, "qk_norm": kind in ("qwen3", "gemma3_text"),
               "embed_scale": kind in GEMMAS, "sliding_layers": sliding_layers,
               "rope_local_theta": None if window is None else local_theta,
-              "rotary_dim": _rotary_dim(path, config, head_dim or d // H) if kind == "phi3"
-              else None}
+              "rotary_dim": _rotary_dim(path, config, head_dim or d // H)
+              if kind in ("phi3", "stablelm") else None}
     if kind == "gemma3_text" and config["sliding_window"] is None:
         raise TfmError(f"--load {path}: key 'sliding_window' is null; a Gemma 3's sliding "
                        f"layers need a window (and turn at a RoPE base of their own)")
@@ -147,11 +139,67 @@ def read_config(folder) -> dict:
                        f"is meant")
     if kind in SANDWICHED:
         fields.update(_gemma2_fields(path, config))
+    if kind == "stablelm":
+        _refuse_stablelm_parts(path, config)
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
         raise TfmError(f"--load {path}: {e}") from None
     return fields
+
+
+def _biases(path, config: dict, kind: str) -> tuple[bool, bool]:
+    """(``Config.bias``, ``Config.qkv_bias``): Qwen2's q, k and v have biases and nothing else
+    does; StableLM's q, k and v do when ``use_qkv_bias`` says; Phi-3 has none whatever its
+    config says; Qwen3's and Gemma's ``attention_bias`` would be on q, k, v and o and not in
+    the MLP, which tfm does not add, so it is refused; LLaMA's and Mistral's
+    ``attention_bias`` and ``mlp_bias`` must agree (tfm's ``--bias`` is both)."""
+    if kind == "qwen2":
+        return False, True
+    if kind == "phi3":
+        return False, False
+    if kind == "stablelm":
+        qkv_bias = config.get("use_qkv_bias", False)
+        if not isinstance(qkv_bias, bool):
+            raise TfmError(f"--load {path}: key 'use_qkv_bias' is {qkv_bias!r}, not true or "
+                           f"false")
+        return False, qkv_bias
+    if kind in ("qwen3", *GEMMAS):
+        if config.get("attention_bias", False) is not False:
+            raise TfmError(f"--load {path}: key 'attention_bias' is "
+                           f"{config['attention_bias']!r}; tfm adds biases to all of attention "
+                           f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
+                           f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
+        return False, False
+    bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
+    if bias != mlp_bias or not isinstance(bias, bool):
+        raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias!r} "
+                       f"and {mlp_bias!r}; tfm's --bias is both or neither")
+    return bias, False
+
+
+def _norm(path, config: dict, kind: str) -> tuple[bool, float]:
+    """(``Config.rms_norm``, ``Config.eps``): StableLM's layer norm and its ``layer_norm_eps``,
+    everyone else's RMSNorm and ``rms_norm_eps`` (1e-6 when left out, LLaMA's default)."""
+    key = "layer_norm_eps" if kind == "stablelm" else "rms_norm_eps"
+    eps = config.get(key, 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TfmError(f"--load {path}: key {key!r} is {eps!r}, not a number")
+    return kind != "stablelm", float(eps)
+
+
+def _refuse_stablelm_parts(path, config: dict) -> None:
+    """StableLM's parts tfm does not compute: a layer norm of each head's queries and keys with
+    a gain of each head's own (``qk_layernorm``, StableLM 2 12B's), and attention and the MLP
+    side by side on the same input (``use_parallel_residual``)."""
+    for key, what in (("qk_layernorm", "a layer norm of each head's q and k with a gain per "
+                                       "head, where tfm's --qk-norm shares one across heads"),
+                      ("use_parallel_residual", "attention and the MLP side by side on the "
+                                                "same input, where tfm's block runs them one "
+                                                "after the other")):
+        value = config.get(key, False)
+        if value is not False:
+            raise TfmError(f"--load {path}: key {key!r} is {value!r}; that is {what}")
 
 
 def _text_config(path, config: dict) -> dict:
@@ -208,7 +256,7 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
             raise TfmError(f"--load {path}: key 'use_sliding_window' is {sliding!r}, not true "
                            f"or false")
         window = window if sliding else None
-    if kind in ("llama", "gemma") or window is None:   # neither has a window
+    if kind in ("llama", "gemma", "stablelm") or window is None:   # none has a window
         return None, None
     layer_types = config.get("layer_types")
     if layer_types is not None:
@@ -283,10 +331,10 @@ def _rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | 
 
 
 def _rotary_dim(path, config: dict, d_head: int) -> int | None:
-    """How many of each head's dimensions a Phi-3's RoPE turns (``Config.rotary_dim``):
-    ``partial_rotary_factor`` times ``d_head`` (Phi-4-mini: 0.75), from ``rope_scaling``,
-    ``rope_parameters`` or the top level, where Phi3Config looks for it in that order; None
-    for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
+    """How many of each head's dimensions a Phi-3's or StableLM's RoPE turns
+    (``Config.rotary_dim``): ``partial_rotary_factor`` times ``d_head`` (Phi-4-mini: 0.75;
+    StableLM: 0.25 when left out, ``DEFAULTS``), from ``rope_scaling``, ``rope_parameters`` or
+    the top level, where Phi3Config looks for it in that order; None for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
     for where in ("rope_scaling", "rope_parameters"):
         holder = config.get(where)
         if isinstance(holder, dict) and "partial_rotary_factor" in holder:
@@ -366,7 +414,8 @@ def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, 
     rows = [("model.embed_tokens.weight", "embed.W_E", False)]
     for i in range(fields["layers"]):
         m, p = f"model.layers.{i}.", f"blocks.{i}."
-        rows.append((m + "input_layernorm.weight", p + "ln1.gamma", False))
+        rows += [(m + "input_layernorm.weight", p + "ln1.gamma", False),
+                 (m + "input_layernorm.bias", p + "ln1.beta", False)]   # StableLM's
         if fused:
             rows.append((m + "self_attn.qkv_proj.weight",
                          tuple(p + f"attn.W_{w}" for w in "QKV"), True))
@@ -379,14 +428,16 @@ def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, 
             rows += [(m + "post_attention_layernorm.weight", p + "ln1_post.gamma", False),
                      (m + "pre_feedforward_layernorm.weight", p + "ln2.gamma", False)]
         else:
-            rows.append((m + "post_attention_layernorm.weight", p + "ln2.gamma", False))
+            rows += [(m + "post_attention_layernorm.weight", p + "ln2.gamma", False),
+                     (m + "post_attention_layernorm.bias", p + "ln2.beta", False)]
         if fused:
             rows.append((m + "mlp.gate_up_proj.weight", (p + "ffn.W_gate", p + "ffn.W_1"), True))
         for w, proj in MLP[2 if fused else 0:]:
             rows += [(m + f"mlp.{proj}.weight", p + f"ffn.W_{w}", True),
                      (m + f"mlp.{proj}.bias", p + f"ffn.b_{w}", False)]
         rows.append((m + "post_feedforward_layernorm.weight", p + "ln2_post.gamma", False))
-    rows += [("model.norm.weight", "ln_f.gamma", False), ("lm_head.weight", "head.W_U", True)]
+    rows += [("model.norm.weight", "ln_f.gamma", False), ("model.norm.bias", "ln_f.beta", False),
+             ("lm_head.weight", "head.W_U", True)]
     return [row for row in rows if all(name in shapes for name in _names(row[1]))]
 
 
