@@ -555,9 +555,10 @@ def torch_reference_rows(cfg, seed: int) -> list:
     return rows
 
 
-def neox_from(params, cfg, rotary_ndims):
-    """Hugging Face's GPTNeoXForCausalLM (sequential residual, rotary on ``rotary_ndims`` of
-    each head, tanh GELU) holding tfm's parameters, in float64."""
+def neox_from(params, cfg, rotary_ndims, parallel: bool = False):
+    """Hugging Face's GPTNeoXForCausalLM (a sequential residual, or with ``parallel`` its
+    ``use_parallel_residual``; rotary on ``rotary_ndims`` of each head, tanh GELU) holding
+    tfm's parameters, in float64."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
@@ -568,7 +569,7 @@ def neox_from(params, cfg, rotary_ndims):
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
         num_attention_heads=H, intermediate_size=cfg.ff, hidden_act="gelu_new",
         max_position_embeddings=64, rotary_pct=rotary_ndims / dh, rotary_emb_base=10000,
-        layer_norm_eps=cfg.eps, use_parallel_residual=False, attention_bias=True,
+        layer_norm_eps=cfg.eps, use_parallel_residual=parallel, attention_bias=True,
         tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0)
     # its "eager" attention takes the softmax in float32; torch's own kernel stays in float64
     config._attn_implementation = "sdpa"

@@ -310,9 +310,10 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
                    logit_softcap=2.5, attn_scale=0.3)
     # every field; rope_theta, rope_scaling, rope_local_theta and rotary_dim need --pe rope, which
     # --n-ctx's --pe learned rules out, sliding_window and sliding_layers a causal model, and
-    # sandwich_norm Pre-LN: their own round trip is the next test
+    # sandwich_norm and parallel_residual Pre-LN: their own round trip is the next test
     assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window", "sliding_layers",
-                           "sandwich_norm", "rope_local_theta", "rotary_dim"} == {
+                           "sandwich_norm", "rope_local_theta", "rotary_dim",
+                           "parallel_residual"} == {
         f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
@@ -341,10 +342,11 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     ("--rotary-dim", 2, None),
     ("--sliding-window", 2, None),
     ("--sliding-layers", "1", None),
-    ("--sandwich-norm", None, False)])
+    ("--sandwich-norm", None, False),
+    ("--parallel-residual", None, False)])
 def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, value, default):
     """--rope-theta, --rope-scaling (LLaMA 3.1's and linear), --rope-local-theta, --rotary-dim,
-    --sliding-window, --sliding-layers and --sandwich-norm are kept by --save and --load (the
+    --sliding-window, --sliding-layers, --sandwich-norm and --parallel-residual are kept by --save and --load (the
     loss they give comes back), and each changes the loss: a dropped one would reload at its
     default."""
     import json

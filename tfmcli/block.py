@@ -4,7 +4,9 @@ Seed 003 writes the Pre-LN block as ``y = x + ATTN(LN1(x))``, ``z = y + FFN(LN2(
 backward with the residual split out: the gradient at y is the gradient at z carried straight
 through, plus what comes back through the FFN and LN2; the gradient at x is the gradient at y,
 plus what comes back through attention and LN1. Post-LN puts each layer norm after its sum
-(``y = LN1(x + ATTN(x))``, ``z = LN2(y + FFN(y))``), so nothing reaches x untouched.
+(``y = LN1(x + ATTN(x))``, ``z = LN2(y + FFN(y))``), so nothing reaches x untouched. A parallel
+block (GPT-NeoX's) has both sublayers read x (``z = x + ATTN(LN1(x)) + FFN(LN2(x))``), so the
+gradient at x gathers dz and both paths, and the gradient at y is dz alone.
 
 This lays out each sum at one position, and each path of the backward from pieces the other
 views explain: the FFN's input gradient ``dpre W_1^T`` (with SwiGLU ``+ dgate W_gate^T``;
@@ -87,6 +89,9 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
         forward, backward = _sandwich_rows(x, attn, ffn, ln("ln1_post"), ln("ln2_post"), ln1,
                                            ln2, dz, above, ffn_formula, through_ffn,
                                            attention_rows, through_attn)
+    elif cfg.parallel_residual:
+        forward, backward = _parallel_rows(x, attn, ffn, ln1, ln2, dz, above, ffn_formula,
+                                           through_ffn, attention_rows, through_attn)
     elif cfg.norm == "pre":
         y = x + attn
         dy = dz + ln2.dx
@@ -144,6 +149,30 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
 
     numeric = central_differences(contracted, xs[0, t, checked].copy(), step)
     return BlockExplained(forward, backward, checked, numeric)
+
+
+def _parallel_rows(x, attn, ffn, ln1, ln2, dz, above, ffn_formula, through_ffn,
+                   attention_rows, through_attn) -> tuple[list[Row], list[Row]]:
+    """The forward and backward rows of a parallel block: ``y = x + MHA(LN1(x))``,
+    ``z = y + FFN(LN2(x))``. Nothing reads y but the sum, so dy is dz; x feeds both sublayers
+    and the stream, so dx is dz plus both paths."""
+    y = x + attn
+    forward = [
+        Row("x", "the block's input", x, None),
+        Row("attn", "MHA(LN1(x)), attention's output", attn, None),
+        Row("y", "x + attn", y, "resid1"),
+        Row("ffn", "FFN(LN2(x)), the feed-forward's output, beside attention", ffn, None),
+        Row("z", "y + ffn, the block's output", y + ffn, "out")]
+    backward = [
+        Row("dz", f"{above}: the gradient at the block's output", dz, None),
+        Row("dffn in", ffn_formula, through_ffn, "ln2.out"),
+        Row("ffn path", "LN2's backward of dffn in", ln2.dx, None),
+        Row("dy", "dz carried straight through (the FFN reads x, not y)", dz, "resid1"),
+        *attention_rows,
+        Row("dattn in", "via q + via k + via v", through_attn, "ln1.out"),
+        Row("attn path", "LN1's backward of dattn in", ln1.dx, None),
+        Row("dx", "dz + attn path + ffn path", dz + ln1.dx + ln2.dx, "in")]
+    return forward, backward
 
 
 def _sandwich_rows(x, attn, ffn, post1, post2, ln1, ln2, dz, above, ffn_formula, through_ffn,

@@ -232,6 +232,12 @@ class Config:
         rest pass unturned (a partial rotation: Hugging Face's ``partial_rotary_factor`` times
         ``d_head``, GPT-NeoX's ``rotary_pct``, StableLM's 0.25). Even, at most ``d_head``.
         ``None``: every pair of the head turns. Needs ``pe="rope"``.
+    parallel_residual : bool
+        Attention and the FFN read the block's input side by side, each through its own norm,
+        and both outputs join the residual stream (GPT-NeoX's and Pythia's
+        ``use_parallel_residual``, GPT-J's): ``y = x + MHA(LN1(x))``, ``z = y + FFN(LN2(x))``.
+        ``resid1`` is still ``y``, and ``LN2`` reads ``x`` where the sequential block's reads
+        ``y``. Needs ``norm="pre"`` and no ``sandwich_norm``.
     """
 
     batch: int = 2
@@ -270,6 +276,7 @@ class Config:
     sliding_layers: tuple[int, ...] | None = None
     rope_local_theta: float | None = None
     rotary_dim: int | None = None
+    parallel_residual: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -323,7 +330,7 @@ class Config:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
-                     "embed_scale", "sandwich_norm"):
+                     "embed_scale", "sandwich_norm", "parallel_residual"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -339,6 +346,11 @@ class Config:
             raise ConfigError("sandwich_norm", "a sandwich norm normalises each sublayer's "
                                                "input and output, so the norms must be Pre-LN "
                                                "(norm 'pre')")
+        if self.parallel_residual and (self.norm != "pre" or self.sandwich_norm):
+            raise ConfigError("parallel_residual", "a parallel block normalises x once for each "
+                                                   "sublayer and adds both outputs to it, so the "
+                                                   "norms must be Pre-LN (norm 'pre') without "
+                                                   "sandwich_norm")
         self._check_sliding_layers()
         self._check_rope_local_theta()
         self._check_rotary_dim()

@@ -177,7 +177,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                 if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
                     out = normalise(out, P, p + "ln1_post", cfg)
                 y = x + out
-                out = _ffn_step(normalise(y, P, p + "ln2", cfg), P, p, cfg)
+                h = x if cfg.parallel_residual else y   # parallel: z = y + FFN(LN2(x))
+                out = _ffn_step(normalise(h, P, p + "ln2", cfg), P, p, cfg)
                 if cfg.sandwich_norm:
                     out = normalise(out, P, p + "ln2_post", cfg)
                 x = y + out

@@ -28,15 +28,16 @@ def names(cfg: Config) -> list[str]:
 
 def input_name(cfg: Config, name: str) -> str:
     """The activation a layer norm reads. Pre-LN: ln1 the block's input, ln2 the residual
-    after attention, ln_f the last block's output; Post-LN: each the residual sum before it.
-    A sandwich's ln1_post reads attention's output, ln2_post the FFN's."""
+    after attention (a parallel block's ln2 the block's input too), ln_f the last block's
+    output; Post-LN: each the residual sum before it. A sandwich's ln1_post reads attention's
+    output, ln2_post the FFN's."""
     if name == "ln_f":
         return f"blocks.{cfg.layers - 1}.out"
     block, ln = name.rsplit(".", 1)
     if ln.endswith("_post"):
         return f"{block}.attn.out" if ln == "ln1_post" else f"{block}.ffn.out"
     if cfg.norm == "pre":
-        return f"{block}.in" if ln == "ln1" else f"{block}.resid1"
+        return f"{block}.in" if ln == "ln1" or cfg.parallel_residual else f"{block}.resid1"
     return f"{block}.resid1" if ln == "ln1" else f"{block}.resid2"
 
 

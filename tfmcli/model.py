@@ -334,7 +334,8 @@ def _block_forward(x, P, i, cfg, mask, acts, caches):
             out = _ln_forward(out, P, p + "ln1_post", cfg, acts, caches)
         y = x + out
         acts[p + "resid1"] = y
-        h = _ln_forward(y, P, p + "ln2", cfg, acts, caches)
+        # parallel: z = y + FFN(LN2(x)), the FFN reading the block's input as attention did
+        h = _ln_forward(x if cfg.parallel_residual else y, P, p + "ln2", cfg, acts, caches)
         out = _ffn_forward(h, P, p, cfg, acts, caches)
         if cfg.sandwich_norm:   # z = y + LN2_post(FFN(LN2(y)))
             out = _ln_forward(out, P, p + "ln2_post", cfg, acts, caches)
@@ -359,14 +360,17 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
         dout = dz
         if cfg.sandwich_norm:   # back through the norm of the FFN's output first
             dout = _ln_backward(dz, p + "ln2_post", cfg, caches, grads, dacts)
-        dy = dz + _ln_backward(_ffn_backward(dout, p, cfg, caches, grads, dacts),
-                               p + "ln2", cfg, caches, grads, dacts)
+        dffn = _ln_backward(_ffn_backward(dout, p, cfg, caches, grads, dacts),
+                            p + "ln2", cfg, caches, grads, dacts)
+        dy = dz if cfg.parallel_residual else dz + dffn   # parallel: LN2's input is x
         dacts[p + "resid1"] = dy
         dout = dy
         if cfg.sandwich_norm:
             dout = _ln_backward(dy, p + "ln1_post", cfg, caches, grads, dacts)
         dx = dy + _ln_backward(_mha_backward(dout, i, cfg, caches, grads, dacts),
                                p + "ln1", cfg, caches, grads, dacts)
+        if cfg.parallel_residual:
+            dx = dx + dffn
     else:
         dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)
         dacts[p + "resid2"] = dr

@@ -27,6 +27,10 @@ SHAPES = {
                  "the gradient at each sum is the one after it, carried straight through, plus "
                  "what comes back through the sublayer's output norm, the sublayer and its "
                  "input norm"),
+    "parallel": ("Pre-LN, parallel: y = x + MHA(LN1(x)),  z = y + FFN(LN2(x))",
+                 "nothing but the sum reads y, so its gradient is dz; x feeds the stream and both "
+                 "sublayers, so its gradient is dz plus what comes back through each sublayer "
+                 "and its layer norm"),
 }
 
 
@@ -65,7 +69,9 @@ def block(
     dx = x.backward[-1].value
     numeric_off = float(np.abs(x.numeric_dx - dx[x.checked]).max())
     token = run.token_labels(row)[position]
-    shape, backward_shape = SHAPES["sandwich" if cfg.sandwich_norm else cfg.norm]
+    kind = ("sandwich" if cfg.sandwich_norm else "parallel" if cfg.parallel_residual
+            else cfg.norm)
+    shape, backward_shape = SHAPES[kind]
 
     def table(rows):   # every column, wrapped in blocks, up to 32 (or with --full)
         return render.tensor_table(np.vstack([r.value for r in rows]),

@@ -145,6 +145,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
                   + f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}"),
         "norm": ("Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN") + (
             ", sandwich (ln1_post, ln2_post on each sublayer's output)" if cfg.sandwich_norm
+            else ", parallel (attention and FFN both read x)" if cfg.parallel_residual
             else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "swiglu": " (silu(gate) * pre)",

@@ -188,6 +188,7 @@ MODEL_OPTIONS = [
     ("logit_softcap", Annotated[Optional[float], _opt("--logit-softcap", panel=MODEL, metavar="C", help="Soft-cap each logit z of the head: C tanh(z / C) (Gemma 2: 30) (> 0).")], D.logit_softcap),
     ("attn_scale", Annotated[Optional[float], _opt("--attn-scale", panel=MODEL, metavar="X", help="Multiply each score q . k by X instead of 1 / sqrt(d_head) (Gemma 2 27B: 1 / sqrt(144)) (> 0).")], D.attn_scale),
     ("sandwich_norm", Annotated[bool, _opt("--sandwich-norm/--no-sandwich-norm", panel=MODEL, help="Normalise each sublayer's output too, before the residual sum (Gemma 2 and 3): ln1_post after attention, ln2_post after the FFN; needs --norm pre.")], D.sandwich_norm),
+    ("parallel_residual", Annotated[bool, _opt("--parallel-residual/--no-parallel-residual", panel=MODEL, help="Attention and the FFN both read the block's input, each through its own norm, and both outputs join the stream (GPT-NeoX, Pythia): z = x + MHA(LN1(x)) + FFN(LN2(x)); needs --norm pre.")], D.parallel_residual),
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
@@ -215,6 +216,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "logit_softcap": "--logit-softcap", "attn_scale": "--attn-scale",
          "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
          "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
+         "parallel_residual": "--parallel-residual",
          "tokens": "--tokens", "text": "--text"}
 
 
