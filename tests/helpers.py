@@ -557,8 +557,9 @@ def torch_reference_rows(cfg, seed: int) -> list:
 
 def neox_from(params, cfg, rotary_ndims, parallel: bool = False):
     """Hugging Face's GPTNeoXForCausalLM (a sequential residual, or with ``parallel`` its
-    ``use_parallel_residual``; rotary on ``rotary_ndims`` of each head, tanh GELU) holding
-    tfm's parameters, in float64."""
+    ``use_parallel_residual``; rotary on ``rotary_ndims`` of each head; GELU's tanh form, or
+    GELU itself, Pythia's ``"gelu"``, for tfm's ``gelu_erf``) holding tfm's parameters, in
+    float64."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
@@ -567,7 +568,8 @@ def neox_from(params, cfg, rotary_ndims, parallel: bool = False):
     d, H, dh = cfg.d_model, cfg.heads, cfg.d_head
     config = transformers.GPTNeoXConfig(
         vocab_size=cfg.vocab, hidden_size=d, num_hidden_layers=cfg.layers,
-        num_attention_heads=H, intermediate_size=cfg.ff, hidden_act="gelu_new",
+        num_attention_heads=H, intermediate_size=cfg.ff,
+        hidden_act="gelu" if cfg.activation == "gelu_erf" else "gelu_new",
         max_position_embeddings=64, rotary_pct=rotary_ndims / dh, rotary_emb_base=10000,
         layer_norm_eps=cfg.eps, use_parallel_residual=parallel, attention_bias=True,
         tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0)

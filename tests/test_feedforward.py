@@ -28,7 +28,7 @@ def model_run(norm, activation, dtype="float64"):
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_erf"])
 def test_each_ffn_recomputed_equals_the_model_and_its_backward(norm, activation):
     """pre, act and out are the model's; dhidden and dpre the backward's; the slope and dx
     central differences'; and each position's outer products and rows, summed over the batch,

@@ -88,6 +88,8 @@ CONFIGS = [
                  id="deep-L16"),
     pytest.param(dict(batch=8, seq_len=64, d_model=64, heads=2, d_ff=1024, vocab=256, layers=2,
                       activation="gelu"), id="wide-ffn-gelu"),
+    pytest.param(dict(batch=8, seq_len=64, d_model=64, heads=2, d_ff=1024, vocab=256, layers=2,
+                      activation="gelu_erf"), id="wide-ffn-gelu-erf"),
     pytest.param(dict(batch=8, seq_len=32, d_model=16, heads=2, vocab=40000, layers=1,
                       norm="post", dtype="float32"), id="V-dominates-post-f32"),
     # these five were 30-77% over before the estimate counted distinct arrays and one transient

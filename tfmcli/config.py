@@ -19,7 +19,7 @@ import numpy as np
 from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "gelu_erf")
 GATED = ("swiglu", "geglu")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
 PES = ("sinusoidal", "learned", "none", "rope")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
@@ -120,8 +120,9 @@ class Config:
         Hidden width of the feed-forward network; ``None`` means ``4 * d_model``.
     norm : {"pre", "post"}
         Where layer norm sits (see the README's Conventions).
-    activation : {"relu", "gelu", "swiglu", "geglu"}
-        FFN non-linearity; gelu is the tanh approximation. ``swiglu`` gates instead (LLaMA's
+    activation : {"relu", "gelu", "swiglu", "geglu", "gelu_erf"}
+        FFN non-linearity; gelu is the tanh approximation, ``gelu_erf`` GELU itself,
+        ``0.5 x (1 + erf(x / sqrt 2))`` (BERT's, Pythia's). ``swiglu`` gates instead (LLaMA's
         FFN): ``(silu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``, with the parameters
         ``ffn.W_gate (d, d_ff)`` and ``ffn.b_gate (d_ff,)`` besides the other two layers'.
         ``geglu`` is the same gate through GELU's tanh form instead of silu (Gemma's FFN).
@@ -738,12 +739,12 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's and GeGLU's tanh, SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped
+    GELU's and GeGLU's tanh, exact GELU's Phi(x), SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped
     attention's keys and values repeated to every head, the q and k norms' ``xhat`` and
     ``rstd``). On top of that comes one transient: the forward's largest temporary (a
     (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward, which
-    briefly holds about three (B, T, d_ff) arrays (a gated FFN's one: its slope, made before
-    dgate; grouped attention's dk and dv at every head, two (B, T, H d_head); capped scores'
+    briefly holds about three (B, T, d_ff) arrays (exact GELU's and a gated FFN's one: the
+    slope, made before dgate; grouped attention's dk and dv at every head, two (B, T, H d_head); capped scores'
     gradient before the cap, one (B, H, T, T); capped logits', one (B, T, V)).
     ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
@@ -751,7 +752,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
-    pre, gelu = cfg.norm == "pre", cfg.activation == "gelu"
+    pre, gelu = cfg.norm == "pre", cfg.activation in ("gelu", "gelu_erf")   # t, or Phi(x)
     gated = cfg.gated   # the gate a block, its gradient; SwiGLU's sigmoid or GeGLU's tanh cached
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
@@ -776,7 +777,8 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
               + tables * 2 * T * cfg.rope_width + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
-    activation_transient = {"gelu": 3, "geglu": 1, "swiglu": 1}.get(cfg.activation, 0) * btf
+    activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1}.get(
+        cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own
     backward_transient = max(activation_transient, grouped * 2 * btq,
                              (cfg.attn_softcap is not None) * bhtt,

@@ -33,25 +33,37 @@ def input_name(cfg: Config, block: int) -> str:
 
 def activation(pre: np.ndarray, name: str) -> np.ndarray:
     """relu: max(pre, 0); gelu (tanh form): 0.5 pre (1 + tanh(sqrt(2/pi) (pre + 0.044715 pre^3)));
-    silu (SwiGLU's gate): pre sigmoid(pre) = pre / (1 + exp(-pre))."""
+    silu (SwiGLU's gate): pre sigmoid(pre) = pre / (1 + exp(-pre)); gelu_erf: pre Phi(pre),
+    Phi(pre) = 0.5 (1 + erf(pre / sqrt 2)), by ``math.erf`` here."""
     if name == "relu":
         return np.maximum(pre, 0.0)
     if name == "silu":
         return pre * ops.sigmoid(pre)
+    if name == "gelu_erf":
+        return pre * _normal_cdf(pre)
     return 0.5 * pre * (1.0 + np.tanh(GELU_C * (pre + 0.044715 * pre ** 3)))
 
 
 def slope(pre: np.ndarray, name: str) -> np.ndarray:
     """d act / d pre. relu: 1 where pre > 0, else 0 (0 at exactly 0, as PyTorch takes it);
     gelu: 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2), t the tanh;
-    silu: s (1 + pre (1 - s)), s = sigmoid(pre)."""
+    silu: s (1 + pre (1 - s)), s = sigmoid(pre); gelu_erf: Phi(pre) + pre phi(pre), phi the
+    normal density exp(-pre^2 / 2) / sqrt(2 pi)."""
     if name == "relu":
         return (pre > 0).astype(np.float64)
     if name == "silu":
         s = ops.sigmoid(pre)
         return s * (1.0 + pre * (1.0 - s))
+    if name == "gelu_erf":
+        return _normal_cdf(pre) + pre * np.exp(-pre ** 2 / 2) / math.sqrt(2 * math.pi)
     t = np.tanh(GELU_C * (pre + 0.044715 * pre ** 3))
     return 0.5 * (1.0 + t) + 0.5 * pre * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * pre ** 2)
+
+
+def _normal_cdf(pre: np.ndarray) -> np.ndarray:
+    """Phi(pre) = 0.5 (1 + erf(pre / sqrt 2)), entry by entry with ``math.erf``."""
+    return np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in pre.reshape(-1)],
+                    dtype=np.float64).reshape(pre.shape)
 
 
 class FFNExplained(NamedTuple):

@@ -184,7 +184,42 @@ def gelu_backward(dout, cache):
     return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt)
 
 
-ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gelu_backward)}
+_ERF = np.frompyfunc(math.erf, 1, 1)   # NumPy has no erf: the C library's, entry by entry
+ERF_CHUNK = 1 << 16   # entries a call: its transient array of Python floats stays small
+
+
+def erf(x):
+    """erf of every entry, in x's dtype: Python's ``math.erf`` (the C library's, within an ulp
+    or two), since NumPy has none. About 0.1 us an entry, fifty times tanh's, so it goes
+    ``ERF_CHUNK`` entries at a time, each a transient object array of that many floats."""
+    out = np.empty_like(x)
+    flat, into = x.reshape(-1), out.reshape(-1)
+    for start in range(0, flat.size, ERF_CHUNK):
+        into[start:start + ERF_CHUNK] = _ERF(flat[start:start + ERF_CHUNK])
+    return out
+
+
+_SQRT_HALF, _INV_SQRT_2PI = math.sqrt(0.5), 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def gelu_erf_forward(x):
+    """GELU itself, not its tanh form: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), Phi the normal
+    distribution's CDF (torch's ``F.gelu``; Hugging Face's and Pythia's ``"gelu"``). Caches
+    (x, Phi(x))."""
+    cdf = erf(x * _SQRT_HALF)
+    cdf += 1.0
+    cdf *= 0.5
+    return x * cdf, (x, cdf)
+
+
+def gelu_erf_backward(dout, cache):
+    """d x Phi(x) / dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the density."""
+    x, cdf = cache
+    return dout * (cdf + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI)
+
+
+ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gelu_backward),
+               "gelu_erf": (gelu_erf_forward, gelu_erf_backward)}
 
 
 def sigmoid(x):

@@ -148,6 +148,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
             else ", parallel (attention and FFN both read x)" if cfg.parallel_residual
             else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
+                                         "gelu_erf": " (exact: 0.5 x (1 + erf(x / sqrt 2)))",
                                          "swiglu": " (silu(gate) * pre)",
                                          "geglu": " (gelu(gate) * pre, tanh approx.)"}.get(
             cfg.activation, ""),

@@ -18,6 +18,9 @@ FORMULAS = {
              "relu'(pre) = 1 where pre > 0, else 0 (pre: the ReLU's own input)"),
     "gelu": ("gelu(pre) = 0.5 pre (1 + t),  t = tanh(sqrt(2/pi) (pre + 0.044715 pre^3))",
              "gelu'(pre) = 0.5 (1 + t) + 0.5 pre (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 pre^2)"),
+    "gelu_erf": ("gelu_erf(pre) = pre Phi(pre) = 0.5 pre (1 + erf(pre / sqrt 2))",
+                 "gelu_erf'(pre) = Phi(pre) + pre phi(pre),  phi(pre) = exp(-pre^2 / 2) / "
+                 "sqrt(2 pi)"),
     "swiglu": ("silu(gate) = gate sigmoid(gate) = gate / (1 + exp(-gate));  hidden = silu(gate) "
                "* pre",
                "silu'(gate) = s (1 + gate (1 - s)),  s = sigmoid(gate)"),

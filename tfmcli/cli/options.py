@@ -30,6 +30,7 @@ class Activation(str, Enum):
     gelu = "gelu"
     swiglu = "swiglu"
     geglu = "geglu"
+    gelu_erf = "gelu_erf"
 
 
 class PE(str, Enum):
@@ -164,7 +165,7 @@ MODEL_OPTIONS = [
     ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
     ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
     ("norm", Annotated[Norm, choice("--norm", choices=Norm, panel=MODEL, help="Layer-norm position.")], Norm(D.norm)),
-    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight; geglu: the same with gelu for silu).")], Activation(D.activation)),
+    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; gelu_erf: GELU itself, 0.5 x (1 + erf(x / sqrt 2)); swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight; geglu: the same with gelu for silu).")], Activation(D.activation)),
     ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
     ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
     ("sliding_layers", Annotated[Optional[str], _opt("--sliding-layers", panel=MODEL, metavar="0,2", help="Only these blocks slide with --sliding-window; the others see every earlier key (Gemma 2: every other block, 0,2,4,...).")], None),
