@@ -1,0 +1,177 @@
+"""GPT-NeoX checkpoint folders (``"model_type": "gpt_neox"``: Pythia 70M to 12B, GPT-NeoX-20B), as
+Hugging Face's ``save_pretrained`` writes them. The model is tfm's with ``--pe rope
+--parallel-residual --activation gelu_erf --no-head-bias`` and layer norms with biases: RoPE on
+the first ``rotary_pct`` of each head (a quarter by default), attention and the MLP side by side
+when ``use_parallel_residual`` says (Pythia's do), GELU itself for ``hidden_act`` "gelu".
+The names (a contract, in the README):
+
+    gpt_neox.embed_in -> embed.W_E                       embed_out -> head.W_U
+    gpt_neox.layers.{i}.input_layernorm, post_attention_layernorm -> ln1, ln2 (.gamma, .beta)
+    gpt_neox.layers.{i}.attention.query_key_value -> attn.W_Q, W_K, W_V (and b_Q, b_K, b_V)
+    gpt_neox.layers.{i}.attention.dense -> attn.W_O (b_O)
+    gpt_neox.layers.{i}.mlp.dense_h_to_4h, dense_4h_to_h -> ffn.W_1, W_2 (b_1, b_2)
+    gpt_neox.final_layer_norm -> ln_f (.gamma, .beta)
+
+``query_key_value`` holds each head's q, k and v rows one after another, head by head (its
+output viewed ``(H, 3 d_head)``, then cut in three): its rows ``(H, 3, d_head)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tfmcli.config import Config, param_shapes
+from tfmcli.errors import ConfigError, TfmError
+from tfmcli.sources import llama, tensorfile
+from tfmcli.sources.folder import need, read_json
+
+NAME = "GPT-NeoX"
+IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")   # buffers
+ACTIVATIONS = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
+               "relu": "relu"}   # Hugging Face's names -> tfm's
+
+
+def read_config(folder) -> dict:
+    """Config fields from ``config.json``; TfmError naming the key at fault for a model tfm does
+    not compute exactly (attention without biases beside an MLP with them, another
+    activation, RoPE scaled other than LLaMA 3.1's or linearly)."""
+    path, config = read_json(folder)
+    d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
+    activation = ACTIVATIONS.get(config.get("hidden_act", "gelu"))
+    if activation is None:
+        raise TfmError(f"--load {path}: key 'hidden_act' is {config['hidden_act']!r}; tfm "
+                       f"reads {', '.join(map(repr, ACTIVATIONS))}")
+    for key in ("attention_bias", "use_parallel_residual", "tie_word_embeddings"):
+        if not isinstance(config.get(key, False), bool):
+            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
+    if config.get("attention_bias", True) is not True:
+        raise TfmError(f"--load {path}: key 'attention_bias' is false; GPT-NeoX's MLP keeps "
+                       f"its biases, and tfm's --bias is both or neither")
+    eps = config.get("layer_norm_eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TfmError(f"--load {path}: key 'layer_norm_eps' is {eps!r}, not a number")
+    theta, scaling, factor_at = _rope(path, config)
+    fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
+              "vocab": need(path, config, "vocab_size"),
+              "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+              "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
+              "norm": "pre", "pe": "rope", "rms_norm": False, "bias": True, "head_bias": False,
+              "tied_head": config.get("tie_word_embeddings", False), "causal": True,
+              "parallel_residual": config.get("use_parallel_residual", True)}
+    if d % H == 0:
+        fields["rotary_dim"] = llama._rotary_dim(path, factor_at, d // H)
+    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
+        Config(**fields)
+    except ConfigError as e:
+        raise TfmError(f"--load {path}: {e}") from None
+    return fields
+
+
+def _rope(path, config: dict):
+    """(theta, scaling, where the rotary share is): GPTNeoXConfig's order, ``rope_scaling`` or
+    ``rope_parameters`` first (their ``rope_theta`` and ``partial_rotary_factor``), then the
+    first configs' ``rotary_emb_base`` (10000) and ``rotary_pct`` (0.25)."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    if not isinstance(rope, dict):
+        raise TfmError(f"--load {path}: key {key!r} is {rope!r}, not an object")
+    scaling = llama._scaling(path, key, rope)
+    theta = rope.get("rope_theta", config.get("rotary_emb_base", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise TfmError(f"--load {path}: RoPE's base (rope_theta or rotary_emb_base) is "
+                       f"{theta!r}, not a positive number")
+    share = {key: rope} if "partial_rotary_factor" in rope else {
+        "partial_rotary_factor": config.get("rotary_pct", 0.25)}
+    return float(theta), scaling, share
+
+
+def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
+    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order; the
+    ``query_key_value`` rows name (Q, K, V), interleaved head by head in the stored matrix."""
+    shapes = param_shapes(Config(**fields))
+    rows = [("gpt_neox.embed_in.weight", "embed.W_E", False)]
+    for i in range(fields["layers"]):
+        m, p = f"gpt_neox.layers.{i}.", f"blocks.{i}."
+        rows += [(m + "input_layernorm.weight", p + "ln1.gamma", False),
+                 (m + "input_layernorm.bias", p + "ln1.beta", False),
+                 (m + "attention.query_key_value.weight",
+                  tuple(p + f"attn.W_{w}" for w in "QKV"), True),
+                 (m + "attention.query_key_value.bias",
+                  tuple(p + f"attn.b_{w}" for w in "QKV"), False),
+                 (m + "attention.dense.weight", p + "attn.W_O", True),
+                 (m + "attention.dense.bias", p + "attn.b_O", False),
+                 (m + "post_attention_layernorm.weight", p + "ln2.gamma", False),
+                 (m + "post_attention_layernorm.bias", p + "ln2.beta", False),
+                 (m + "mlp.dense_h_to_4h.weight", p + "ffn.W_1", True),
+                 (m + "mlp.dense_h_to_4h.bias", p + "ffn.b_1", False),
+                 (m + "mlp.dense_4h_to_h.weight", p + "ffn.W_2", True),
+                 (m + "mlp.dense_4h_to_h.bias", p + "ffn.b_2", False)]
+    rows += [("gpt_neox.final_layer_norm.weight", "ln_f.gamma", False),
+             ("gpt_neox.final_layer_norm.bias", "ln_f.beta", False),
+             ("embed_out.weight", "head.W_U", True)]
+    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+
+
+def expected_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face key and its stored shape under these fields."""
+    shapes = param_shapes(Config(**fields))
+    expected = {}
+    for key, name, transposed in name_map(fields):
+        if isinstance(name, tuple):   # three matrices' (or biases') rows, stacked
+            shape = shapes[name[0]]
+            expected[key] = (3 * shape[-1], shape[0]) if transposed else (3 * shape[0],)
+        else:
+            expected[key] = shapes[name][::-1] if transposed else shapes[name]
+    return expected
+
+
+def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``;
+    ``query_key_value`` cut head by head into q, k and v. Every key and shape is checked
+    before any is read."""
+    expected = expected_shapes(fields)
+    stored = llama.stored_tensors(folder)
+    for key in stored:
+        if key not in expected and not key.endswith(IGNORED) and not (
+                key == "embed_out.weight" and fields["tied_head"]):
+            raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
+                           f"{NAME} that config.json describes)")
+    for key, shape in expected.items():
+        if key not in stored:
+            whole = Path(folder) / llama.WEIGHTS
+            raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / llama.INDEX}: "
+                           f"missing key {key!r}")
+        path, header, _ = stored[key]
+        if tuple(header[key]["shape"]) != shape:
+            raise TfmError(f"--load {path}: key {key!r} has shape "
+                           f"{tuple(header[key]['shape'])}, but config.json says {shape}")
+    H = fields["heads"]
+    params = {}
+    for key, name, transposed in name_map(fields):
+        path, header, start = stored[key]
+        value = tensorfile.read_tensor(path, header, start, key, dtype)
+        if isinstance(name, tuple):   # rows (H, 3, d_head, ...): each head's q, k, v in turn
+            parts = value.reshape(H, 3, -1, *value.shape[1:])
+            for j, n in enumerate(name):
+                part = parts[:, j].reshape(-1, *value.shape[1:])
+                params[n] = np.ascontiguousarray(part.T if transposed else part)
+        else:
+            params[name] = np.ascontiguousarray(value.T) if transposed else value
+    return {name: params[name] for name in param_shapes(Config(**fields))}   # tfm's order
+
+
+def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
+    """tfm's parameters under GPT-NeoX's names (the inverse of ``load_params``), q, k and v
+    interleaved head by head again, for writing a folder."""
+    H = fields["heads"]
+    tensors = {}
+    for key, name, transposed in name_map(fields):
+        if isinstance(name, tuple):
+            parts = [params[n].T if transposed else params[n] for n in name]   # (H d_head, ...)
+            stacked = np.stack([p.reshape(H, -1, *p.shape[1:]) for p in parts], axis=1)
+            tensors[key] = np.ascontiguousarray(stacked.reshape(-1, *parts[0].shape[1:]))
+        else:
+            tensors[key] = np.ascontiguousarray(params[name].T if transposed else params[name])
+    return tensors
