@@ -132,7 +132,7 @@ def test_the_first_configs_keys_are_read_as_hugging_face_reads_them(tmp_path):
      "key 'rope_parameters' has rope_type 'yarn'; tfm turns by RoPE's own angles ('default'), "
      "LLaMA 3.1's ('llama3') or linearly scaled ones ('linear')"),
     (dict(rope_parameters=None, rotary_pct=0.1875),
-     "key 'partial_rotary_factor' is 0.1875, which turns 1 of a head's 8 dimensions; RoPE "
+     "key 'rotary_pct' is 0.1875, which turns 1 of a head's 8 dimensions; RoPE "
      "turns pairs, so tfm needs an even number, at least 2"),
     (dict(use_parallel_residual="yes"), "key 'use_parallel_residual' is 'yes', not true or "
      "false"),

@@ -61,7 +61,7 @@ def read_config(folder) -> dict:
               "tied_head": config.get("tie_word_embeddings", False), "causal": True,
               "parallel_residual": config.get("use_parallel_residual", True)}
     if d % H == 0:
-        fields["rotary_dim"] = llama._rotary_dim(path, factor_at, d // H)
+        fields["rotary_dim"] = llama._rotary_dim(path, factor_at, d // H, top="rotary_pct")
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**fields)
     except ConfigError as e:
@@ -83,7 +83,7 @@ def _rope(path, config: dict):
         raise TfmError(f"--load {path}: RoPE's base (rope_theta or rotary_emb_base) is "
                        f"{theta!r}, not a positive number")
     share = {key: rope} if "partial_rotary_factor" in rope else {
-        "partial_rotary_factor": config.get("rotary_pct", 0.25)}
+        "rotary_pct": config.get("rotary_pct", 0.25)}
     return float(theta), scaling, share
 
 

@@ -330,18 +330,20 @@ def _rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | 
     return float(theta), scaling
 
 
-def _rotary_dim(path, config: dict, d_head: int) -> int | None:
+def _rotary_dim(path, config: dict, d_head: int,
+                top: str = "partial_rotary_factor") -> int | None:
     """How many of each head's dimensions a Phi-3's or StableLM's RoPE turns
     (``Config.rotary_dim``): ``partial_rotary_factor`` times ``d_head`` (Phi-4-mini: 0.75;
     StableLM: 0.25 when left out, ``DEFAULTS``), from ``rope_scaling``, ``rope_parameters`` or
-    the top level, where Phi3Config looks for it in that order; None for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
+    the top level (``top``: GPT-NeoX's first configs call it ``rotary_pct``), where
+    Phi3Config looks for it in that order; None for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
     for where in ("rope_scaling", "rope_parameters"):
         holder = config.get(where)
         if isinstance(holder, dict) and "partial_rotary_factor" in holder:
             key, factor = f"{where!r} 'partial_rotary_factor'", holder["partial_rotary_factor"]
             break
     else:
-        key, factor = "'partial_rotary_factor'", config.get("partial_rotary_factor", 1.0)
+        key, factor = repr(top), config.get(top, 1.0)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise TfmError(f"--load {path}: key {key} is {factor!r}, not a number in (0, 1]")
     n = int(d_head * factor)
