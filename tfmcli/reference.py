@@ -143,9 +143,10 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             h = F.silu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
         elif cfg.activation == "geglu":   # as Hugging Face's GemmaMLP: gelu_tanh(gate) * up
             h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate"), approximate="tanh") * h
+        elif cfg.activation == "gelu_erf":   # GELU itself, torch's default
+            h = F.gelu(h)
         else:
-            h = (torch.relu(h) if cfg.activation == "relu" else F.gelu(h) if cfg.activation
-                 == "gelu_erf" else F.gelu(h, approximate="tanh"))
+            h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
         return h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2")
 
     x = P["embed.W_E"][tokens]

@@ -47,8 +47,8 @@ def model_type(folder, config: dict | None = None) -> str:
 
 def checkpoint_module(folder):
     """The module that reads this folder (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
-    ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm`` or ``gpt_neox``): its ``NAME``, and ``read_config(folder)``
-    and ``load_params(folder, fields, dtype)``."""
+    ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm`` or ``gpt_neox``): its ``NAME``,
+    and ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
     from tfmcli.sources import (gemma, gemma2, gemma3, gpt2, gpt_neox, llama, mistral, phi3,
                                 qwen2, qwen3, stablelm)
 

@@ -18,8 +18,6 @@ output viewed ``(H, 3 d_head)``, then cut in three): its rows ``(H, 3, d_head)``
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from tfmcli.config import Config, param_shapes
@@ -114,52 +112,28 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
     return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
 
 
-def expected_shapes(fields: dict) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face key and its stored shape under these fields."""
-    shapes = param_shapes(Config(**fields))
-    expected = {}
-    for key, name, transposed in name_map(fields):
-        if isinstance(name, tuple):   # three matrices' (or biases') rows, stacked
-            shape = shapes[name[0]]
-            expected[key] = (3 * shape[-1], shape[0]) if transposed else (3 * shape[0],)
-        else:
-            expected[key] = shapes[name][::-1] if transposed else shapes[name]
-    return expected
-
-
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``;
     ``query_key_value`` cut head by head into q, k and v. Every key and shape is checked
     before any is read."""
-    expected = expected_shapes(fields)
+    rows, shapes = name_map(fields), param_shapes(Config(**fields))
     stored = llama.stored_tensors(folder)
-    for key in stored:
-        if key not in expected and not key.endswith(IGNORED) and not (
-                key == "embed_out.weight" and fields["tied_head"]):
-            raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
-                           f"{NAME} that config.json describes)")
-    for key, shape in expected.items():
-        if key not in stored:
-            whole = Path(folder) / llama.WEIGHTS
-            raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / llama.INDEX}: "
-                           f"missing key {key!r}")
-        path, header, _ = stored[key]
-        if tuple(header[key]["shape"]) != shape:
-            raise TfmError(f"--load {path}: key {key!r} has shape "
-                           f"{tuple(header[key]['shape'])}, but config.json says {shape}")
+    llama.check_stored(folder, stored, {key: key for key in stored},
+                       llama.stored_shapes(rows, shapes), NAME,
+                       "embed_out.weight" if fields["tied_head"] else None, IGNORED)
     H = fields["heads"]
     params = {}
-    for key, name, transposed in name_map(fields):
+    for key, name, transposed in rows:
         path, header, start = stored[key]
+        if not isinstance(name, tuple):
+            params[name] = tensorfile.read_tensor(path, header, start, key, dtype, transposed)
+            continue
         value = tensorfile.read_tensor(path, header, start, key, dtype)
-        if isinstance(name, tuple):   # rows (H, 3, d_head, ...): each head's q, k, v in turn
-            parts = value.reshape(H, 3, -1, *value.shape[1:])
-            for j, n in enumerate(name):
-                part = parts[:, j].reshape(-1, *value.shape[1:])
-                params[n] = np.ascontiguousarray(part.T if transposed else part)
-        else:
-            params[name] = np.ascontiguousarray(value.T) if transposed else value
-    return {name: params[name] for name in param_shapes(Config(**fields))}   # tfm's order
+        parts = value.reshape(H, 3, -1, *value.shape[1:])   # each head's q, k, v rows in turn
+        for j, n in enumerate(name):
+            part = parts[:, j].reshape(-1, *value.shape[1:])
+            params[n] = np.ascontiguousarray(part.T if transposed else part)
+    return {name: params[name] for name in shapes}   # tfm's order
 
 
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:

@@ -451,14 +451,40 @@ def _names(name: str | tuple) -> tuple:
 def expected_shapes(fields: dict, fused: bool = False) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face key and its shape under these config fields (``read_config``'s,
     which it has checked make a Config); a fused key's rows are its parameters' outputs."""
-    shapes = param_shapes(Config(**fields))
+    return stored_shapes(name_map(fields, fused), param_shapes(Config(**fields)))
+
+
+def stored_shapes(rows, shapes: dict) -> dict[str, tuple[int, ...]]:
+    """Each ``name_map`` row's stored shape, given tfm's ``shapes``: a parameter's, reversed
+    when stored transposed; a fused key's parameters stacked along the stored first axis (their
+    outputs, or their biases' entries)."""
     expected = {}
-    for key, name, transposed in name_map(fields, fused):
-        if isinstance(name, tuple):   # (d_out of each, summed; d_in)
-            expected[key] = (sum(shapes[n][1] for n in name), shapes[name[0]][0])
-        else:
-            expected[key] = shapes[name][::-1] if transposed else shapes[name]
+    for key, name, transposed in rows:
+        each = [shapes[n][::-1] if transposed else shapes[n] for n in _names(name)]
+        expected[key] = (sum(shape[0] for shape in each), *each[0][1:])
     return expected
+
+
+def check_stored(folder, stored: dict, names: dict, expected: dict, checkpoint: str,
+                 tied_copy: str, ignored: tuple = IGNORED, part: str = "") -> None:
+    """Before any tensor is read: every stored key (``names``: name -> stored key) one of the
+    ``expected`` (name -> shape), an ``ignored`` buffer or, tied, the head's copy ``tied_copy``
+    (None when untied); and every expected name stored, with its shape. TfmError naming the
+    file and the key otherwise (``part``: what the missing key belongs to, said after it)."""
+    for name, key in names.items():
+        if name not in expected and name != tied_copy and not name.endswith(ignored):
+            raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
+                           f"{checkpoint} that config.json describes)")
+    for name, shape in expected.items():
+        if name not in names:   # named in the one file, or in the index of the shards
+            whole = Path(folder) / WEIGHTS
+            raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
+                           f"missing key {name!r}{part}")
+        key = names[name]
+        path, header, _ = stored[key]
+        if tuple(header[key]["shape"]) != shape:
+            raise TfmError(f"--load {path}: key {key!r} has shape {tuple(header[key]['shape'])}"
+                           f", but config.json says {shape}")
 
 
 def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
@@ -501,24 +527,10 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
     expected = expected_shapes(fields, fused)
     stored = stored_tensors(folder)
     names = text_keys(stored) if text_part else {key: key for key in stored}   # name -> stored
-    for name, key in names.items():
-        tied_copy = name == "lm_head.weight" and fields["tied_head"]
-        if name not in expected and not tied_copy and not name.endswith(IGNORED):
-            raise TfmError(f"--load {stored[key][0]}: unknown key {key!r} (not a weight of the "
-                           f"{checkpoint} that config.json describes)")
+    check_stored(folder, stored, names, expected, checkpoint,
+                 "lm_head.weight" if fields["tied_head"] else None,
+                 part=" (of its language model)" if text_part else "")
     rows = name_map(fields, fused)
-    for name, _, _ in rows:
-        if name not in names:   # named in the one file, or in the index of the shards
-            whole = Path(folder) / WEIGHTS
-            raise TfmError(f"--load {whole if whole.is_file() else Path(folder) / INDEX}: "
-                           f"missing key {name!r}" + (" (of its language model)" if text_part
-                                                      else ""))
-        key = names[name]
-        path, header, _ = stored[key]
-        shape = tuple(header[key]["shape"])
-        if shape != expected[name]:
-            raise TfmError(f"--load {path}: key {key!r} has shape {shape}, but config.json "
-                           f"says {expected[name]}")
 
     def read(row):
         name, ours, transposed = row
