@@ -172,7 +172,10 @@ def _ffn_forward(x, P, p, cfg, acts, caches):
         acts[p + "ffn.gate"] = gate
     pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))  # (B, T, d_ff)
     if cgate is None:
-        hidden, cact = ops.ACTIVATIONS[cfg.activation][0](pre)
+        activation = ops.ACTIVATIONS[cfg.activation][0]
+        if caches["fast"]:
+            activation = ops.FAST_FORWARDS.get(cfg.activation, activation)
+        hidden, cact = activation(pre)
     else:
         hidden, cact = ops.GATES[cfg.activation][0](gate, pre)
     out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))  # (B, T, d)

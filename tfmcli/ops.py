@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import parallel
+from tfmcli import erf_series, parallel
 
 # ---------------------------------------------------------------- embedding
 
@@ -206,7 +206,17 @@ def gelu_erf_forward(x):
     """GELU itself, not its tanh form: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), Phi the normal
     distribution's CDF (torch's ``F.gelu``; Hugging Face's and Pythia's ``"gelu"``). Caches
     (x, Phi(x))."""
-    cdf = erf(x * _SQRT_HALF)
+    return _gelu_erf(x, erf)
+
+
+def gelu_erf_forward_fast(x):
+    """The same on the fast path, its erf ``erf_series.erf`` (whole arrays, a third of
+    ``math.erf``'s time, within 2 ulp of it)."""
+    return _gelu_erf(x, erf_series.erf)
+
+
+def _gelu_erf(x, erf_of):
+    cdf = erf_of(x * _SQRT_HALF)
     cdf += 1.0
     cdf *= 0.5
     return x * cdf, (x, cdf)
@@ -220,6 +230,7 @@ def gelu_erf_backward(dout, cache):
 
 ACTIVATIONS = {"relu": (relu_forward, relu_backward), "gelu": (gelu_forward, gelu_backward),
                "gelu_erf": (gelu_erf_forward, gelu_erf_backward)}
+FAST_FORWARDS = {"gelu_erf": gelu_erf_forward_fast}   # the fast path's, where it has its own
 
 
 def sigmoid(x):
