@@ -311,9 +311,10 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     # every field; rope_theta, rope_scaling, rope_local_theta and rotary_dim need --pe rope, which
     # --n-ctx's --pe learned rules out, sliding_window and sliding_layers a causal model, and
     # sandwich_norm and parallel_residual Pre-LN: their own round trip is the next test
+    # (shared_norm's, a parallel block's, is in test_shared_norm.py)
     assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window", "sliding_layers",
                            "sandwich_norm", "rope_local_theta", "rotary_dim",
-                           "parallel_residual"} == {
+                           "parallel_residual", "shared_norm"} == {
         f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)

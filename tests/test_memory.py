@@ -164,6 +164,13 @@ CONFIGS = [
     pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
                       sandwich_norm=True, sliding_window=64, sliding_layers=(1,),
                       dtype="float32"), id="sandwich-some-slide-T-dominates-f32"),
+    # a parallel block (Pythia's): dy is dz; with one norm (Phi-2's): one norm fewer a block
+    pytest.param(dict(batch=2, seq_len=256, d_model=64, heads=4, vocab=256, layers=3,
+                      parallel_residual=True, activation="gelu_erf", pe="rope",
+                      rotary_dim=4, dtype="float32"), id="pythia-like-parallel-f32"),
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=6,
+                      parallel_residual=True, shared_norm=True, activation="gelu",
+                      pe="rope", rotary_dim=16), id="phi-like-shared-norm-f64"),
 ]
 
 

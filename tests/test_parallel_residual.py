@@ -150,7 +150,7 @@ def test_the_flag_reaches_the_run_the_panel_and_train():
     data = json.loads(ok("forward", *FLAGS, "--json").stdout)
     assert data["config"]["parallel_residual"] is True
     panel = " ".join(ok("forward", *FLAGS).stdout.replace("│", " ").split())
-    assert "Pre-LN (+ final ln_f), parallel (attention and FFN both read x)" in panel
+    assert "Pre-LN (+ final ln_f), parallel (both sublayers read x)" in panel
     shown = " ".join(ok("block", *FLAGS, "--block", 1).stdout.split())
     assert "Pre-LN, parallel: y = x + MHA(LN1(x)), z = y + FFN(LN2(x))" in shown
     assert "dz carried straight through (the FFN reads x, not y)" in shown

@@ -6,7 +6,8 @@ through, plus what comes back through the FFN and LN2; the gradient at x is the 
 plus what comes back through attention and LN1. Post-LN puts each layer norm after its sum
 (``y = LN1(x + ATTN(x))``, ``z = LN2(y + FFN(y))``), so nothing reaches x untouched. A parallel
 block (GPT-NeoX's) has both sublayers read x (``z = x + ATTN(LN1(x)) + FFN(LN2(x))``), so the
-gradient at x gathers dz and both paths, and the gradient at y is dz alone.
+gradient at x gathers dz and both paths, and the gradient at y is dz alone. With one shared
+norm (Phi-2's, ``z = x + ATTN(LN1(x)) + FFN(LN1(x))``) both paths meet at LN1's output first.
 
 This lays out each sum at one position, and each path of the backward from pieces the other
 views explain: the FFN's input gradient ``dpre W_1^T`` (with SwiGLU ``+ dgate W_gate^T``;
@@ -69,7 +70,7 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
     def weight(name):
         return params[p + name].astype(np.float64)
 
-    ln1, ln2 = ln("ln1"), ln("ln2")
+    ln1, ln2 = ln("ln1"), None if cfg.shared_norm else ln("ln2")
     x, attn, ffn = act("in"), act("attn.out"), act("ffn.out")
     through_ffn = grad("ffn.pre") @ weight("ffn.W_1").T
     ffn_formula = "dpre W_1^T: the FFN's input gradient"
@@ -89,6 +90,9 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, block: in
         forward, backward = _sandwich_rows(x, attn, ffn, ln("ln1_post"), ln("ln2_post"), ln1,
                                            ln2, dz, above, ffn_formula, through_ffn,
                                            attention_rows, through_attn)
+    elif cfg.shared_norm:
+        forward, backward = _shared_rows(x, attn, ffn, ln1, dz, above, ffn_formula,
+                                         through_ffn, attention_rows, through_attn)
     elif cfg.parallel_residual:
         forward, backward = _parallel_rows(x, attn, ffn, ln1, ln2, dz, above, ffn_formula,
                                            through_ffn, attention_rows, through_attn)
@@ -172,6 +176,31 @@ def _parallel_rows(x, attn, ffn, ln1, ln2, dz, above, ffn_formula, through_ffn,
         Row("dattn in", "via q + via k + via v", through_attn, "ln1.out"),
         Row("attn path", "LN1's backward of dattn in", ln1.dx, None),
         Row("dx", "dz + attn path + ffn path", dz + ln1.dx + ln2.dx, "in")]
+    return forward, backward
+
+
+def _shared_rows(x, attn, ffn, ln1, dz, above, ffn_formula, through_ffn, attention_rows,
+                 through_attn) -> tuple[list[Row], list[Row]]:
+    """The rows of a parallel block with one norm: ``y = x + MHA(LN1(x))``,
+    ``z = y + FFN(LN1(x))``. Both sublayers read LN1's output, so its gradient is the sum of
+    their input gradients, and LN1's backward of that is x's one path besides dz."""
+    y = x + attn
+    dh = through_attn + through_ffn
+    forward = [
+        Row("x", "the block's input", x, None),
+        Row("attn", "MHA(LN1(x)), attention's output", attn, None),
+        Row("y", "x + attn", y, "resid1"),
+        Row("ffn", "FFN(LN1(x)), the feed-forward's output, from the same norm", ffn, None),
+        Row("z", "y + ffn, the block's output", y + ffn, "out")]
+    backward = [
+        Row("dz", f"{above}: the gradient at the block's output", dz, None),
+        Row("dffn in", ffn_formula, through_ffn, None),
+        Row("dy", "dz carried straight through (the FFN reads LN1(x), not y)", dz, "resid1"),
+        *attention_rows,
+        Row("dattn in", "via q + via k + via v", through_attn, None),
+        Row("dh", "dattn in + dffn in: both read h = LN1(x)", dh, "ln1.out"),
+        Row("norm path", "LN1's backward of dh", ln1.dx, None),
+        Row("dx", "dz + norm path", dz + ln1.dx, "in")]
     return forward, backward
 
 

@@ -239,6 +239,11 @@ class Config:
         ``use_parallel_residual``, GPT-J's): ``y = x + MHA(LN1(x))``, ``z = y + FFN(LN2(x))``.
         ``resid1`` is still ``y``, and ``LN2`` reads ``x`` where the sequential block's reads
         ``y``. Needs ``norm="pre"`` and no ``sandwich_norm``.
+    shared_norm : bool
+        A parallel block with one norm, ln1, whose output both sublayers read (Phi-2's and
+        GPT-J's): ``z = x + MHA(LN1(x)) + FFN(LN1(x))``. The block has no ln2: no ``ln2.*``
+        parameters and no ``ln2.out``; ln1's gradient gathers both sublayers'. Needs
+        ``parallel_residual``.
     """
 
     batch: int = 2
@@ -278,6 +283,7 @@ class Config:
     rope_local_theta: float | None = None
     rotary_dim: int | None = None
     parallel_residual: bool = False
+    shared_norm: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -331,7 +337,7 @@ class Config:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
-                     "embed_scale", "sandwich_norm", "parallel_residual"):
+                     "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -352,6 +358,10 @@ class Config:
                                                    "sublayer and adds both outputs to it, so the "
                                                    "norms must be Pre-LN (norm 'pre') without "
                                                    "sandwich_norm")
+        if self.shared_norm and not self.parallel_residual:
+            raise ConfigError("shared_norm", "a shared norm feeds attention and the FFN side by "
+                                             "side, so the block must be parallel "
+                                             "(parallel_residual)")
         self._check_sliding_layers()
         self._check_rope_local_theta()
         self._check_rotary_dim()
@@ -575,7 +585,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
                     shapes[p + f"attn.{norm}.beta"] = (cfg.d_head,)
         if cfg.sandwich_norm:   # the norm of attention's output
             _norm_shapes(shapes, p + "ln1_post", d, cfg)
-        _norm_shapes(shapes, p + "ln2", d, cfg)
+        if not cfg.shared_norm:   # shared: the FFN reads ln1's output too
+            _norm_shapes(shapes, p + "ln2", d, cfg)
         if cfg.gated:   # the gate, which silu (GELU) turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
             if cfg.bias:
@@ -664,8 +675,9 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
             attn.append((p + "ln1_post.out", btd))
             ffn.append((p + "ln2_post.out", btd))
         if cfg.norm == "pre":
+            ln2 = [] if cfg.shared_norm else [(p + "ln2.out", btd)]
             order = [(p + "ln1.out", btd), *attn, (p + "resid1", btd),
-                     (p + "ln2.out", btd), *ffn, (p + "resid2", btd)]
+                     *ln2, *ffn, (p + "resid2", btd)]
         else:
             order = [*attn, (p + "resid1", btd), (p + "ln1.out", btd),
                      *ffn, (p + "resid2", btd), (p + "ln2.out", btd)]
@@ -763,18 +775,20 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     #                           backward makes dk, dv at H heads before their sums
     qk = cfg.qk_norm          # q and k normalised a block, their gradients; each norm's cache
     sandwich = cfg.sandwich_norm   # two more norms a block: outputs, input gradients, caches
+    parallel = cfg.parallel_residual   # dy is dz: one input gradient fewer a block
+    shared = cfg.shared_norm       # one norm fewer a block: no ln2
     params = param_count(cfg)
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
-    acts = (L * ((6 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
+    acts = (L * ((6 + 2 * sandwich - shared) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
                  + 2 * bhtt + (2 + gated) * btf)
             + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
-    dacts = (L * ((4 + 2 * sandwich) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
+    dacts = (L * ((4 + 2 * sandwich - parallel - shared) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
                   + 2 * bhtt + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + 2 * sandwich * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
+    caches = ((2 * L + 2 * sandwich * L - shared * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
               + tables * 2 * T * cfg.rope_width + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1}.get(

@@ -27,8 +27,10 @@ GATE_UNITS = {"swiglu": "silu", "geglu": "gelu"}   # what turns a gated FFN's ga
 
 
 def input_name(cfg: Config, block: int) -> str:
-    """The activation the FFN of ``block`` reads: LN2's output in Pre-LN, LN1's in Post-LN."""
-    return f"blocks.{block}.{'ln2' if cfg.norm == 'pre' else 'ln1'}.out"
+    """The activation the FFN of ``block`` reads: LN2's output in Pre-LN, LN1's in Post-LN
+    and in a parallel block with one norm."""
+    ln = "ln2" if cfg.norm == "pre" and not cfg.shared_norm else "ln1"
+    return f"blocks.{block}.{ln}.out"
 
 
 def activation(pre: np.ndarray, name: str) -> np.ndarray:

@@ -172,13 +172,15 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         for i in range(cfg.layers):
             p, start = f"blocks.{i}.", window_start(cfg, t, i)
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
-                out, weights = _mha_step(normalise(x, P, p + "ln1", cfg), P, p, cfg, K[i], V[i],
-                                         t, rope[i], start)
+                h = normalise(x, P, p + "ln1", cfg)
+                out, weights = _mha_step(h, P, p, cfg, K[i], V[i], t, rope[i], start)
                 if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
                     out = normalise(out, P, p + "ln1_post", cfg)
                 y = x + out
-                h = x if cfg.parallel_residual else y   # parallel: z = y + FFN(LN2(x))
-                out = _ffn_step(normalise(h, P, p + "ln2", cfg), P, p, cfg)
+                if not cfg.shared_norm:   # shared: z = y + FFN(LN1(x)), h as it is
+                    # parallel: z = y + FFN(LN2(x))
+                    h = normalise(x if cfg.parallel_residual else y, P, p + "ln2", cfg)
+                out = _ffn_step(h, P, p, cfg)
                 if cfg.sandwich_norm:
                     out = normalise(out, P, p + "ln2_post", cfg)
                 x = y + out

@@ -20,8 +20,10 @@ from tfmcli.model import Forward, check_within
 
 def names(cfg: Config) -> list[str]:
     """Every layer norm of the model, in forward order: 'blocks.0.ln1', ..., 'ln_f' (with
-    ``sandwich_norm``, 'blocks.0.ln1_post' after ln1 and 'blocks.0.ln2_post' after ln2)."""
-    each = ("ln1", "ln1_post", "ln2", "ln2_post") if cfg.sandwich_norm else ("ln1", "ln2")
+    ``sandwich_norm``, 'blocks.0.ln1_post' after ln1 and 'blocks.0.ln2_post' after ln2; with
+    ``shared_norm`` no ln2)."""
+    each = (("ln1", "ln1_post", "ln2", "ln2_post") if cfg.sandwich_norm
+            else ("ln1",) if cfg.shared_norm else ("ln1", "ln2"))
     blocks = [f"blocks.{i}.{ln}" for i in range(cfg.layers) for ln in each]
     return blocks + (["ln_f"] if cfg.norm == "pre" else [])
 

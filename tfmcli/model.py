@@ -337,8 +337,10 @@ def _block_forward(x, P, i, cfg, mask, acts, caches):
             out = _ln_forward(out, P, p + "ln1_post", cfg, acts, caches)
         y = x + out
         acts[p + "resid1"] = y
-        # parallel: z = y + FFN(LN2(x)), the FFN reading the block's input as attention did
-        h = _ln_forward(x if cfg.parallel_residual else y, P, p + "ln2", cfg, acts, caches)
+        # parallel: z = y + FFN(LN2(x)), the FFN reading the block's input as attention did;
+        # with a shared norm z = y + FFN(LN1(x)), reading ln1's output h
+        if not cfg.shared_norm:
+            h = _ln_forward(x if cfg.parallel_residual else y, P, p + "ln2", cfg, acts, caches)
         out = _ffn_forward(h, P, p, cfg, acts, caches)
         if cfg.sandwich_norm:   # z = y + LN2_post(FFN(LN2(y)))
             out = _ln_forward(out, P, p + "ln2_post", cfg, acts, caches)
@@ -363,16 +365,19 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
         dout = dz
         if cfg.sandwich_norm:   # back through the norm of the FFN's output first
             dout = _ln_backward(dz, p + "ln2_post", cfg, caches, grads, dacts)
-        dffn = _ln_backward(_ffn_backward(dout, p, cfg, caches, grads, dacts),
-                            p + "ln2", cfg, caches, grads, dacts)
+        dffn = _ffn_backward(dout, p, cfg, caches, grads, dacts)
+        if not cfg.shared_norm:   # shared: dffn joins attention's gradient at ln1's output
+            dffn = _ln_backward(dffn, p + "ln2", cfg, caches, grads, dacts)
         dy = dz if cfg.parallel_residual else dz + dffn   # parallel: LN2's input is x
         dacts[p + "resid1"] = dy
         dout = dy
         if cfg.sandwich_norm:
             dout = _ln_backward(dy, p + "ln1_post", cfg, caches, grads, dacts)
-        dx = dy + _ln_backward(_mha_backward(dout, i, cfg, caches, grads, dacts),
-                               p + "ln1", cfg, caches, grads, dacts)
-        if cfg.parallel_residual:
+        dh = _mha_backward(dout, i, cfg, caches, grads, dacts)
+        if cfg.shared_norm:
+            dh += dffn
+        dx = dy + _ln_backward(dh, p + "ln1", cfg, caches, grads, dacts)
+        if cfg.parallel_residual and not cfg.shared_norm:
             dx = dx + dffn
     else:
         dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)

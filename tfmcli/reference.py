@@ -162,6 +162,9 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         if cfg.sandwich_norm:   # Gemma 2's: each sublayer's output normalised too
             x = x + norm(attention(norm(x, p + "ln1"), i, mask), p + "ln1_post")
             x = x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post")
+        elif cfg.shared_norm:   # Phi-2's: both sublayers read one norm of x
+            h = norm(x, p + "ln1")
+            x = x + attention(h, i, mask) + ffn(h, p)
         elif cfg.parallel_residual:   # GPT-NeoX's: both sublayers read x
             x = x + attention(norm(x, p + "ln1"), i, mask) + ffn(norm(x, p + "ln2"), p)
         elif cfg.norm == "pre":

@@ -31,6 +31,9 @@ SHAPES = {
                  "nothing but the sum reads y, so its gradient is dz; x feeds the stream and both "
                  "sublayers, so its gradient is dz plus what comes back through each sublayer "
                  "and its layer norm"),
+    "shared": ("Pre-LN, parallel, one norm: h = LN1(x),  z = x + MHA(h) + FFN(h)",
+               "nothing but the sum reads y, so its gradient is dz; h feeds both sublayers, so "
+               "its gradient is the sum of theirs, and x's is dz plus LN1's backward of it"),
 }
 
 
@@ -69,8 +72,8 @@ def block(
     dx = x.backward[-1].value
     numeric_off = float(np.abs(x.numeric_dx - dx[x.checked]).max())
     token = run.token_labels(row)[position]
-    kind = ("sandwich" if cfg.sandwich_norm else "parallel" if cfg.parallel_residual
-            else cfg.norm)
+    kind = ("sandwich" if cfg.sandwich_norm else "shared" if cfg.shared_norm
+            else "parallel" if cfg.parallel_residual else cfg.norm)
     shape, backward_shape = SHAPES[kind]
 
     def table(rows):   # every column, wrapped in blocks, up to 32 (or with --full)

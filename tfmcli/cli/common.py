@@ -145,7 +145,8 @@ def describe(cfg, run=None, row: int = 0) -> dict:
                   + f"d_head={cfg.d_head} d_ff={cfg.ff} V={cfg.vocab} L={cfg.layers}"),
         "norm": ("Pre-LN (+ final ln_f)" if cfg.norm == "pre" else "Post-LN") + (
             ", sandwich (ln1_post, ln2_post on each sublayer's output)" if cfg.sandwich_norm
-            else ", parallel (attention and FFN both read x)" if cfg.parallel_residual
+            else ", parallel, one norm (both read LN1(x))" if cfg.shared_norm
+            else ", parallel (both sublayers read x)" if cfg.parallel_residual
             else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "gelu_erf": " (exact: 0.5 x (1 + erf(x / sqrt 2)))",

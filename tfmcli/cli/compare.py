@@ -10,11 +10,12 @@ from tfmcli.cli.common import describe, emit, execute
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
 
 DEFAULTS = {"batch": 4, "seq_len": 16, "d_model": 32, "heads": 4, "vocab": 32, "layers": 6}
-# both positions run: no --norm, and no --sandwich-norm or --parallel-residual, which only
-# Pre-LN has
+# both positions run: no --norm, and no --sandwich-norm, --parallel-residual or --shared-norm,
+# which only Pre-LN has
 COMPARE_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                    for name, annotation, default in MODEL_OPTIONS
-                   if name not in ("norm", "sandwich_norm", "parallel_residual")]
+                   if name not in ("norm", "sandwich_norm", "parallel_residual",
+                                    "shared_norm")]
 INPUT_OPTIONS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "force")]
 
 

@@ -190,10 +190,11 @@ MODEL_OPTIONS = [
     ("attn_scale", Annotated[Optional[float], _opt("--attn-scale", panel=MODEL, metavar="X", help="Multiply each score q . k by X instead of 1 / sqrt(d_head) (Gemma 2 27B: 1 / sqrt(144)) (> 0).")], D.attn_scale),
     ("sandwich_norm", Annotated[bool, _opt("--sandwich-norm/--no-sandwich-norm", panel=MODEL, help="Normalise each sublayer's output too, before the residual sum (Gemma 2 and 3): ln1_post after attention, ln2_post after the FFN; needs --norm pre.")], D.sandwich_norm),
     ("parallel_residual", Annotated[bool, _opt("--parallel-residual/--no-parallel-residual", panel=MODEL, help="Attention and the FFN both read the block's input, each through its own norm, and both outputs join the stream (GPT-NeoX, Pythia): z = x + MHA(LN1(x)) + FFN(LN2(x)); needs --norm pre.")], D.parallel_residual),
+    ("shared_norm", Annotated[bool, _opt("--shared-norm/--no-shared-norm", panel=MODEL, help="A parallel block with one norm: attention and the FFN both read LN1(x), and there is no ln2 (Phi-2, GPT-J): z = x + MHA(LN1(x)) + FFN(LN1(x)); needs --parallel-residual.")], D.shared_norm),
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, StableLM or GPT-NeoX (Pythia) checkpoint folder (config.json + model.safetensors).")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, StableLM, GPT-NeoX (Pythia) or Phi (Phi-1.5, Phi-2) checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
@@ -218,6 +219,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
          "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
          "parallel_residual": "--parallel-residual",
+         "shared_norm": "--shared-norm",
          "tokens": "--tokens", "text": "--text"}
 
 
