@@ -174,8 +174,8 @@ def test_the_flag_survives_a_save_load_round_trip(tmp_path):
 def test_the_views_refuse_ln2_which_the_block_does_not_have():
     line = error_line(run("ln", *FLAGS, "--layer", "ln2"), 2)
     assert "'--layer'" in line and line.endswith(
-        "this model has no ln2: with --shared-norm attention and the FFN both read ln1; use "
-        "--layer ln1")
+        "this model has no ln2: its one norm a block, ln1, feeds attention and the FFN "
+        "(--shared-norm); use --layer ln1")
     line = error_line(run("backward", *FLAGS, "--layer", "ln2"), 2)
     assert "'--layer'" in line and "no parameter of layer 'ln2'" in line
 

@@ -50,8 +50,8 @@ def ln(
                                      f"normalises each sublayer's output; add --sandwich-norm",
                                      param_hint="'--layer'")
         if layer == Which.ln2 and cfg.shared_norm:
-            raise typer.BadParameter("this model has no ln2: with --shared-norm attention and "
-                                     "the FFN both read ln1; use --layer ln1",
+            raise typer.BadParameter("this model has no ln2: its one norm a block, ln1, feeds "
+                                     "attention and the FFN (--shared-norm); use --layer ln1",
                                      param_hint="'--layer'")
         if layer == Which.ln_f and opts.explicit("block"):
             raise typer.BadParameter("ln_f follows the last block; it takes no --block",
