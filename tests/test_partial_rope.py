@@ -222,6 +222,35 @@ def test_usage_errors_name_the_option(args, reason):
     assert "'--rotary-dim'" in line and "pe is 'sinusoidal', not 'rope'" in line
 
 
+def test_tfm_pe_turns_the_first_dimensions_and_scores_the_rest_as_they_are():
+    """``tfm pe --rope --rotary-dim 4`` on a head of 8: two pairs, (0, 2) and (1, 3), at
+    ``t / 10000^(2i/4)``; the score of u = (1, ..., 1) / sqrt(8) turned against itself is
+    (2 cos(t - s) + 2 cos((t - s) / 100)) / 8 plus the four unturned dimensions' 4/8, here
+    written out."""
+    data = json.loads(ok("pe", "--rope", "--len", 6, "-d", 8, "--rotary-dim", 4,
+                         "--json").stdout)
+    t = np.arange(6.0)
+    np.testing.assert_allclose(data["angles"], np.stack([t, t / 100.0], axis=1), rtol=1e-15)
+    assert np.shape(data["cos"]) == (6, 4)
+    offset = np.subtract.outer(t, t)
+    want = (2 * np.cos(offset) + 2 * np.cos(offset / 100.0)) / 8 + 4 / 8
+    np.testing.assert_allclose(data["score"], want, rtol=0, atol=1e-15)
+    shown = " ".join(ok("pe", "--rope", "--len", 6, "-d", 8, "--rotary-dim", 4).stdout.split())
+    assert "dimensions 4-7 are not turned" in shown and "+ 4/8 (the unturned dimensions)" in shown
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--rotary-dim", 4], "it sets how many dimensions RoPE turns; add --rope"),
+    (["--rope", "--rotary-dim", 3], "3 is not allowed (allowed: an even number from 2 to the "
+     "head's 8: RoPE turns pairs)"),
+    (["--rope", "--rotary-dim", 10], "10 is not allowed (allowed: an even number from 2 to the "
+     "head's 8: RoPE turns pairs)"),
+], ids=["without-rope", "odd", "wider-than-the-head"])
+def test_tfm_pes_rotary_dim_is_refused_where_it_cannot_turn(args, reason):
+    line = error_line(run("pe", "-d", 8, *args), 2)
+    assert "'--rotary-dim'" in line and line.endswith(reason)
+
+
 # ---------------------------------------------------------------- a Phi-3 folder
 
 PHI3 = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

@@ -85,13 +85,14 @@ def rope_tables(T, d_head, dtype=np.float64, base=10000.0, scaling=None):
     return cos.astype(dtype), sin.astype(dtype)
 
 
-def rope_scores(T, d_head, base=10000.0, scaling=None):
+def rope_scores(T, d_head, base=10000.0, scaling=None, turned=None):
     """(T, T): ``u_rot(t) . u_rot(s)`` for u = (1, ..., 1) / sqrt(d_head), one vector turned
     at t against itself turned at s (``tfm pe --rope``). It depends on t - s only: it is
-    ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for an odd head's unturned
-    dimension."""
+    ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for each unturned
+    dimension (an odd head's last; with ``turned``, RoPE on the first ``turned`` dimensions
+    only, ``Config.rotary_dim``, the rest)."""
     from tfmcli import ops
 
-    cos, sin = rope_tables(T, d_head, base=base, scaling=scaling)
+    cos, sin = rope_tables(T, turned or d_head, base=base, scaling=scaling)
     u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)
     return u @ u.T

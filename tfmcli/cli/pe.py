@@ -20,6 +20,7 @@ def pe(
     rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
     rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
     rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="Scaled RoPE, with --rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor (Gemma 3 4B+: 8).")] = None,
+    rotary_dim: Annotated[Optional[int], typer.Option("--rotary-dim", help="RoPE on the first N of the head's dimensions only, with --rope (Pythia: a quarter; Phi-2: 32 of 80); even, 2..d_head.")] = None,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -33,7 +34,8 @@ def pe(
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
                                  f"20,000,000", param_hint="'--len' / '--d-model'")
-    for name, what in (("rope_theta", "RoPE's base"), ("rope_scaling", "RoPE's scaling")):
+    for name, what in (("rope_theta", "RoPE's base"), ("rope_scaling", "RoPE's scaling"),
+                       ("rotary_dim", "how many dimensions RoPE turns")):
         if opts.explicit(name) and not rope:
             raise typer.BadParameter(f"it sets {what}; add --rope",
                                      param_hint=f"'--{name.replace('_', '-')}'")
@@ -41,7 +43,12 @@ def pe(
         if not (math.isfinite(rope_theta) and rope_theta > 0):
             raise typer.BadParameter(f"{rope_theta} is not allowed (allowed: a finite number "
                                      f"> 0)", param_hint="'--rope-theta'")
-        rope_view(opts, length, d_model, precision, rope_theta, _scaling(rope_scaling))
+        if rotary_dim is not None and not (rotary_dim % 2 == 0 and 2 <= rotary_dim <= d_model):
+            raise typer.BadParameter(f"{rotary_dim} is not allowed (allowed: an even number "
+                                     f"from 2 to the head's {d_model}: RoPE turns pairs)",
+                                     param_hint="'--rotary-dim'")
+        rope_view(opts, length, d_model, precision, rope_theta, _scaling(rope_scaling),
+                  rotary_dim)
         return
     matrix = sinusoidal(length, d_model)
     waves = wavelengths(d_model)
@@ -87,10 +94,11 @@ def _scaling(text):
 MAX_ROPE_LEN = 4_000   # the score map is len x len: 16 million values at most
 
 
-def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
+def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None, rotary_dim=None):
     """tfm pe --rope: the cosine and sine of each pair's angle at each position, and the score
     of u = (1, ..., 1) / sqrt(d_head) turned at t against itself turned at s; with ``scaling``
-    (LLaMA 3.1's, or linear), which pairs it slows and by how much."""
+    (LLaMA 3.1's, or linear), which pairs it slows and by how much; with ``rotary_dim``, the
+    pairs of the first ``rotary_dim`` dimensions, the rest left as they are."""
     import numpy as np
 
     from tfmcli.io import jsonable
@@ -102,18 +110,21 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
     if length > MAX_ROPE_LEN:
         raise typer.BadParameter(f"{length} positions make a {length} x {length} score map; with "
                                  f"--rope at most {MAX_ROPE_LEN:,}", param_hint="'--len'")
-    angles = rope_angles(length, d_head, base, scaling)                   # (T, m)
-    m = d_head // 2
-    cos, sin = rope_tables(length, d_head, base=base, scaling=scaling)
-    score = rope_scores(length, d_head, base, scaling)                    # (T, T)
+    turned = rotary_dim or d_head   # an odd head's last dimension is left unturned
+    angles = rope_angles(length, turned, base, scaling)                   # (T, m)
+    m = turned // 2
+    still = d_head - 2 * m                                                # dimensions unturned
+    cos, sin = rope_tables(length, turned, base=base, scaling=scaling)
+    score = rope_scores(length, d_head, base, scaling, turned)            # (T, T)
     rows = [f"p{p}" for p in range(length)]
     pairs = [f"({i},{i + m})" for i in range(m)]
-    scale = np.ones(m) if scaling is None else rope_scale(d_head, base, scaling)
+    scale = np.ones(m) if scaling is None else rope_scale(turned, base, scaling)
     waves = wavelengths(2 * m, base)[0::2] / scale                        # one per pair
     s_i = "" if scaling is None else "s_i "
     parts = [Text(f"RoPE: pair i of a head, dimensions (i, i + {m}), turns by {s_i}t / "
                   f"{base:g}^(2i/{2 * m}) at position t: q_rot = q cos + rotate_half(q) sin"
-                  + (f"; dimension {d_head - 1} is not turned" if d_head % 2 else ""),
+                  + (f"; dimension {d_head - 1} is not turned" if still == 1 else
+                     f"; dimensions {2 * m}-{d_head - 1} are not turned" if still else ""),
                   style="bold")]
     if scaling is not None:
         parts.append(Text(scaling_note(scaling, scale)))
@@ -134,8 +145,8 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None):
                  for k in range(length))
     parts.append(Text(f"a score depends on t - s only: along each diagonal it varies by at "
                       f"most {spread:.1e}; it is Σ_i 2 cos({s_i}(t - s) / {base:g}^(2i/{2 * m})) / "
-                      f"{d_head}" + (f" + 1/{d_head} (the unturned dimension)"
-                                     if d_head % 2 else "")
+                      f"{d_head}" + (f" + {still}/{d_head} (the unturned dimension"
+                                     f"{'s' * (still > 1)})" if still else "")
                       + f": 1 at t = s, {offsets[-1]:+.3f} at t - s = {length - 1}",
                       style="dim"))
     arrays = {"angles": angles, "cos": cos, "sin": sin, "score": score}
