@@ -4,6 +4,7 @@ and printing a view to a plain or a colour console."""
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import numpy as np
@@ -320,6 +321,15 @@ def llama_from(params, cfg, qwen2: bool = False, mistral: bool = False, qwen3: b
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), missing
     return in_float64(model, cfg)
+
+
+def rewrite_config(folder, **change) -> dict:
+    """The folder's config.json with ``change`` applied (a value of None: the key removed)."""
+    config = json.loads((folder / "config.json").read_text())
+    config.update(change)
+    config = {key: value for key, value in config.items() if value is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+    return config
 
 
 def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int = 0,

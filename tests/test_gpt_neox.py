@@ -7,13 +7,12 @@ configs' keys; the refusals; Pythia's parameter counts.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, error_line, float64_rotary, hf_saved, run)
+from helpers import (assert_folder_matches_hf, error_line, float64_rotary, hf_saved,
+                     rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gpt_neox, tensorfile
 
@@ -25,13 +24,6 @@ TOKENS = [[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]]
 
 def hf_neox_folder(folder, dtype="bfloat16", seed=0, **config):
     return hf_saved(folder, "GPTNeoX", {**SMALL, **config}, dtype, seed)
-
-
-def rewrite_config(folder, **change) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    config.update(change)
-    (folder / "config.json").write_text(json.dumps(
-        {key: value for key, value in config.items() if value is not None}))
 
 
 def neox_in_float64(model, cfg):

@@ -8,13 +8,12 @@ Phi-2's parameter counts.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 import tfmcli
-from helpers import assert_folder_matches_hf, error_line, float64_rotary, hf_saved, run
+from helpers import (assert_folder_matches_hf, error_line, float64_rotary, hf_saved,
+                     rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import phi, tensorfile
 
@@ -26,13 +25,6 @@ TOKENS = [[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]]
 
 def hf_phi_folder(folder, dtype="bfloat16", seed=0, **config):
     return hf_saved(folder, "Phi", {**SMALL, **config}, dtype, seed)
-
-
-def rewrite_config(folder, **change) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    config.update(change)
-    (folder / "config.json").write_text(json.dumps(
-        {key: value for key, value in config.items() if value is not None}))
 
 
 def phi_in_float64(model, cfg):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import assert_folder_matches_hf, error_line, hf_saved, run
+from helpers import assert_folder_matches_hf, error_line, hf_saved, rewrite_config, run
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import stablelm, tensorfile
 
@@ -28,15 +28,6 @@ def hf_stablelm_folder(folder, dtype="bfloat16", seed=0, **config):
     """A random StableLmForCausalLM saved by ``save_pretrained`` (``helpers.hf_saved``): its
     layer norms' biases drawn O(1) too."""
     return hf_saved(folder, "StableLm", {**SMALL, **config}, dtype, seed)
-
-
-def rewrite_config(folder, **change) -> dict:
-    """The folder's config.json with ``change`` applied (a value of None: the key removed)."""
-    config = json.loads((folder / "config.json").read_text())
-    config.update(change)
-    config = {key: value for key, value in config.items() if value is not None}
-    (folder / "config.json").write_text(json.dumps(config))
-    return config
 
 
 @pytest.mark.parametrize("config, rotary_dim", [

@@ -377,7 +377,7 @@ def _block_backward(dz, i, cfg, caches, grads, dacts):
         if cfg.shared_norm:
             dh += dffn
         dx = dy + _ln_backward(dh, p + "ln1", cfg, caches, grads, dacts)
-        if cfg.parallel_residual and not cfg.shared_norm:
+        if cfg.parallel_residual and not cfg.shared_norm:   # shared: dffn came in through dh
             dx = dx + dffn
     else:
         dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)

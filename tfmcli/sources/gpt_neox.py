@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfmcli.config import Config, param_shapes
-from tfmcli.errors import ConfigError, TfmError
+from tfmcli.errors import TfmError
 from tfmcli.sources import llama, tensorfile
 from tfmcli.sources.folder import need, read_json
 
@@ -37,34 +37,39 @@ def read_config(folder) -> dict:
     activation, RoPE scaled other than LLaMA 3.1's or linearly)."""
     path, config = read_json(folder)
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
-    activation = ACTIVATIONS.get(config.get("hidden_act", "gelu"))
-    if activation is None:
-        raise TfmError(f"--load {path}: key 'hidden_act' is {config['hidden_act']!r}; tfm "
-                       f"reads {', '.join(map(repr, ACTIVATIONS))}")
-    for key in ("attention_bias", "use_parallel_residual", "tie_word_embeddings"):
-        if not isinstance(config.get(key, False), bool):
-            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
+    activation, eps = common_keys(path, config, "gelu",
+                                  ("attention_bias", "use_parallel_residual"))
     if config.get("attention_bias", True) is not True:
         raise TfmError(f"--load {path}: key 'attention_bias' is false; GPT-NeoX's MLP keeps "
                        f"its biases, and tfm's --bias is both or neither")
-    eps = config.get("layer_norm_eps", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key 'layer_norm_eps' is {eps!r}, not a number")
     theta, scaling, factor_at = _rope(path, config)
     fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
-              "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+              "d_ff": need(path, config, "intermediate_size"), "eps": eps,
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
               "norm": "pre", "pe": "rope", "rms_norm": False, "bias": True, "head_bias": False,
               "tied_head": config.get("tie_word_embeddings", False), "causal": True,
               "parallel_residual": config.get("use_parallel_residual", True)}
     if d % H == 0:
         fields["rotary_dim"] = llama._rotary_dim(path, factor_at, d // H, top="rotary_pct")
-    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
-        Config(**fields)
-    except ConfigError as e:
-        raise TfmError(f"--load {path}: {e}") from None
-    return fields
+    return llama.runnable(path, fields)
+
+
+def common_keys(path, config: dict, default_act: str, switches: tuple) -> tuple[str, float]:
+    """(tfm's activation, the norms' epsilon) of a GPT-NeoX's or Phi's config: ``hidden_act``
+    (``default_act`` when left out) one of ``ACTIVATIONS``, ``layer_norm_eps`` (1e-5) a
+    number, and each of ``switches`` and ``tie_word_embeddings`` true or false when given."""
+    activation = ACTIVATIONS.get(config.get("hidden_act", default_act))
+    if activation is None:
+        raise TfmError(f"--load {path}: key 'hidden_act' is {config['hidden_act']!r}; tfm "
+                       f"reads {', '.join(map(repr, ACTIVATIONS))}")
+    for key in (*switches, "tie_word_embeddings"):
+        if not isinstance(config.get(key, False), bool):
+            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
+    eps = config.get("layer_norm_eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TfmError(f"--load {path}: key 'layer_norm_eps' is {eps!r}, not a number")
+    return activation, float(eps)
 
 
 def _rope(path, config: dict):

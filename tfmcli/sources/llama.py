@@ -141,7 +141,13 @@ def read_config(folder) -> dict:
         fields.update(_gemma2_fields(path, config))
     if kind == "stablelm":
         _refuse_stablelm_parts(path, config)
-    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
+    return runnable(path, fields)
+
+
+def runnable(path, fields: dict) -> dict:
+    """``fields`` when they make a Config; TfmError naming ``path`` otherwise: sizes tfm cannot
+    run (heads that do not divide the width) are the file's fault."""
+    try:
         Config(**fields)
     except ConfigError as e:
         raise TfmError(f"--load {path}: {e}") from None

@@ -20,10 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from tfmcli.config import Config, param_shapes
-from tfmcli.errors import ConfigError, TfmError
-from tfmcli.sources import llama, tensorfile
+from tfmcli.errors import TfmError
+from tfmcli.sources import gpt_neox, llama, tensorfile
 from tfmcli.sources.folder import need, read_json
-from tfmcli.sources.gpt_neox import ACTIVATIONS
 
 NAME = "Phi"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older folders hold
@@ -35,27 +34,18 @@ def read_config(folder) -> dict:
     not compute exactly."""
     path, config = read_json(folder)
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
-    activation = ACTIVATIONS.get(config.get("hidden_act", "gelu_new"))
-    if activation is None:
-        raise TfmError(f"--load {path}: key 'hidden_act' is {config['hidden_act']!r}; tfm "
-                       f"reads {', '.join(map(repr, ACTIVATIONS))}")
-    for key in ("qk_layernorm", "tie_word_embeddings"):
-        if not isinstance(config.get(key, False), bool):
-            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
+    activation, eps = gpt_neox.common_keys(path, config, "gelu_new", ("qk_layernorm",))
     if config.get("qk_layernorm", False):
         raise TfmError(f"--load {path}: key 'qk_layernorm' is true (a layer norm of each "
                        f"head's q and k with biases), which tfm's --qk-norm does not compute")
     if config.get("head_dim") not in (None, d // H if d % H == 0 else None):
         raise TfmError(f"--load {path}: key 'head_dim' is {config['head_dim']!r}; tfm reads "
                        f"Phi's heads {d} / {H} wide")
-    eps = config.get("layer_norm_eps", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key 'layer_norm_eps' is {eps!r}, not a number")
     theta, scaling = llama._rope(path, config)
     kv = config.get("num_key_value_heads")
     fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
-              "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+              "d_ff": need(path, config, "intermediate_size"), "eps": eps,
               "kv_heads": None if kv in (None, H) else kv, "rope_theta": theta,
               "rope_scaling": scaling, "activation": activation, "norm": "pre", "pe": "rope",
               "rms_norm": False, "bias": True, "head_bias": True,
@@ -64,11 +54,7 @@ def read_config(folder) -> dict:
     if d % H == 0:
         share = {"partial_rotary_factor": ROTARY_FACTOR, **config}
         fields["rotary_dim"] = llama._rotary_dim(path, share, d // H)
-    try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
-        Config(**fields)
-    except ConfigError as e:
-        raise TfmError(f"--load {path}: {e}") from None
-    return fields
+    return llama.runnable(path, fields)
 
 
 def name_map(fields: dict) -> list[tuple[str, str, bool]]:
