@@ -354,6 +354,21 @@ def hf_saved(folder, name: str, config: dict, dtype: str = "bfloat16", seed: int
     return {k: v.double().numpy() for k, v in model.state_dict().items()}
 
 
+def assert_written_back(module, folder) -> dict:
+    """A checkpoint module's ``from_tfm`` of what its ``load_params`` read from ``folder`` (a
+    float32 folder, whose values float64 holds exactly) is the stored file's keys and tensors,
+    bit for bit. Returns the folder's config fields."""
+    from safetensors.numpy import load_file
+
+    fields = module.read_config(folder)
+    back = module.from_tfm(module.load_params(folder, fields, np.float64), fields)
+    stored = load_file(folder / "model.safetensors")
+    assert sorted(back) == sorted(stored)
+    for key, value in back.items():
+        np.testing.assert_array_equal(value, stored[key], err_msg=key)
+    return fields
+
+
 def in_float64(model, cfg):
     """A LLaMA, Qwen2, Mistral, Qwen3, Phi3 or StableLm ForCausalLM (float64 weights) with its
     RMSNorm (Qwen3's q_norm and k_norm too) and RoPE angles made in float64: both make them in

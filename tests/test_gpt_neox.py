@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, error_line, float64_rotary, hf_saved,
-                     rewrite_config, run)
+from helpers import (assert_folder_matches_hf, assert_written_back, error_line, float64_rotary,
+                     hf_saved, rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gpt_neox, tensorfile
 
@@ -92,15 +92,8 @@ def test_a_gpt_neox_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_pa
 def test_a_folder_written_back_is_the_same_file(tmp_path):
     """``gpt_neox.from_tfm`` interleaves q, k and v again: the stored keys and tensors, bit for
     bit (float32's values are float64's exactly)."""
-    from safetensors.numpy import load_file
-
     hf_neox_folder(tmp_path, "float32")
-    fields = gpt_neox.read_config(tmp_path)
-    back = gpt_neox.from_tfm(gpt_neox.load_params(tmp_path, fields, np.float64), fields)
-    stored = load_file(tmp_path / "model.safetensors")
-    assert sorted(back) == sorted(stored)
-    for key, value in back.items():
-        np.testing.assert_array_equal(value, stored[key], err_msg=key)
+    assert_written_back(gpt_neox, tmp_path)
 
 
 def test_the_first_configs_keys_are_read_as_hugging_face_reads_them(tmp_path):

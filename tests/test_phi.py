@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, error_line, float64_rotary, hf_saved,
-                     rewrite_config, run)
+from helpers import (assert_folder_matches_hf, assert_written_back, error_line, float64_rotary,
+                     hf_saved, rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import phi, tensorfile
 
@@ -85,15 +85,8 @@ def test_a_phi_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path, c
 def test_a_folder_written_back_is_the_same_file(tmp_path):
     """``phi.from_tfm``: the stored keys and tensors, bit for bit (float32's values are
     float64's exactly)."""
-    from safetensors.numpy import load_file
-
     hf_phi_folder(tmp_path, "float32")
-    fields = phi.read_config(tmp_path)
-    back = phi.from_tfm(phi.load_params(tmp_path, fields, np.float64), fields)
-    stored = load_file(tmp_path / "model.safetensors")
-    assert sorted(back) == sorted(stored)
-    for key, value in back.items():
-        np.testing.assert_array_equal(value, stored[key], err_msg=key)
+    assert_written_back(phi, tmp_path)
 
 
 def test_phi_2s_hub_config_is_read_as_hugging_face_reads_it(tmp_path):
