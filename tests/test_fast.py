@@ -60,11 +60,12 @@ def assert_paths_agree(cfg, params, inputs):
                                                     (2.0, 3.0)]),
        sandwich=st.booleans(), scale=st.sampled_from([None, 0.7]), some_slide=st.booleans(),
        local=st.sampled_from([None, 3.0]), linear=st.booleans(), partial=st.booleans(),
-       parallel=st.booleans(), shared=st.booleans())
+       parallel=st.booleans(), shared=st.booleans(),
+       biases=st.sampled_from(["all", "ffn", "none"]))
 def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, pe, tied, layers,
                                         seed, block, rms, grouped, window, head_dim, qk_norm,
                                         caps, sandwich, scale, some_slide, local, linear,
-                                        partial, parallel, shared):
+                                        partial, parallel, shared, biases):
     """Small query blocks, so that keys are skipped at these small sizes too (after each
     block's keys, and before its sliding window)."""
     rng = np.random.default_rng(seed)
@@ -81,7 +82,8 @@ def test_fast_path_equals_the_reference(B, T, H, norm, activation, causal, pad, 
                         rope_local_theta=local if pe == "rope" and causal and window else None,
                         rotary_dim=2 if partial and pe == "rope" else None,
                         parallel_residual=parallel and norm == "pre" and not sandwich,
-                        shared_norm=shared and parallel and norm == "pre" and not sandwich)
+                        shared_norm=shared and parallel and norm == "pre" and not sandwich,
+                        bias=biases == "all", ffn_bias=biases == "ffn")
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     with mock.patch.object(ops, "QUERY_BLOCK", block):
         assert_paths_agree(cfg, params, tfmcli.make_inputs(cfg))

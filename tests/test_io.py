@@ -306,7 +306,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
                    norm="post", activation="gelu", causal=False, lengths=(5, 2, 3), pe="learned",
                    init="normal", dtype="float32", eps=0.1, n_ctx=7, tied_head=True,
                    head_bias=False, rms_norm=True, kv_heads=2, bias=False, qkv_bias=True,
-                   head_dim=3, qk_norm=True, embed_scale=True, attn_softcap=1.5,
+                   ffn_bias=True, head_dim=3, qk_norm=True, embed_scale=True, attn_softcap=1.5,
                    logit_softcap=2.5, attn_scale=0.3)
     # every field; rope_theta, rope_scaling, rope_local_theta and rotary_dim need --pe rope, which
     # --n-ctx's --pe learned rules out, sliding_window and sliding_layers a causal model, and
@@ -323,7 +323,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
              "--norm", "post", "--activation", "gelu", "--no-causal", "--lengths", "5,2,3",
              "--pe", "learned", "--init", "normal", "--dtype", "float32", "--eps", 0.1,
              "--n-ctx", 7, "--tied-head", "--no-head-bias", "--rms-norm", "--kv-heads", 2,
-             "--no-bias", "--qkv-bias", "--head-dim", 3, "--qk-norm", "--embed-scale",
+             "--no-bias", "--qkv-bias", "--ffn-bias", "--head-dim", 3, "--qk-norm", "--embed-scale",
              "--attn-softcap", 1.5, "--logit-softcap", 2.5, "--attn-scale", 0.3]
     path = tmp_path / "run.npz"
     saved = json.loads(run("forward", *flags, "--save", path, "--json").stdout)

@@ -244,6 +244,10 @@ class Config:
         GPT-J's): ``z = x + MHA(LN1(x)) + FFN(LN1(x))``. The block has no ln2: no ``ln2.*``
         parameters and no ``ln2.out``; ln1's gradient gathers both sublayers'. Needs
         ``parallel_residual``.
+    ffn_bias : bool
+        With ``bias`` false, the FFN still adds biases (``ffn.b_1``, ``b_2``, and ``b_gate`` when
+        gated) and attention adds none: GPT-J's model, GPT-NeoX's with ``attention_bias`` false,
+        LLaMA's with ``mlp_bias`` alone. With ``bias`` true it adds nothing.
     """
 
     batch: int = 2
@@ -284,6 +288,7 @@ class Config:
     rotary_dim: int | None = None
     parallel_residual: bool = False
     shared_norm: bool = False
+    ffn_bias: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -337,7 +342,8 @@ class Config:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
-                     "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm"):
+                     "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm",
+                     "ffn_bias"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -492,6 +498,12 @@ class Config:
         return self.activation in GATED
 
     @property
+    def ffn_biased(self) -> bool:
+        """The FFN's linear layers add biases: every layer's (``bias``), or the FFN's alone
+        (``ffn_bias``, GPT-J's)."""
+        return self.bias or self.ffn_bias
+
+    @property
     def embed_factor(self) -> float:
         """What the embedding's rows are multiplied by: ``sqrt(d_model)`` with ``embed_scale``,
         else 1."""
@@ -589,13 +601,13 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
             _norm_shapes(shapes, p + "ln2", d, cfg)
         if cfg.gated:   # the gate, which silu (GELU) turns into each unit's weight
             shapes[p + "ffn.W_gate"] = (d, F)
-            if cfg.bias:
+            if cfg.ffn_biased:
                 shapes[p + "ffn.b_gate"] = (F,)
         shapes[p + "ffn.W_1"] = (d, F)
-        if cfg.bias:
+        if cfg.ffn_biased:
             shapes[p + "ffn.b_1"] = (F,)
         shapes[p + "ffn.W_2"] = (F, d)
-        if cfg.bias:
+        if cfg.ffn_biased:
             shapes[p + "ffn.b_2"] = (d,)
         if cfg.sandwich_norm:   # the norm of the FFN's output
             _norm_shapes(shapes, p + "ln2_post", d, cfg)

@@ -121,6 +121,16 @@ def scaling_name(scaling) -> str:
     return f"{kind} scaling " + ",".join(f"{x:g}" for x in scaling)
 
 
+def _biases(cfg) -> str:
+    """The panel's biases row of a model without ``--bias``: which layers still add theirs."""
+    ffn = "b_gate, b_1, b_2" if cfg.gated else "b_1, b_2"
+    if cfg.qkv_bias and cfg.ffn_bias:
+        return f"Q, K, V and FFN only (b_Q, b_K, b_V, {ffn})"
+    if cfg.qkv_bias:
+        return "Q, K and V only (b_Q, b_K, b_V)"
+    return f"FFN only ({ffn})" if cfg.ffn_bias else "none in attention and FFN"
+
+
 def _after(rows: dict, key: str, new_key: str, value: str):
     """The rows with (new_key, value) put right after ``key``."""
     for name, text in rows.items():
@@ -176,8 +186,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
                            f"q . k x {cfg.attn_scale:.6g} (not 1/sqrt(d_head) = "
                            f"{1 / cfg.d_head ** 0.5:.6g})"))
     if not cfg.bias:
-        rows["biases"] = ("Q, K and V only (b_Q, b_K, b_V)" if cfg.qkv_bias
-                          else "none in attention and FFN")
+        rows["biases"] = _biases(cfg)
     if cfg.tied_head or not cfg.head_bias:
         rows["head"] = ("h W_E^T (tied to the embedding)" if cfg.tied_head else "h W_U") + (
             " + b_U" if cfg.head_bias else ", no bias")

@@ -76,8 +76,8 @@ def ffn(
     mine_names = ("ffn.gate, ffn.pre, ffn.act and ffn.out" if gated else
                   "pre, act and out (ffn.pre, ffn.act, ffn.out)")
 
-    def b(name):   # the bias term of a formula, in a model that has biases (Config.bias)
-        return f" + b_{name}" if cfg.bias else ""
+    def b(name):   # the bias term of a formula, in a model whose FFN has biases
+        return f" + b_{name}" if cfg.ffn_biased else ""
 
     def plain_forward():
         return [
@@ -137,7 +137,7 @@ def ffn(
                  f"backward pass's own by {backward_off:.1e}; {slope_name} from central "
                  f"differences of {unit} by {slope_off:.1e}; dx from central differences of "
                  f"sum(dout * FFN(x)) by {dx_off:.1e}", style="dim"),
-            Text(weight_parts(gated, cfg.bias), style="bold")]
+            Text(weight_parts(gated, cfg.ffn_biased), style="bold")]
         if not x.dout.any():
             views.append(Text(f"dout is 0 here: position {position} of row {row} adds nothing "
                               f"to the loss through this block (padding, or no target), so no "
@@ -157,8 +157,8 @@ def ffn(
 
 
 def weight_parts(gated: bool, bias: bool) -> str:
-    """What this position adds to each weight's gradient, and to each bias's when the model has
-    biases (``Config.bias``)."""
+    """What this position adds to each weight's gradient, and to each bias's when the FFN has
+    biases (``Config.ffn_biased``)."""
     layers = [("W_gate", "x^T dgate", "dgate")] if gated else []
     layers += [("W_1", "x^T dpre", "dpre"), ("W_2", "hidden^T dout", "dout")]
     said = []

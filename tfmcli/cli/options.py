@@ -183,6 +183,7 @@ MODEL_OPTIONS = [
     ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
     ("bias", Annotated[bool, _opt("--bias/--no-bias", panel=MODEL, help="Attention and FFN linear layers add biases (b_Q ... b_2); LLaMA's have none.")], D.bias),
     ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
+    ("ffn_bias", Annotated[bool, _opt("--ffn-bias/--no-ffn-bias", panel=MODEL, help="With --no-bias, the FFN still adds biases (b_1, b_2, b_gate) and attention none (GPT-J).")], D.ffn_bias),
     ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
     ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
     ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
@@ -219,7 +220,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
          "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
          "parallel_residual": "--parallel-residual",
-         "shared_norm": "--shared-norm",
+         "shared_norm": "--shared-norm", "ffn_bias": "--ffn-bias",
          "tokens": "--tokens", "text": "--text"}
 
 
@@ -271,9 +272,11 @@ class Options:
             raise typer.BadParameter(f"it sets the rows of the learned positions (embed.W_pos), "
                                      f"and this model's --pe is {cfg.pe}; add --pe learned",
                                      param_hint="'--n-ctx'")
-        if self.explicit("qkv_bias") and cfg.qkv_bias and cfg.bias:
-            raise typer.BadParameter("it gives Q, K and V biases in a model whose --bias gives "
-                                     "every layer one; add --no-bias", param_hint="'--qkv-bias'")
+        for name, which in (("qkv_bias", "Q, K and V"), ("ffn_bias", "the FFN's layers")):
+            if self.explicit(name) and getattr(cfg, name) and cfg.bias:
+                raise typer.BadParameter(f"it gives {which} biases in a model whose --bias "
+                                         f"gives every layer one; add --no-bias",
+                                         param_hint=f"'{FLAGS[name]}'")
         for name, what in (("rope_theta", "RoPE's base"), ("rope_scaling", "RoPE's scaling")):
             if self.explicit(name) and cfg.pe != "rope":
                 raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "

@@ -60,6 +60,7 @@ def _infer_fields(path, arrays: dict) -> dict:
     fields["head_bias"] = "param/head.b_U" in arrays
     fields["bias"] = "param/blocks.0.attn.b_O" in arrays   # LLaMA's linear layers have none
     fields["qkv_bias"] = "param/blocks.0.attn.b_Q" in arrays and not fields["bias"]   # Qwen2
+    fields["ffn_bias"] = "param/blocks.0.ffn.b_1" in arrays and not fields["bias"]   # GPT-J
     fields["rms_norm"] = ("param/blocks.0.ln1.gamma" in arrays
                           and "param/blocks.0.ln1.beta" not in arrays)
     fields["qk_norm"] = "param/blocks.0.attn.q_norm.gamma" in arrays   # Qwen3's
