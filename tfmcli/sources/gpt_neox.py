@@ -55,20 +55,24 @@ def read_config(folder) -> dict:
     return llama.runnable(path, fields)
 
 
-def common_keys(path, config: dict, default_act: str, switches: tuple) -> tuple[str, float]:
-    """(tfm's activation, the norms' epsilon) of a GPT-NeoX's or Phi's config: ``hidden_act``
-    (``default_act`` when left out) one of ``ACTIVATIONS``, ``layer_norm_eps`` (1e-5) a
-    number, and each of ``switches`` and ``tie_word_embeddings`` true or false when given."""
-    activation = ACTIVATIONS.get(config.get("hidden_act", default_act))
+def common_keys(path, config: dict, default_act: str, switches: tuple,
+                keys: tuple = ("hidden_act", "layer_norm_eps")) -> tuple[str, float]:
+    """(tfm's activation, the norms' epsilon) of a GPT-NeoX's, Phi's or GPT-J's config: the
+    activation's key (``hidden_act``; GPT-J's ``activation_function``), ``default_act`` when
+    left out, one of ``ACTIVATIONS``; the epsilon's (``layer_norm_eps``; GPT-J's
+    ``layer_norm_epsilon``), 1e-5 when left out, a number; and each of ``switches`` and
+    ``tie_word_embeddings`` true or false when given."""
+    act_key, eps_key = keys
+    activation = ACTIVATIONS.get(config.get(act_key, default_act))
     if activation is None:
-        raise TfmError(f"--load {path}: key 'hidden_act' is {config['hidden_act']!r}; tfm "
+        raise TfmError(f"--load {path}: key {act_key!r} is {config[act_key]!r}; tfm "
                        f"reads {', '.join(map(repr, ACTIVATIONS))}")
     for key in (*switches, "tie_word_embeddings"):
         if not isinstance(config.get(key, False), bool):
             raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
-    eps = config.get("layer_norm_eps", 1e-5)
+    eps = config.get(eps_key, 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key 'layer_norm_eps' is {eps!r}, not a number")
+        raise TfmError(f"--load {path}: key {eps_key!r} is {eps!r}, not a number")
     return activation, float(eps)
 
 

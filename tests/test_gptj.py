@@ -1,0 +1,191 @@
+"""GPT-J checkpoint folders (``"model_type": "gptj"``): one layer norm a block read by attention and
+the MLP side by side (``--parallel-residual --shared-norm``), no biases in attention and biases
+in the MLP and the head (``--no-bias --ffn-bias``), RoPE on each head's first ``rotary_dim``
+dimensions turned in neighbouring pairs, which the reader moves to tfm's halves. Folders that
+Hugging Face's ``save_pretrained`` writes from a random GPTJForCausalLM, read to the bit and run
+against its ``from_pretrained``; the refusals; GPT-J-6B's parameter count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_logits,
+                     hf_saved, rewrite_config, run)
+from tfmcli.config import param_count, param_shapes
+from tfmcli.sources import gptj, tensorfile
+
+SMALL = dict(vocab_size=40, n_embd=24, n_layer=2, n_head=2, rotary_dim=4, n_inner=32,
+             n_positions=32, bos_token_id=1, eos_token_id=2)   # d_head 12: 4 turned
+TOKENS = [[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]]
+
+
+def hf_gptj_folder(folder, dtype="bfloat16", seed=0, **config):
+    return hf_saved(folder, "GPTJ", {**SMALL, **config}, dtype, seed)
+
+
+def float64_table(rotary_dim: int, positions: int):
+    """GPT-J's sin and cos of each position and pair, computed in float64 (Hugging Face's
+    ``create_sinusoidal_positions`` computes them in float32 whatever the model's dtype)."""
+    import torch
+
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+                                 / rotary_dim)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+
+
+def scores_in_float64(self, query, key, value, attention_mask=None):
+    """GPTJAttention._attn without its casts of q and k to float32: the same softmax of
+    q . k / sqrt(d_head), the mask added, in the model's own dtype."""
+    import torch
+
+    weights = torch.matmul(query, key.transpose(-1, -2)) / self.scale_attn
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1)
+    return torch.matmul(weights, value), weights
+
+
+def gptj_in_float64(model, cfg):
+    """GPT-J's RoPE table made in float64 in every block."""
+    for layer in model.transformer.h:
+        attn = layer.attn
+        attn.embed_positions = float64_table(attn.pos_embd_dim, attn.embed_positions.shape[0])
+    return model
+
+
+def gptj_grads(model) -> dict:
+    """A GPTJForCausalLM's gradients under tfm's names, W_Q's and W_K's columns in tfm's
+    order."""
+    fields = {"d_model": model.config.n_embd, "heads": model.config.n_head,
+              "pe": "rope", "rotary_dim": model.config.rotary_dim}
+    order = gptj.interleaved_order(fields)
+    theirs = {"embed.W_E": model.transformer.wte.weight.grad,
+              "ln_f.gamma": model.transformer.ln_f.weight.grad,
+              "ln_f.beta": model.transformer.ln_f.bias.grad,
+              "head.b_U": model.lm_head.bias.grad}
+    if model.lm_head.weight is not model.transformer.wte.weight:
+        theirs["head.W_U"] = model.lm_head.weight.grad.T
+    for i, layer in enumerate(model.transformer.h):
+        p, attn, mlp = f"blocks.{i}.", layer.attn, layer.mlp
+        theirs[p + "ln1.gamma"] = layer.ln_1.weight.grad
+        theirs[p + "ln1.beta"] = layer.ln_1.bias.grad
+        theirs[p + "attn.W_Q"] = attn.q_proj.weight.grad.T[:, order]
+        theirs[p + "attn.W_K"] = attn.k_proj.weight.grad.T[:, order]
+        theirs[p + "attn.W_V"] = attn.v_proj.weight.grad.T
+        theirs[p + "attn.W_O"] = attn.out_proj.weight.grad.T
+        for ours, module in (("ffn.W_1", mlp.fc_in), ("ffn.W_2", mlp.fc_out)):
+            theirs[p + ours] = module.weight.grad.T
+            theirs[p + ours.replace("W_", "b_")] = module.bias.grad
+    return {name: grad.numpy() for name, grad in theirs.items()}
+
+
+def test_neighbouring_pairs_are_moved_to_tfms_halves():
+    """Each head's turned columns: GPT-J's even ones, then its odd ones, then the rest; so
+    GPT-J's pair (2i, 2i + 1) is tfm's (i, i + rotary_dim / 2)."""
+    fields = dict(d_model=12, heads=2, pe="rope", rotary_dim=4)
+    assert gptj.interleaved_order(fields).tolist() == [0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]
+    whole = gptj.interleaved_order(dict(d_model=8, heads=2, pe="rope"))
+    assert whole.tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+@pytest.mark.parametrize("config, expect", [
+    (dict(), dict(rotary_dim=4, activation="gelu", d_ff=32, tied_head=False)),
+    (dict(activation_function="gelu", rotary_dim=12, n_inner=None, layer_norm_epsilon=1e-6),
+     dict(rotary_dim=None, activation="gelu_erf", d_ff=None, eps=1e-6)),
+    (dict(tie_word_embeddings=True, rotary_dim=8, activation_function="relu"),
+     dict(tied_head=True, rotary_dim=8, activation="relu")),
+], ids=["gpt-j-like", "whole-head-exact-gelu", "tied-relu"])
+def test_a_gptj_folder_is_read_and_matches_from_pretrained(tmp_path, monkeypatch, config,
+                                                           expect):
+    state = hf_gptj_folder(tmp_path, **config)
+    fields = gptj.read_config(tmp_path)
+    cfg = tfmcli.Config(**fields)
+    assert {key: getattr(cfg, key) for key in expect} == expect
+    assert (cfg.parallel_residual, cfg.shared_norm, cfg.rms_norm, cfg.bias, cfg.ffn_bias,
+            cfg.head_bias, cfg.rope_theta) == (True, True, False, False, True, True, 10000.0)
+    params = gptj.load_params(tmp_path, fields, np.float64)
+    assert list(params) == list(param_shapes(cfg))
+    np.testing.assert_array_equal(params["blocks.1.attn.W_V"],
+                                  state["transformer.h.1.attn.v_proj.weight"].T)
+    q = state["transformer.h.0.attn.q_proj.weight"].T   # head 1's column 12 + 2i + 1 ...
+    np.testing.assert_array_equal(params["blocks.0.attn.W_Q"][:, 12 + cfg.rope_width // 2],
+                                  q[:, 13])              # ... is tfm's 12 + rope_width / 2 + i
+    np.testing.assert_array_equal(params["head.b_U"], state["lm_head.bias"])
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(transformers.models.gptj.modeling_gptj.GPTJAttention, "_attn",
+                        scores_in_float64)
+    loaded = tfmcli.load(tmp_path, tokens=TOKENS)
+    assert loaded.weights_from.startswith("GPT-J checkpoint")
+    assert_folder_matches_hf(transformers.GPTJForCausalLM, tmp_path, loaded,
+                             to_float64=gptj_in_float64, grads_of=gptj_grads, attention="eager")
+
+
+def test_hugging_faces_own_float32_scores_agree_to_their_precision(tmp_path):
+    """Unpatched, GPTJForCausalLM takes its scores and RoPE table in float32 even in float64;
+    its logits then agree with tfm's to float32's precision, and no closer (the float64 patch
+    of the test above is what brings them to 1e-12)."""
+    transformers = pytest.importorskip("transformers")
+    hf_gptj_folder(tmp_path)
+    run_ = tfmcli.load(tmp_path, tokens=TOKENS)
+    model = transformers.GPTJForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").double().eval()
+    logits, keys = hf_logits(model, run_.inputs, run_.cfg)
+    ours = tfmcli.forward(run_.params, run_.inputs, run_.cfg).acts["logits"]
+    off = np.abs(logits[keys] - ours[keys]).max() / np.abs(ours[keys]).max()
+    assert 1e-12 < off < 1e-5
+
+
+def test_a_folder_written_back_is_the_same_file(tmp_path):
+    """``gptj.from_tfm``: the stored keys and tensors, bit for bit, W_Q's and W_K's columns
+    moved back to GPT-J's order."""
+    hf_gptj_folder(tmp_path, "float32")
+    assert_written_back(gptj, tmp_path)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(rotary_dim=5), "key 'rotary_dim' is 5; RoPE turns pairs of a head's 12 dimensions, "
+     "so tfm needs an even number up to 12"),
+    (dict(rotary_dim=14), "key 'rotary_dim' is 14; RoPE turns pairs of a head's 12 dimensions, "
+     "so tfm needs an even number up to 12"),
+    (dict(activation_function="silu"), "key 'activation_function' is 'silu'; tfm reads "
+     "'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'relu'"),
+    (dict(n_inner="32"), "key 'n_inner' is '32', not a int"),
+    (dict(n_head=5), "heads"),
+], ids=["odd-turn", "wider-than-the-head", "silu", "n-inner-text", "heads-not-dividing"])
+def test_a_gptj_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):
+    hf_gptj_folder(tmp_path, "float32")
+    rewrite_config(tmp_path, **change)
+    line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
+    assert "config.json" in line and (line.endswith(reason) if reason != "heads" else
+                                      "d_model=24 is not divisible by heads=5" in line)
+
+
+@pytest.mark.parametrize("key, shape, reason", [
+    ("lm_head.bias", None, "missing key 'lm_head.bias'"),
+    ("transformer.h.1.mlp.fc_in.weight", (16, 24),
+     "key 'transformer.h.1.mlp.fc_in.weight' has shape (16, 24), but config.json says (32, 24)"),
+], ids=["missing-head-bias", "half-of-fc-in"])
+def test_a_weight_missing_or_of_the_wrong_shape_is_named(tmp_path, key, shape, reason):
+    hf_gptj_folder(tmp_path, "float32")
+    fields = gptj.read_config(tmp_path)
+    tensors = gptj.from_tfm(gptj.load_params(tmp_path, fields, np.float32), fields)
+    if shape is None:
+        del tensors[key]
+    else:
+        tensors[key] = tensors[key][:shape[0]]
+    tensors["transformer.h.0.attn.masked_bias"] = np.ones(1, np.float32)   # ignored
+    tensorfile.write(tmp_path / "model.safetensors", tensors)
+    assert error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1).endswith(reason)
+
+
+def test_gpt_j_6b_has_its_parameter_count():
+    """EleutherAI/gpt-j-6b's size (GPTJConfig's defaults): 6,050,882,784, the count Hugging
+    Face's GPTJForCausalLM gives it on the meta device."""
+    cfg = tfmcli.Config(d_model=4096, heads=16, layers=28, vocab=50400, pe="rope",
+                        rotary_dim=64, activation="gelu", parallel_residual=True,
+                        shared_norm=True, bias=False, ffn_bias=True)
+    assert param_count(cfg) == 6_050_882_784

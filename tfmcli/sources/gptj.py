@@ -1,0 +1,127 @@
+"""GPT-J checkpoint folders (``"model_type": "gptj"``: GPT-J-6B and its fine-tunes), as Hugging
+Face's ``save_pretrained`` writes them. The model is tfm's with ``--pe rope --parallel-residual
+--shared-norm --no-bias --ffn-bias --activation gelu``: one layer norm a block, read by attention
+and the MLP side by side (``z = x + MHA(LN1(x)) + FFN(LN1(x))``), no biases in attention, biases
+in the MLP and the head, RoPE on the first ``rotary_dim`` of each head at base 10000. The names
+(a contract, in the README):
+
+    transformer.wte -> embed.W_E                         lm_head -> head.W_U, head.b_U
+    transformer.h.{i}.ln_1 -> ln1 (.gamma, .beta)
+    transformer.h.{i}.attn.q_proj, k_proj, v_proj, out_proj -> attn.W_Q, W_K, W_V, W_O
+    transformer.h.{i}.mlp.fc_in, fc_out -> ffn.W_1, W_2 (b_1, b_2)
+    transformer.ln_f -> ln_f (.gamma, .beta)
+
+GPT-J turns neighbours, each head's dimensions (2i, 2i + 1) by ``t / 10000^(2i/rotary_dim)``;
+tfm turns dimension i with i + rotary_dim / 2 at the same angle. So the reader moves each head's
+first ``rotary_dim`` columns of ``W_Q`` and ``W_K`` to tfm's order (the even ones, then the odd
+ones; ``interleaved_order``) and writing a folder moves them back. A score ``q . k`` sums over a
+head's dimensions in any order, so every score, pattern, loss and gradient is GPT-J's own; only
+``attn.q`` and ``attn.k`` list a head's turned dimensions in tfm's order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tfmcli.config import Config, param_shapes
+from tfmcli.errors import TfmError
+from tfmcli.sources import gpt_neox, llama, tensorfile
+from tfmcli.sources.folder import need, read_json
+
+NAME = "GPT-J"
+IGNORED = (".attn.bias", ".attn.masked_bias")   # causal-mask buffers older folders hold
+KEYS = ("activation_function", "layer_norm_epsilon")   # GPT-J's names for them (GPT-2's)
+
+
+def read_config(folder) -> dict:
+    """Config fields from ``config.json``; TfmError naming the key at fault for a model tfm does
+    not compute exactly."""
+    path, config = read_json(folder)
+    d, H = need(path, config, "n_embd"), need(path, config, "n_head")
+    activation, eps = gpt_neox.common_keys(path, config, "gelu_new", (), KEYS)
+    n_inner = config.get("n_inner")
+    if n_inner is not None:
+        n_inner = need(path, config, "n_inner")
+    fields = {"d_model": d, "heads": H, "layers": need(path, config, "n_layer"),
+              "vocab": need(path, config, "vocab_size"), "d_ff": n_inner, "eps": eps,
+              "activation": activation, "norm": "pre", "pe": "rope", "rope_theta": 10000.0,
+              "rms_norm": False, "bias": False, "ffn_bias": True, "head_bias": True,
+              "tied_head": config.get("tie_word_embeddings", False), "causal": True,
+              "parallel_residual": True, "shared_norm": True}
+    if d % H == 0:
+        fields["rotary_dim"] = _rotary_dim(path, config, d // H)
+    return llama.runnable(path, fields)
+
+
+def _rotary_dim(path, config: dict, d_head: int) -> int | None:
+    """``Config.rotary_dim`` from GPT-J's ``rotary_dim``: None (the whole head) when left out
+    or the head's width; refused when odd or wider than the head."""
+    n = config.get("rotary_dim")
+    if n is None:
+        return None
+    n = need(path, config, "rotary_dim")
+    if n % 2 or n > d_head:
+        raise TfmError(f"--load {path}: key 'rotary_dim' is {n}; RoPE turns pairs of a head's "
+                       f"{d_head} dimensions, so tfm needs an even number up to {d_head}")
+    return None if n == d_head else n
+
+
+def interleaved_order(fields: dict) -> np.ndarray:
+    """For each of tfm's columns of ``W_Q`` (and of ``W_K``), the GPT-J column it holds: in each
+    head, GPT-J's even turned dimensions, then its odd ones, then the unturned ones as they are
+    (so GPT-J's pair (2i, 2i + 1) is tfm's (i, i + rotary_dim / 2))."""
+    cfg = Config(**fields)
+    d_head, turned = cfg.d_head, cfg.rope_width
+    within = np.r_[0:turned:2, 1:turned:2, turned:d_head]
+    return (np.arange(cfg.heads)[:, None] * d_head + within).ravel()
+
+
+def name_map(fields: dict) -> list[tuple[str, str, bool]]:
+    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order."""
+    shapes = param_shapes(Config(**fields))
+    rows = [("transformer.wte.weight", "embed.W_E", False)]
+    for i in range(fields["layers"]):
+        m, p = f"transformer.h.{i}.", f"blocks.{i}."
+        rows += [(m + "ln_1.weight", p + "ln1.gamma", False),
+                 (m + "ln_1.bias", p + "ln1.beta", False)]
+        rows += [(m + f"attn.{proj}.weight", p + f"attn.W_{w}", True)
+                 for w, proj in zip("QKVO", ("q_proj", "k_proj", "v_proj", "out_proj"))]
+        for w, fc in (("1", "fc_in"), ("2", "fc_out")):
+            rows += [(m + f"mlp.{fc}.weight", p + f"ffn.W_{w}", True),
+                     (m + f"mlp.{fc}.bias", p + f"ffn.b_{w}", False)]
+    rows += [("transformer.ln_f.weight", "ln_f.gamma", False),
+             ("transformer.ln_f.bias", "ln_f.beta", False),
+             ("lm_head.weight", "head.W_U", True), ("lm_head.bias", "head.b_U", False)]
+    return [row for row in rows if row[1] in shapes]   # tied: no head.W_U
+
+
+def _turned(name: str) -> bool:
+    """A weight whose columns RoPE turns: each block's W_Q and W_K."""
+    return name.endswith(("attn.W_Q", "attn.W_K"))
+
+
+def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+    """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``,
+    ``W_Q``'s and ``W_K``'s columns in tfm's order (``interleaved_order``). Every key and shape
+    is checked before any is read."""
+    rows, order = name_map(fields), interleaved_order(fields)
+    stored = llama.stored_tensors(folder)
+    llama.check_stored(folder, stored, {key: key for key in stored},
+                       llama.stored_shapes(rows, param_shapes(Config(**fields))), NAME,
+                       "lm_head.weight" if fields["tied_head"] else None, IGNORED)
+    params = {}
+    for key, name, transposed in rows:
+        value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)
+        params[name] = np.ascontiguousarray(value[:, order]) if _turned(name) else value
+    return params
+
+
+def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
+    """tfm's parameters under GPT-J's names (the inverse of ``load_params``: ``W_Q``'s and
+    ``W_K``'s columns back in GPT-J's order), for writing a folder."""
+    back = np.argsort(interleaved_order(fields))
+    tensors = {}
+    for key, name, transposed in name_map(fields):
+        value = params[name][:, back] if _turned(name) else params[name]
+        tensors[key] = np.ascontiguousarray(value.T if transposed else value)
+    return tensors
