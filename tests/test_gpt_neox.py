@@ -45,17 +45,19 @@ def neox_grads(model) -> dict:
     for i, layer in enumerate(model.gpt_neox.layers):
         p, attn, mlp = f"blocks.{i}.", layer.attention, layer.mlp
         qkv_w = attn.query_key_value.weight.grad.reshape(H, 3, -1, SMALL["hidden_size"])
-        qkv_b = attn.query_key_value.bias.grad.reshape(H, 3, -1)
         for j, w in enumerate("QKV"):
             theirs[p + f"attn.W_{w}"] = qkv_w[:, j].reshape(-1, SMALL["hidden_size"]).T
-            theirs[p + f"attn.b_{w}"] = qkv_b[:, j].reshape(-1)
+            if attn.query_key_value.bias is not None:   # attention_bias false: none
+                qkv_b = attn.query_key_value.bias.grad.reshape(H, 3, -1)
+                theirs[p + f"attn.b_{w}"] = qkv_b[:, j].reshape(-1)
         for ours, module in (("ln1", layer.input_layernorm), ("ln2", layer.post_attention_layernorm)):
             theirs[p + ours + ".gamma"], theirs[p + ours + ".beta"] = (module.weight.grad,
                                                                        module.bias.grad)
         for ours, module in (("attn.W_O", attn.dense), ("ffn.W_1", mlp.dense_h_to_4h),
                              ("ffn.W_2", mlp.dense_4h_to_h)):
             theirs[p + ours] = module.weight.grad.T
-            theirs[p + ours.replace("W_", "b_")] = module.bias.grad
+            if module.bias is not None:
+                theirs[p + ours.replace("W_", "b_")] = module.bias.grad
     return {name: grad.numpy() for name, grad in theirs.items()}
 
 
@@ -65,22 +67,30 @@ def neox_grads(model) -> dict:
      dict(parallel_residual=False, activation="gelu", rotary_dim=4)),
     (dict(tie_word_embeddings=True, rotary_pct=1.0, rotary_emb_base=500),
      dict(tied_head=True, rotary_dim=None, rope_theta=500.0)),
-], ids=["pythia", "sequential-tanh-half", "tied-whole-head-base-500"])
+    (dict(attention_bias=False), dict(bias=False, ffn_bias=True)),
+], ids=["pythia", "sequential-tanh-half", "tied-whole-head-base-500", "mlp-biases-alone"])
 def test_a_gpt_neox_folder_is_read_to_the_bit_and_matches_from_pretrained(tmp_path, config,
                                                                          expect):
     state = hf_neox_folder(tmp_path, **config)
     fields = gpt_neox.read_config(tmp_path)
     cfg = tfmcli.Config(**fields)
     assert {key: getattr(cfg, key) for key in expect} == expect
-    assert (cfg.rms_norm, cfg.bias, cfg.head_bias, cfg.eps) == (False, True, False, 1e-5)
+    assert (cfg.rms_norm, cfg.bias or cfg.ffn_bias, cfg.head_bias, cfg.eps) == (
+        False, True, False, 1e-5)
     params = gpt_neox.load_params(tmp_path, fields, np.float64)
     assert list(params) == list(param_shapes(cfg))
     qkv = state["gpt_neox.layers.1.attention.query_key_value.weight"].reshape(2, 3, 8, 16)
     for j, w in enumerate("QKV"):   # head h's rows of q: qkv rows 24 h .. 24 h + 7
         np.testing.assert_array_equal(params[f"blocks.1.attn.W_{w}"], qkv[:, j].reshape(16, 16).T)
         assert params[f"blocks.1.attn.W_{w}"].flags.c_contiguous
-    bias = state["gpt_neox.layers.0.attention.query_key_value.bias"]
-    np.testing.assert_array_equal(params["blocks.0.attn.b_K"], np.r_[bias[8:16], bias[32:40]])
+    if cfg.bias:
+        bias = state["gpt_neox.layers.0.attention.query_key_value.bias"]
+        np.testing.assert_array_equal(params["blocks.0.attn.b_K"],
+                                      np.r_[bias[8:16], bias[32:40]])
+    else:
+        assert not [name for name in params if ".attn.b_" in name]
+    np.testing.assert_array_equal(params["blocks.1.ffn.b_2"],
+                                  state["gpt_neox.layers.1.mlp.dense_4h_to_h.bias"])
     np.testing.assert_array_equal(params["ln_f.beta"], state["gpt_neox.final_layer_norm.bias"])
     transformers = pytest.importorskip("transformers")
     loaded = tfmcli.load(tmp_path, tokens=TOKENS)
@@ -109,8 +119,7 @@ def test_the_first_configs_keys_are_read_as_hugging_face_reads_them(tmp_path):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(attention_bias=False), "key 'attention_bias' is false; GPT-NeoX's MLP keeps its "
-     "biases, and tfm's --bias is both or neither"),
+    (dict(attention_bias="no"), "key 'attention_bias' is 'no', not true or false"),
     (dict(hidden_act="silu"), "key 'hidden_act' is 'silu'; tfm reads 'gelu', 'gelu_new', "
      "'gelu_pytorch_tanh', 'relu'"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}),

@@ -89,8 +89,10 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 100.0, "factor": 4.0,
 
 @pytest.mark.parametrize("extra", [dict(), dict(tie_word_embeddings=True, rope_theta=500000.0,
                                                 attention_bias=True, mlp_bias=True),
-                                   dict(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE)],
-                         ids=["untied", "tied-theta-biases", "tied-llama3-scaling"])
+                                   dict(tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE),
+                                   dict(mlp_bias=True)],
+                         ids=["untied", "tied-theta-biases", "tied-llama3-scaling",
+                              "mlp-biases-alone"])
 def test_matches_hugging_face_reading_the_same_folder(tmp_path, extra):
     """tfm --load and Hugging Face's from_pretrained on one bfloat16 folder: loss, logits and
     every parameter's gradient to 1e-12 (float64 on both sides), padding included. Scaled as
@@ -207,7 +209,11 @@ def rewrite_weights(folder, change):
     (lambda f: edit_config(f, hidden_act="gelu"), "config.json",
      "key 'hidden_act' is 'gelu'; tfm's gated FFN is SwiGLU's ('silu')"),
     (lambda f: edit_config(f, attention_bias=True), "config.json",
-     "keys 'attention_bias' and 'mlp_bias' are True and False; tfm's --bias is both or neither"),
+     "key 'attention_bias' is true and 'mlp_bias' false; tfm adds biases to attention and the "
+     "FFN (--bias), to the FFN alone (--ffn-bias) or to Q, K and V alone (--qkv-bias), and this "
+     "model's would be on all of attention (o_proj too) and not in the MLP"),
+    (lambda f: edit_config(f, mlp_bias="yes"), "config.json",
+     "key 'mlp_bias' is 'yes', not true or false"),
     (lambda f: edit_config(f, head_dim=0), "config.json",
      "head_dim must be a positive integer, got 0"),
     (lambda f: edit_config(f, num_key_value_heads=3), "config.json",
@@ -231,8 +237,9 @@ def rewrite_weights(folder, change):
      "model.safetensors", "not a safetensors file (its header is not JSON"),
     (lambda f: (f / "model.safetensors").unlink(), "ll",
      "no model.safetensors (or model.safetensors.index.json) there"),
-], ids=["yarn-scaling", "llama3-incomplete", "llama3-bands-crossed", "gelu", "half-biases", "head-dim", "kv-heads", "a-string", "missing-key",
-        "missing-weight", "wrong-shape", "unknown-key", "truncated", "not-json", "no-weights"])
+], ids=["yarn-scaling", "llama3-incomplete", "llama3-bands-crossed", "gelu", "attention-biases-alone",
+        "mlp-bias-text", "head-dim", "kv-heads", "a-string", "missing-key", "missing-weight",
+        "wrong-shape", "unknown-key", "truncated", "not-json", "no-weights"])
 def test_each_bad_folder_is_one_line_naming_file_and_key(tmp_path, what, file, reason):
     folder = good_folder(tmp_path)
     what(folder)

@@ -33,21 +33,20 @@ ACTIVATIONS = {"gelu": "gelu_erf", "gelu_new": "gelu", "gelu_pytorch_tanh": "gel
 
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the key at fault for a model tfm does
-    not compute exactly (attention without biases beside an MLP with them, another
-    activation, RoPE scaled other than LLaMA 3.1's or linearly)."""
+    not compute exactly (another activation, RoPE scaled other than LLaMA 3.1's or linearly).
+    ``attention_bias`` false leaves the MLP's biases alone (``--no-bias --ffn-bias``)."""
     path, config = read_json(folder)
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
     activation, eps = common_keys(path, config, "gelu",
                                   ("attention_bias", "use_parallel_residual"))
-    if config.get("attention_bias", True) is not True:
-        raise TfmError(f"--load {path}: key 'attention_bias' is false; GPT-NeoX's MLP keeps "
-                       f"its biases, and tfm's --bias is both or neither")
+    attention_bias = config.get("attention_bias", True)   # false: the MLP's alone (--ffn-bias)
     theta, scaling, factor_at = _rope(path, config)
     fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": eps,
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
-              "norm": "pre", "pe": "rope", "rms_norm": False, "bias": True, "head_bias": False,
+              "norm": "pre", "pe": "rope", "rms_norm": False, "bias": attention_bias,
+              "ffn_bias": not attention_bias, "head_bias": False,
               "tied_head": config.get("tie_word_embeddings", False), "causal": True,
               "parallel_residual": config.get("use_parallel_residual", True)}
     if d % H == 0:

@@ -110,7 +110,7 @@ def read_config(folder) -> dict:
                        f"guess which is meant")
     layers = need(path, config, "num_hidden_layers")
     window, sliding_layers = _sliding_window(path, config, kind, layers)
-    bias, qkv_bias = _biases(path, config, kind)
+    bias, qkv_bias, ffn_bias = _biases(path, config, kind)
     rms_norm, eps = _norm(path, config, kind)
     tied = config.get("tie_word_embeddings", kind in GEMMAS)   # each Config's default
     if not isinstance(tied, bool):
@@ -123,7 +123,8 @@ def read_config(folder) -> dict:
               "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
               "rope_theta": theta, "rope_scaling": scaling, "activation": activation,
               "norm": "pre", "pe": "rope", "rms_norm": rms_norm, "bias": bias, "tied_head": tied,
-              "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "sliding_window": window,
+              "head_bias": False, "causal": True, "qkv_bias": qkv_bias, "ffn_bias": ffn_bias,
+              "sliding_window": window,
               "head_dim": head_dim, "qk_norm": kind in ("qwen3", "gemma3_text"),
               "embed_scale": kind in GEMMAS, "sliding_layers": sliding_layers,
               "rope_local_theta": None if window is None else local_theta,
@@ -154,34 +155,40 @@ def runnable(path, fields: dict) -> dict:
     return fields
 
 
-def _biases(path, config: dict, kind: str) -> tuple[bool, bool]:
-    """(``Config.bias``, ``Config.qkv_bias``): Qwen2's q, k and v have biases and nothing else
-    does; StableLM's q, k and v do when ``use_qkv_bias`` says; Phi-3 has none whatever its
-    config says; Qwen3's and Gemma's ``attention_bias`` would be on q, k, v and o and not in
-    the MLP, which tfm does not add, so it is refused; LLaMA's and Mistral's
-    ``attention_bias`` and ``mlp_bias`` must agree (tfm's ``--bias`` is both)."""
+def _biases(path, config: dict, kind: str) -> tuple[bool, bool, bool]:
+    """(``Config.bias``, ``Config.qkv_bias``, ``Config.ffn_bias``): Qwen2's q, k and v have
+    biases and nothing else does; StableLM's q, k and v do when ``use_qkv_bias`` says; Phi-3 has
+    none whatever its config says; Qwen3's and Gemma's ``attention_bias`` would be on q, k, v
+    and o and not in the MLP, which tfm does not add, so it is refused; LLaMA's and Mistral's
+    ``attention_bias`` and ``mlp_bias`` both (``--bias``), ``mlp_bias`` alone (``--ffn-bias``),
+    or neither; ``attention_bias`` alone is refused."""
     if kind == "qwen2":
-        return False, True
+        return False, True, False
     if kind == "phi3":
-        return False, False
+        return False, False, False
     if kind == "stablelm":
         qkv_bias = config.get("use_qkv_bias", False)
         if not isinstance(qkv_bias, bool):
             raise TfmError(f"--load {path}: key 'use_qkv_bias' is {qkv_bias!r}, not true or "
                            f"false")
-        return False, qkv_bias
+        return False, qkv_bias, False
     if kind in ("qwen3", *GEMMAS):
         if config.get("attention_bias", False) is not False:
             raise TfmError(f"--load {path}: key 'attention_bias' is "
                            f"{config['attention_bias']!r}; tfm adds biases to all of attention "
                            f"and the FFN (--bias) or to Q, K and V alone (--qkv-bias), and a "
                            f"{NAMES[kind]}'s would be on o_proj too and not in the MLP")
-        return False, False
+        return False, False, False
     bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
-    if bias != mlp_bias or not isinstance(bias, bool):
-        raise TfmError(f"--load {path}: keys 'attention_bias' and 'mlp_bias' are {bias!r} "
-                       f"and {mlp_bias!r}; tfm's --bias is both or neither")
-    return bias, False
+    for key, value in (("attention_bias", bias), ("mlp_bias", mlp_bias)):
+        if not isinstance(value, bool):
+            raise TfmError(f"--load {path}: key {key!r} is {value!r}, not true or false")
+    if bias and not mlp_bias:
+        raise TfmError(f"--load {path}: key 'attention_bias' is true and 'mlp_bias' false; tfm "
+                       f"adds biases to attention and the FFN (--bias), to the FFN alone "
+                       f"(--ffn-bias) or to Q, K and V alone (--qkv-bias), and this model's "
+                       f"would be on all of attention (o_proj too) and not in the MLP")
+    return bias, False, mlp_bias and not bias
 
 
 def _norm(path, config: dict, kind: str) -> tuple[bool, float]:
