@@ -638,3 +638,36 @@ def neox_from(params, cfg, rotary_ndims, parallel: bool = False):
     assert np.abs(sin32[0].numpy() - sin).max() < 1e-6
     float64_rotary(rotary, rotary_ndims)
     return neox
+
+
+def float64_table(rotary_dim: int, positions: int):
+    """GPT-J's sin and cos of each position and pair, computed in float64 (Hugging Face's
+    ``create_sinusoidal_positions`` computes them in float32 whatever the model's dtype)."""
+    import torch
+
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+                                 / rotary_dim)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+
+
+def gptj_scores_in_float64(self, query, key, value, attention_mask=None):
+    """GPTJAttention._attn (and CodeGen's) without its casts of q and k to float32: the same
+    softmax of q . k / sqrt(d_head), the mask added, in the model's own dtype. (CodeGen adds
+    the mask before it divides: a hidden key's score is then the mask's large negative number
+    over sqrt(d_head) rather than that number, and its weight 0 all the same.)"""
+    import torch
+
+    weights = torch.matmul(query, key.transpose(-1, -2)) / self.scale_attn
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1)
+    return torch.matmul(weights, value), weights
+
+
+def gptj_in_float64(model, cfg):
+    """GPT-J's (or CodeGen's) RoPE table made in float64 in every block."""
+    for layer in model.transformer.h:
+        attn = layer.attn
+        attn.embed_positions = float64_table(attn.pos_embd_dim, attn.embed_positions.shape[0])
+    return model

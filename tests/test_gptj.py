@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_logits,
-                     hf_saved, rewrite_config, run)
+from helpers import (assert_folder_matches_hf, assert_written_back, error_line,
+                     gptj_in_float64, gptj_scores_in_float64, hf_logits, hf_saved,
+                     rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import gptj, tensorfile
 
@@ -24,37 +25,6 @@ TOKENS = [[1, 5, 9, 2, 7, 30, 11], [3, 3, 8, 39]]
 
 def hf_gptj_folder(folder, dtype="bfloat16", seed=0, **config):
     return hf_saved(folder, "GPTJ", {**SMALL, **config}, dtype, seed)
-
-
-def float64_table(rotary_dim: int, positions: int):
-    """GPT-J's sin and cos of each position and pair, computed in float64 (Hugging Face's
-    ``create_sinusoidal_positions`` computes them in float32 whatever the model's dtype)."""
-    import torch
-
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64)
-                                 / rotary_dim)
-    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
-
-
-def scores_in_float64(self, query, key, value, attention_mask=None):
-    """GPTJAttention._attn without its casts of q and k to float32: the same softmax of
-    q . k / sqrt(d_head), the mask added, in the model's own dtype."""
-    import torch
-
-    weights = torch.matmul(query, key.transpose(-1, -2)) / self.scale_attn
-    if attention_mask is not None:
-        weights = weights + attention_mask
-    weights = torch.nn.functional.softmax(weights, dim=-1)
-    return torch.matmul(weights, value), weights
-
-
-def gptj_in_float64(model, cfg):
-    """GPT-J's RoPE table made in float64 in every block."""
-    for layer in model.transformer.h:
-        attn = layer.attn
-        attn.embed_positions = float64_table(attn.pos_embd_dim, attn.embed_positions.shape[0])
-    return model
 
 
 def gptj_grads(model) -> dict:
@@ -117,7 +87,7 @@ def test_a_gptj_folder_is_read_and_matches_from_pretrained(tmp_path, monkeypatch
     np.testing.assert_array_equal(params["head.b_U"], state["lm_head.bias"])
     transformers = pytest.importorskip("transformers")
     monkeypatch.setattr(transformers.models.gptj.modeling_gptj.GPTJAttention, "_attn",
-                        scores_in_float64)
+                        gptj_scores_in_float64)
     loaded = tfmcli.load(tmp_path, tokens=TOKENS)
     assert loaded.weights_from.startswith("GPT-J checkpoint")
     assert_folder_matches_hf(transformers.GPTJForCausalLM, tmp_path, loaded,

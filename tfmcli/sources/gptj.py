@@ -76,23 +76,44 @@ def interleaved_order(fields: dict) -> np.ndarray:
     return (np.arange(cfg.heads)[:, None] * d_head + within).ravel()
 
 
-def name_map(fields: dict) -> list[tuple[str, str, bool]]:
-    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order."""
+def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, bool]]:
+    """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order.
+    ``fused``: CodeGen's one ``qkv_proj`` a block, whose parameter is the tuple (W_Q, W_K, W_V)
+    (its rows laid out as ``fused_rows`` says)."""
     shapes = param_shapes(Config(**fields))
     rows = [("transformer.wte.weight", "embed.W_E", False)]
     for i in range(fields["layers"]):
         m, p = f"transformer.h.{i}.", f"blocks.{i}."
         rows += [(m + "ln_1.weight", p + "ln1.gamma", False),
                  (m + "ln_1.bias", p + "ln1.beta", False)]
+        if fused:
+            rows.append((m + "attn.qkv_proj.weight", tuple(p + f"attn.W_{w}" for w in "QKV"),
+                         True))
         rows += [(m + f"attn.{proj}.weight", p + f"attn.W_{w}", True)
-                 for w, proj in zip("QKVO", ("q_proj", "k_proj", "v_proj", "out_proj"))]
+                 for w, proj in zip("QKVO", ("q_proj", "k_proj", "v_proj", "out_proj"))
+                 if not fused or w == "O"]
         for w, fc in (("1", "fc_in"), ("2", "fc_out")):
             rows += [(m + f"mlp.{fc}.weight", p + f"ffn.W_{w}", True),
                      (m + f"mlp.{fc}.bias", p + f"ffn.b_{w}", False)]
     rows += [("transformer.ln_f.weight", "ln_f.gamma", False),
              ("transformer.ln_f.bias", "ln_f.beta", False),
              ("lm_head.weight", "head.W_U", True), ("lm_head.bias", "head.b_U", False)]
-    return [row for row in rows if row[1] in shapes]   # tied: no head.W_U
+    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+
+
+def fused_rows(fields: dict, parts: int = 4) -> dict[str, np.ndarray]:
+    """CodeGen's ``qkv_proj``: for each of W_Q, W_K and W_V, the stored rows that hold its
+    columns, in tfm's column order. The stored output is ``parts`` (4) pieces, each the queries,
+    then the values, then the keys of ``heads / parts`` heads; W_Q's and W_K's columns are then
+    put in ``interleaved_order``."""
+    d = fields["d_model"]
+    local = d // parts   # each piece's width of queries (of values, of keys)
+    column = np.arange(d)
+    piece, within = column // local, column % local
+    rows = {w: piece * 3 * local + offset * local + within
+            for w, offset in (("Q", 0), ("V", 1), ("K", 2))}
+    order = interleaved_order(fields)
+    return {"Q": rows["Q"][order], "K": rows["K"][order], "V": rows["V"]}
 
 
 def _turned(name: str) -> bool:
@@ -100,28 +121,44 @@ def _turned(name: str) -> bool:
     return name.endswith(("attn.W_Q", "attn.W_K"))
 
 
-def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
+def load_params(folder, fields: dict, dtype, fused: bool = False, checkpoint: str = NAME,
+                ignored: tuple = IGNORED) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``,
-    ``W_Q``'s and ``W_K``'s columns in tfm's order (``interleaved_order``). Every key and shape
-    is checked before any is read."""
-    rows, order = name_map(fields), interleaved_order(fields)
+    ``W_Q``'s and ``W_K``'s columns in tfm's order (``interleaved_order``); ``fused``,
+    CodeGen's ``qkv_proj`` cut into the three (``fused_rows``). Every key and shape is checked
+    before any is read."""
+    rows, order = name_map(fields, fused), interleaved_order(fields)
+    shapes = param_shapes(Config(**fields))
     stored = llama.stored_tensors(folder)
     llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, param_shapes(Config(**fields))), NAME,
-                       "lm_head.weight" if fields["tied_head"] else None, IGNORED)
+                       llama.stored_shapes(rows, shapes), checkpoint,
+                       "lm_head.weight" if fields["tied_head"] else None, ignored)
     params = {}
     for key, name, transposed in rows:
+        if isinstance(name, tuple):   # (d_out, d_in) rows picked for each of Q, K and V
+            value = tensorfile.read_tensor(*stored[key], key, dtype)
+            for n, picked in zip(name, fused_rows(fields).values()):
+                params[n] = np.ascontiguousarray(value[picked].T)
+            continue
         value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)
         params[name] = np.ascontiguousarray(value[:, order]) if _turned(name) else value
-    return params
+    return {name: params[name] for name in shapes}   # tfm's order
 
 
-def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
-    """tfm's parameters under GPT-J's names (the inverse of ``load_params``: ``W_Q``'s and
-    ``W_K``'s columns back in GPT-J's order), for writing a folder."""
+def from_tfm(params: dict, fields: dict, fused: bool = False) -> dict[str, np.ndarray]:
+    """tfm's parameters under GPT-J's (``fused``: CodeGen's) names, the inverse of
+    ``load_params``: ``W_Q``'s and ``W_K``'s columns back in GPT-J's order, and CodeGen's
+    three put back in their rows of ``qkv_proj``; for writing a folder."""
     back = np.argsort(interleaved_order(fields))
     tensors = {}
-    for key, name, transposed in name_map(fields):
+    for key, name, transposed in name_map(fields, fused):
+        if isinstance(name, tuple):
+            rows = fused_rows(fields)
+            value = np.empty((3 * fields["d_model"], fields["d_model"]), params[name[0]].dtype)
+            for n, picked in zip(name, rows.values()):
+                value[picked] = params[n].T
+            tensors[key] = value
+            continue
         value = params[name][:, back] if _turned(name) else params[name]
         tensors[key] = np.ascontiguousarray(value.T if transposed else value)
     return tensors
