@@ -372,6 +372,25 @@ def assert_written_back(module, folder) -> dict:
     return fields
 
 
+def assert_bad_weight_named(module, folder, key: str, shape, reason: str,
+                            extra: dict | None = None) -> None:
+    """A checkpoint module's float32 ``folder`` written back (``from_tfm``) with ``key`` left out
+    (``shape`` None) or cut to its first ``shape[0]`` rows, and ``extra`` tensors added (a
+    buffer the reader skips): ``tfm forward --load`` fails with one line, exit 1, ending in
+    ``reason``."""
+    from tfmcli.sources import tensorfile
+
+    fields = module.read_config(folder)
+    tensors = module.from_tfm(module.load_params(folder, fields, np.float32), fields)
+    if shape is None:
+        del tensors[key]
+    else:
+        tensors[key] = tensors[key][:shape[0]]
+    tensors.update(extra or {})
+    tensorfile.write(folder / "model.safetensors", tensors)
+    assert error_line(run("forward", "--load", folder, "--tokens", "1,2,3"), 1).endswith(reason)
+
+
 def in_float64(model, cfg):
     """A LLaMA, Qwen2, Mistral, Qwen3, Phi3 or StableLm ForCausalLM (float64 weights) with its
     RMSNorm (Qwen3's q_norm and k_norm too) and RoPE angles made in float64: both make them in

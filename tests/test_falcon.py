@@ -15,7 +15,7 @@ import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, float64_rotary,
                      hf_saved, rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
-from tfmcli.sources import falcon
+from tfmcli.sources import falcon, fused
 
 SMALL = dict(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=32, bos_token_id=1, eos_token_id=2)   # d_head 8
@@ -74,11 +74,11 @@ def falcon_grads(model, cfg) -> dict:
 def test_query_key_value_rows_are_cut_one_piece_per_key_head():
     """4 heads of width 1, 2 key heads: pieces of 4 rows, (q, q, k, v)."""
     fields = dict(d_model=4, heads=4, kv_heads=2, pe="rope")
-    q, k, v = falcon.fused_rows(fields)
+    q, k, v = fused.grouped_rows(fields)
     assert (q.tolist(), k.tolist(), v.tolist()) == ([0, 1, 4, 5], [2, 6], [3, 7])
-    q, k, v = falcon.fused_rows(dict(d_model=4, heads=2, kv_heads=1, pe="rope"))   # multi-query
+    q, k, v = fused.grouped_rows(dict(d_model=4, heads=2, kv_heads=1, pe="rope"))   # multi-query
     assert (q.tolist(), k.tolist(), v.tolist()) == ([0, 1, 2, 3], [4, 5], [6, 7])
-    q, k, v = falcon.fused_rows(dict(d_model=4, heads=2, pe="rope"))   # a key head each
+    q, k, v = fused.grouped_rows(dict(d_model=4, heads=2, pe="rope"))   # a key head each
     assert (q.tolist(), k.tolist(), v.tolist()) == ([0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10, 11])
 
 

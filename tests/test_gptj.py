@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line,
-                     gptj_in_float64, gptj_scores_in_float64, hf_logits, hf_saved,
+from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
+                     error_line, gptj_in_float64, gptj_scores_in_float64, hf_logits, hf_saved,
                      rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
-from tfmcli.sources import gptj, tensorfile
+from tfmcli.sources import gptj
 
 SMALL = dict(vocab_size=40, n_embd=24, n_layer=2, n_head=2, rotary_dim=4, n_inner=32,
              n_positions=32, bos_token_id=1, eos_token_id=2)   # d_head 12: 4 turned
@@ -141,15 +141,8 @@ def test_a_gptj_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reaso
 ], ids=["missing-head-bias", "half-of-fc-in"])
 def test_a_weight_missing_or_of_the_wrong_shape_is_named(tmp_path, key, shape, reason):
     hf_gptj_folder(tmp_path, "float32")
-    fields = gptj.read_config(tmp_path)
-    tensors = gptj.from_tfm(gptj.load_params(tmp_path, fields, np.float32), fields)
-    if shape is None:
-        del tensors[key]
-    else:
-        tensors[key] = tensors[key][:shape[0]]
-    tensors["transformer.h.0.attn.masked_bias"] = np.ones(1, np.float32)   # ignored
-    tensorfile.write(tmp_path / "model.safetensors", tensors)
-    assert error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1).endswith(reason)
+    ignored = {"transformer.h.0.attn.masked_bias": np.ones(1, np.float32)}   # a buffer
+    assert_bad_weight_named(gptj, tmp_path, key, shape, reason, ignored)
 
 
 def test_gpt_j_6b_has_its_parameter_count():

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, float64_rotary,
-                     hf_saved, rewrite_config, run)
+from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
+                     error_line, float64_rotary, hf_saved, rewrite_config, run)
 from tfmcli.config import param_count, param_shapes
-from tfmcli.sources import phi, tensorfile
+from tfmcli.sources import phi
 
 SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
              intermediate_size=24, max_position_embeddings=32, pad_token_id=0, bos_token_id=1,
@@ -133,15 +133,8 @@ def test_a_phi_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason
 ], ids=["missing-head-bias", "half-of-fc1"])
 def test_a_weight_missing_or_of_the_wrong_shape_is_named(tmp_path, key, shape, reason):
     hf_phi_folder(tmp_path, "float32")
-    fields = phi.read_config(tmp_path)
-    tensors = phi.from_tfm(phi.load_params(tmp_path, fields, np.float32), fields)
-    if shape is None:
-        del tensors[key]
-    else:
-        tensors[key] = tensors[key][:shape[0]]
-    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(2, np.float32)   # ignored
-    tensorfile.write(tmp_path / "model.safetensors", tensors)
-    assert error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1).endswith(reason)
+    ignored = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(2, np.float32)}
+    assert_bad_weight_named(phi, tmp_path, key, shape, reason, ignored)
 
 
 def test_phi_15_and_phi_2_have_their_parameter_counts():

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved, run)
+from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
+                     error_line, hf_saved, run)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import llama, phi3, tensorfile
 
@@ -143,14 +144,7 @@ def test_a_phi3_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reaso
 ], ids=["missing", "gate-up-half"])
 def test_a_fused_weight_missing_or_of_the_wrong_shape_is_named(tmp_path, key, shape, reason):
     hf_phi3_folder(tmp_path, "float32")
-    fields = phi3.read_config(tmp_path)
-    tensors = phi3.from_tfm(phi3.load_params(tmp_path, fields, np.float32), fields)
-    if shape is None:
-        del tensors[key]
-    else:
-        tensors[key] = tensors[key][:shape[0]]
-    tensorfile.write(tmp_path / "model.safetensors", tensors)
-    assert error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1).endswith(reason)
+    assert_bad_weight_named(phi3, tmp_path, key, shape, reason)
 
 
 def test_an_unfused_llama_layout_is_not_a_phi3s(tmp_path):

@@ -22,7 +22,7 @@ architecture's), or a head each. The names (a contract, in the README):
     transformer.ln_f -> ln_f (.gamma, .beta)
 
 ``query_key_value``'s output is one piece per key head, each the queries of the heads it
-serves, then its key, then its value (``fused_rows``). Refused: ALiBi (``alibi``, Falcon-RW's
+serves, then its key, then its value (``fused.grouped_rows``, GPT-NeoX's layout too). Refused: ALiBi (``alibi``, Falcon-RW's
 positions), and the new architecture with one norm but not side by side, which Hugging Face's
 own model does not run.
 """
@@ -33,7 +33,7 @@ import numpy as np
 
 from tfmcli.config import Config, param_shapes
 from tfmcli.errors import TfmError
-from tfmcli.sources import gpt_neox, llama, tensorfile
+from tfmcli.sources import fused, gpt_neox, llama
 from tfmcli.sources.folder import need, read_json
 
 NAME = "Falcon"
@@ -116,55 +116,15 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
     return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
 
 
-def fused_rows(fields: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The stored rows of ``query_key_value`` that hold W_Q's, W_K's and W_V's columns, in tfm's
-    order: one piece per key head j, ``(group + 2) d_head`` rows, the ``group`` query heads it
-    serves (j group .. (j + 1) group - 1), then its key, then its value."""
-    cfg = Config(**fields)
-    dh, group = cfg.d_head, cfg.group
-    piece = (group + 2) * dh
-    head = np.arange(cfg.heads)
-    q = ((head // group * piece + head % group * dh)[:, None] + np.arange(dh)).ravel()
-    start = np.arange(cfg.h_kv) * piece
-    k = ((start + group * dh)[:, None] + np.arange(dh)).ravel()
-    v = ((start + (group + 1) * dh)[:, None] + np.arange(dh)).ravel()
-    return q, k, v
-
-
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``;
-    ``query_key_value`` cut by ``fused_rows``. Every key and shape is checked before any is
-    read."""
-    rows, shapes = name_map(fields), param_shapes(Config(**fields))
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, shapes), NAME,
-                       "lm_head.weight" if fields["tied_head"] else None, ())
-    picks = fused_rows(fields)
-    params = {}
-    for key, name, transposed in rows:
-        value = tensorfile.read_tensor(*stored[key], key, dtype)
-        if isinstance(name, tuple):
-            for n, picked in zip(name, picks):
-                params[n] = np.ascontiguousarray(value[picked].T if transposed
-                                                 else value[picked])
-        else:
-            params[name] = np.ascontiguousarray(value.T) if transposed else value
-    return {name: params[name] for name in shapes}   # tfm's order
+    ``query_key_value`` cut one piece per key head (``fused.grouped_rows``). Every key and shape
+    is checked before any is read."""
+    return fused.load_params(folder, fields, dtype, name_map(fields), NAME,
+                             "lm_head.weight" if fields["tied_head"] else None, ())
 
 
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under Falcon's names (the inverse of ``load_params``: W_Q, W_K and W_V
     put back in their rows of ``query_key_value``), for writing a folder."""
-    picks = fused_rows(fields)
-    tensors = {}
-    for key, name, transposed in name_map(fields):
-        if isinstance(name, tuple):
-            parts = [params[n].T if transposed else params[n] for n in name]
-            value = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
-            for part, picked in zip(parts, picks):
-                value[picked] = part
-            tensors[key] = value
-        else:
-            tensors[key] = np.ascontiguousarray(params[name].T if transposed else params[name])
-    return tensors
+    return fused.from_tfm(params, fields, name_map(fields))

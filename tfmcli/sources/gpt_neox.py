@@ -22,7 +22,7 @@ import numpy as np
 
 from tfmcli.config import Config, param_shapes
 from tfmcli.errors import TfmError
-from tfmcli.sources import llama, tensorfile
+from tfmcli.sources import fused, llama
 from tfmcli.sources.folder import need, read_json
 
 NAME = "GPT-NeoX"
@@ -122,38 +122,13 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``;
-    ``query_key_value`` cut head by head into q, k and v. Every key and shape is checked
-    before any is read."""
-    rows, shapes = name_map(fields), param_shapes(Config(**fields))
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, shapes), NAME,
-                       "embed_out.weight" if fields["tied_head"] else None, IGNORED)
-    H = fields["heads"]
-    params = {}
-    for key, name, transposed in rows:
-        path, header, start = stored[key]
-        if not isinstance(name, tuple):
-            params[name] = tensorfile.read_tensor(path, header, start, key, dtype, transposed)
-            continue
-        value = tensorfile.read_tensor(path, header, start, key, dtype)
-        parts = value.reshape(H, 3, -1, *value.shape[1:])   # each head's q, k, v rows in turn
-        for j, n in enumerate(name):
-            part = parts[:, j].reshape(-1, *value.shape[1:])
-            params[n] = np.ascontiguousarray(part.T if transposed else part)
-    return {name: params[name] for name in shapes}   # tfm's order
+    ``query_key_value`` cut head by head into q, k and v (``fused.grouped_rows``, a key head
+    each). Every key and shape is checked before any is read."""
+    return fused.load_params(folder, fields, dtype, name_map(fields), NAME,
+                             "embed_out.weight" if fields["tied_head"] else None, IGNORED)
 
 
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under GPT-NeoX's names (the inverse of ``load_params``), q, k and v
     interleaved head by head again, for writing a folder."""
-    H = fields["heads"]
-    tensors = {}
-    for key, name, transposed in name_map(fields):
-        if isinstance(name, tuple):
-            parts = [params[n].T if transposed else params[n] for n in name]   # (H d_head, ...)
-            stacked = np.stack([p.reshape(H, -1, *p.shape[1:]) for p in parts], axis=1)
-            tensors[key] = np.ascontiguousarray(stacked.reshape(-1, *parts[0].shape[1:]))
-        else:
-            tensors[key] = np.ascontiguousarray(params[name].T if transposed else params[name])
-    return tensors
+    return fused.from_tfm(params, fields, name_map(fields))
