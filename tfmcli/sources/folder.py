@@ -3,7 +3,8 @@
 ``sources.llama``, ``sources.mistral``, ``sources.qwen2``, ``sources.qwen3``,
 ``sources.gemma``, ``sources.gemma2``, ``sources.gemma3``, ``sources.phi3``,
 ``sources.stablelm``, ``sources.gpt_neox``, ``sources.phi``, ``sources.gptj``,
-``sources.codegen``, ``sources.opt``, ``sources.falcon``), and each of those modules reads its own."""
+``sources.codegen``, ``sources.opt``, ``sources.falcon``, ``sources.gpt_bigcode``), and each
+of those modules reads its own."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tfmcli.errors import TfmError
 CONFIG = "config.json"
 MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                "gemma3", "phi3", "stablelm", "gpt_neox", "phi", "gptj",
-               "codegen", "opt", "falcon")
+               "codegen", "opt", "falcon", "gpt_bigcode")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -50,17 +51,18 @@ def model_type(folder, config: dict | None = None) -> str:
 def checkpoint_module(folder):
     """The module that reads this folder (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
     ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``, ``gpt_neox``, ``phi``, ``gptj``,
-    ``codegen``, ``opt`` or ``falcon``): its ``NAME``, and ``read_config(folder)`` and
-    ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import (codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, gptj,
-                                llama, mistral, opt, phi, phi3, qwen2, qwen3, stablelm)
+    ``codegen``, ``opt``, ``falcon`` or ``gpt_bigcode``): its ``NAME``, and
+    ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
+    from tfmcli.sources import (codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_bigcode,
+                                gpt_neox, gptj, llama, mistral, opt, phi, phi3, qwen2, qwen3,
+                                stablelm)
 
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
             "qwen3": qwen3, "gemma": gemma, "gemma2": gemma2,
             "gemma3_text": gemma3, "gemma3": gemma3, "phi3": phi3,
             "stablelm": stablelm, "gpt_neox": gpt_neox, "phi": phi,
             "gptj": gptj, "codegen": codegen, "opt": opt,
-            "falcon": falcon}[model_type(folder)]
+            "falcon": falcon, "gpt_bigcode": gpt_bigcode}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):
