@@ -42,6 +42,7 @@ def read_config(folder) -> dict:
     d = need(path, config, "hidden_size")
     switches = ("do_layer_norm_before", "enable_bias", "layer_norm_elementwise_affine",
                 "_remove_final_layer_norm")
+    # the activation and the switches; OPT's config has no epsilon (its norms take EPS)
     activation = gpt_neox.common_keys(path, config, "relu", switches,
                                       ("activation_function", "layer_norm_eps"))[0]
     if config.get("word_embed_proj_dim") not in (None, d):
