@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
+from helpers import (assert_grads_match, assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, neox_from, ok, random_params, run,
                      tfm_grads_matching_hf, torch_reference_rows)
 from tfmcli import block, layernorm
@@ -87,19 +87,18 @@ def test_matches_hugging_face_gpt_neox_with_its_parallel_residual():
     params = random_params(tfmcli.init_params(cfg), seed=9)
     neox = neox_from(params, cfg, 4, parallel=True)
     grads = tfm_grads_matching_hf(neox, params, tfmcli.make_inputs(cfg), cfg)
+    theirs = {}
     for i, layer in enumerate(neox.gpt_neox.layers):
         p = f"blocks.{i}."
-        for ours, theirs in ((p + "ln1.gamma", layer.input_layernorm.weight),
-                             (p + "ln2.beta", layer.post_attention_layernorm.bias),
-                             (p + "ffn.W_1", layer.mlp.dense_h_to_4h.weight),
-                             (p + "ffn.b_2", layer.mlp.dense_4h_to_h.bias),
-                             (p + "attn.W_O", layer.attention.dense.weight)):
-            grad = theirs.grad.numpy()
-            grad = grad.T if grad.ndim == 2 else grad
-            np.testing.assert_allclose(grads[ours], grad, rtol=0,
-                                       atol=1e-12 * np.abs(grad).max(), err_msg=ours)
-    grad = neox.gpt_neox.embed_in.weight.grad.numpy()
-    np.testing.assert_allclose(grads["embed.W_E"], grad, rtol=0, atol=1e-12 * np.abs(grad).max())
+        for ours, param in ((p + "ln1.gamma", layer.input_layernorm.weight),
+                            (p + "ln2.beta", layer.post_attention_layernorm.bias),
+                            (p + "ffn.W_1", layer.mlp.dense_h_to_4h.weight),
+                            (p + "ffn.b_2", layer.mlp.dense_4h_to_h.bias),
+                            (p + "attn.W_O", layer.attention.dense.weight)):
+            grad = param.grad.numpy()
+            theirs[ours] = grad.T if grad.ndim == 2 else grad
+    theirs["embed.W_E"] = neox.gpt_neox.embed_in.weight.grad.numpy()
+    assert_grads_match(grads, theirs)
 
 
 def test_kv_cache_reads_the_same_input_for_both_sublayers():

@@ -1,7 +1,8 @@
-"""Q, K and V in one stored matrix, one piece per key head: GPT-NeoX's and Falcon's
-``query_key_value``. Which stored rows hold each of W_Q, W_K and W_V (``grouped_rows``), and
-reading and writing a folder whose ``name_map`` has such a row, its tfm parameter the tuple
-(W_Q, W_K, W_V) or their biases (``load_params``, ``from_tfm``)."""
+"""Q, K and V picked from stored rows: one fused matrix with a piece per key head (GPT-NeoX's and
+Falcon's ``query_key_value``, GPTBigCode's ``c_attn``: ``grouped_rows``), CodeGen's four pieces,
+or GPT-J's W_Q and W_K with their columns reordered. Reading and writing a folder whose
+``name_map`` has such rows, a fused one's tfm parameter the tuple (W_Q, W_K, W_V) or their
+biases (``load_params``, ``from_tfm``)."""
 
 from __future__ import annotations
 
@@ -27,39 +28,49 @@ def grouped_rows(fields: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, k, v
 
 
+def _pick(name: str, picks: dict):
+    """The stored rows ``picks`` gives this parameter (by its letter: ``attn.W_Q`` and
+    ``attn.b_Q`` are "Q"), or None for one read as it is stored."""
+    last = name.rsplit(".", 1)[-1]
+    return picks.get(last[-1]) if last in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V") else None
+
+
 def load_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_copy,
-                ignored: tuple) -> dict[str, np.ndarray]:
+                ignored: tuple, picks: dict | None = None) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names (``rows``: a ``name_map``), transposed to ``(d_in,
-    d_out)``, in ``dtype``, a fused row cut by ``grouped_rows``; in tfm's order. Every key and
-    shape is checked before any is read (``llama.check_stored``; ``tied_copy``, ``ignored``)."""
+    d_out)``, in ``dtype``, in tfm's order. ``picks`` ("Q", "K", "V" -> stored rows, in tfm's
+    column order; ``grouped_rows`` by default) cuts a fused row into its parts, or reorders one
+    weight's columns (GPT-J's W_Q and W_K). Every key and shape is checked before any is read
+    (``llama.check_stored``; ``tied_copy``, ``ignored``)."""
     shapes = param_shapes(Config(**fields))
     stored = llama.stored_tensors(folder)
     llama.check_stored(folder, stored, {key: key for key in stored},
                        llama.stored_shapes(rows, shapes), checkpoint, tied_copy, ignored)
-    picks = grouped_rows(fields)
+    picks = dict(zip("QKV", grouped_rows(fields))) if picks is None else picks
     params = {}
     for key, name, transposed in rows:
-        if not isinstance(name, tuple):
-            params[name] = tensorfile.read_tensor(*stored[key], key, dtype, transposed)
-            continue
-        value = tensorfile.read_tensor(*stored[key], key, dtype)   # (d_out, ...) rows
-        for n, picked in zip(name, picks):
-            params[n] = np.ascontiguousarray(value[picked].T if transposed else value[picked])
+        value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)   # (d_in, d_out)
+        for n in llama._names(name):
+            rows_of_n = _pick(n, picks)   # its stored rows: tfm's columns (a bias's entries)
+            params[n] = value if rows_of_n is None else np.ascontiguousarray(value[..., rows_of_n])
     return {name: params[name] for name in shapes}
 
 
-def from_tfm(params: dict, fields: dict, rows: list) -> dict[str, np.ndarray]:
-    """tfm's parameters under the stored names of ``rows`` (the inverse of ``load_params``: W_Q,
-    W_K and W_V, or their biases, put back in their rows of the fused matrix)."""
-    picks = grouped_rows(fields)
+def from_tfm(params: dict, fields: dict, rows: list,
+             picks: dict | None = None) -> dict[str, np.ndarray]:
+    """tfm's parameters under the stored names of ``rows`` (the inverse of ``load_params``: each
+    picked parameter put back in its stored rows)."""
+    picks = dict(zip("QKV", grouped_rows(fields))) if picks is None else picks
     tensors = {}
     for key, name, transposed in rows:
-        if not isinstance(name, tuple):
-            tensors[key] = np.ascontiguousarray(params[name].T if transposed else params[name])
+        names = llama._names(name)
+        parts = [params[n].T if transposed else params[n] for n in names]
+        chosen = [_pick(n, picks) for n in names]
+        if chosen[0] is None:   # one parameter, stored as it is
+            tensors[key] = np.ascontiguousarray(parts[0])
             continue
-        parts = [params[n].T if transposed else params[n] for n in name]
         value = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
-        for part, picked in zip(parts, picks):
-            value[picked] = part
+        for part, rows_of_part in zip(parts, chosen):
+            value[rows_of_part] = part
         tensors[key] = value
     return tensors

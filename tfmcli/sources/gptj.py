@@ -25,7 +25,8 @@ import numpy as np
 
 from tfmcli.config import Config, param_shapes
 from tfmcli.errors import TfmError
-from tfmcli.sources import gpt_neox, llama, tensorfile
+from tfmcli.sources import fused as fused_reader
+from tfmcli.sources import gpt_neox, llama
 from tfmcli.sources.folder import need, read_json
 
 NAME = "GPT-J"
@@ -116,9 +117,13 @@ def fused_rows(fields: dict, parts: int = 4) -> dict[str, np.ndarray]:
     return {"Q": rows["Q"][order], "K": rows["K"][order], "V": rows["V"]}
 
 
-def _turned(name: str) -> bool:
-    """A weight whose columns RoPE turns: each block's W_Q and W_K."""
-    return name.endswith(("attn.W_Q", "attn.W_K"))
+def _picks(fields: dict, fused: bool) -> dict[str, np.ndarray]:
+    """The stored rows of each of Q, K and V (``fused.load_params``): CodeGen's pieces
+    (``fused_rows``), or GPT-J's W_Q and W_K reordered (``interleaved_order``)."""
+    if fused:
+        return fused_rows(fields)
+    order = interleaved_order(fields)
+    return {"Q": order, "K": order}
 
 
 def load_params(folder, fields: dict, dtype, fused: bool = False, checkpoint: str = NAME,
@@ -127,38 +132,13 @@ def load_params(folder, fields: dict, dtype, fused: bool = False, checkpoint: st
     ``W_Q``'s and ``W_K``'s columns in tfm's order (``interleaved_order``); ``fused``,
     CodeGen's ``qkv_proj`` cut into the three (``fused_rows``). Every key and shape is checked
     before any is read."""
-    rows, order = name_map(fields, fused), interleaved_order(fields)
-    shapes = param_shapes(Config(**fields))
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, shapes), checkpoint,
-                       "lm_head.weight" if fields["tied_head"] else None, ignored)
-    params = {}
-    for key, name, transposed in rows:
-        if isinstance(name, tuple):   # (d_out, d_in) rows picked for each of Q, K and V
-            value = tensorfile.read_tensor(*stored[key], key, dtype)
-            for n, picked in zip(name, fused_rows(fields).values()):
-                params[n] = np.ascontiguousarray(value[picked].T)
-            continue
-        value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)
-        params[name] = np.ascontiguousarray(value[:, order]) if _turned(name) else value
-    return {name: params[name] for name in shapes}   # tfm's order
+    return fused_reader.load_params(folder, fields, dtype, name_map(fields, fused), checkpoint,
+                                    "lm_head.weight" if fields["tied_head"] else None, ignored,
+                                    _picks(fields, fused))
 
 
 def from_tfm(params: dict, fields: dict, fused: bool = False) -> dict[str, np.ndarray]:
     """tfm's parameters under GPT-J's (``fused``: CodeGen's) names, the inverse of
     ``load_params``: ``W_Q``'s and ``W_K``'s columns back in GPT-J's order, and CodeGen's
     three put back in their rows of ``qkv_proj``; for writing a folder."""
-    back = np.argsort(interleaved_order(fields))
-    tensors = {}
-    for key, name, transposed in name_map(fields, fused):
-        if isinstance(name, tuple):
-            rows = fused_rows(fields)
-            value = np.empty((3 * fields["d_model"], fields["d_model"]), params[name[0]].dtype)
-            for n, picked in zip(name, rows.values()):
-                value[picked] = params[n].T
-            tensors[key] = value
-            continue
-        value = params[name][:, back] if _turned(name) else params[name]
-        tensors[key] = np.ascontiguousarray(value.T if transposed else value)
-    return tensors
+    return fused_reader.from_tfm(params, fields, name_map(fields, fused), _picks(fields, fused))
