@@ -39,7 +39,7 @@ USAGE_ERRORS = [
     (["forward", "--activation", "tanh"], ["'--activation'", "'tanh'", "'relu', 'gelu'"]),
     (["forward", "--init", "zeros"], ["'--init'", "'zeros'", "'normal', 'uniform', 'xavier', 'kaiming'"]),
     (["forward", "--dtype", "float16"], ["'--dtype'", "'float16'", "'float64', 'float32'"]),
-    (["forward", "--pe", "alibi"], ["'--pe'", "'alibi'", "'sinusoidal', 'learned', 'none', 'rope'"]),
+    (["forward", "--pe", "t5"], ["'--pe'", "'t5'", "'sinusoidal', 'learned', 'none', 'rope', 'alibi'"]),
     (["forward", "--eps", "0"], ["'--eps'", "got 0.0"]),
     (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'", "'embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'"]),
     (["backward", "--norm", "post", "--layer", "ln_f"], ["'--layer'", "Post-LN has no ln_f"]),

@@ -171,6 +171,9 @@ CONFIGS = [
     pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=6,
                       parallel_residual=True, shared_norm=True, activation="gelu",
                       pe="rope", rotary_dim=16), id="phi-like-shared-norm-f64"),
+    # ALiBi: its (T, T) distances cached, and a block's bias made as its scores are
+    pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
+                      pe="alibi", dtype="float32"), id="alibi-T-dominates-f32"),
 ]
 
 

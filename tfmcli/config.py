@@ -21,7 +21,7 @@ from tfmcli.errors import ConfigError
 NORMS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "gelu_erf")
 GATED = ("swiglu", "geglu")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
-PES = ("sinusoidal", "learned", "none", "rope")
+PES = ("sinusoidal", "learned", "none", "rope", "alibi")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
 DTYPES = ("float64", "float32")
@@ -131,10 +131,13 @@ class Config:
     lengths : tuple of int or None
         Valid length of each batch row, ``1 <= len <= T``; keys at ``>= len`` are hidden and those
         positions are left out of the loss. ``None`` means every row is full.
-    pe : {"sinusoidal", "learned", "none", "rope"}
+    pe : {"sinusoidal", "learned", "none", "rope", "alibi"}
         ``learned`` adds the rows of the parameter ``embed.W_pos (n_ctx, d)`` (GPT-2's ``wpe``);
         ``rope`` adds nothing to the embedding and turns each head's queries and keys by
-        their position's angles instead (``positional.rope_angles``; no parameters).
+        their position's angles instead (``positional.rope_angles``; no parameters);
+        ``alibi`` adds nothing to the embedding either, and adds ``-m_h (i - j)`` to head h's
+        scaled score of query i at key j, before the soft cap and the mask
+        (``positional.alibi_slopes``; BLOOM's and MPT's; no parameters).
     init : {"normal", "uniform", "xavier", "kaiming"}
     dtype : {"float64", "float32"}
     eps : float
@@ -763,7 +766,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's and GeGLU's tanh, exact GELU's Phi(x), SwiGLU's sigmoid, the boolean mask, RoPE's two tables, grouped
+    GELU's and GeGLU's tanh, exact GELU's Phi(x), SwiGLU's sigmoid, the boolean mask, RoPE's two tables, ALiBi's distances, grouped
     attention's keys and values repeated to every head, the q and k norms' ``xhat`` and
     ``rstd``). On top of that comes one transient: the forward's largest temporary (a
     (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward, which
@@ -781,6 +784,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     sinusoidal, positions = cfg.pe == "sinusoidal", cfg.pe in ADDED_PES  # learned: a view of W_pos
     rope = cfg.pe == "rope"   # q_rot and k_rot a block, their gradients; the two tables cached
     tables = len({cfg.rope(i) for i in range(L)}) if rope else 0   # (cos, sin) a RoPE: Gemma 3, 2
+    alibi = cfg.pe == "alibi"   # ALiBi's cached distances (T, T) and slopes (H,)
     btk = B * T * cfg.d_kv    # k, v (and k_rot): BTd unless grouped
     btq = B * T * cfg.d_q     # q, context (and q_rot): BTd unless head_dim says otherwise
     grouped = cfg.group > 1   # then attention keeps k and v repeated to H heads, and its
@@ -801,7 +805,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
                   + 2 * bhtt + (2 + gated) * btf)
              + btd + pre * btd + positions * T * d + 2 * btv)
     caches = ((2 * L + 2 * sandwich * L - shared * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
-              + tables * 2 * T * cfg.rope_width + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
+              + tables * 2 * T * cfg.rope_width + alibi * (T * T + H) + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1}.get(
         cfg.activation, 0) * btf

@@ -15,7 +15,7 @@ import numpy as np
 from tfmcli import ops
 from tfmcli.config import Config, ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import head_logits, normalise, positions, rope_for
+from tfmcli.model import alibi_for, head_logits, normalise, positions, rope_for
 
 
 class KVStep(NamedTuple):
@@ -53,10 +53,13 @@ def chosen_probabilities(steps: list[KVStep]) -> list[float | None]:
                      for before, step in zip(steps, steps[1:])]
 
 
-def _attend(q, K, V, scale, cap=None):
+def _attend(q, K, V, scale, cap=None, bias=None):
     """q: (H, d_head) against K, V: (H, c, d_head) -> context (H, d_head), weights (H, c);
-    each score soft-capped at ``cap`` (``Config.attn_softcap``) unless it is None."""
+    ``bias`` (H, c) added to each scaled score (ALiBi's) unless it is None, and each score
+    soft-capped at ``cap`` (``Config.attn_softcap``) unless it is None."""
     scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)
+    if bias is not None:
+        scores += bias
     if cap is not None:
         scores = ops.softcap_forward(scores, cap)
     weights, _ = ops.softmax_forward(scores)
@@ -77,14 +80,15 @@ def cache_slots(cfg: Config, T: int, block: int = 0) -> int:
     return T if window is None else min(T, window)
 
 
-def _mha_step(x, P, p, cfg, K, V, t, rope, start):
+def _mha_step(x, P, p, cfg, K, V, t, rope, start, alibi=None):
     """Attention of position t's row x (d,): its k, v join the cache; returns (out, weights
     (H, t + 1)). With RoPE (``rope``: the (cos, sin) tables) q and k are turned by position t's
     angles first: a cached key keeps the turn of its own position, and no step turns it again.
     Grouped (``kv_heads``), the cache holds H_kv heads, each read by the ``group`` query heads it
     serves. The cache has C slots (``K.shape[1]``) and position t goes in slot t mod C: with a
     sliding window of W, C is W (a rolling buffer), and position t overwrites t - W, which no
-    query from t on sees. ``start`` is the first position the query sees (``window_start``)."""
+    query from t on sees. ``start`` is the first position the query sees (``window_start``).
+    ``alibi``: ALiBi's slopes and distances (``model.alibi_for``), or None."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
     k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)
@@ -104,7 +108,9 @@ def _mha_step(x, P, p, cfg, K, V, t, rope, start):
         keys, values = K[:, slots], V[:, slots]
     if cfg.group > 1:
         keys, values = np.repeat(keys, cfg.group, axis=0), np.repeat(values, cfg.group, axis=0)
-    context, seen = _attend(q, keys, values, cfg.score_scale, cfg.attn_softcap)   # (H, c)
+    # ALiBi: - m_h (t - j) for the keys j = start..t it sees
+    bias = None if alibi is None else -alibi.slopes[:, None] * alibi.distances[t, start:t + 1]
+    context, seen = _attend(q, keys, values, cfg.score_scale, cfg.attn_softcap, bias)   # (H, c)
     out = ops.linear_forward(context.reshape(-1), P[p + "attn.W_O"], P.get(p + "attn.b_O"))[0]
     if start == 0:
         return out, seen                                          # (d,), (H, t + 1)
@@ -158,6 +164,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     rope = [rope_for(cfg, T, i) for i in range(cfg.layers)]       # each block's (cos, sin) or None
+    alibi = alibi_for(cfg, T)                                     # ALiBi's slopes, distances or None
     slots = [cache_slots(cfg, T, i) for i in range(cfg.layers)]   # each block's cache
     K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
@@ -173,7 +180,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
             p, start = f"blocks.{i}.", window_start(cfg, t, i)
             if cfg.norm == "pre":     # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
                 h = normalise(x, P, p + "ln1", cfg)
-                out, weights = _mha_step(h, P, p, cfg, K[i], V[i], t, rope[i], start)
+                out, weights = _mha_step(h, P, p, cfg, K[i], V[i], t, rope[i], start, alibi)
                 if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
                     out = normalise(out, P, p + "ln1_post", cfg)
                 y = x + out
@@ -185,7 +192,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
                     out = normalise(out, P, p + "ln2_post", cfg)
                 x = y + out
             else:                     # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope[i], start)
+                out, weights = _mha_step(x, P, p, cfg, K[i], V[i], t, rope[i], start, alibi)
                 y = normalise(x + out, P, p + "ln1", cfg)
                 x = normalise(y + _ffn_step(y, P, p, cfg), P, p + "ln2", cfg)
             attention.update({(i, h): weights[h] for h in range(H)})

@@ -117,11 +117,14 @@ def _mha_forward(x, P, i, cfg, mask, acts, caches):
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
         k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
     scale = cfg.score_scale   # 1 / sqrt(d_head) unless attn_scale says otherwise
+    alibi = alibi_for(cfg, q.shape[2])   # ALiBi's slopes and distances, or None
     if caches["fast"]:   # mask: an ops.AttentionMask
-        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap)
+        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap,
+                                                         alibi)
     else:
+        bias = None if alibi is None else -alibi.slopes[:, None, None] * alibi.distances
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
-                                                    cfg.attn_softcap)
+                                                    cfg.attn_softcap, bias)
     context = ops.merge_heads(context)                                  # (B, T, d)
     out, co = ops.linear_forward(context, P[p + "attn.W_O"], P.get(p + "attn.b_O"))
     acts.update({p + "attn.scores": scores, p + "attn.pattern": ca.pattern,
@@ -270,6 +273,25 @@ def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=
     for table in tables:
         table.flags.writeable = False
     return tables
+
+
+def alibi_for(cfg: Config, T: int):
+    """ALiBi's slopes (H,) and distances (T, T) in the model's dtype (an ``ops.Alibi``): head
+    h adds ``-slopes[h] * distances`` to its scaled scores. None when the model does not add
+    ALiBi (``pe`` other than "alibi")."""
+    if cfg.pe != "alibi":
+        return None
+    return _alibi(T, cfg.heads, cfg.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _alibi(T: int, heads: int, dtype: str):
+    """Made once per size for every forward after it (read-only: shared)."""
+    alibi = ops.Alibi(positional.alibi_slopes(heads).astype(dtype),
+                      positional.alibi_distances(T, np.dtype(dtype)))
+    for table in alibi:
+        table.flags.writeable = False
+    return alibi
 
 
 def block_masks(cfg: Config, lengths, T: int, row: int) -> dict:

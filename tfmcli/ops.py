@@ -426,15 +426,19 @@ class AttentionCache(NamedTuple):
     scores: np.ndarray | None = None   # (B, H, T, T) the capped, masked scores, when capped
 
 
-def attention_forward(q, k, v, mask, scale, cap=None):
-    """softmax(q k^T * scale, hidden where mask is False) @ v; with ``cap``, each scaled score
-    is soft-capped (``softcap_forward``) before the mask.
+def attention_forward(q, k, v, mask, scale, cap=None, bias=None):
+    """softmax(q k^T * scale, hidden where mask is False) @ v; with ``bias`` (ALiBi's, (H, T,
+    T)) added to the scaled scores; with ``cap``, each score then soft-capped
+    (``softcap_forward``) before the mask.
 
     q, k, v: (B, H, T, d_head); mask: bool, broadcastable to (B, H, T, T), True = may attend.
     Returns context (B, H, T, d_head), the masked scores (-inf where hidden), and the cache.
+    The bias is a constant: the backward passes through it unchanged.
     """
     scores = q @ k.swapaxes(-1, -2)                            # (B, H, T, T)
     scores *= scale
+    if bias is not None:
+        scores += bias
     if cap is not None:
         scores = softcap_forward(scores, cap)
     scores = np.where(mask, scores, -np.inf)
@@ -476,6 +480,13 @@ def _sequences(B, heads, T, itemsize):
     one sequence at a time)."""
     per = max(1, CACHE_BYTES // (heads * min(QUERY_BLOCK, T) * T * itemsize))
     return [slice(b, b + per) for b in range(0, B, per)]
+
+
+class Alibi(NamedTuple):
+    """ALiBi's bias as the fast path takes it: head h adds ``-slopes[h] * distances`` to its
+    scaled scores, a block at a time (no (H, T, T) array)."""
+    slopes: np.ndarray     # (H,): positional.alibi_slopes
+    distances: np.ndarray  # (T, T): i - j, positional.alibi_distances
 
 
 class AttentionMask(NamedTuple):
@@ -539,8 +550,9 @@ def row_dot(a, b):
     return out
 
 
-def attention_forward_fast(q, k, v, mask, scale, cap=None):
-    """attention_forward block by block over the queries (``mask``: an AttentionMask), each
+def attention_forward_fast(q, k, v, mask, scale, cap=None, alibi=None):
+    """attention_forward block by block over the queries (``mask``: an AttentionMask; ``alibi``:
+    an Alibi or None), each
     block only over the keys it may see; the scale folded into q, the mask added only where it
     hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
     and the pattern) instead of five, each written once. The heads go in parts on the
@@ -560,6 +572,8 @@ def attention_forward_fast(q, k, v, mask, scale, cap=None):
             for (r0, r1, end), first, start in zip(mask.blocks, mask.hidden_from, starts):
                 s = scores[b, h, r0:r1, start:end]            # this block's visible part
                 np.matmul(q_scaled[b, h, r0:r1], k[b, h, start:end].swapaxes(-1, -2), out=s)
+                if alibi is not None:   # - m_h (i - j), head by head
+                    s -= alibi.slopes[h, None, None] * alibi.distances[r0:r1, start:end]
                 if cap is not None:   # cap * tanh(s / cap), in place
                     s /= cap
                     np.tanh(s, out=s)

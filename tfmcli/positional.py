@@ -96,3 +96,36 @@ def rope_scores(T, d_head, base=10000.0, scaling=None, turned=None):
     cos, sin = rope_tables(T, turned or d_head, base=base, scaling=scaling)
     u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)
     return u @ u.T
+
+
+def alibi_slopes(heads):
+    """(heads,): ALiBi's slope of each head (Press, Smith and Lewis, "Train Short, Test Long",
+    2022), the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8) for n heads when n is a
+    power of two. Otherwise n is the largest power of two below ``heads``: the first n heads
+    take n's sequence and the rest take every other slope of 2n's, 2^(-4/n), 2^(-12/n), ...
+    (BLOOM's ``_get_alibi_slopes`` and MPT's ``gen_slopes`` give these numbers)."""
+    n = 2 ** int(np.floor(np.log2(heads)))
+    first = 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+    rest = 2.0 ** (-4.0 * np.arange(1, 2 * (heads - n), 2) / n)
+    return np.concatenate([first, rest])
+
+
+def slope_name(m) -> str:
+    """An ALiBi slope as the paper writes it: 1/16 for 2^-4, 2^-0.5 between powers of two."""
+    k = -float(np.log2(m))
+    return f"1/{2 ** round(k)}" if k == round(k) else f"2^-{k:g}"
+
+
+def alibi_distances(T, dtype=np.float64):
+    """(T, T): ``i - j``, how far key j lies behind query i (negative for a key ahead of it)."""
+    t = np.arange(T)
+    return (t[:, None] - t[None, :]).astype(dtype)
+
+
+def alibi_bias(T, heads, dtype=np.float64):
+    """(heads, T, T): what ALiBi adds to head h's scaled score of query i at key j,
+    ``-m_h (i - j)`` (``alibi_slopes``): 0 on the diagonal, more negative the further behind
+    the key. A constant added to a whole row leaves its softmax as it is, so the models that
+    add ``m_h j`` instead (BLOOM) or ``m_h (j - T + 1)`` (MPT) attend alike."""
+    slopes = alibi_slopes(heads).astype(dtype)
+    return slopes[:, None, None] * -alibi_distances(T, dtype) + 0.0   # + 0: no -0 on the diagonal

@@ -2,7 +2,8 @@
 
 It shares nothing with tfm's engine but the parameter dict and the inputs: the embedding is
 indexing, the positional encoding is computed in torch (the PyTorch-tutorial form; RoPE in
-Hugging Face's LLaMA form, ``q cos + rotate_half(q) sin``), layer norm
+Hugging Face's LLaMA form, ``q cos + rotate_half(q) sin``; ALiBi in BLOOM's, ``m_h j`` added to
+the scores), layer norm
 is ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``,
 the loss is ``F.cross_entropy`` with ``ignore_index=-100``, and every gradient comes from
 autograd. PyTorch is imported only when this runs (the optional extra ``tfmcli[torch]``).
@@ -79,6 +80,20 @@ def torch_rope(x, base=10000.0, scaling=None, rotary_dim=None):
     return torch.cat([turned * emb.cos() + rotate_half * emb.sin(), rest], dim=-1)
 
 
+def torch_alibi_slopes(heads):
+    """ALiBi's slopes as the paper's code gets them: the geometric sequence from 2^(-8/n) for
+    the closest power of two n, then every other slope of 2n's for the heads past n."""
+    torch = import_torch()
+
+    def power_of_2(n):
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    n = 2 ** math.floor(math.log2(heads))
+    slopes = power_of_2(n) + power_of_2(2 * n)[0::2][:heads - n]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
 def torch_run(params, inputs, cfg) -> TorchRun:
     """Forward and backward in float64 torch on tfm's parameters and inputs."""
     torch = import_torch()
@@ -128,6 +143,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale
+        if cfg.pe == "alibi":   # BLOOM's form, m_h j: tfm's -m_h (i - j) plus m_h i, a row's constant
+            scores = scores + torch_alibi_slopes(H)[:, None, None] * torch.arange(T, dtype=torch.float64)
         if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.masked_fill(~mask, float("-inf"))

@@ -15,6 +15,7 @@ from tfmcli import ops
 from tfmcli.config import Config
 from tfmcli.gradcheck import central_differences
 from tfmcli.model import Forward, check_within, mask_for, normalise, rope_for
+from tfmcli.positional import alibi_distances, alibi_slopes, slope_name
 
 
 class Step(NamedTuple):
@@ -51,7 +52,7 @@ def scale_name(cfg: Config) -> str:
 
 
 def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=None, cap=None,
-               scale_by="1/sqrt(d_head)"):
+               scale_by="1/sqrt(d_head)", slope=None):
     """The steps of one head on one sequence.
 
     x: (T, d); W_*: (d, d_head); b_*: (d_head,), or None in a model without biases; mask:
@@ -59,7 +60,8 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
     turn Q and K before the scores; norms: None, or (Q's norm, K's norm, its formula), the
     functions of a (T, d_head) array that normalise Q and K first (Qwen3's q_norm, k_norm);
     cap: None, or the scores' soft cap C (Gemma 2's), ``C tanh(scaled / C)`` before the mask.
-    scale_by: what ``scale`` is, for the formulas (``scale_name``).
+    scale_by: what ``scale`` is, for the formulas (``scale_name``). slope: None, or the
+    head's ALiBi slope m: ``-m (i - j)`` added to the scaled scores, before the cap.
     """
     steps = [Step("X", "input to attention, one row of the batch", x)]
     for name, W, b in (("Q", W_Q, b_Q), ("K", W_K, b_K), ("V", W_V, b_V)):
@@ -89,6 +91,11 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
               Step("scaled scores", (f"{product} / sqrt(d_head)" if scale_by == "1/sqrt(d_head)"
                                      else f"{product} x {scale_by}")
                    + f" = {product} x {scale:.6g}", scaled)]
+    if slope is not None:   # ALiBi: the further behind the key, the lower its score
+        T = scaled.shape[0]
+        scaled = scaled - slope * alibi_distances(T, scaled.dtype)
+        steps.append(Step("ALiBi scores", f"scaled scores - m (i - j), m = {slope_name(slope)}: "
+                          f"ALiBi's penalty for distance (query i, key j)", scaled))
     if cap is not None:   # squashed into (-cap, cap) before the mask
         scaled = ops.softcap_forward(scaled, cap)
         steps.append(Step("capped scores", CAP_FORMULA.format(cap), scaled))
@@ -101,6 +108,11 @@ def head_steps(x, W_Q, b_Q, W_K, b_K, W_V, b_V, mask, scale, rope=None, norms=No
              pattern, mask),
         Step("context", "softmax @ V", context),
     ]
+
+
+def head_slope(cfg: Config, head: int) -> float | None:
+    """Head ``head``'s ALiBi slope, or None when the model does not add ALiBi."""
+    return None if cfg.pe != "alibi" else float(alibi_slopes(cfg.heads)[head])
 
 
 def check_head(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int | None = None):
@@ -129,7 +141,8 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
         norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
                  lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
     steps = head_steps(x, *weights, mask, cfg.score_scale, rope=rope_for(cfg, T, block),
-                       norms=norms, cap=cfg.attn_softcap, scale_by=scale_name(cfg))
+                       norms=norms, cap=cfg.attn_softcap, scale_by=scale_name(cfg),
+                       slope=head_slope(cfg, head))
     source = "LN1 output" if cfg.norm == "pre" else "block input"
     steps[0] = steps[0]._replace(formula=f"{source} of block {block}, batch row {row}")
     if cfg.group > 1:   # K and V are a shared head's: say whose
@@ -178,8 +191,10 @@ class QueryExplained(NamedTuple):
     weighted: np.ndarray  # (T, d_head) weights[s] * v[s]; the rows sum to the context
     context: np.ndarray   # (d_head,)
     scaled: np.ndarray    # (T,) scores * scale, before the mask
-    capped: np.ndarray    # (T,) the scaled scores soft-capped (attn_softcap): the softmax's
-    #                       input before the mask; without a cap, the scaled scores themselves
+    capped: np.ndarray    # (T,) the scaled scores (plus ALiBi's bias) soft-capped
+    #                       (attn_softcap): the softmax's input before the mask; without a cap,
+    #                       the scaled (and biased) scores themselves
+    bias: np.ndarray | None = None   # (T,) ALiBi's -m (t - j) added to the scaled scores, or None
 
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
@@ -198,11 +213,13 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     scores = products.sum(axis=-1)                               # (T,)
     scale = cfg.score_scale
     scaled = scores * scale
-    capped = capped_scores(scaled, cfg)
+    slope = head_slope(cfg, head)
+    bias = None if slope is None else -slope * alibi_distances(T, scaled.dtype)[t]   # (T,)
+    capped = capped_scores(scaled if bias is None else scaled + bias, cfg)
     weights, _ = ops.softmax_forward(np.where(visible, capped, -np.inf))
     weighted = weights[:, None] * v                              # (T, d_head)
     return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
-                          weighted.sum(axis=0), scaled, capped)
+                          weighted.sum(axis=0), scaled, capped, bias)
 
 
 def capped_scores(scaled, cfg: Config):
@@ -337,7 +354,8 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
     dq_parts = dscores[:, None] * k                              # (T, d_head)
 
     def contracted(query):   # sum(dcontext * context(query)): its gradient in q is dq
-        scaled = np.where(x.visible, capped_scores((k @ query) * x.scale, cfg), -np.inf)
+        scaled = (k @ query) * x.scale if x.bias is None else (k @ query) * x.scale + x.bias
+        scaled = np.where(x.visible, capped_scores(scaled, cfg), -np.inf)
         w, _ = ops.softmax_forward(scaled)
         return float(dcontext @ (w @ v))
 

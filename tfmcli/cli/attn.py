@@ -153,7 +153,9 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.steps import explain_query, explain_query_backward, scale_name, scored, sharing
+    from tfmcli.positional import slope_name
+    from tfmcli.steps import (explain_query, explain_query_backward, head_slope, scale_name,
+                              scored, sharing)
 
     cfg = run.cfg
     rope = cfg.pe == "rope"   # q and k are the turned ones
@@ -172,13 +174,19 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                                    precision=precision, width=w)
 
     cap = cfg.attn_softcap
+    alibi = x.bias is not None   # ALiBi's -m (t - j) added to the scaled scores
     score_rows = [[keys[s], render.fmt(x.scores[s], precision),
                    render.fmt(x.scaled[s], precision),
+                   *([render.fmt(x.bias[s], precision), render.fmt(x.scaled[s] + x.bias[s],
+                                                                   precision)] if alibi else []),
                    *([render.fmt(x.capped[s], precision)] if cap is not None else []),
                    "visible" if x.visible[s] else "hidden",
                    render.fmt(x.weights[s], precision) if x.visible[s] else "·"]
                   for s in range(len(keys))]
     capping = "" if cap is None else f", capped ({cap:g} tanh(scaled / {cap:g}))"
+    if alibi:
+        capping = (f", ALiBi's -m (t - j) added (m = {slope_name(head_slope(cfg, head))})"
+                   + capping.replace("scaled /", "biased /"))
     parts = [
         render.config_panel(describe(cfg, run, row), title=f"tfm attn: block {block}, head "
                                                           f"{head}, query {labels[t]}"),
@@ -196,7 +204,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
               dims + ["Σ score"]),
         Text(f"4. scaled by {scale_name(cfg)} = {x.scale:.6g}{capping}, masked, softmax over the "
              f"visible keys", style="bold"),
-        render.record_table(["key", "score", "scaled", *(["capped"] if cap is not None else []),
+        render.record_table(["key", "score", "scaled", *(["ALiBi", "biased"] if alibi else []),
+                             *(["capped"] if cap is not None else []),
                              "mask", "softmax"], score_rows),
         Text("5. softmax weight x v, and their sum: the context row", style="bold"),
         table(np.vstack([x.weighted[seen], x.context]), None,
@@ -211,6 +220,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
                "keys": [{"position": s, "token": keys[s], "k": x.k[s].tolist(),
                          "products": x.products[s].tolist(), "score": float(x.scores[s]),
                          "scaled": float(x.scaled[s]),
+                         **({"alibi": float(x.bias[s])} if alibi else {}),
                          **({"capped": float(x.capped[s])} if cap is not None else {}),
                          "visible": bool(x.visible[s]),
                          "weight": float(x.weights[s]), "weighted_v": x.weighted[s].tolist()}

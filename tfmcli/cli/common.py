@@ -94,6 +94,17 @@ def emit(opts: Options, renderables, payload, arrays=None):
         save_text(opts.svg, recorder.export_svg(title="tfm"))
 
 
+def _alibi_notes(cfg) -> str:
+    """' (slopes 1/16, 1/256)': ALiBi's slope of each head, the first two and the last past
+    four heads."""
+    if cfg.pe != "alibi":
+        return ""
+    from tfmcli.positional import alibi_slopes, slope_name
+
+    names = [slope_name(m) for m in alibi_slopes(cfg.heads)]
+    return f" (slopes {', '.join(names if len(names) <= 4 else names[:2] + ['…', names[-1]])})"
+
+
 def _rope_notes(cfg) -> str:
     """' (theta 500000, llama3 scaling 32,1,4,8192)': what RoPE turns by, when not its own;
     with a base of the sliding blocks' own, ' (full blocks: theta 1e+06, linear scaling 8;
@@ -165,7 +176,7 @@ def describe(cfg, run=None, row: int = 0) -> dict:
             cfg.activation, ""),
         "mask": mask,
         "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else "")
-        + _rope_notes(cfg),
+        + _rope_notes(cfg) + _alibi_notes(cfg),
         "init": cfg.init,
         "dtype": cfg.dtype,
         "eps": f"{cfg.eps:g}",

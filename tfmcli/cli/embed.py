@@ -24,6 +24,8 @@ POSITIONS = {
     "none": "no positions: x0 = W_E[id]",
     "rope": "RoPE adds nothing here: x0 = W_E[id]; each head's q and k are turned by their "
             "position's angles instead (tfm attn)",
+    "alibi": "ALiBi adds nothing here: x0 = W_E[id]; each head adds -m (i - j) to its scores "
+             "of query i at key j instead (tfm attn, tfm pe --alibi)",
 }
 
 

@@ -38,6 +38,7 @@ class PE(str, Enum):
     learned = "learned"
     none = "none"
     rope = "rope"
+    alibi = "alibi"
 
 
 class Init(str, Enum):
@@ -170,7 +171,7 @@ MODEL_OPTIONS = [
     ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
     ("sliding_layers", Annotated[Optional[str], _opt("--sliding-layers", panel=MODEL, metavar="0,2", help="Only these blocks slide with --sliding-window; the others see every earlier key (Gemma 2: every other block, 0,2,4,...).")], None),
     ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
-    ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding.")], PE(D.pe)),
+    ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding: added to the embedding (sinusoidal, learned), none, RoPE's turn of q and k (rope), or ALiBi's -m_h (i - j) added to head h's scores (alibi: BLOOM, MPT).")], PE(D.pe)),
     ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
     ("rope_scaling", Annotated[Optional[str], _opt("--rope-scaling", panel=MODEL, metavar="32,1,4,8192", help="Scaled RoPE, with --pe rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor, every angle divided by it (Gemma 3 4B+: 8).")], None),
     ("rope_local_theta", Annotated[Optional[float], _opt("--rope-local-theta", panel=MODEL, metavar="X", help="RoPE's base in the blocks that slide (--sliding-window, --sliding-layers), unscaled; the others turn at --rope-theta with --rope-scaling (Gemma 3: 10000, the others 1000000) (> 0).")], D.rope_local_theta),

@@ -1,4 +1,5 @@
-"""tfm pe: the sinusoidal positional-encoding matrix, or RoPE's angles (--rope)."""
+"""tfm pe: the sinusoidal positional-encoding matrix, RoPE's angles (--rope), or ALiBi's
+slopes and biases (--alibi)."""
 
 import math
 from typing import Annotated, Optional
@@ -20,6 +21,8 @@ def pe(
     rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
     rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
     rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="Scaled RoPE, with --rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor (Gemma 3 4B+: 8).")] = None,
+    alibi: Annotated[bool, typer.Option("--alibi", help="ALiBi instead: each head's slope m and the bias -m (i - j) it adds to its score of query i at key j (BLOOM, MPT).")] = False,
+    heads: Annotated[int, typer.Option("--heads", "-H", callback=bounded(1, 4096), help="Heads, with --alibi: each takes its own slope (1..4096).")] = 8,
     rotary_dim: Annotated[Optional[int], typer.Option("--rotary-dim", help="RoPE on the first N of the head's dimensions only, with --rope (Pythia: a quarter; Phi-2: 32 of 80); even, 2..d_head.")] = None,
     precision: Precision = 3,
     opts: Options = None,
@@ -39,6 +42,21 @@ def pe(
         if opts.explicit(name) and not rope:
             raise typer.BadParameter(f"it sets {what}; add --rope",
                                      param_hint=f"'--{name.replace('_', '-')}'")
+    if opts.explicit("heads") and not alibi:
+        raise typer.BadParameter("it sets ALiBi's heads; add --alibi", param_hint="'--heads'")
+    if alibi:
+        if rope:
+            raise typer.BadParameter("--rope and --alibi are two encodings; give one",
+                                     param_hint="'--alibi'")
+        if opts.explicit("d_model"):
+            raise typer.BadParameter("ALiBi has no width: it adds one number per query and "
+                                     "key; give --heads", param_hint="'--d-model'")
+        if length > MAX_ROPE_LEN:
+            raise typer.BadParameter(f"{length} positions make a {length} x {length} map; "
+                                     f"with --alibi at most {MAX_ROPE_LEN:,}",
+                                     param_hint="'--len'")
+        alibi_view(opts, length, heads, precision)
+        return
     if rope:
         if not (math.isfinite(rope_theta) and rope_theta > 0):
             raise typer.BadParameter(f"{rope_theta} is not allowed (allowed: a finite number "
@@ -182,3 +200,44 @@ def scaling_note(scaling, scale) -> str:
         note += " (s_i " + ", ".join(f"{x:.3g}" for x in scale[between][:4]) + (
             ", ..." if between.sum() > 4 else "") + ")"
     return note
+
+
+def alibi_view(opts, length, heads, precision):
+    """tfm pe --alibi: each head's slope m, and the bias -m (i - j) the steepest and the
+    gentlest head add to their causal scores (keys ahead, which the mask hides, as "·")."""
+    import numpy as np
+
+    from tfmcli.io import jsonable
+    from tfmcli.positional import alibi_bias, alibi_slopes, slope_name
+
+    slopes = alibi_slopes(heads)
+    bias = alibi_bias(length, heads)                                      # (H, T, T)
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    rows = [f"q{i}" for i in range(length)]
+    keys = [f"k{j}" for j in range(length)]
+    power = 2 ** int(np.floor(np.log2(heads)))
+    parts = [Text("ALiBi: head h adds -m_h (i - j) to its scaled score of query i at key j, "
+                  "before the mask: nothing at the query itself, less the further behind the "
+                  "key", style="bold"),
+             Text(f"slopes: 2^(-8k/{power}) for heads 0-{power - 1} (k = 1..{power})"
+                  + (f", then every other slope of {2 * power} heads' sequence, "
+                     f"2^(-4(2k-1)/{power}), for heads {power}-{heads - 1}"
+                     if heads > power else "")),
+             render.record_table(["head", "slope m", "value", "at distance 10"],
+                                 [[str(h), slope_name(m), f"{m:.6g}",
+                                   render.fmt(-10 * m, precision)]
+                                  for h, m in enumerate(slopes)])]
+    shown = (0,) if heads == 1 else (0, int(np.argmin(slopes)))
+    lowest = float(bias[list(shown)][:, causal].min())   # one scale: the gentle head looks flat
+    for h in shown:
+        parts.append(render.heatmap(bias[h], title=f"head {h}'s bias, m = "
+                                                   f"{slope_name(slopes[h])} (· = a key ahead, "
+                                                   f"hidden by the causal mask)",
+                                    row_labels=rows, col_labels=keys, mask=causal,
+                                    width=width(), vmin=lowest, vmax=0.0,
+                                    precision=precision))
+    parts.append(Text("both maps on one scale; a constant added to a whole row leaves its "
+                      "softmax as it is: BLOOM adds m j and MPT m (j - T + 1), which attend "
+                      "alike", style="dim"))
+    arrays = {"slopes": slopes, "bias": bias}
+    emit(opts, parts, {name: jsonable(a) for name, a in arrays.items()}, arrays)
