@@ -298,7 +298,7 @@ def test_backward_show_cuts_a_gradient_at_head_0_unless_told(head):
 def test_backward_unknown_layer_lists_the_choices():
     result = run("backward", "--layer", "mlp")
     assert result.exit_code == 2
-    assert "'--layer'" in result.stderr and "'embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'" in result.stderr
+    assert "'--layer'" in result.stderr and "'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'" in result.stderr
 
 
 # ---------------------------------------------------------------- gradcheck

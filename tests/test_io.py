@@ -311,10 +311,11 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     # every field; rope_theta, rope_scaling, rope_local_theta and rotary_dim need --pe rope, which
     # --n-ctx's --pe learned rules out, sliding_window and sliding_layers a causal model, and
     # sandwich_norm and parallel_residual Pre-LN: their own round trip is the next test
-    # (shared_norm's, a parallel block's, is in test_shared_norm.py)
+    # (shared_norm's, a parallel block's, is in test_shared_norm.py; embed_norm needs a pe that
+    # adds nothing, so its own is there too)
     assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window", "sliding_layers",
                            "sandwich_norm", "rope_local_theta", "rotary_dim",
-                           "parallel_residual", "shared_norm"} == {
+                           "parallel_residual", "shared_norm", "embed_norm"} == {
         f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)
@@ -344,7 +345,8 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     ("--sliding-window", 2, None),
     ("--sliding-layers", "1", None),
     ("--sandwich-norm", None, False),
-    ("--parallel-residual", None, False)])
+    ("--parallel-residual", None, False),
+    ("--embed-norm", None, False)])
 def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, value, default):
     """--rope-theta, --rope-scaling (LLaMA 3.1's and linear), --rope-local-theta, --rotary-dim,
     --sliding-window, --sliding-layers, --sandwich-norm and --parallel-residual are kept by --save and --load (the

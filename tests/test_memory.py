@@ -174,6 +174,9 @@ CONFIGS = [
     # ALiBi: its (T, T) distances cached, and a block's bias made as its scores are
     pytest.param(dict(batch=2, seq_len=384, d_model=48, heads=6, vocab=128, layers=2,
                       pe="alibi", dtype="float32"), id="alibi-T-dominates-f32"),
+    # BLOOM's: ALiBi and a norm of the embedding
+    pytest.param(dict(batch=4, seq_len=64, d_model=128, heads=4, vocab=512, layers=3,
+                      pe="alibi", embed_norm=True, activation="gelu"), id="bloom-like-f64"),
 ]
 
 

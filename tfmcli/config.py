@@ -251,6 +251,12 @@ class Config:
         With ``bias`` false, the FFN still adds biases (``ffn.b_1``, ``b_2``, and ``b_gate`` when
         gated) and attention adds none: GPT-J's model, GPT-NeoX's with ``attention_bias`` false,
         LLaMA's with ``mlp_bias`` alone. With ``bias`` true it adds nothing.
+    embed_norm : bool
+        The embedding is normalised before the first block, ``x0 = LN_embed(W_E[id])`` (RMSNorm
+        with ``rms_norm``): BLOOM's ``word_embeddings_layernorm``. The parameters
+        ``ln_embed.gamma`` (and ``ln_embed.beta``), the activation ``ln_embed.out`` (which is
+        ``blocks.0.in``). It normalises the token's row alone, so ``pe`` must add nothing to it
+        (``none``, ``rope`` or ``alibi``).
     """
 
     batch: int = 2
@@ -292,6 +298,7 @@ class Config:
     parallel_residual: bool = False
     shared_norm: bool = False
     ffn_bias: bool = False
+    embed_norm: bool = False
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -346,7 +353,7 @@ class Config:
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
                      "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm",
-                     "ffn_bias"):
+                     "ffn_bias", "embed_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -367,6 +374,10 @@ class Config:
                                                    "sublayer and adds both outputs to it, so the "
                                                    "norms must be Pre-LN (norm 'pre') without "
                                                    "sandwich_norm")
+        if self.embed_norm and self.pe in ADDED_PES:
+            raise ConfigError("embed_norm", f"embed_norm normalises the token's embedding "
+                                            f"alone (BLOOM's), and pe {self.pe!r} adds to it; "
+                                            f"allowed pe: none, rope, alibi")
         if self.shared_norm and not self.parallel_residual:
             raise ConfigError("shared_norm", "a shared norm feeds attention and the FFN side by "
                                              "side, so the block must be parallel "
@@ -583,6 +594,8 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     shapes["embed.W_E"] = (V, d)
     if cfg.pe == "learned":
         shapes["embed.W_pos"] = (cfg.ctx, d)
+    if cfg.embed_norm:   # BLOOM's norm of the embedding
+        _norm_shapes(shapes, "ln_embed", d, cfg)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         shapes[p + "ln1.gamma"] = (d,)
@@ -673,6 +686,8 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
     shapes["embed"] = btd
     if cfg.pe in ADDED_PES:
         shapes["pe"] = (T, d)
+    if cfg.embed_norm:   # the first block's input
+        shapes["ln_embed.out"] = btd
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         attn = [(p + "attn.q", heads), (p + "attn.k", kv_heads), (p + "attn.v", kv_heads)]
@@ -733,7 +748,8 @@ def param_groups(cfg: Config) -> OrderedDict[str, int]:
         groups: OrderedDict[str, int] = OrderedDict()
         for name, shape in param_shapes(c).items():
             group = name.split(".")[2] if name.startswith("blocks.") else name.split(".")[0]
-            group = "ln" if group in ("ln1", "ln2", "ln_f", "ln1_post", "ln2_post") else group
+            group = "ln" if group in ("ln1", "ln2", "ln_f", "ln1_post", "ln2_post",
+                                      "ln_embed") else group
             groups[group] = groups.get(group, 0) + numel(shape)
         return groups
     return per_layers(groups_of, cfg)
@@ -792,19 +808,20 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     qk = cfg.qk_norm          # q and k normalised a block, their gradients; each norm's cache
     sandwich = cfg.sandwich_norm   # two more norms a block: outputs, input gradients, caches
     parallel = cfg.parallel_residual   # dy is dz: one input gradient fewer a block
+    embed_norm = cfg.embed_norm   # one more norm: its output, its input's gradient, its cache
     shared = cfg.shared_norm       # one norm fewer a block: no ln2
     params = param_count(cfg)
     # per block: ln/resid/out arrays (6 x BTd), q and context, k and v, scores and pattern,
     # FFN hidden x 2
     acts = (L * ((6 + 2 * sandwich - shared) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
                  + 2 * bhtt + (2 + gated) * btf)
-            + btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
+            + (1 + embed_norm) * btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
     dacts = (L * ((4 + 2 * sandwich - parallel - shared) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
                   + 2 * bhtt + (2 + gated) * btf)
-             + btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + 2 * sandwich * L - shared * L + pre) * (btd + B * T) + (gelu + gated) * L * btf
+             + (1 + embed_norm) * btd + pre * btd + positions * T * d + 2 * btv)
+    caches = ((2 * L + 2 * sandwich * L - shared * L + pre + embed_norm) * (btd + B * T) + (gelu + gated) * L * btf
               + tables * 2 * T * cfg.rope_width + alibi * (T * T + H) + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1}.get(

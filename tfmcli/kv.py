@@ -175,6 +175,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
         token = tokens[t]
         x = P["embed.W_E"][token] * cfg.embed_factor       # (d,); the factor is 1 unscaled
         x = x if pe is None else x + pe[t]
+        if cfg.embed_norm:
+            x = normalise(x, P, "ln_embed", cfg)
         attention = {}
         for i in range(cfg.layers):
             p, start = f"blocks.{i}.", window_start(cfg, t, i)

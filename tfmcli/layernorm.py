@@ -19,13 +19,15 @@ from tfmcli.model import Forward, check_within
 
 
 def names(cfg: Config) -> list[str]:
-    """Every layer norm of the model, in forward order: 'blocks.0.ln1', ..., 'ln_f' (with
+    """Every layer norm of the model, in forward order: ('ln_embed',) 'blocks.0.ln1', ...,
+    'ln_f' (with
     ``sandwich_norm``, 'blocks.0.ln1_post' after ln1 and 'blocks.0.ln2_post' after ln2; with
     ``shared_norm`` no ln2)."""
     each = (("ln1", "ln1_post", "ln2", "ln2_post") if cfg.sandwich_norm
             else ("ln1",) if cfg.shared_norm else ("ln1", "ln2"))
     blocks = [f"blocks.{i}.{ln}" for i in range(cfg.layers) for ln in each]
-    return blocks + (["ln_f"] if cfg.norm == "pre" else [])
+    return (["ln_embed"] if cfg.embed_norm else []) + blocks + (["ln_f"] if cfg.norm == "pre"
+                                                                else [])
 
 
 def input_name(cfg: Config, name: str) -> str:
@@ -35,6 +37,8 @@ def input_name(cfg: Config, name: str) -> str:
     output, ln2_post the FFN's."""
     if name == "ln_f":
         return f"blocks.{cfg.layers - 1}.out"
+    if name == "ln_embed":   # BLOOM's: the token's embedding
+        return "embed"
     block, ln = name.rsplit(".", 1)
     if ln.endswith("_post"):
         return f"{block}.attn.out" if ln == "ln1_post" else f"{block}.ffn.out"

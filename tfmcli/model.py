@@ -506,6 +506,8 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
     if pe is not None:
         acts["pe"] = pe
         x = x + pe
+    if cfg.embed_norm:   # BLOOM's: the embedding normalised before the first block
+        x = _ln_forward(x, params, "ln_embed", cfg, acts, caches)
     masks = _block_masks(cfg, inputs.lengths, T, fast, range(cfg.layers))
     for i in range(cfg.layers):
         x = _block_forward(x, params, i, cfg, masks[i], acts, caches)
@@ -545,6 +547,8 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     # rows are added to the tied head's.
     with parallel.deferred():
         dx, dW_U = _head_and_blocks_backward(caches, cfg, grads, dacts)
+        if cfg.embed_norm:
+            dx = _ln_backward(dx, "ln_embed", cfg, caches, grads, dacts)
     dacts["embed"] = dx
     if cfg.pe in ADDED_PES:
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)

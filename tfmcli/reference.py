@@ -173,6 +173,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         x = x + torch_sinusoidal(T, d)
     elif cfg.pe == "learned":
         x = x + P["embed.W_pos"][:T]
+    if cfg.embed_norm:   # BLOOM's word_embeddings_layernorm
+        x = norm(x, "ln_embed")
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         mask = full if cfg.window(i) is None else sliding   # only some blocks may slide

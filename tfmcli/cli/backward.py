@@ -16,8 +16,9 @@ from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTION
 from tfmcli.errors import TfmError
 from tfmcli.summary import l2_norm, max_abs, mean
 
-Layer = Enum("Layer", {name: name for name in ("embed", "attn", "ln1", "ln1_post", "ln2", "ffn",
-                                               "ln2_post", "ln_f", "head", "all")}, type=str)
+Layer = Enum("Layer", {name: name for name in ("embed", "ln_embed", "attn", "ln1", "ln1_post",
+                                               "ln2", "ffn", "ln2_post", "ln_f", "head", "all")},
+             type=str)
 
 
 def layer_of(name: str) -> str:

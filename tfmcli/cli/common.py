@@ -189,6 +189,10 @@ def describe(cfg, run=None, row: int = 0) -> dict:
     if cfg.embed_scale:   # after the positions
         rows = dict(_after(rows, "positional", "embed scale",
                            f"x sqrt(d) = {cfg.embed_factor:.6g} (embed = sqrt(d) W_E[id])"))
+    if cfg.embed_norm:   # BLOOM's
+        rows = dict(_after(rows, "positional", "embed norm",
+                           ("RMSNorm" if cfg.rms_norm else "layer norm")
+                           + " of W_E[id] before block 0 (ln_embed)"))
     if cfg.attn_softcap is not None:   # after the mask
         c = f"{cfg.attn_softcap:g}"
         rows = dict(_after(rows, "mask", "score cap", f"{c} tanh(s / {c}), before the mask"))

@@ -14,14 +14,14 @@ from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, d
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_range, choice, with_options)
 
-Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_post", "ln_f")},
-             type=str)
+Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_post", "ln_f",
+                                               "ln_embed")}, type=str)
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ln(
-    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln1_post, ln2_post: a sandwich's, after attention and the FFN; ln_f: the final one, Pre-LN).")] = Which.ln1,
+    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln1_post, ln2_post: a sandwich's, after attention and the FFN; ln_f: the final one, Pre-LN; ln_embed: the embedding's, --embed-norm).")] = Which.ln1,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
     row: Row = 0,
     position: Position = 0,
@@ -38,7 +38,8 @@ def ln(
     from tfmcli.io import run_arrays
     from tfmcli.layernorm import explain
 
-    name = "ln_f" if layer == Which.ln_f else f"blocks.{block}.{layer.value}"
+    top = layer in (Which.ln_f, Which.ln_embed)   # one of the model's, not a block's
+    name = layer.value if top else f"blocks.{block}.{layer.value}"
 
     def validate(cfg):
         check_indices(cfg, row, None, block)
@@ -53,8 +54,12 @@ def ln(
             raise typer.BadParameter("this model has no ln2: its one norm a block, ln1, feeds "
                                      "attention and the FFN (--shared-norm); use --layer ln1",
                                      param_hint="'--layer'")
-        if layer == Which.ln_f and opts.explicit("block"):
-            raise typer.BadParameter("ln_f follows the last block; it takes no --block",
+        if layer == Which.ln_embed and not cfg.embed_norm:
+            raise typer.BadParameter("this model has no ln_embed: add --embed-norm",
+                                     param_hint="'--layer'")
+        if top and opts.explicit("block"):
+            where = "follows the last block" if layer == Which.ln_f else "comes before block 0"
+            raise typer.BadParameter(f"{layer.value} {where}; it takes no --block",
                                      param_hint="'--block'")
 
     run, fwd, grads = execute(opts, with_grads=True, validate=validate)

@@ -185,6 +185,7 @@ MODEL_OPTIONS = [
     ("bias", Annotated[bool, _opt("--bias/--no-bias", panel=MODEL, help="Attention and FFN linear layers add biases (b_Q ... b_2); LLaMA's have none.")], D.bias),
     ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
     ("ffn_bias", Annotated[bool, _opt("--ffn-bias/--no-ffn-bias", panel=MODEL, help="With --no-bias, the FFN still adds biases (b_1, b_2, b_gate) and attention none (GPT-J).")], D.ffn_bias),
+    ("embed_norm", Annotated[bool, _opt("--embed-norm/--no-embed-norm", panel=MODEL, help="Normalise the embedding before the first block, x0 = LN(W_E[id]) (BLOOM's word_embeddings_layernorm; needs --pe none, rope or alibi).")], D.embed_norm),
     ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
     ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
     ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
@@ -221,7 +222,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
          "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
          "parallel_residual": "--parallel-residual",
-         "shared_norm": "--shared-norm", "ffn_bias": "--ffn-bias",
+         "shared_norm": "--shared-norm", "ffn_bias": "--ffn-bias", "embed_norm": "--embed-norm",
          "tokens": "--tokens", "text": "--text"}
 
 

@@ -28,7 +28,8 @@ FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activa
           "init", "dtype", "eps", "rms_norm", "kv_heads", "rope_theta", "bias", "rope_scaling",
           "qkv_bias", "sliding_window", "head_dim", "qk_norm", "embed_scale",
           "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers",
-          "rope_local_theta", "rotary_dim", "parallel_residual", "shared_norm", "ffn_bias")
+          "rope_local_theta", "rotary_dim", "parallel_residual", "shared_norm", "ffn_bias",
+          "embed_norm")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
 TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]

@@ -64,6 +64,7 @@ def _infer_fields(path, arrays: dict) -> dict:
     fields["rms_norm"] = ("param/blocks.0.ln1.gamma" in arrays
                           and "param/blocks.0.ln1.beta" not in arrays)
     fields["qk_norm"] = "param/blocks.0.attn.q_norm.gamma" in arrays   # Qwen3's
+    fields["embed_norm"] = "param/ln_embed.gamma" in arrays   # BLOOM's
     return fields
 
 
