@@ -3,7 +3,8 @@
 ``sources.llama``, ``sources.mistral``, ``sources.qwen2``, ``sources.qwen3``,
 ``sources.gemma``, ``sources.gemma2``, ``sources.gemma3``, ``sources.phi3``,
 ``sources.stablelm``, ``sources.gpt_neox``, ``sources.phi``, ``sources.gptj``,
-``sources.codegen``, ``sources.opt``, ``sources.falcon``, ``sources.gpt_bigcode``), and each
+``sources.codegen``, ``sources.opt``, ``sources.falcon``, ``sources.gpt_bigcode``,
+``sources.bloom``), and each
 of those modules reads its own."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tfmcli.errors import TfmError
 CONFIG = "config.json"
 MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                "gemma3", "phi3", "stablelm", "gpt_neox", "phi", "gptj",
-               "codegen", "opt", "falcon", "gpt_bigcode")
+               "codegen", "opt", "falcon", "gpt_bigcode", "bloom")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -51,9 +52,9 @@ def model_type(folder, config: dict | None = None) -> str:
 def checkpoint_module(folder):
     """The module that reads this folder (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
     ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``, ``gpt_neox``, ``phi``, ``gptj``,
-    ``codegen``, ``opt``, ``falcon`` or ``gpt_bigcode``): its ``NAME``, and
+    ``codegen``, ``opt``, ``falcon``, ``gpt_bigcode`` or ``bloom``): its ``NAME``, and
     ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import (codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_bigcode,
+    from tfmcli.sources import (bloom, codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_bigcode,
                                 gpt_neox, gptj, llama, mistral, opt, phi, phi3, qwen2, qwen3,
                                 stablelm)
 
@@ -62,7 +63,7 @@ def checkpoint_module(folder):
             "gemma3_text": gemma3, "gemma3": gemma3, "phi3": phi3,
             "stablelm": stablelm, "gpt_neox": gpt_neox, "phi": phi,
             "gptj": gptj, "codegen": codegen, "opt": opt,
-            "falcon": falcon, "gpt_bigcode": gpt_bigcode}[model_type(folder)]
+            "falcon": falcon, "gpt_bigcode": gpt_bigcode, "bloom": bloom}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):
