@@ -41,7 +41,7 @@ USAGE_ERRORS = [
     (["forward", "--dtype", "float16"], ["'--dtype'", "'float16'", "'float64', 'float32'"]),
     (["forward", "--pe", "t5"], ["'--pe'", "'t5'", "'sinusoidal', 'learned', 'none', 'rope', 'alibi'"]),
     (["forward", "--eps", "0"], ["'--eps'", "got 0.0"]),
-    (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'", "'embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'"]),
+    (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'", "'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'"]),
     (["backward", "--norm", "post", "--layer", "ln_f"], ["'--layer'", "Post-LN has no ln_f"]),
     (["forward", "--show", "blocks.0.attn.patern"], ["'--show'", "'blocks.0.attn.patern'", "did you mean blocks.0.attn.pattern"]),
     (["backward", "--show", "dlogitz"], ["'--show'", "did you mean"]),
