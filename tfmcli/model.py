@@ -117,12 +117,12 @@ def _mha_forward(x, P, i, cfg, mask, acts, caches):
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
         k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
     scale = cfg.score_scale   # 1 / sqrt(d_head) unless attn_scale says otherwise
-    alibi = alibi_for(cfg, q.shape[2])   # ALiBi's slopes and distances, or None
-    if caches["fast"]:   # mask: an ops.AttentionMask
+    T = q.shape[2]
+    if caches["fast"]:   # mask: an ops.AttentionMask; ALiBi's slopes and distances, or None
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap,
-                                                         alibi)
-    else:
-        bias = None if alibi is None else -alibi.slopes[:, None, None] * alibi.distances
+                                                         alibi_for(cfg, T))
+    else:   # ALiBi's (H, T, T) bias, or None
+        bias = positional.alibi_bias(T, H, cfg.dtype) if cfg.pe == "alibi" else None
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
                                                     cfg.attn_softcap, bias)
     context = ops.merge_heads(context)                                  # (B, T, d)

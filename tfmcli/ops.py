@@ -551,10 +551,10 @@ def row_dot(a, b):
 
 
 def attention_forward_fast(q, k, v, mask, scale, cap=None, alibi=None):
-    """attention_forward block by block over the queries (``mask``: an AttentionMask; ``alibi``:
-    an Alibi or None), each
-    block only over the keys it may see; the scale folded into q, the mask added only where it
-    hides something, the softmax computed in place. Two (B, H, T, T) arrays (the masked scores
+    """attention_forward block by block over the queries (``mask``: an AttentionMask;
+    ``alibi``: an Alibi, added a block at a time, or None), each block only over the keys it
+    may see; the scale folded into q, the mask added only where it hides something, the
+    softmax computed in place. Two (B, H, T, T) arrays (the masked scores
     and the pattern) instead of five, each written once. The heads go in parts on the
     machine's cores (``parallel``), and each part takes as many sequences at a time as keep a
     block in cache over its passes (``_sequences``), its passes over the blocks' rows without

@@ -60,22 +60,8 @@ def name_map(fields: dict, prefix: str = PREFIX) -> list[tuple[str, str | tuple,
     rows = [(prefix + "word_embeddings.weight", "embed.W_E", False),
             (prefix + "word_embeddings_layernorm.weight", "ln_embed.gamma", False),
             (prefix + "word_embeddings_layernorm.bias", "ln_embed.beta", False)]
-    for i in range(fields["layers"]):
-        m, p = f"{prefix}h.{i}.", f"blocks.{i}."
-        rows += [(m + "input_layernorm.weight", p + "ln1.gamma", False),
-                 (m + "input_layernorm.bias", p + "ln1.beta", False),
-                 (m + "self_attention.query_key_value.weight",
-                  tuple(p + f"attn.W_{w}" for w in "QKV"), True),
-                 (m + "self_attention.query_key_value.bias",
-                  tuple(p + f"attn.b_{w}" for w in "QKV"), False),
-                 (m + "self_attention.dense.weight", p + "attn.W_O", True),
-                 (m + "self_attention.dense.bias", p + "attn.b_O", False),
-                 (m + "post_attention_layernorm.weight", p + "ln2.gamma", False),
-                 (m + "post_attention_layernorm.bias", p + "ln2.beta", False),
-                 (m + "mlp.dense_h_to_4h.weight", p + "ffn.W_1", True),
-                 (m + "mlp.dense_h_to_4h.bias", p + "ffn.b_1", False),
-                 (m + "mlp.dense_4h_to_h.weight", p + "ffn.W_2", True),
-                 (m + "mlp.dense_4h_to_h.bias", p + "ffn.b_2", False)]
+    for i in range(fields["layers"]):   # GPT-NeoX's block names (both Megatron's)
+        rows += gpt_neox.block_rows(f"{prefix}h.{i}.", f"blocks.{i}.", "self_attention.")
     rows += [(prefix + "ln_f.weight", "ln_f.gamma", False),
              (prefix + "ln_f.bias", "ln_f.beta", False),
              ("lm_head.weight", "head.W_U", True)]

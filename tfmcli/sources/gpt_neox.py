@@ -93,27 +93,32 @@ def _rope(path, config: dict):
     return float(theta), scaling, share
 
 
+def block_rows(m: str, p: str, attention: str) -> list[tuple[str, str | tuple, bool]]:
+    """A block's rows of ``name_map`` in Megatron's names, which GPT-NeoX's and BLOOM's blocks
+    share (stored under ``m``, tfm's under ``p``; the attention module's name ``attention``:
+    GPT-NeoX's "attention.", BLOOM's "self_attention.")."""
+    a = m + attention
+    return [(m + "input_layernorm.weight", p + "ln1.gamma", False),
+            (m + "input_layernorm.bias", p + "ln1.beta", False),
+            (a + "query_key_value.weight", tuple(p + f"attn.W_{w}" for w in "QKV"), True),
+            (a + "query_key_value.bias", tuple(p + f"attn.b_{w}" for w in "QKV"), False),
+            (a + "dense.weight", p + "attn.W_O", True),
+            (a + "dense.bias", p + "attn.b_O", False),
+            (m + "post_attention_layernorm.weight", p + "ln2.gamma", False),
+            (m + "post_attention_layernorm.bias", p + "ln2.beta", False),
+            (m + "mlp.dense_h_to_4h.weight", p + "ffn.W_1", True),
+            (m + "mlp.dense_h_to_4h.bias", p + "ffn.b_1", False),
+            (m + "mlp.dense_4h_to_h.weight", p + "ffn.W_2", True),
+            (m + "mlp.dense_4h_to_h.bias", p + "ffn.b_2", False)]
+
+
 def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
     """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order; the
     ``query_key_value`` rows name (Q, K, V), interleaved head by head in the stored matrix."""
     shapes = param_shapes(Config(**fields))
     rows = [("gpt_neox.embed_in.weight", "embed.W_E", False)]
     for i in range(fields["layers"]):
-        m, p = f"gpt_neox.layers.{i}.", f"blocks.{i}."
-        rows += [(m + "input_layernorm.weight", p + "ln1.gamma", False),
-                 (m + "input_layernorm.bias", p + "ln1.beta", False),
-                 (m + "attention.query_key_value.weight",
-                  tuple(p + f"attn.W_{w}" for w in "QKV"), True),
-                 (m + "attention.query_key_value.bias",
-                  tuple(p + f"attn.b_{w}" for w in "QKV"), False),
-                 (m + "attention.dense.weight", p + "attn.W_O", True),
-                 (m + "attention.dense.bias", p + "attn.b_O", False),
-                 (m + "post_attention_layernorm.weight", p + "ln2.gamma", False),
-                 (m + "post_attention_layernorm.bias", p + "ln2.beta", False),
-                 (m + "mlp.dense_h_to_4h.weight", p + "ffn.W_1", True),
-                 (m + "mlp.dense_h_to_4h.bias", p + "ffn.b_1", False),
-                 (m + "mlp.dense_4h_to_h.weight", p + "ffn.W_2", True),
-                 (m + "mlp.dense_4h_to_h.bias", p + "ffn.b_2", False)]
+        rows += block_rows(f"gpt_neox.layers.{i}.", f"blocks.{i}.", "attention.")
     rows += [("gpt_neox.final_layer_norm.weight", "ln_f.gamma", False),
              ("gpt_neox.final_layer_norm.bias", "ln_f.beta", False),
              ("embed_out.weight", "head.W_U", True)]
