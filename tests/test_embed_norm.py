@@ -113,6 +113,11 @@ def test_the_flag_reaches_the_run_the_panel_and_the_views():
     assert "'--layer'" in line and line.endswith("this model has no ln_embed: add --embed-norm")
     line = error_line(run("ln", *FLAGS, "--layer", "ln_embed", "--block", 0), 2)
     assert line.endswith("ln_embed comes before block 0; it takes no --block")
+    # tfm embed's dx0 is the gradient before the norm: its dW_E is central differences' through it
+    embedded = json.loads(ok("embed", *FLAGS, "--json").stdout)
+    assert embedded["dW_E_numeric_diff"] < 1e-8 and embedded["dW_E_model_diff"] == 0.0
+    said = " ".join(ok("embed", *FLAGS).stdout.split())
+    assert "which ln_embed normalises into the first block's input" in said
     trained = json.loads(ok("train", "--steps", 2, *FLAGS, "--json").stdout)
     assert trained["config"]["embed_norm"] is True
     checked = json.loads(ok("check", "--against", "torch", *FLAGS, "--json").stdout)

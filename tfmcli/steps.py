@@ -195,6 +195,7 @@ class QueryExplained(NamedTuple):
     #                       (attn_softcap): the softmax's input before the mask; without a cap,
     #                       the scaled (and biased) scores themselves
     bias: np.ndarray | None = None   # (T,) ALiBi's -m (t - j) added to the scaled scores, or None
+    biased: np.ndarray | None = None  # (T,) scaled + bias, the cap's input, or None without ALiBi
 
 
 def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t: int):
@@ -214,12 +215,15 @@ def explain_query(fwd: Forward, cfg: Config, block: int, head: int, row: int, t:
     scale = cfg.score_scale
     scaled = scores * scale
     slope = head_slope(cfg, head)
-    bias = None if slope is None else -slope * alibi_distances(T, scaled.dtype)[t]   # (T,)
-    capped = capped_scores(scaled if bias is None else scaled + bias, cfg)
+    bias = biased = None
+    if slope is not None:   # ALiBi: - m (t - j), query t's row
+        bias = -slope * (t - np.arange(T)).astype(scaled.dtype)
+        biased = scaled + bias
+    capped = capped_scores(scaled if biased is None else biased, cfg)
     weights, _ = ops.softmax_forward(np.where(visible, capped, -np.inf))
     weighted = weights[:, None] * v                              # (T, d_head)
     return QueryExplained(t, q, k, products, scores, scale, visible, weights, v, weighted,
-                          weighted.sum(axis=0), scaled, capped, bias)
+                          weighted.sum(axis=0), scaled, capped, bias, biased)
 
 
 def capped_scores(scaled, cfg: Config):

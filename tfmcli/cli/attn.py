@@ -177,8 +177,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     alibi = x.bias is not None   # ALiBi's -m (t - j) added to the scaled scores
     score_rows = [[keys[s], render.fmt(x.scores[s], precision),
                    render.fmt(x.scaled[s], precision),
-                   *([render.fmt(x.bias[s], precision), render.fmt(x.scaled[s] + x.bias[s],
-                                                                   precision)] if alibi else []),
+                   *([render.fmt(x.bias[s], precision), render.fmt(x.biased[s], precision)]
+                     if alibi else []),
                    *([render.fmt(x.capped[s], precision)] if cap is not None else []),
                    "visible" if x.visible[s] else "hidden",
                    render.fmt(x.weights[s], precision) if x.visible[s] else "·"]

@@ -96,7 +96,10 @@ def embed(
             render.config_panel(describe(cfg, run, row),
                                 title=f"tfm embed: batch row {row}, position {position}"),
             Text(f"forward: x0 = {'sqrt(d) ' * scaled}W_E[id]"
-                 f"{' + PE[t]' if x.pe is not None else ''}, the first block's input",
+                 f"{' + PE[t]' if x.pe is not None else ''}, "
+                 + ("which ln_embed normalises into the first block's input (tfm ln --layer "
+                    "ln_embed); dx0 below is the gradient of x0, before that norm"
+                    if cfg.embed_norm else "the first block's input"),
                  style="bold"),
             Text(where),
             Text(POSITIONS[cfg.pe].replace("x0 = W_E", "x0 = sqrt(d) W_E") if scaled
