@@ -312,10 +312,11 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     # --n-ctx's --pe learned rules out, sliding_window and sliding_layers a causal model, and
     # sandwich_norm and parallel_residual Pre-LN: their own round trip is the next test
     # (shared_norm's, a parallel block's, is in test_shared_norm.py; embed_norm needs a pe that
-    # adds nothing, so its own is there too)
+    # adds nothing, so its own is there too; norm_bias false needs layer norms, in
+    # test_norm_bias.py)
     assert set(changed) | {"rope_theta", "rope_scaling", "sliding_window", "sliding_layers",
                            "sandwich_norm", "rope_local_theta", "rotary_dim",
-                           "parallel_residual", "shared_norm", "embed_norm"} == {
+                           "parallel_residual", "shared_norm", "embed_norm", "norm_bias"} == {
         f.name for f in dataclasses.fields(Config)}
     cfg = Config(**changed)
     assert all(getattr(cfg, k) != getattr(Config(), k) for k in changed)

@@ -257,6 +257,10 @@ class Config:
         ``ln_embed.gamma`` (and ``ln_embed.beta``), the activation ``ln_embed.out`` (which is
         ``blocks.0.in``). It normalises the token's row alone, so ``pe`` must add nothing to it
         (``none``, ``rope`` or ``alibi``).
+    norm_bias : bool
+        Each layer norm adds its ``beta`` (``ln1.beta``, ...). False: ``y = xhat * gamma`` and no
+        norm has a ``.beta`` (MPT's norms, PyTorch's ``LayerNorm(bias=False)``). RMSNorm has no
+        ``beta`` either way, so false needs ``rms_norm`` false.
     """
 
     batch: int = 2
@@ -299,6 +303,7 @@ class Config:
     shared_norm: bool = False
     ffn_bias: bool = False
     embed_norm: bool = False
+    norm_bias: bool = True
 
     def __post_init__(self):
         if self.lengths is not None:
@@ -353,7 +358,7 @@ class Config:
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
         for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
                      "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm",
-                     "ffn_bias", "embed_norm"):
+                     "ffn_bias", "embed_norm", "norm_bias"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
         if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
@@ -378,6 +383,9 @@ class Config:
             raise ConfigError("embed_norm", f"embed_norm normalises the token's embedding "
                                             f"alone (BLOOM's), and pe {self.pe!r} adds to it; "
                                             f"allowed pe: none, rope, alibi")
+        if not self.norm_bias and self.rms_norm:
+            raise ConfigError("norm_bias", "norm_bias false takes beta out of layer norm, and "
+                                           "RMSNorm (rms_norm) has none to take; drop one")
         if self.shared_norm and not self.parallel_residual:
             raise ConfigError("shared_norm", "a shared norm feeds attention and the FFN side by "
                                              "side, so the block must be parallel "
@@ -518,6 +526,11 @@ class Config:
         return self.bias or self.ffn_bias
 
     @property
+    def norm_biased(self) -> bool:
+        """Each norm adds a ``beta``: layer norm (not ``rms_norm``) with ``norm_bias``."""
+        return self.norm_bias and not self.rms_norm
+
+    @property
     def embed_factor(self) -> float:
         """What the embedding's rows are multiplied by: ``sqrt(d_model)`` with ``embed_scale``,
         else 1."""
@@ -598,9 +611,7 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         _norm_shapes(shapes, "ln_embed", d, cfg)
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        shapes[p + "ln1.gamma"] = (d,)
-        if not cfg.rms_norm:
-            shapes[p + "ln1.beta"] = (d,)
+        _norm_shapes(shapes, p + "ln1", d, cfg)
         for w in "QKVO":   # grouped: fewer heads of keys and values, so narrower W_K, W_V
             width = {"Q": cfg.d_q, "K": cfg.d_kv, "V": cfg.d_kv, "O": d}[w]
             shapes[p + f"attn.W_{w}"] = (cfg.d_q, d) if w == "O" else (d, width)
@@ -608,9 +619,7 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
                 shapes[p + f"attn.b_{w}"] = (width,)
         if cfg.qk_norm:   # one norm for every head's queries, one for its keys (Qwen3)
             for norm in ("q_norm", "k_norm"):
-                shapes[p + f"attn.{norm}.gamma"] = (cfg.d_head,)
-                if not cfg.rms_norm:
-                    shapes[p + f"attn.{norm}.beta"] = (cfg.d_head,)
+                _norm_shapes(shapes, p + f"attn.{norm}", cfg.d_head, cfg)
         if cfg.sandwich_norm:   # the norm of attention's output
             _norm_shapes(shapes, p + "ln1_post", d, cfg)
         if not cfg.shared_norm:   # shared: the FFN reads ln1's output too
@@ -628,9 +637,7 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
         if cfg.sandwich_norm:   # the norm of the FFN's output
             _norm_shapes(shapes, p + "ln2_post", d, cfg)
     if cfg.norm == "pre":
-        shapes["ln_f.gamma"] = (d,)
-        if not cfg.rms_norm:
-            shapes["ln_f.beta"] = (d,)
+        _norm_shapes(shapes, "ln_f", d, cfg)
     if not cfg.tied_head:
         shapes["head.W_U"] = (d, V)
     if cfg.head_bias:
@@ -639,9 +646,10 @@ def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
 
 
 def _norm_shapes(shapes: dict, name: str, width: int, cfg: Config) -> None:
-    """A norm's parameters: ``gamma``, and ``beta`` unless it is RMSNorm."""
+    """A norm's parameters: ``gamma``, and ``beta`` unless it is RMSNorm or has none
+    (``norm_bias`` false)."""
     shapes[name + ".gamma"] = (width,)
-    if not cfg.rms_norm:
+    if cfg.norm_biased:
         shapes[name + ".beta"] = (width,)
 
 

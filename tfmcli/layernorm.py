@@ -49,7 +49,8 @@ def input_name(cfg: Config, name: str) -> str:
 
 class LayerNormExplained(NamedTuple):
     """With RMSNorm (``rms``) no mean is taken out: ``mean`` and ``mean_dxhat`` are 0,
-    ``centred`` is x, ``dxhat_centred`` dxhat, ``var`` the mean square, ``beta`` 0."""
+    ``centred`` is x, ``dxhat_centred`` dxhat, ``var`` the mean square, ``beta`` 0. A layer
+    norm without beta (``norm_bias`` false, ``has_beta`` false) has ``beta`` 0 too."""
     x: np.ndarray          # (d,) the input row
     mean: float            # sum(x) / d
     centred: np.ndarray    # x - mean
@@ -68,6 +69,7 @@ class LayerNormExplained(NamedTuple):
     dx: np.ndarray         # (dxhat_centred - xhat_scaled) / std
     numeric_dx: np.ndarray  # central differences of sum(dy * LN(x)) in x
     rms: bool = False      # RMSNorm: y = gamma * x / sqrt(mean(x^2) + eps)
+    has_beta: bool = True  # the norm adds beta (layer norm with norm_bias)
 
 
 def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: str, row: int,
@@ -83,7 +85,8 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
     x = fwd.acts[input_name(cfg, name)][row, t].astype(np.float64)
     gamma = params[name + ".gamma"].astype(np.float64)
     d, rms = x.size, cfg.rms_norm
-    beta = np.zeros(d) if rms else params[name + ".beta"].astype(np.float64)
+    biased = cfg.norm_biased
+    beta = params[name + ".beta"].astype(np.float64) if biased else np.zeros(d)
     mean = 0.0 if rms else float(x.sum() / d)
     centred = x - mean
     var = float((centred * centred).sum() / d)
@@ -103,4 +106,4 @@ def explain(params: dict, fwd: Forward, dy_all: np.ndarray, cfg: Config, name: s
     return LayerNormExplained(x, mean, centred, var, std, xhat, gamma, beta,
                               gamma * xhat + beta, dy, dxhat, mean_dxhat, mean_dxhat_xhat,
                               dxhat_centred, xhat_scaled, dx,
-                              central_differences(contracted, x, step), rms)
+                              central_differences(contracted, x, step), rms, biased)

@@ -206,10 +206,11 @@ def _ffn_backward(dout, p, cfg, caches, grads, dacts):
 
 def normalise(x, P, name, cfg):
     """The output of norm ``name`` ('blocks.0.ln1', ..., 'ln_f') on x, by the reference
-    functions, no cache kept: layer norm, or RMSNorm with ``cfg.rms_norm``."""
+    functions, no cache kept: layer norm (without beta when ``cfg.norm_bias`` is false), or
+    RMSNorm with ``cfg.rms_norm``."""
     if cfg.rms_norm:
         return ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)[0]
-    return ops.layer_norm_forward(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)[0]
+    return ops.layer_norm_forward(x, P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)[0]
 
 
 def _ln_forward(x, P, name, cfg, acts, caches):
@@ -217,7 +218,7 @@ def _ln_forward(x, P, name, cfg, acts, caches):
         out, caches[name] = ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)
     else:
         layer_norm = ops.layer_norm_forward_fast if caches["fast"] else ops.layer_norm_forward
-        out, caches[name] = layer_norm(x, P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+        out, caches[name] = layer_norm(x, P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)
     acts[name + ".out"] = out
     return out
 
@@ -227,7 +228,9 @@ def _ln_backward(dout, name, cfg, caches, grads, dacts):
         dx, grads[name + ".gamma"] = ops.rms_norm_backward(dout, caches[name])
     else:
         layer_norm = ops.layer_norm_backward_fast if caches["fast"] else ops.layer_norm_backward
-        dx, grads[name + ".gamma"], grads[name + ".beta"] = layer_norm(dout, caches[name])
+        dx, grads[name + ".gamma"], dbeta = layer_norm(dout, caches[name])
+        if cfg.norm_biased:
+            grads[name + ".beta"] = dbeta
     dacts[name + ".out"] = dout
     return dx
 

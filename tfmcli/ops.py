@@ -106,13 +106,15 @@ class LayerNormCache(NamedTuple):
 
 
 def layer_norm_forward(x, gamma, beta, eps):
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis, biased variance."""
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis, biased variance; a norm
+    with no beta (``None``, MPT's) stops at the product."""
     mean = x.mean(axis=-1, keepdims=True)                      # (..., 1)
     xc = x - mean
     var = (xc * xc).mean(axis=-1, keepdims=True)               # (..., 1)
     rstd = 1.0 / np.sqrt(var + eps)
     xhat = xc * rstd
-    return xhat * gamma + beta, LayerNormCache(xhat, rstd, gamma)
+    out = xhat * gamma if beta is None else xhat * gamma + beta
+    return out, LayerNormCache(xhat, rstd, gamma)
 
 
 def layer_norm_backward(dout, cache):
@@ -648,7 +650,7 @@ def attention_backward_fast(dcontext, cache):
 
 def layer_norm_forward_fast(x, gamma, beta, eps):
     """layer_norm_forward with fewer passes: the variance as a row dot product (no squares
-    array), xhat made in place from x - mean, beta added in place; in parts of rows on the
+    array), xhat made in place from x - mean, beta (if any) added in place; in parts of rows on the
     machine's cores (``parallel``), the broadcasts of a row's mean and of gamma and beta
     without NumPy's buffer (``parallel.unbuffered``)."""
     C = x.shape[-1]
@@ -664,7 +666,8 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
         np.divide(1.0, np.sqrt(var + eps), out=rstd[r])
         xc *= rstd[r]
         np.multiply(xc, gamma, out=out[r])
-        out[r] += beta
+        if beta is not None:
+            out[r] += beta
 
     work = parallel.cost(x2d.size * 6 * parallel.PASS, x.dtype)   # six passes
     parallel.run(part, x2d.shape[0], work)

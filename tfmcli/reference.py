@@ -125,7 +125,7 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     def norm(x, name, width=d):
         if cfg.rms_norm:
             return F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps)
-        return F.layer_norm(x, (width,), P[name + ".gamma"], P[name + ".beta"], cfg.eps)
+        return F.layer_norm(x, (width,), P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)
 
     def attention(x, i, mask):
         p = f"blocks.{i}."

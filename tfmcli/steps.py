@@ -30,8 +30,12 @@ ROPE_FORMULA = "RoPE: {0} cos + rotate_half({0}) sin, row t turned by position t
 PARTIAL = ", its first {0} columns only (rotary_dim; the other {1} pass unturned)"
 # Qwen3's norms of each head's queries and keys: {0} the array, {1} the norm's parameters
 NORM_FORMULA = {True: "RMSNorm of each row: {0} / sqrt(mean({0}^2) + eps) * {1}.gamma",
-                False: "layer norm of each row: ({0} - mean) / sqrt(var + eps) * {1}.gamma + "
-                       "{1}.beta"}
+                False: "layer norm of each row: ({0} - mean) / sqrt(var + eps) * {1}.gamma"}
+
+
+def norm_formula(cfg: Config) -> str:
+    """NORM_FORMULA of the model's norms, with ``+ {1}.beta`` when they add one."""
+    return NORM_FORMULA[cfg.rms_norm] + (" + {1}.beta" if cfg.norm_biased else "")
 NORM_BACK_FORMULA = {True: "back through {1}: rstd (g - xhat mean(g xhat)), g = {0} * {1}.gamma",
                      False: "back through {1}: rstd (g - mean(g) - xhat mean(g xhat)), g = {0} "
                             "* {1}.gamma"}
@@ -139,7 +143,7 @@ def model_head_steps(params: dict, fwd: Forward, cfg: Config, block: int, head: 
     norms = None
     if cfg.qk_norm:
         norms = (lambda a: normalise(a, params, p + "attn.q_norm", cfg),
-                 lambda a: normalise(a, params, p + "attn.k_norm", cfg), NORM_FORMULA[cfg.rms_norm])
+                 lambda a: normalise(a, params, p + "attn.k_norm", cfg), norm_formula(cfg))
     steps = head_steps(x, *weights, mask, cfg.score_scale, rope=rope_for(cfg, T, block),
                        norms=norms, cap=cfg.attn_softcap, scale_by=scale_name(cfg),
                        slope=head_slope(cfg, head))

@@ -168,7 +168,9 @@ def describe(cfg, run=None, row: int = 0) -> dict:
             ", sandwich (ln1_post, ln2_post on each sublayer's output)" if cfg.sandwich_norm
             else ", parallel, one norm (both read LN1(x))" if cfg.shared_norm
             else ", parallel (both sublayers read x)" if cfg.parallel_residual
-            else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm else ""),
+            else "") + (", RMSNorm (no mean, no beta)" if cfg.rms_norm
+                        else ", layer norm without beta (gamma only)" if not cfg.norm_bias
+                        else ""),
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "gelu_erf": " (exact: 0.5 x (1 + erf(x / sqrt 2)))",
                                          "swiglu": " (silu(gate) * pre)",

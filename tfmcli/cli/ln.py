@@ -31,7 +31,8 @@ def ln(
 ):
     """One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.
 
-    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta.
+    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta. With
+    --no-norm-bias, layer norm's without beta.
 
     Example: tfm ln --layer ln2 --position 3
     """
@@ -95,14 +96,16 @@ def ln(
                  style="dim")]
 
     def layer_norm_parts(d):
+        beta = ({"beta": x.beta} if x.has_beta else {})   # none with --no-norm-bias (MPT's)
         return [
             Text(f"forward, at position {position} (token {token}): y = gamma * (x - mean) / "
-                 f"sqrt(var + eps) + beta", style="bold"),
+                 f"sqrt(var + eps)" + (" + beta" if x.has_beta else "  (no beta: --no-norm-bias)"),
+                 style="bold"),
             Text(f"mean = sum(x) / {d} = {x.mean:.{precision + 4}g};  var = sum((x - mean)^2) "
                  f"/ {d} = {x.var:.{precision + 4}g};  sqrt(var + eps) = "
                  f"{x.std:.{precision + 4}g}  (eps {cfg.eps:g})"),
             table({"x": x.x, "x - mean": x.centred, "xhat": x.xhat, "gamma": x.gamma,
-                   "beta": x.beta, "y": x.y}),
+                   **beta, "y": x.y}),
             Text(f"the model's own y ({name}.out) differs from this by {y_off:.1e}",
                  style="dim"),
             Text("backward: dy = d loss / d y, from the backward pass; dxhat = dy * gamma",
@@ -112,7 +115,7 @@ def ln(
             table({"dy": x.dy, "dxhat": x.dxhat, "dxhat - m1": x.dxhat_centred,
                    "xhat * m2": x.xhat_scaled, "dx": x.dx}),
             Text("dx = (dxhat - m1 - xhat * m2) / sqrt(var + eps);  this position's part of "
-                 "dgamma is dy * xhat, of dbeta dy", style="bold"),
+                 "dgamma is dy * xhat" + (", of dbeta dy" if x.has_beta else ""), style="bold"),
             Text(f"dx differs from central differences of sum(dy * y) by {dx_off:.1e}",
                  style="dim")]
 
@@ -134,5 +137,5 @@ def ln(
                "y": x.y.tolist(), "y_model_diff": y_off, "dy": x.dy.tolist(),
                "dxhat": x.dxhat.tolist(), "mean_dxhat": x.mean_dxhat,
                "mean_dxhat_xhat": x.mean_dxhat_xhat, "dx": x.dx.tolist(),
-               "dx_numeric_diff": dx_off, "rms_norm": x.rms}
+               "dx_numeric_diff": dx_off, "rms_norm": x.rms, "has_beta": x.has_beta}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))

@@ -186,6 +186,7 @@ MODEL_OPTIONS = [
     ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
     ("ffn_bias", Annotated[bool, _opt("--ffn-bias/--no-ffn-bias", panel=MODEL, help="With --no-bias, the FFN still adds biases (b_1, b_2, b_gate) and attention none (GPT-J).")], D.ffn_bias),
     ("embed_norm", Annotated[bool, _opt("--embed-norm/--no-embed-norm", panel=MODEL, help="Normalise the embedding before the first block, x0 = LN(W_E[id]) (BLOOM's word_embeddings_layernorm; needs --pe none, rope or alibi).")], D.embed_norm),
+    ("norm_bias", Annotated[bool, _opt("--norm-bias/--no-norm-bias", panel=MODEL, help="Each layer norm adds its beta; --no-norm-bias: y = gamma * xhat, no .beta parameters (MPT's norms; needs --layer-norm).")], D.norm_bias),
     ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
     ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
     ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
@@ -223,6 +224,7 @@ FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model"
          "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
          "parallel_residual": "--parallel-residual",
          "shared_norm": "--shared-norm", "ffn_bias": "--ffn-bias", "embed_norm": "--embed-norm",
+         "norm_bias": "--no-norm-bias",
          "tokens": "--tokens", "text": "--text"}
 
 

@@ -29,7 +29,7 @@ FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activa
           "qkv_bias", "sliding_window", "head_dim", "qk_norm", "embed_scale",
           "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers",
           "rope_local_theta", "rotary_dim", "parallel_residual", "shared_norm", "ffn_bias",
-          "embed_norm")
+          "embed_norm", "norm_bias")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
 TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]

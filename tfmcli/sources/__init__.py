@@ -24,7 +24,7 @@ from tfmcli.sources import gpt2
 from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import (check_inputs, check_params, infer_activation, infer_heads,
-                                load_npz)
+                                infer_norm, load_npz)
 from tfmcli.sources.text import find_tokenizer
 
 INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
@@ -119,6 +119,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         if not loaded.has_config:   # heads of their own width, grouped keys: for the heads given
             fields.update(infer_heads(params, {**flags, **fields}))
             fields.update(infer_activation(params, {**flags, **fields}))   # a gate: which one
+            fields.update(infer_norm({**flags, **fields}))   # gamma alone: which norm
         weights_from = f"file {load}"
         tokens_from = f"file {load}" if inputs is not None else None
     if text is not None:

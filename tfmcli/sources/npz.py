@@ -77,6 +77,15 @@ def infer_activation(params: dict, fields: dict) -> dict:
     return {}
 
 
+def infer_norm(fields: dict) -> dict:
+    """A file without a ``config`` key whose norms have gamma alone: RMSNorm, unless the norms
+    are given as layer norms without beta (``norm_bias`` false, MPT's), which have the same
+    parameters (the file cannot tell the two apart)."""
+    if fields.get("rms_norm") and fields.get("norm_bias") is False:
+        return {"rms_norm": False}
+    return {}
+
+
 def infer_heads(params: dict, fields: dict) -> dict:
     """A file without a ``config`` key: the heads' sizes its shapes fix for the heads given (or
     the default). ``head_dim`` from W_Q's width when it is not d_model (H heads of W_Q's width /
