@@ -198,7 +198,7 @@ MODEL_OPTIONS = [
     ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, StableLM, GPT-NeoX (Pythia), Phi (Phi-1.5, Phi-2), GPT-J, CodeGen, OPT, Falcon, GPTBigCode (StarCoder) or BLOOM checkpoint folder (config.json + model.safetensors).")], None),
+    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, StableLM, GPT-NeoX (Pythia), Phi (Phi-1.5, Phi-2), GPT-J, CodeGen, OPT, Falcon, GPTBigCode (StarCoder), BLOOM or MPT checkpoint folder (config.json + model.safetensors).")], None),
     ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
     ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
     ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),

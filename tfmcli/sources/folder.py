@@ -4,7 +4,7 @@
 ``sources.gemma``, ``sources.gemma2``, ``sources.gemma3``, ``sources.phi3``,
 ``sources.stablelm``, ``sources.gpt_neox``, ``sources.phi``, ``sources.gptj``,
 ``sources.codegen``, ``sources.opt``, ``sources.falcon``, ``sources.gpt_bigcode``,
-``sources.bloom``), and each
+``sources.bloom``, ``sources.mpt``), and each
 of those modules reads its own."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tfmcli.errors import TfmError
 CONFIG = "config.json"
 MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                "gemma3", "phi3", "stablelm", "gpt_neox", "phi", "gptj",
-               "codegen", "opt", "falcon", "gpt_bigcode", "bloom")
+               "codegen", "opt", "falcon", "gpt_bigcode", "bloom", "mpt")
 
 
 def read_json(folder) -> tuple[Path, dict]:
@@ -52,18 +52,19 @@ def model_type(folder, config: dict | None = None) -> str:
 def checkpoint_module(folder):
     """The module that reads this folder (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
     ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``, ``gpt_neox``, ``phi``, ``gptj``,
-    ``codegen``, ``opt``, ``falcon``, ``gpt_bigcode`` or ``bloom``): its ``NAME``, and
+    ``codegen``, ``opt``, ``falcon``, ``gpt_bigcode``, ``bloom`` or ``mpt``): its ``NAME``, and
     ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
     from tfmcli.sources import (bloom, codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_bigcode,
-                                gpt_neox, gptj, llama, mistral, opt, phi, phi3, qwen2, qwen3,
-                                stablelm)
+                                gpt_neox, gptj, llama, mistral, mpt, opt, phi, phi3, qwen2,
+                                qwen3, stablelm)
 
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
             "qwen3": qwen3, "gemma": gemma, "gemma2": gemma2,
             "gemma3_text": gemma3, "gemma3": gemma3, "phi3": phi3,
             "stablelm": stablelm, "gpt_neox": gpt_neox, "phi": phi,
             "gptj": gptj, "codegen": codegen, "opt": opt,
-            "falcon": falcon, "gpt_bigcode": gpt_bigcode, "bloom": bloom}[model_type(folder)]
+            "falcon": falcon, "gpt_bigcode": gpt_bigcode, "bloom": bloom,
+            "mpt": mpt}[model_type(folder)]
 
 
 def need(path, config: dict, key: str, kind=int):

@@ -1,5 +1,6 @@
 """Q, K and V picked from stored rows: one fused matrix with a piece per key head (GPT-NeoX's and
-Falcon's ``query_key_value``, GPTBigCode's ``c_attn``: ``grouped_rows``), CodeGen's four pieces,
+Falcon's ``query_key_value``, GPTBigCode's ``c_attn``: ``grouped_rows``), or with W_Q, W_K and
+W_V whole one after another (MPT's ``Wqkv``: ``stacked_rows``), CodeGen's four pieces,
 or GPT-J's W_Q and W_K with their columns reordered. Reading and writing a folder whose
 ``name_map`` has such rows, a fused one's tfm parameter the tuple (W_Q, W_K, W_V) or their
 biases (``load_params``, ``from_tfm``)."""
@@ -26,6 +27,15 @@ def grouped_rows(fields: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     k = ((start + group * dh)[:, None] + np.arange(dh)).ravel()
     v = ((start + (group + 1) * dh)[:, None] + np.arange(dh)).ravel()
     return q, k, v
+
+
+def stacked_rows(fields: dict) -> dict[str, np.ndarray]:
+    """``picks`` for a fused matrix that holds W_Q's rows, then W_K's, then W_V's, each whole
+    (MPT's ``Wqkv``, whose output is cut in three equal parts)."""
+    cfg = Config(**fields)
+    ends = np.cumsum([cfg.d_q, cfg.d_kv, cfg.d_kv])
+    return {w: np.arange(end - width, end)
+            for w, width, end in zip("QKV", (cfg.d_q, cfg.d_kv, cfg.d_kv), ends)}
 
 
 def _pick(name: str, picks: dict):

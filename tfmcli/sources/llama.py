@@ -514,7 +514,7 @@ def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
             raise TfmError(f"--load {folder / INDEX}: not a safetensors index (it needs a "
                            f"'weight_map' of key -> file; {e!r})") from None
     else:
-        raise TfmError(f"--load {folder}: no {WEIGHTS} (or {INDEX}) there (a LLaMA checkpoint "
+        raise TfmError(f"--load {folder}: no {WEIGHTS} (or {INDEX}) there (a checkpoint "
                        f"folder holds config.json and its weights)")
     stored = {}
     for path in paths:
