@@ -123,7 +123,7 @@ def test_a_folder_written_back_is_the_same_file(tmp_path):
      "so tfm needs an even number up to 12"),
     (dict(activation_function="silu"), "key 'activation_function' is 'silu'; tfm reads "
      "'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'relu'"),
-    (dict(n_inner="32"), "key 'n_inner' is '32', not a int"),
+    (dict(n_inner="32"), "key 'n_inner' is '32', not a whole number"),
     (dict(n_head=5), "heads"),
 ], ids=["odd-turn", "wider-than-the-head", "silu", "n-inner-text", "heads-not-dividing"])
 def test_a_gptj_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):

@@ -219,7 +219,7 @@ def rewrite_weights(folder, change):
     (lambda f: edit_config(f, num_key_value_heads=3), "config.json",
      "kv_heads=3 does not divide heads=4; allowed kv_heads: 1, 2, 4"),
     (lambda f: edit_config(f, num_hidden_layers="2"), "config.json",
-     "key 'num_hidden_layers' is '2', not a int"),
+     "key 'num_hidden_layers' is '2', not a whole number"),
     (lambda f: edit_config(f, intermediate_size=None), "config.json",
      "missing key 'intermediate_size'"),
     (lambda f: rewrite_weights(f, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),

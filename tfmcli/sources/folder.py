@@ -73,6 +73,6 @@ def need(path, config: dict, key: str, kind=int):
     if value is None:
         raise TfmError(f"--load {path}: missing key {key!r}")
     if isinstance(value, bool) or not isinstance(value, kind):
-        what = "number" if kind == (int, float) else kind.__name__
+        what = "number" if kind == (int, float) else {int: "whole number"}.get(kind, kind.__name__)
         raise TfmError(f"--load {path}: key {key!r} is {value!r}, not a {what}")
     return value
