@@ -190,6 +190,22 @@ def hf_logits(model, inputs, cfg) -> tuple:
     return logits.detach().numpy(), keys
 
 
+def unpatched_logits_off(Model, folder, tokens) -> float:
+    """How far Hugging Face's float64 ``Model.from_pretrained(folder)``, as it is, puts its
+    logits from tfm's run of the folder on ``tokens``: the largest difference over the real
+    positions, relative to tfm's largest logit there."""
+    import torch
+
+    import tfmcli
+
+    loaded = tfmcli.load(folder, tokens=tokens)
+    model = Model.from_pretrained(folder).double().eval()
+    with torch.no_grad():
+        theirs, keys = hf_logits(model, loaded.inputs, loaded.cfg)
+    ours = tfmcli.forward(loaded.params, loaded.inputs, loaded.cfg).acts["logits"]
+    return float(np.abs(theirs - ours)[keys].max() / np.abs(ours[keys]).max())
+
+
 def assert_grads_match(grads, theirs: dict) -> None:
     """Each of ``theirs`` (name -> array) within 1e-12 of its largest entry of tfm's; b_K's,
     whose exact value is 0 (a shift of every key leaves each softmax as it was), within 1e-12 of

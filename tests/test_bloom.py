@@ -13,7 +13,7 @@ import pytest
 
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
-                     rewrite_config, run)
+                     rewrite_config, run, unpatched_logits_off)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.positional import alibi_slopes
 from tfmcli.sources import bloom
@@ -109,18 +109,10 @@ def test_a_bloom_folder_is_read_and_matches_from_pretrained(tmp_path, config, bl
 def test_unpatched_bloom_agrees_to_float32s_softmax(tmp_path):
     """Without the patches Hugging Face's float64 BLOOM differs from tfm's by its float32
     softmax and its GELU constant: more than rounding, well under 1e-5."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from helpers import hf_logits
-
     hf_bloom_folder(tmp_path)
-    loaded = tfmcli.load(tmp_path, tokens=TOKENS)
-    model = transformers.BloomForCausalLM.from_pretrained(tmp_path).double().eval()
-    with torch.no_grad():
-        theirs, keys = hf_logits(model, loaded.inputs, loaded.cfg)
-    ours = tfmcli.forward(loaded.params, loaded.inputs, loaded.cfg).acts["logits"]
-    off = np.abs(theirs - ours)[keys].max() / np.abs(ours[keys]).max()
-    assert 1e-12 < off < 1e-5
+    assert 1e-12 < unpatched_logits_off(transformers.BloomForCausalLM, tmp_path, TOKENS) < 1e-5
 
 
 def test_the_slopes_are_hugging_faces():
