@@ -33,9 +33,8 @@ def stacked_rows(fields: dict) -> dict[str, np.ndarray]:
     """``picks`` for a fused matrix that holds W_Q's rows, then W_K's, then W_V's, each whole
     (MPT's ``Wqkv``, whose output is cut in three equal parts)."""
     cfg = Config(**fields)
-    ends = np.cumsum([cfg.d_q, cfg.d_kv, cfg.d_kv])
-    return {w: np.arange(end - width, end)
-            for w, width, end in zip("QKV", (cfg.d_q, cfg.d_kv, cfg.d_kv), ends)}
+    q, kv = cfg.d_q, cfg.d_kv
+    return {"Q": np.arange(q), "K": np.arange(q, q + kv), "V": np.arange(q + kv, q + 2 * kv)}
 
 
 def _pick(name: str, picks: dict):
