@@ -160,6 +160,24 @@ def test_help_at_80_columns_keeps_every_choice_whole_and_shows_no_bool(command, 
             assert {member.value for member in enum} <= words, enum
 
 
+def test_help_at_80_columns_gives_the_help_half_the_width(monkeypatch):
+    """An option's names share one cell (the --no- form on a line of its own), so the help
+    column is not squeezed to 19 columns by the longest names (tfmcli.cli.helpfit)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = ok("forward", "--help").stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    seed = next(line for line in lines if line.startswith("│ --seed "))
+    assert seed.index("Seed of") <= 40          # 60 with a cell per name
+    batch = next(line for line in lines if "--batch" in line)
+    assert batch.startswith("│ --batch, -B ")
+    switch = next(i for i, line in enumerate(lines) if line.startswith("│ --parallel-residual "))
+    assert lines[switch + 1].startswith("│ --no-parallel-residual ")
+    assert "Attention and the FFN both read the" in lines[switch]
+    assert len(lines) < 200                     # 348 with a cell per name
+    top = ok("--help").stdout.splitlines()      # the group's own options, the same way
+    assert any(line.startswith("│ --help, -h ") for line in top)
+
+
 @pytest.mark.parametrize("no_color, escapes", [("1", False), ("", True)])
 def test_no_color_help_has_no_escape_codes_even_on_a_terminal(no_color, escapes):
     env = {**os.environ, "NO_COLOR": no_color, "FORCE_COLOR": "1", "COLUMNS": "100"}

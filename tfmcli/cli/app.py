@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 from typer.models import CommandInfo
 
 import tfmcli
+from tfmcli.cli.helpfit import FittedHelpCommand, fit_options_tables
 from tfmcli.errors import TfmError
 
 try:  # recent typer vendors click; older releases depend on it
@@ -114,6 +115,10 @@ class OneLineErrors(TyperGroup):
             sys.exit(code)
         return code
 
+    def format_help(self, ctx, formatter):
+        fit_options_tables()
+        return super().format_help(ctx, formatter)
+
     def invoke(self, ctx):
         import numpy as np   # here, once a command runs: the help and --version never load it
 
@@ -154,6 +159,11 @@ class LazyCommands(typer.Typer):
     of them, or only those ``wanted`` (``main`` asks for the one being run)."""
 
     wanted = tuple(COMMANDS)
+
+    def command(self, *args, **options):
+        """A command as Typer makes it, whose --help fits the terminal (``helpfit``)."""
+        options.setdefault("cls", FittedHelpCommand)
+        return super().command(*args, **options)
 
     @property
     def registered_commands(self):
