@@ -162,3 +162,17 @@ def test_the_relu_slope_at_exactly_zero_is_zero_as_in_torch():
     pre = np.array([-1.0, 0.0, 2.0])
     np.testing.assert_array_equal(feedforward.slope(pre, "relu"), [0.0, 0.0, 1.0])
     np.testing.assert_array_equal(feedforward.activation(pre, "relu"), [0.0, 0.0, 2.0])
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_central_differences_span_several_batches_of_a_wide_ffn(activation):
+    """d 80 is two batches of the differences (64 and 16 entries), each moving pre (and the
+    gate) by rows of W_1 (and W_gate)."""
+    cfg = tfmcli.Config(activation=activation, d_model=80, heads=4, d_ff=96, seq_len=4)
+    params = random_params(tfmcli.init_params(cfg), seed=5)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    x = feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 1, 2)
+    np.testing.assert_allclose(x.dx, grads.acts["blocks.0.ln2.out"][1, 2], atol=1e-14)
+    np.testing.assert_allclose(x.numeric_dx, x.dx, atol=1e-9)
+    assert np.abs(x.dx).max() > 1e-2

@@ -186,3 +186,18 @@ def test_cli_loss_shows_h_and_dh_whole_up_to_d_32(monkeypatch):
     assert "showing" not in ok("loss", "-d", 32, "-H", 1).stdout       # wrapped in blocks
     wide = ok("loss", "-d", 34, "-H", 1).stdout
     assert len(re.findall(r"showing \d+ of 34 columns", wide)) == 2     # h and dh
+
+
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_central_differences_span_several_batches_of_a_wide_tied_head(cap):
+    """d 80 is two batches of the differences (64 and 16 entries), each moving the logits by
+    rows of the tied head W_E^T (a transposed view); with a soft cap on the logits too."""
+    cfg = tfmcli.Config(d_model=80, heads=4, vocab=37, seq_len=5, tied_head=True,
+                        head_bias=False, logit_softcap=cap)
+    params = random_params(tfmcli.init_params(cfg), seed=2)
+    fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    x = loss.explain(params, fwd, cfg, 1, 3)
+    np.testing.assert_allclose(x.dh, grads.acts["ln_f.out"][1, 3], atol=1e-15)
+    np.testing.assert_allclose(x.numeric_dh, x.dh, atol=1e-9)
+    assert np.abs(x.dh).min() > 0 and np.abs(x.dh).max() > 1e-3   # every entry checked, none 0

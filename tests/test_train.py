@@ -44,6 +44,34 @@ def test_adam_equals_torch_on_the_same_gradients():
     assert state.t == 7
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_adam_is_its_formulas_to_the_bit_in_either_dtype(dtype):
+    """adam_step's numbers are its docstring's formulas as NumPy computes them, bit for bit,
+    the types included: in float32 the denominator, and the step divided by it, are float64
+    (np.sqrt of the correction is a NumPy float64), and p takes the difference back in float32.
+    A rewrite that computes in place (out=) must keep that."""
+    rng = np.random.default_rng(1)
+    params = {"a": rng.normal(size=(6, 5)).astype(dtype), "b": rng.normal(size=7).astype(dtype)}
+    mine, state = {n: p.copy() for n, p in params.items()}, Adam.like(params)
+    m = {n: np.zeros_like(p) for n, p in params.items()}
+    v = {n: np.zeros_like(p) for n, p in params.items()}
+    b1, b2, eps = state.beta1, state.beta2, state.eps
+    for t in range(1, 6):
+        lr = warmup_lr(t, 16, 3)
+        grads = {n: (rng.normal(size=p.shape) * 10.0 ** rng.integers(-5, 3)).astype(dtype)
+                 for n, p in params.items()}
+        adam_step(mine, grads, state, lr)
+        for n, p in params.items():
+            g = grads[n]
+            m[n] = b1 * m[n] + (1 - b1) * g
+            v[n] = b2 * v[n] + (1 - b2) * g * g
+            denom = np.sqrt(v[n]) / np.sqrt(1 - b2 ** t) + eps
+            p -= (lr / (1 - b1 ** t)) * m[n] / denom
+            for got, want in ((mine[n], p), (state.m[n], m[n]), (state.v[n], v[n])):
+                assert got.dtype == want.dtype == np.dtype(dtype)
+                np.testing.assert_array_equal(got, want)
+
+
 def test_adam_moves_against_the_gradient_by_about_lr_at_first():
     params = {"w": np.array([1.0, -2.0, 0.5])}
     adam_step(params, {"w": np.array([3.0, -0.01, 0.0])}, Adam.like(params), lr=0.1)

@@ -19,7 +19,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config
-from tfmcli.gradcheck import central_differences
+from tfmcli.gradcheck import batched_central_differences
 from tfmcli.model import Forward, check_within
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -108,19 +108,23 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     if gated:
         W_gate, b_gate = weight("W_gate"), weight("b_gate")
 
-    def hidden_of(row_x):   # act(x W_1 + b_1), or silu(x W_gate + b_gate) * (x W_1 + b_1)
-        if gated:
-            return (activation(row_x @ W_gate + b_gate, GATE_UNITS[cfg.activation])
-                    * (row_x @ W_1 + b_1))
-        return activation(row_x @ W_1 + b_1, cfg.activation)
-
-    def contracted(row_x):   # sum(dout * FFN(row_x)): its gradient in x is dx
-        return float(dout @ (hidden_of(row_x) @ W_2 + b_2))
-
     pre, dhidden = x @ W_1 + b_1, dout @ W_2.T
-    gate = gate_act = dgate = None
+    gate = x @ W_gate + b_gate if gated else None
+
+    def contracted_moved(js, steps):
+        """sum(dout * FFN(x)) at x + steps[i] e_js[i], whose gradient in x is dx: moving x's
+        entry j by s moves pre = x W_1 + b_1 by s W_1[j] (and the gate by s W_gate[j])."""
+        pres = pre + steps[:, None] * W_1[js]
+        if gated:   # silu(x W_gate + b_gate) * (x W_1 + b_1), or gelu's
+            gates = gate + steps[:, None] * W_gate[js]
+            hidden = activation(gates, GATE_UNITS[cfg.activation]) * pres
+        else:   # act(x W_1 + b_1)
+            hidden = activation(pres, cfg.activation)
+        return (hidden @ W_2 + b_2) @ dout
+
+    gate_act = dgate = None
     if gated:   # the product rule: each factor's gradient holds the other
-        name, gate = GATE_UNITS[cfg.activation], x @ W_gate + b_gate
+        name = GATE_UNITS[cfg.activation]
         gate_act, s = activation(gate, name), slope(gate, name)
         hidden = gate_act * pre
         dpre, dgate = dhidden * gate_act, dhidden * pre * s
@@ -133,6 +137,7 @@ def explain(params: dict, fwd: Forward, dout_all: np.ndarray, cfg: Config, block
     at = gate if gated else pre   # where the slope is taken
     h = step * np.maximum(1.0, np.abs(at))
     numeric_slope = (activation(at + h, name) - activation(at - h, name)) / (2 * h)
+    numeric_dx = batched_central_differences(contracted_moved, x, step)
     return FFNExplained(x, pre, hidden, hidden @ W_2 + b_2, dout, dhidden, s, dpre, dx,
-                        numeric_slope, central_differences(contracted, x, step), gate,
+                        numeric_slope, numeric_dx, gate,
                         gate_act if cfg.activation == "swiglu" else None, dgate, gate_act)

@@ -150,8 +150,8 @@ def gradcheck(
 def central_differences(f: Callable, x, step: float = 1e-6):
     """The gradient of the scalar function ``f`` at the vector ``x`` (float64) by central
     differences, each entry's step relative to it (``step * max(1, |x_j|)``): the check that
-    ``tfm ln``, ``tfm ffn``, ``tfm loss`` and ``tfm attn --query --backward`` print beside the
-    formula they lay out."""
+    ``tfm ln``, ``tfm block``, ``tfm embed`` and ``tfm attn --query --backward`` print beside
+    the formula they lay out (``tfm ffn`` and ``tfm loss``: ``batched_central_differences``)."""
     import numpy as np
 
     grad = np.empty(x.size)
@@ -161,4 +161,22 @@ def central_differences(f: Callable, x, step: float = 1e-6):
         up[j] += h
         down[j] -= h
         grad[j] = (f(up) - f(down)) / (2 * h)
+    return grad
+
+
+def batched_central_differences(moved: Callable, x, step: float = 1e-6, batch: int = 64):
+    """``central_differences`` with the points taken ``batch`` entries at a time:
+    ``moved(js, hs)`` gives f at ``x + hs[i] e_js[i]`` for each i, as an array. A function
+    whose first step is linear, ``y = x A + c``, moves y by ``h A[j]``: a row of A for each
+    point instead of a product, and one product of a batch for what follows. ``tfm loss`` on
+    GPT-2 small made 1,536 products of a row by the (768, 50257) head, 16 s; ``tfm ffn`` 1,536
+    of a row through the FFN, 4 s. Each step is ``step * max(1, |x_j|)``, as there."""
+    import numpy as np
+
+    steps = step * np.maximum(1.0, np.abs(x))
+    grad = np.empty(x.size)
+    for start in range(0, x.size, batch):
+        js = np.arange(start, min(start + batch, x.size))
+        h = steps[js]
+        grad[js] = (moved(js, h) - moved(js, -h)) / (2 * h)
     return grad

@@ -15,7 +15,7 @@ import numpy as np
 
 from tfmcli import ops
 from tfmcli.config import Config
-from tfmcli.gradcheck import central_differences
+from tfmcli.gradcheck import batched_central_differences
 from tfmcli.model import Forward, check_within, head_weights
 
 
@@ -72,11 +72,15 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
     def capped(z):   # the logits the softmax takes
         return z if cap is None else ops.softcap_forward(z, cap)
 
-    def term_of(row_h):   # -log softmax(logits of row_h)[target], by log-sum-exp
-        z = capped(row_h @ W_U + b_U)
-        return float(np.log(np.exp(z - z.max()).sum()) - (z[target] - z.max()))
-
     z = h @ W_U + b_U
+
+    def terms_moved(js, steps):
+        """-log softmax(logits)[target] at h + steps[i] e_js[i], by log-sum-exp: moving h's
+        entry j by s moves z = h W_U + b_U by s W_U[j]."""
+        zs = capped(z + steps[:, None] * W_U[js])
+        tops = zs.max(axis=-1)
+        return np.log(np.exp(zs - tops[:, None]).sum(axis=-1)) - (zs[:, target] - tops)
+
     logits = capped(z)
     top = float(logits.max())
     shifted = logits - top
@@ -90,7 +94,7 @@ def explain(params: dict, fwd: Forward, cfg: Config, row: int, t: int,
         term = float(np.log(total) - shifted[target])
         p_minus_y = probs.copy()
         p_minus_y[target] -= 1.0
-        numeric = central_differences(term_of, h, step) / cache.n
+        numeric = batched_central_differences(terms_moved, h, step) / cache.n
     dlogits = p_minus_y / cache.n
     slope = np.ones_like(logits) if cap is None else ops.softcap_slope(logits, cap)
     dz = dlogits * slope
