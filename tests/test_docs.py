@@ -1,6 +1,7 @@
 """docs/derivations.md: every linked function exists, the numbers of its "common mistakes"
 table are what the engine (and each mistake) computes, and its lists of gradients that sum to
-zero are the engine's, so the page cannot drift."""
+zero are the engine's, so the page cannot drift; and every link of the README and the docs to
+a heading finds it."""
 
 import math
 import re
@@ -25,6 +26,31 @@ def test_every_linked_function_exists():
     for module, function, path in links:
         assert module == path
         assert f"def {function}(" in (ROOT / "tfmcli" / f"{path}.py").read_text(), function
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+    hyphens ("### Rotary positions: `--pe rope`" is #rotary-positions---pe-rope)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_every_link_to_a_heading_finds_it():
+    """The README's contents and its cross-links, and the docs' links to each other, name
+    headings that exist (a renamed heading would leave a link going nowhere)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    anchors = {page.resolve(): heading_anchors(page.read_text()) for page in pages}
+    links = 0
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", text):
+            where = (page.parent / target).resolve() if target else page.resolve()
+            assert anchor in anchors[where], f"{page.name} links to {target}#{anchor}"
+            links += 1
+    assert links >= 60
+    assert {"tfm-check---against-torch", "rotary-positions---pe-rope",
+            "starcoder-and-santacoder-gptbigcode"} <= anchors[(ROOT / "README.md").resolve()]
 
 
 def row(mistake_prefix):
