@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tfmcli
+from helpers import random_params
 from tfmcli import masks, ops, positional
 from tfmcli.config import activation_shapes, param_shapes
 from tfmcli.model import first_nonfinite
@@ -142,6 +143,57 @@ def test_a_gradient_that_is_zero_is_measured_against_what_differences_resolve(mo
         (b_K,) = report.params
         assert report.step == 1e-5 and b_K.max_abs_err > 0
         assert b_K.max_abs_err / b_K.rel_err == pytest.approx(floor, rel=1e-12)
+
+
+PARTIAL_CONFIGS = [
+    dict(layers=3, pe="learned", tied_head=True),
+    dict(layers=3, norm="post", activation="gelu", lengths=(4, 3)),
+    dict(layers=3, pe="rope", rms_norm=True, activation="swiglu", sliding_window=2,
+         sliding_layers=(0, 2), kv_heads=1, seq_len=6),
+    dict(layers=2, pe="alibi", embed_norm=True, parallel_residual=True, shared_norm=True),
+    dict(layers=2, sandwich_norm=True, attn_softcap=5.0, logit_softcap=3.0, qk_norm=True),
+]
+
+
+@pytest.mark.parametrize("fields", PARTIAL_CONFIGS)
+def test_a_pass_from_block_i_is_the_whole_pass_from_there_bit_for_bit(fields):
+    """Given block i's input from a pass of the same parameters, the blocks from i on, the
+    final norm, the head and the loss are the whole pass's, bit for bit (the gradient check
+    starts each nudged pass there); past the last block, from its output."""
+    from tfmcli.gradcheck import block_input
+    from tfmcli.model import unchecked_forward
+
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=8)
+    whole = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+    for start in range(cfg.layers + 1):
+        x = whole.acts[block_input(start, cfg)]
+        part = unchecked_forward(params, whole.inputs, cfg, start=start, x=x)
+        assert part.loss == whole.loss
+        first = ("embed" if start == 0 else f"blocks.{start}.in" if start < cfg.layers else
+                 "ln_f.out" if cfg.norm == "pre" else "logits")
+        assert next(iter(part.acts)) == first
+        for name, value in part.acts.items():
+            np.testing.assert_array_equal(value, whole.acts[name])
+
+
+@pytest.mark.parametrize("fields", PARTIAL_CONFIGS[:3])
+def test_gradcheck_from_each_parameters_block_is_gradcheck_from_the_embedding(fields,
+                                                                               monkeypatch):
+    """Every parameter's numeric gradient, its error and its verdict are the same, to the
+    bit, whether each nudged pass starts at the parameter's block or at the embedding."""
+    module = importlib.import_module("tfmcli.gradcheck")
+
+    cfg = tfmcli.Config(**fields)
+    params = random_params(tfmcli.init_params(cfg), seed=9)
+    inputs = tfmcli.make_inputs(cfg)
+    started = tfmcli.gradcheck(params, inputs, cfg, max_entries=3)
+    assert {module.first_block(c.name, cfg) for c in started.params} == set(range(4))
+    monkeypatch.setattr(module, "first_block", lambda name, cfg: 0)
+    whole = tfmcli.gradcheck(params, inputs, cfg, max_entries=3)
+    assert [(c.name, c.max_abs_err, c.rel_err, c.passed) for c in started.params] == [
+        (c.name, c.max_abs_err, c.rel_err, c.passed) for c in whole.params]
+    assert started.passed
 
 
 def test_batched_central_differences_are_the_gradient_batch_by_batch():

@@ -458,11 +458,18 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     return unchecked_forward(params, checked_inputs(inputs, cfg), cfg, fast)
 
 
-def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> Forward:
+def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
+                      start: int = 0, x: np.ndarray | None = None) -> Forward:
     """``forward`` without checking its arguments: for a loop over arguments that ``forward``
-    has checked once (the gradient check's nudged copies of the parameters)."""
+    has checked once (the gradient check's nudged copies of the parameters).
+
+    ``start``: run only blocks ``start`` on, from ``x``, their first's input
+    (``acts["blocks.{start}.in"]`` of a forward pass of the same parameters before it; with
+    ``start = cfg.layers``, the last block's output), and what follows them: the same loss, bit
+    for bit, when no parameter before block ``start`` changed. The returned acts begin there.
+    """
     with _engine(fast, cfg, *inputs.tokens.shape):
-        return _forward(params, inputs, cfg, fast)
+        return _forward(params, inputs, cfg, fast, start, x)
 
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
@@ -497,22 +504,32 @@ def threaded(cfg: Config, B: int, T: int) -> bool:
                                      and largest_product(cfg, B, T) >= THREADED_WORK)
 
 
-def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool) -> Forward:
-    B, T = inputs.tokens.shape
-    acts: OrderedDict[str, np.ndarray] = OrderedDict()
-    caches: dict = {"fast": fast, "cfg": cfg}
+def _embed_forward(params: dict, inputs: Inputs, cfg: Config, acts, caches) -> np.ndarray:
+    """The first block's input: the tokens' rows of W_E (times sqrt(d) with ``embed_scale``),
+    plus the positions' rows when they are added, normalised with ``embed_norm``."""
     x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
     if cfg.embed_scale:   # sqrt(d_model) W_E[tokens] (a copy of the rows: scaled in place)
         x *= cfg.embed_factor
     acts["embed"] = x
-    pe = positions(params, cfg, T)                                                 # (T, d)
+    pe = positions(params, cfg, inputs.tokens.shape[1])                            # (T, d)
     if pe is not None:
         acts["pe"] = pe
         x = x + pe
     if cfg.embed_norm:   # BLOOM's: the embedding normalised before the first block
         x = _ln_forward(x, params, "ln_embed", cfg, acts, caches)
-    masks = _block_masks(cfg, inputs.lengths, T, fast, range(cfg.layers))
-    for i in range(cfg.layers):
+    return x
+
+
+def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
+             x: np.ndarray | None = None) -> Forward:
+    B, T = inputs.tokens.shape
+    acts: OrderedDict[str, np.ndarray] = OrderedDict()
+    caches: dict = {"fast": fast, "cfg": cfg}
+    if start == 0:
+        x = _embed_forward(params, inputs, cfg, acts, caches)
+    blocks = range(start, cfg.layers)
+    masks = _block_masks(cfg, inputs.lengths, T, fast, blocks)
+    for i in blocks:
         x = _block_forward(x, params, i, cfg, masks[i], acts, caches)
     if cfg.norm == "pre":
         x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
