@@ -49,17 +49,9 @@ def _table_joining_names(table):
 
     def names(long, short, no_long, no_short):
         """``--batch, -B``; a switch's ``--no-`` form on a line of its own."""
-        joined = Text()
-        for line, (first, second) in enumerate(((long, short), (no_long, no_short))):
-            if not (first.plain or second.plain):
-                continue
-            if line:
-                joined.append("\n")
-            joined.append_text(first)
-            if first.plain and second.plain:
-                joined.append(", ")
-            joined.append_text(second)
-        return joined
+        lines = [Text(", ").join(name for name in pair if name.plain)
+                 for pair in ((long, short), (no_long, no_short))]
+        return Text("\n").join(line for line in lines if line.plain)
 
     return OptionsTable
 
