@@ -160,9 +160,9 @@ def test_help_at_80_columns_keeps_every_choice_whole_and_shows_no_bool(command, 
             assert {member.value for member in enum} <= words, enum
 
 
-def test_help_at_80_columns_gives_the_help_half_the_width(monkeypatch):
-    """An option's names share one cell (the --no- form on a line of its own), so the help
-    column is not squeezed to 19 columns by the longest names (tfmcli.cli.helpfit)."""
+def test_help_at_80_columns_gives_each_architecture_flag_one_line(monkeypatch):
+    """An option's names share one cell and a switch's two forms are written --[no-]x, so the
+    help column is not squeezed by the longest names (tfmcli.cli.helpfit)."""
     monkeypatch.setenv("COLUMNS", "80")
     lines = ok("forward", "--help").stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -170,12 +170,40 @@ def test_help_at_80_columns_gives_the_help_half_the_width(monkeypatch):
     assert seed.index("Seed of") <= 40          # 60 with a cell per name
     batch = next(line for line in lines if "--batch" in line)
     assert batch.startswith("│ --batch, -B ")
-    switch = next(i for i, line in enumerate(lines) if line.startswith("│ --parallel-residual "))
-    assert lines[switch + 1].startswith("│ --no-parallel-residual ")
-    assert "Attention and the FFN both read the" in lines[switch]
-    assert len(lines) < 200                     # 348 with a cell per name
+    switch = next(i for i, line in enumerate(lines)
+                  if line.startswith("│ --[no-]parallel-residual "))
+    assert "Attention and FFN side by side." in lines[switch]
+    assert lines[switch + 1].startswith("│ --[no-]shared-norm ")   # no line of its own
+    assert any(line.startswith("│ --[un]tied-head ") for line in lines)
+    rms = next(i for i, line in enumerate(lines) if line.startswith("│ --rms-norm "))
+    assert lines[rms + 1].startswith("│ --layer-norm ")    # not a --no- form: two lines
     top = ok("--help").stdout.splitlines()      # the group's own options, the same way
     assert any(line.startswith("│ --help, -h ") for line in top)
+
+
+MODEL_COMMANDS = ("forward", "backward", "gradcheck", "shapes", "embed", "attn", "ln", "ffn",
+                  "block", "loss", "adam", "kv", "lens", "check", "compare", "train")
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_help_starts_with_what_you_use(command, monkeypatch):
+    """At 80 columns every model command's --help fits in 80 lines, its own options first,
+    then input, output, sizes and the architecture (which names the docs page)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = ok(command, "--help").stdout.splitlines()
+    assert len(lines) <= 80, len(lines)
+    panels = [line.split()[1] for line in lines if line.startswith("╭─ ")]
+    assert panels[0] == "Options"
+    order = [p for p in ("Input", "Output", "Sizes", "Architecture") if p in panels]
+    assert panels[1:] == order, panels
+    if "Architecture" in panels:
+        assert "docs/architectures.md" in next(l for l in lines if "╭─ Architecture" in l)
+    start = next(i for i, l in enumerate(lines) if l.startswith("╭─ Input"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
+    names = [l.split()[1] for l in lines[start + 1:end] if l.startswith("│ --")]
+    usual = ["--tokens", "--text", "--load", "--arch", "--seed", "--force"]
+    assert names == [name for name in usual if name in names], names
+    assert "--seed" in names and ("--arch" in names) == (command != "compare")
 
 
 @pytest.mark.parametrize("no_color, escapes", [("1", False), ("", True)])

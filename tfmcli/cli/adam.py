@@ -19,8 +19,8 @@ from tfmcli.errors import TfmError
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def adam(
     param: Annotated[str, typer.Option("--param", metavar="NAME", help="The parameter whose entries are followed.")] = "blocks.0.ffn.W_1",
-    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 10), help="Adam updates on the run's own batch (1..10).")] = 3,
-    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 8), help="How many entries: those with the largest gradient at step 1 (1..8).")] = 4,
+    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 10), help="Updates on the run's batch (1..10).")] = 3,
+    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 8), help="Entries: the largest gradients (1..8).")] = 4,
     warmup: Warmup = 100,
     lr: Rate = None,
     precision: Precision = 4,

@@ -19,12 +19,12 @@ from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Opti
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def attn(
-    example: Annotated[Optional[str], typer.Option("--example", help="'illustrated': seed 002's integer worked example instead of the model.")] = None,
+    example: Annotated[Optional[str], typer.Option("--example", help="'illustrated': seed 002's integer example.")] = None,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the head.")] = 0,
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
     row: Row = 0,
-    query: Annotated[Optional[int], typer.Option("--query", "-q", callback=bounded(0), help="Explain this query's row number by number: q . k, scale, mask, softmax, the sum of v.")] = None,
-    backward: Annotated[bool, typer.Option("--backward", help="The backward too, from the gradient of the context: dV, the softmax's backward, dQ and dK.")] = False,
+    query: Annotated[Optional[int], typer.Option("--query", "-q", callback=bounded(0), help="This query's row, number by number.")] = None,
+    backward: Annotated[bool, typer.Option("--backward", help="The backward too, down to dQ, dK, dV.")] = False,
     precision: Precision = 4,
     opts: Options = None,
 ):

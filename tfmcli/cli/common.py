@@ -22,11 +22,11 @@ WHOLE = 32   # the by-hand views (ln, ffn, loss) show a row up to this many colu
 Position = Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")]
 Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
-WideRows = Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to 32).")]
+WideRows = Annotated[bool, typer.Option("--full", help="Every column (else up to 32).")]
 MAX_ROWS = 40  # table rows shown without --full: one screenful
 # Adam's learning rate, for tfm train and tfm adam: seed 004's warm-up schedule, or a constant
-Warmup = Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule d^-0.5 min(step^-0.5, step warmup^-1.5).")]
-Rate = Annotated[Optional[float], typer.Option("--lr", help="A constant learning rate instead of the warm-up schedule (> 0).")]
+Warmup = Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule.")]
+Rate = Annotated[Optional[float], typer.Option("--lr", help="A constant rate, not the schedule.")]
 
 
 def check_rate(opts: Options, lr):
@@ -150,9 +150,9 @@ def _after(rows: dict, key: str, new_key: str, value: str):
             yield new_key, value
 
 
-def describe(cfg, run=None, row: int = 0) -> dict:
+def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
     """The config panel's rows; with a run, where its weights and tokens came from, and the
-    tokens and targets of batch row ``row``."""
+    tokens and targets of batch row ``row``. ``arch``: the --arch preset (a run knows its own)."""
     sliding = "" if cfg.sliding_layers is None else (
         f" in block{'s' * (len(cfg.sliding_layers) != 1)} "
         f"{', '.join(map(str, cfg.sliding_layers)) or 'none'}")
@@ -185,6 +185,11 @@ def describe(cfg, run=None, row: int = 0) -> dict:
         "seed": str(cfg.seed),
         "parameters": f"{sizes.param_count(cfg):,}",
     }
+    arch = run.arch if run is not None else arch
+    if arch is not None:   # the preset first: the rows below are what it set
+        from tfmcli.presets import PRESETS
+
+        rows = {"arch": f"{arch} ({PRESETS[arch].family}), at toy size", **rows}
     if cfg.qk_norm:   # after the norm row
         rows = dict(_after(rows, "norm", "q, k norm",
                            "each head's, before the scores (attn.q_norm, attn.k_norm)"))

@@ -15,7 +15,7 @@ DEFAULTS = {"batch": 4, "seq_len": 16, "d_model": 32, "heads": 4, "vocab": 32, "
 COMPARE_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                    for name, annotation, default in MODEL_OPTIONS
                    if name not in ("norm", "sandwich_norm", "parallel_residual",
-                                    "shared_norm")]
+                                    "shared_norm", "arch")]
 INPUT_OPTIONS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "force")]
 
 

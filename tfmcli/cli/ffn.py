@@ -43,8 +43,7 @@ def ffn(
 ):
     """One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.
 
-    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre (geglu:
-    gelu(gate) * pre).
+    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre (geglu: gelu(gate) * pre).
 
     Example: tfm ffn --position 2 --activation gelu
     """

@@ -5,8 +5,8 @@ and short names of its ``--no-`` form, its type and its help. The model commands
 Config field, and their longest names (``--parallel-residual`` beside
 ``--no-parallel-residual``, ``--rope-scaling`` beside ``32,1,4,8192``) left the help 19 columns
 at 80: ``tfm forward --help`` ran to 348 lines, most of them one or two words long. Here the
-names share one cell, ``--batch, -B`` on a line and a switch's ``--no-`` form on the next, so
-that the help has twice the width (189 lines at 80 columns).
+names share one cell, ``--batch, -B``, and a switch's two forms are written as git writes them,
+``--[no-]causal``, so that each option of the architecture panel takes one line.
 
 Typer builds the table inside ``typer.rich_utils._print_options_panel`` (the same six cells
 in every release tfm allows: 0.26-0.28). The table's class is swapped, when help is about to
@@ -48,7 +48,14 @@ def _table_joining_names(table):
             return super().add_row(*cells, **options)
 
     def names(long, short, no_long, no_short):
-        """``--batch, -B``; a switch's ``--no-`` form on a line of its own."""
+        """``--batch, -B``; a switch as ``--[no-]causal`` (git's way of writing both forms) or
+        ``--[un]tied-head``; another pair, like ``--rms-norm`` and ``--layer-norm``, on two
+        lines."""
+        if not short.plain and not no_short.plain and long.plain.startswith("--"):
+            for prefix in ("no-", "un"):
+                if no_long.plain == "--" + prefix + long.plain[2:]:
+                    return Text.assemble(("--", long.style), (f"[{prefix}]", no_long.style),
+                                         (long.plain[2:], long.style))
         lines = [Text(", ").join(name for name in pair if name.plain)
                  for pair in ((long, short), (no_long, no_short))]
         return Text("\n").join(line for line in lines if line.plain)

@@ -21,18 +21,17 @@ Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_po
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ln(
-    layer: Annotated[Which, choice("--layer", choices=Which, help="Which layer norm of the block (ln1_post, ln2_post: a sandwich's, after attention and the FFN; ln_f: the final one, Pre-LN; ln_embed: the embedding's, --embed-norm).")] = Which.ln1,
+    layer: Annotated[Which, choice("--layer", choices=Which, metavar="NAME", help="ln1, ln1_post, ln2, ln2_post, ln_f or ln_embed.")] = Which.ln1,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
     row: Row = 0,
     position: Position = 0,
     precision: Precision = 4,
-    full: Annotated[bool, typer.Option("--full", help="Every column, wrapped to the width (without it, up to d 32).")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Every column (else up to 32).")] = False,
     opts: Options = None,
 ):
     """One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.
 
-    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta. With
-    --no-norm-bias, layer norm's without beta.
+    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta. With --no-norm-bias, layer norm's without beta.
 
     Example: tfm ln --layer ln2 --position 3
     """

@@ -1,9 +1,11 @@
 """Command-line options shared by several commands, and how they become a Config.
 
-Every Config field is an option on forward, backward, gradcheck, shapes and attn. Rather than
-repeat seventeen parameters in five signatures, ``with_options`` appends the groups below to a
-command's own parameters (Typer reads the resulting signature) and hands the command one
-``Options`` object.
+Every Config field is an option of every model command. Rather than repeat some fifty
+parameters in each signature, ``with_options`` appends the groups below to a command's own
+parameters (Typer reads the resulting signature), sorted into --help's panels in the order a
+learner uses them (input, output, sizes, then the architecture), and hands the command one
+``Options`` object. ``--arch`` fills the fields the user did not type from a preset
+(``tfmcli.presets``).
 """
 
 import difflib
@@ -93,9 +95,12 @@ def parse_rope_scaling(text: Optional[str], flag: str = "--rope-scaling"):
     return values
 
 
-MODEL = "Model (every Config field)"
-RUN = "Run"
+# --help's panels, in the order a learner reaches for them (a command's own options come first)
+INPUT = "Input"
 OUTPUT = "Output"
+SIZES = "Sizes"
+ARCH = "Architecture (every flag explained: docs/architectures.md)"
+PANELS = (INPUT, OUTPUT, SIZES, ARCH)
 
 
 def bounded(low: int, high: Optional[int] = None):
@@ -140,7 +145,7 @@ def choice(*names, choices, help, panel=None, **kwargs):
     is a word and the values go into the help text, so that --help never breaks a value
     mid-word at 80 columns."""
     values = [member.value for member in choices]
-    if len("|".join(values)) > 12:
+    if len("|".join(values)) > 12 and "metavar" not in kwargs:
         kwargs["metavar"] = "NAME"
         listed = ", ".join(values[:-1]) + " or " + values[-1]
         help = f"{help.rstrip('.')}: {listed}."
@@ -148,84 +153,175 @@ def choice(*names, choices, help, panel=None, **kwargs):
 
 
 def _opt(*names, panel, **kwargs):
+    if panel == ARCH:   # one line each: the defaults are said in the help where they matter
+        kwargs.setdefault("show_default", False)
     return typer.Option(*names, rich_help_panel=panel, **kwargs)
 
 
-D = Config()  # the defaults live in one place: the Config
+def _arch(*names, **kwargs):
+    return _opt(*names, panel=ARCH, **kwargs)
 
-# (name, annotation, default), in the order --help lists them.
+
+def _size(*names, **kwargs):
+    return _opt(*names, panel=SIZES, callback=bounded(1), **kwargs)
+
+
+def _named(*names, choices, help, **kwargs):
+    """An architecture choice whose values are listed in its one-line help."""
+    return choice(*names, choices=choices, panel=ARCH, help=help, metavar="NAME",
+                  show_default=False, **kwargs)
+
+
+def check_arch(value: Optional[str]):
+    """--arch: a preset's name; 'list' prints them all and stops."""
+    if value is None:
+        return None
+    from tfmcli.presets import NAMES
+
+    if value == "list":
+        from tfmcli.presets import describe
+
+        width = max(map(len, NAMES))
+        for name in NAMES:
+            typer.echo(f"{name:<{width}}  {describe(name)}")
+        raise typer.Exit(0)
+    if value not in NAMES:
+        raise typer.BadParameter(f"{value!r} is not a preset; allowed: {', '.join(NAMES)} "
+                                 f"(tfm shapes --arch list says what each sets)")
+    return value
+
+
+D = Config()  # the defaults live in one place: the Config
+I, F, S, B = int, float, str, bool
+OptI, OptF, OptS = Optional[int], Optional[float], Optional[str]
+
+# (name, annotation, default). --help shows them panel by panel (PANELS), in this order within.
 MODEL_OPTIONS = [
-    ("seed", Annotated[int, _opt("--seed", panel=MODEL, callback=bounded(0), help="Seed of default_rng for weights and tokens (>= 0).")], D.seed),
-    ("batch", Annotated[int, _opt("--batch", "-B", panel=MODEL, callback=bounded(1), help="Batch size B (>= 1).")], D.batch),
-    ("seq_len", Annotated[int, _opt("--seq-len", "-T", panel=MODEL, callback=bounded(1), help="Sequence length T (>= 1).")], D.seq_len),
-    ("d_model", Annotated[int, _opt("--d-model", "-d", panel=MODEL, callback=bounded(1), help="Model width d (>= 1).")], D.d_model),
-    ("heads", Annotated[int, _opt("--heads", "-H", panel=MODEL, callback=bounded(1), help="Attention heads H (must divide d, unless --head-dim) (>= 1).")], D.heads),
-    ("kv_heads", Annotated[Optional[int], _opt("--kv-heads", panel=MODEL, callback=bounded(1), help="Key/value heads (grouped-query attention, LLaMA 2/3; 1: multi-query); each serves H / kv-heads query heads (must divide H; default H).")], D.kv_heads),
-    ("head_dim", Annotated[Optional[int], _opt("--head-dim", panel=MODEL, callback=bounded(1), help="Width of each head's queries, keys and values, when not d / H (Qwen3, Mistral Nemo); W_Q is then (d, H x head-dim), W_O (H x head-dim, d) (>= 1).")], D.head_dim),
-    ("d_ff", Annotated[Optional[int], _opt("--d-ff", panel=MODEL, callback=bounded(1), help="FFN hidden width (default 4 x d) (>= 1).")], D.d_ff),
-    ("vocab", Annotated[int, _opt("--vocab", "-V", panel=MODEL, callback=bounded(1), help="Vocabulary size V (>= 1).")], D.vocab),
-    ("layers", Annotated[int, _opt("--layers", "-L", panel=MODEL, callback=bounded(1), help="Number of blocks L (>= 1).")], D.layers),
-    ("norm", Annotated[Norm, choice("--norm", choices=Norm, panel=MODEL, help="Layer-norm position.")], Norm(D.norm)),
-    ("activation", Annotated[Activation, choice("--activation", choices=Activation, panel=MODEL, help="FFN activation (gelu: tanh approximation; gelu_erf: GELU itself, 0.5 x (1 + erf(x / sqrt 2)); swiglu: silu(x W_gate + b_gate) * (x W_1 + b_1), a third weight; geglu: the same with gelu for silu).")], Activation(D.activation)),
-    ("causal", Annotated[bool, _opt("--causal/--no-causal", panel=MODEL, help="Hide future keys.")], D.causal),
-    ("sliding_window", Annotated[Optional[int], _opt("--sliding-window", panel=MODEL, metavar="W", callback=bounded(1), help="Each query sees only the last W keys, itself included (Mistral's sliding window; needs --causal) (>= 1).")], D.sliding_window),
-    ("sliding_layers", Annotated[Optional[str], _opt("--sliding-layers", panel=MODEL, metavar="0,2", help="Only these blocks slide with --sliding-window; the others see every earlier key (Gemma 2: every other block, 0,2,4,...).")], None),
-    ("lengths", Annotated[Optional[str], _opt("--lengths", panel=MODEL, metavar="4,2", help="Valid length of each batch row (one per row, 1..T).")], None),
-    ("pe", Annotated[PE, choice("--pe", choices=PE, panel=MODEL, help="Positional encoding: added to the embedding (sinusoidal, learned), none, RoPE's turn of q and k (rope), or ALiBi's -m_h (i - j) added to head h's scores (alibi: BLOOM, MPT).")], PE(D.pe)),
-    ("rope_theta", Annotated[float, _opt("--rope-theta", panel=MODEL, help="RoPE's base, with --pe rope: pair i turns by t / theta^(2i/d_head) (LLaMA 3: 500000) (> 0).")], D.rope_theta),
-    ("rope_scaling", Annotated[Optional[str], _opt("--rope-scaling", panel=MODEL, metavar="32,1,4,8192", help="Scaled RoPE, with --pe rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor, every angle divided by it (Gemma 3 4B+: 8).")], None),
-    ("rope_local_theta", Annotated[Optional[float], _opt("--rope-local-theta", panel=MODEL, metavar="X", help="RoPE's base in the blocks that slide (--sliding-window, --sliding-layers), unscaled; the others turn at --rope-theta with --rope-scaling (Gemma 3: 10000, the others 1000000) (> 0).")], D.rope_local_theta),
-    ("rotary_dim", Annotated[Optional[int], _opt("--rotary-dim", panel=MODEL, metavar="N", callback=bounded(1), help="RoPE turns only each head's first N dimensions, pairs (i, i + N/2), and passes the rest (partial_rotary_factor x d_head: StableLM's 0.25) (even, at most d_head; default all).")], D.rotary_dim),
-    ("init", Annotated[Init, choice("--init", choices=Init, panel=MODEL, help="Weight initialisation.")], Init(D.init)),
-    ("dtype", Annotated[DType, choice("--dtype", choices=DType, panel=MODEL, help="Floating-point type of every array.")], DType(D.dtype)),
-    ("eps", Annotated[float, _opt("--eps", panel=MODEL, help="Layer-norm (or RMSNorm) epsilon, inside the square root (> 0).")], D.eps),
-    ("n_ctx", Annotated[Optional[int], _opt("--n-ctx", panel=MODEL, callback=bounded(1), help="Learned positions (rows of embed.W_pos; default T) (>= 1).")], D.n_ctx),
-    ("tied_head", Annotated[bool, _opt("--tied-head/--untied-head", panel=MODEL, help="Head reuses the embedding: logits = h W_E^T (GPT-2).")], D.tied_head),
-    ("head_bias", Annotated[bool, _opt("--head-bias/--no-head-bias", panel=MODEL, help="Head adds the bias head.b_U.")], D.head_bias),
-    ("bias", Annotated[bool, _opt("--bias/--no-bias", panel=MODEL, help="Attention and FFN linear layers add biases (b_Q ... b_2); LLaMA's have none.")], D.bias),
-    ("qkv_bias", Annotated[bool, _opt("--qkv-bias/--no-qkv-bias", panel=MODEL, help="With --no-bias, Q, K and V still add biases (b_Q, b_K, b_V), nothing else (Qwen2).")], D.qkv_bias),
-    ("ffn_bias", Annotated[bool, _opt("--ffn-bias/--no-ffn-bias", panel=MODEL, help="With --no-bias, the FFN still adds biases (b_1, b_2, b_gate) and attention none (GPT-J).")], D.ffn_bias),
-    ("embed_norm", Annotated[bool, _opt("--embed-norm/--no-embed-norm", panel=MODEL, help="Normalise the embedding before the first block, x0 = LN(W_E[id]) (BLOOM's word_embeddings_layernorm; needs --pe none, rope or alibi).")], D.embed_norm),
-    ("norm_bias", Annotated[bool, _opt("--norm-bias/--no-norm-bias", panel=MODEL, help="Each layer norm adds its beta; --no-norm-bias: y = gamma * xhat, no .beta parameters (MPT's norms; needs --layer-norm).")], D.norm_bias),
-    ("qk_norm", Annotated[bool, _opt("--qk-norm/--no-qk-norm", panel=MODEL, help="Normalise each head's queries and keys over their d_head entries before RoPE and the scores (Qwen3): attn.q_norm, attn.k_norm, RMSNorm with --rms-norm.")], D.qk_norm),
-    ("embed_scale", Annotated[bool, _opt("--embed-scale/--no-embed-scale", panel=MODEL, help="Multiply the embedding's rows by sqrt(d_model) before the positions are added (the Transformer paper's and Gemma's).")], D.embed_scale),
-    ("attn_softcap", Annotated[Optional[float], _opt("--attn-softcap", panel=MODEL, metavar="C", help="Soft-cap each attention score s (scaled, before the mask): C tanh(s / C), never past C (Gemma 2: 50) (> 0).")], D.attn_softcap),
-    ("logit_softcap", Annotated[Optional[float], _opt("--logit-softcap", panel=MODEL, metavar="C", help="Soft-cap each logit z of the head: C tanh(z / C) (Gemma 2: 30) (> 0).")], D.logit_softcap),
-    ("attn_scale", Annotated[Optional[float], _opt("--attn-scale", panel=MODEL, metavar="X", help="Multiply each score q . k by X instead of 1 / sqrt(d_head) (Gemma 2 27B: 1 / sqrt(144)) (> 0).")], D.attn_scale),
-    ("sandwich_norm", Annotated[bool, _opt("--sandwich-norm/--no-sandwich-norm", panel=MODEL, help="Normalise each sublayer's output too, before the residual sum (Gemma 2 and 3): ln1_post after attention, ln2_post after the FFN; needs --norm pre.")], D.sandwich_norm),
-    ("parallel_residual", Annotated[bool, _opt("--parallel-residual/--no-parallel-residual", panel=MODEL, help="Attention and the FFN both read the block's input, each through its own norm, and both outputs join the stream (GPT-NeoX, Pythia): z = x + MHA(LN1(x)) + FFN(LN2(x)); needs --norm pre.")], D.parallel_residual),
-    ("shared_norm", Annotated[bool, _opt("--shared-norm/--no-shared-norm", panel=MODEL, help="A parallel block with one norm: attention and the FFN both read LN1(x), and there is no ln2 (Phi-2, GPT-J): z = x + MHA(LN1(x)) + FFN(LN1(x)); needs --parallel-residual.")], D.shared_norm),
-    ("rms_norm", Annotated[bool, _opt("--rms-norm/--layer-norm", panel=MODEL, help="RMSNorm (LLaMA's) for every norm: x / sqrt(mean(x^2) + eps) * gamma, no beta.")], D.rms_norm),
+    ("arch", Annotated[OptS, _opt(
+        "--arch", panel=INPUT, metavar="NAME", callback=check_arch,
+        help="A family's architecture at toy size (--arch list).")], None),
+    ("seed", Annotated[I, _opt(
+        "--seed", panel=INPUT, callback=bounded(0),
+        help="Seed of the weights and tokens.")], D.seed),
+    ("batch", Annotated[I, _size("--batch", "-B", help="Batch rows B.")], D.batch),
+    ("seq_len", Annotated[I, _size("--seq-len", "-T", help="Sequence length T.")], D.seq_len),
+    ("d_model", Annotated[I, _size("--d-model", "-d", help="Model width d.")], D.d_model),
+    ("heads", Annotated[I, _size("--heads", "-H", help="Attention heads H.")], D.heads),
+    ("kv_heads", Annotated[OptI, _size(
+        "--kv-heads", help="Key/value heads (default H; fewer: GQA).")], D.kv_heads),
+    ("head_dim", Annotated[OptI, _size(
+        "--head-dim", help="Width of a head (default d / H).")], D.head_dim),
+    ("d_ff", Annotated[OptI, _size("--d-ff", help="FFN hidden width (default 4 d).")], D.d_ff),
+    ("vocab", Annotated[I, _size("--vocab", "-V", help="Vocabulary size V.")], D.vocab),
+    ("layers", Annotated[I, _size("--layers", "-L", help="Blocks L.")], D.layers),
+    ("lengths", Annotated[OptS, _opt(
+        "--lengths", panel=SIZES, metavar="4,2",
+        help="Each row's valid length (default T).")], None),
+    ("n_ctx", Annotated[OptI, _size(
+        "--n-ctx", help="Rows of learned positions (default T).")], D.n_ctx),
+    ("norm", Annotated[Norm, _named(
+        "--norm", choices=Norm, help="pre: norm before each sublayer; post.")],
+     Norm(D.norm)),
+    ("activation", Annotated[Activation, _named(
+        "--activation", choices=Activation,
+        help="FFN: relu, gelu, gelu_erf, swiglu, geglu.")], Activation(D.activation)),
+    ("causal", Annotated[B, _arch("--causal/--no-causal", help="Hide future keys (on).")],
+     D.causal),
+    ("sliding_window", Annotated[OptI, _arch(
+        "--sliding-window", metavar="W", callback=bounded(1),
+        help="Each query sees the last W keys.")], D.sliding_window),
+    ("sliding_layers", Annotated[OptS, _arch(
+        "--sliding-layers", metavar="0,2", help="Only these blocks slide.")], None),
+    ("pe", Annotated[PE, _named(
+        "--pe", choices=PE, help="sinusoidal, learned, rope, alibi or none.")],
+     PE(D.pe)),
+    ("rope_theta", Annotated[F, _arch(
+        "--rope-theta", metavar="X", help="RoPE's base (10000).")], D.rope_theta),
+    ("rope_scaling", Annotated[OptS, _arch(
+        "--rope-scaling", metavar="F,…", help="RoPE's scaling: a factor, or four.")], None),
+    ("rope_local_theta", Annotated[OptF, _arch(
+        "--rope-local-theta", metavar="X", help="RoPE's base in sliding blocks.")],
+     D.rope_local_theta),
+    ("rotary_dim", Annotated[OptI, _arch(
+        "--rotary-dim", metavar="N", callback=bounded(1),
+        help="RoPE turns a head's first N dims.")], D.rotary_dim),
+    ("init", Annotated[Init, _named(
+        "--init", choices=Init, help="xavier, normal, uniform, kaiming.")], Init(D.init)),
+    ("dtype", Annotated[DType, _named(
+        "--dtype", choices=DType, help="float64 or float32.")], DType(D.dtype)),
+    ("eps", Annotated[F, _arch(
+        "--eps", metavar="X", help="Norms' epsilon (1e-5).")], D.eps),
+    ("tied_head", Annotated[B, _arch(
+        "--tied-head/--untied-head", help="The head is W_E^T (GPT-2).")], D.tied_head),
+    ("head_bias", Annotated[B, _arch(
+        "--head-bias/--no-head-bias", help="The head adds b_U (on).")], D.head_bias),
+    ("bias", Annotated[B, _arch(
+        "--bias/--no-bias", help="Linear layers add biases (on).")], D.bias),
+    ("qkv_bias", Annotated[B, _arch(
+        "--qkv-bias/--no-qkv-bias", help="With --no-bias, Q, K, V keep theirs.")],
+     D.qkv_bias),
+    ("ffn_bias", Annotated[B, _arch(
+        "--ffn-bias/--no-ffn-bias", help="With --no-bias, the FFN keeps its.")], D.ffn_bias),
+    ("embed_norm", Annotated[B, _arch(
+        "--embed-norm/--no-embed-norm", help="Norm the embedding (BLOOM).")], D.embed_norm),
+    ("norm_bias", Annotated[B, _arch(
+        "--norm-bias/--no-norm-bias", help="Norms add beta (on).")], D.norm_bias),
+    ("qk_norm", Annotated[B, _arch(
+        "--qk-norm/--no-qk-norm", help="Norm each head's q and k (Qwen3).")], D.qk_norm),
+    ("embed_scale", Annotated[B, _arch(
+        "--embed-scale/--no-embed-scale", help="Embedding times sqrt(d) (Gemma).")],
+     D.embed_scale),
+    ("attn_softcap", Annotated[OptF, _arch(
+        "--attn-softcap", metavar="C", help="Cap each score: C tanh(s / C).")],
+     D.attn_softcap),
+    ("logit_softcap", Annotated[OptF, _arch(
+        "--logit-softcap", metavar="C", help="Cap each logit: C tanh(z / C).")],
+     D.logit_softcap),
+    ("attn_scale", Annotated[OptF, _arch(
+        "--attn-scale", metavar="X", help="Scores q.k times X, not 1/sqrt(d_head).")],
+     D.attn_scale),
+    ("sandwich_norm", Annotated[B, _arch(
+        "--sandwich-norm/--no-sandwich-norm", help="Norm each sublayer's output too.")],
+     D.sandwich_norm),
+    ("parallel_residual", Annotated[B, _arch(
+        "--parallel-residual/--no-parallel-residual", help="Attention and FFN side by side.")],
+     D.parallel_residual),
+    ("shared_norm", Annotated[B, _arch(
+        "--shared-norm/--no-shared-norm", help="Side by side, reading one norm.")],
+     D.shared_norm),
+    ("rms_norm", Annotated[B, _arch(
+        "--rms-norm/--layer-norm", help="RMSNorm for every norm (LLaMA).")], D.rms_norm),
 ]
 RUN_OPTIONS = [
-    ("load", Annotated[Optional[Path], _opt("--load", panel=RUN, metavar="FILE.npz|DIR", help="Run with parameters (and inputs, when present) from a file in tfm's npz layout, or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, StableLM, GPT-NeoX (Pythia), Phi (Phi-1.5, Phi-2), GPT-J, CodeGen, OPT, Falcon, GPTBigCode (StarCoder), BLOOM or MPT checkpoint folder (config.json + model.safetensors).")], None),
-    ("tokens", Annotated[Optional[List[str]], _opt("--tokens", panel=RUN, metavar="3,1,4,1,5", help="The input token ids of one batch row, exactly (repeat for more rows; shorter rows are padded). Each position's target is the next id; the last has none.")], None),
-    ("text", Annotated[Optional[List[str]], _opt("--text", panel=RUN, metavar="TEXT", help="Input text, tokenized by the --load DIR checkpoint's tokenizer (repeat for more rows).")], None),
-    ("force", Annotated[bool, _opt("--force", panel=RUN, help="Run even when the memory estimate exceeds the memory available.")], False),
+    ("load", Annotated[Optional[Path], _opt(
+        "--load", panel=INPUT, metavar="FILE.npz|DIR",
+        help="A saved run or a checkpoint folder.")], None),
+    ("tokens", Annotated[Optional[List[str]], _opt(
+        "--tokens", panel=INPUT, metavar="3,1,4,1,5",
+        help="One batch row's token ids (repeat for more rows).")], None),
+    ("text", Annotated[Optional[List[str]], _opt(
+        "--text", panel=INPUT, metavar="TEXT",
+        help="Text for --load DIR's tokenizer (repeatable).")], None),
+    ("force", Annotated[bool, _opt(
+        "--force", panel=INPUT,
+        help="Run even past the memory estimate.")], False),
 ]
 OUTPUT_OPTIONS = [
-    ("json", Annotated[bool, _opt("--json", panel=OUTPUT, help="Machine-readable JSON on stdout, no colour.")], False),
-    ("save", Annotated[Optional[Path], _opt("--save", panel=OUTPUT, metavar="FILE.npz", callback=writable, help="Save the run (npz layout in the README), atomically.")], None),
-    ("svg", Annotated[Optional[Path], _opt("--svg", panel=OUTPUT, metavar="FILE", callback=writable, help="Save exactly what was printed as an SVG.")], None),
+    ("json", Annotated[bool, _opt(
+        "--json", panel=OUTPUT, help="Machine-readable JSON on stdout, no colour.")], False),
+    ("svg", Annotated[Optional[Path], _opt(
+        "--svg", panel=OUTPUT, metavar="FILE", callback=writable,
+        help="Save exactly what was printed as an SVG.")], None),
+    ("save", Annotated[Optional[Path], _opt(
+        "--save", panel=OUTPUT, metavar="FILE.npz", callback=writable,
+        help="Save the run's arrays (docs/formats.md).")], None),
 ]
-MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS}
+# the order --help lists an option in, within its panel
+HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "force")
+MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS} - {"arch"}
 # Config field -> the option a user types, for error messages.
-FLAGS = {"seed": "--seed", "batch": "--batch", "seq_len": "--seq-len", "d_model": "--d-model",
-         "heads": "--heads", "d_ff": "--d-ff", "vocab": "--vocab", "layers": "--layers",
-         "norm": "--norm", "activation": "--activation", "causal": "--causal",
-         "lengths": "--lengths", "pe": "--pe", "init": "--init", "dtype": "--dtype", "eps": "--eps",
-         "n_ctx": "--n-ctx", "tied_head": "--tied-head", "head_bias": "--head-bias",
-         "rms_norm": "--rms-norm", "kv_heads": "--kv-heads", "rope_theta": "--rope-theta",
-         "bias": "--bias", "rope_scaling": "--rope-scaling", "qkv_bias": "--qkv-bias",
-         "sliding_window": "--sliding-window", "head_dim": "--head-dim", "qk_norm": "--qk-norm",
-         "embed_scale": "--embed-scale", "attn_softcap": "--attn-softcap",
-         "logit_softcap": "--logit-softcap", "attn_scale": "--attn-scale",
-         "sandwich_norm": "--sandwich-norm", "sliding_layers": "--sliding-layers",
-         "rope_local_theta": "--rope-local-theta", "rotary_dim": "--rotary-dim",
-         "parallel_residual": "--parallel-residual",
-         "shared_norm": "--shared-norm", "ffn_bias": "--ffn-bias", "embed_norm": "--embed-norm",
-         "norm_bias": "--no-norm-bias",
-         "tokens": "--tokens", "text": "--text"}
+FLAGS = {name: "--" + name.replace("_", "-") for name in MODEL_FIELDS | {"tokens", "text"}}
+FLAGS["norm_bias"] = "--no-norm-bias"
 
 
 class Options:
@@ -247,9 +343,10 @@ class Options:
         return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
     def model_fields(self) -> dict:
+        """The Config fields: typed, else the --arch preset's, else the defaults."""
         fields = {}
         for name, _, _ in MODEL_OPTIONS:
-            if name not in self.values:   # a command that takes only some model options
+            if name not in self.values or name == "arch":   # (some commands take only some)
                 continue
             value = self.values[name]
             fields[name] = value.value if isinstance(value, Enum) else value
@@ -259,6 +356,12 @@ class Options:
             fields["rope_scaling"] = parse_rope_scaling(fields["rope_scaling"])
         if "sliding_layers" in fields:
             fields["sliding_layers"] = parse_sliding_layers(fields["sliding_layers"])
+        if self.values.get("arch"):
+            from tfmcli.presets import preset_fields
+
+            preset = preset_fields(self.values["arch"], fields)
+            fields.update({name: value for name, value in preset.items()
+                           if name in fields and not self.explicit(name)})
         return fields
 
     def config(self, **fixed) -> Config:
@@ -295,6 +398,9 @@ class Options:
         from tfmcli.sources import MissingExtra, parse_tokens, resolve   # (at run time: --help skips it)
 
         explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
+        if self.values.get("arch") and self.values.get("load") is not None:
+            raise typer.BadParameter(f"{self.values['load']} brings its own architecture; "
+                                     f"drop --arch", param_hint="'--arch'")
         try:
             tokens = parse_tokens(self.values.get("tokens"))
             run = resolve(self.model_fields(), explicit, self.values.get("load"), tokens,
@@ -304,6 +410,7 @@ class Options:
         except MissingExtra as e:
             raise typer.BadParameter(str(e), param_hint="'--load'") from None
         self.refuse_unused(run.cfg)
+        run.arch = self.values.get("arch")
         if not self.values.get("force", False):
             check_memory(run.cfg)
         return run
@@ -394,9 +501,16 @@ def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward"):
             f"--layers, or pass --force", param_hint="'--batch' / '--seq-len' / '--d-model'")
 
 
+def _help_place(spec) -> tuple:
+    """Where --help lists an option: its panel (PANELS), then HELP_ORDER, then as declared."""
+    name, annotation, _ = spec
+    panel = annotation.__metadata__[0].rich_help_panel
+    return (PANELS.index(panel), HELP_ORDER.index(name) if name in HELP_ORDER else 99)
+
+
 def with_options(*groups):
     """Append option groups to a command and pass it their values as ``opts: Options``."""
-    extra = [spec for group in groups for spec in group]
+    extra = sorted((spec for group in groups for spec in group), key=_help_place)
 
     def decorate(func):
         sig = inspect.signature(func)

@@ -35,7 +35,7 @@ def shapes(full: Full = False, opts: Options = None):
                      f"attention included)",
             "memory": f"{binary_size(memory['total'])} peak forward + backward (activations "
                       f"{binary_size(memory['activations'])})"}
-    parts = [render.config_panel({**describe(cfg), **rows}, title="tfm shapes"),
+    parts = [render.config_panel({**describe(cfg, arch=opts.arch), **rows}, title="tfm shapes"),
              render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
              render.shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
     payload = {"config": json.loads(cfg.to_json()),

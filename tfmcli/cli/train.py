@@ -24,7 +24,7 @@ Task = Enum("Task", {name: name for name in TASKS}, type=str)
 HELD_OUT = 256      # held-out examples for the final accuracy
 SHOWN = 4           # held-out examples printed (and saved with --save)
 DEFAULTS = {"batch": 32, "d_model": 32, "heads": 2, "seed": 0}
-FIELDS = ("seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
+FIELDS = ("arch", "seed", "batch", "d_model", "heads", "d_ff", "layers", "norm", "activation", "pe",
           "init", "dtype", "eps", "rms_norm", "kv_heads", "rope_theta", "bias", "rope_scaling",
           "qkv_bias", "sliding_window", "head_dim", "qk_norm", "embed_scale",
           "attn_softcap", "logit_softcap", "attn_scale", "sandwich_norm", "sliding_layers",
@@ -87,7 +87,7 @@ def train(
     fwd = tfmcli.forward(params, shown, shown_cfg)
     trained = f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})"
     run = Run(shown_cfg, params, shown, trained,
-              "--tokens" if shown_tokens is not None else "held-out examples")
+              "--tokens" if shown_tokens is not None else "held-out examples", arch=opts.arch)
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
     parts = [render.config_panel({**describe(shown_cfg, run), "task": task_line(task.value, length, symbols),

@@ -48,6 +48,7 @@ class Run:
     tokens_from: str    # "seed 1000", "--tokens", "--text", "file run.npz"
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
+    arch: str | None = None   # the --arch preset the Config's architecture came from
 
     def __repr__(self) -> str:
         params = None if self.params is None else arrays_repr(self.params)
