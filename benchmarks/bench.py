@@ -91,13 +91,43 @@ def make_table(console: Console, title: str, headers, caption: str | None = None
     return table
 
 
+PRINTED = []   # (title, headers, rows, caption) of every table printed, for --docs
+
+
 def print_table(console: Console, title: str, headers, rows, caption: str | None = None,
                 text: tuple = ("what",)) -> None:
-    """``make_table`` with these rows, printed."""
+    """``make_table`` with these rows, printed (and kept for --docs)."""
     table = make_table(console, title, headers, caption, text)
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    PRINTED.append((title, list(headers), [list(row) for row in rows], caption))
+
+
+DOCS_START, DOCS_END = "<!-- bench.py --docs: start -->", "<!-- bench.py --docs: end -->"
+
+
+def markdown(tables, machine: str) -> str:
+    """The tables as Markdown, under a line saying where and when they were measured."""
+    parts = [machine]
+    for title, headers, rows, caption in tables:
+        parts.append(f"**{title[0].upper() + title[1:]}**")
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+                  for row in rows]
+        parts.append("\n".join(lines))
+        if caption:
+            parts.append(caption[0].upper() + caption[1:] + ".")
+    return "\n\n".join(parts)
+
+
+def write_docs(path, text: str) -> None:
+    """Put ``text`` between the page's two markers, in place of what was there."""
+    from pathlib import Path
+
+    page = Path(path).read_text()
+    start, end = page.index(DOCS_START) + len(DOCS_START), page.index(DOCS_END)
+    Path(path).write_text(page[:start] + "\n" + text + "\n" + page[end:])
 
 
 def blas_kernel() -> str:
@@ -502,6 +532,9 @@ def main():
     parser.add_argument("--no-torch", action="store_true", help="leave the torch column out")
     parser.add_argument("--where", action="store_true",
                         help="where a step's time goes, operation by operation")
+    parser.add_argument("--docs", metavar="PAGE", default=None,
+                        help="write the tables into PAGE between its markers "
+                        "(docs/performance.md)")
     parser.add_argument("--passes", type=int, default=None,
                         help=f"times the block is timed, minutes apart (default {PASSES}; "
                         "--quick 1)")
@@ -581,9 +614,30 @@ def main():
                        text=("target", "for", "goal", "met"))
     engine = {dtype: {name: figures[name] for name, _, _ in GOALS}
               for dtype, figures in block.figures().items()}
-    for row in targets(engine, found["startup"], found["drawing"]):
+    met = targets(engine, found["startup"], found["drawing"])
+    for row in met:
         goals.add_row(*row, style=None if row[-1] == "yes" else "bold red")
     console.print(goals)
+    PRINTED.append(("issue 11's targets, in this run", ["target", "for", "measured", "goal",
+                                                        "met"], met, None))
+    if args.docs:
+        write_docs(args.docs, markdown(PRINTED, machine_line()))
+
+
+def machine_line() -> str:
+    """'Measured on 2026-11-28: 2 cores (AMD EPYC ...), OpenBLAS ..., NumPy 2.4.6, torch ...'."""
+    import platform
+
+    try:
+        import torch
+        torch_version = f", torch {torch.__version__}"
+    except ImportError:
+        torch_version = ""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.machine()) \
+        if os.path.exists("/proc/cpuinfo") else platform.machine()
+    return (f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores of {cpu}: "
+            f"{blas_kernel()}, NumPy {np.__version__}{torch_version}.")
 
 
 if __name__ == "__main__":

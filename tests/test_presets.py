@@ -115,7 +115,7 @@ def invoke(*args):
 def test_each_preset_runs_and_its_gradients_pass(name):
     result = invoke("gradcheck", "--arch", name, "-L", "2", "--max-entries", "4")
     assert result.exit_code == 0, result.output
-    assert f"arch           {name} ({PRESETS[name].family}), at toy size" in result.stdout
+    assert f"arch           {name} (the architecture of {PRESETS[name].family})" in result.stdout
 
 
 def test_typed_flags_override_the_preset():
@@ -136,3 +136,38 @@ def test_the_list_and_the_refusals():
     assert unknown.exit_code == 2 and "'llama2' is not a preset; allowed: vaswani" in unknown.output
     loaded = invoke("forward", "--arch", "llama", "--load", "examples/tiny-llama")
     assert loaded.exit_code == 2 and "brings its own architecture; drop --arch" in loaded.output
+
+
+def docs_rows(heading: str) -> list[list[str]]:
+    """The cells of the table under ``heading`` in docs/architectures.md."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "architectures.md").read_text()
+    section = page.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")][1:]
+
+
+def test_the_docs_list_each_flags_presets_as_the_presets_set_them():
+    """docs/architectures.md, 'The flags': the presets of each row are those that set it."""
+    rows = docs_rows("The flags")
+    assert len(rows) >= 30
+    for flag_cell, _, _, named in rows:
+        flag = flag_cell.split("`")[1]            # [`--pe rope`](#...) -> --pe rope
+        name, *value = flag[2:].split()
+        field = (name[3:] if name.startswith("no-") else name).replace("-", "_")
+        default = getattr(Config(), field)
+        setting = [n for n in NAMES if (
+            str(preset_fields(n, {"layers": 6}).get(field, default)) == value[0] if value
+            else preset_fields(n, {"layers": 6}).get(field, default) != default)]
+        assert named == (", ".join(f"`{n}`" for n in setting) or "—"), flag
+
+
+def test_the_docs_presets_table_is_arch_list():
+    from tfmcli.presets import describe
+
+    rows = docs_rows("Presets")
+    assert [row[0].strip("`") for row in rows] == list(NAMES)
+    for name, family, flags in rows:
+        assert family == PRESETS[name.strip("`")].family
+        assert flags == f"`{describe(name.strip('`'))}`"

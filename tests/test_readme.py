@@ -1,4 +1,4 @@
-"""The README's commands work as written and print what the README shows."""
+"""The README's and the docs' commands work as written and print what the pages show."""
 
 import re
 import shlex
@@ -9,10 +9,14 @@ from typer.testing import CliRunner
 
 from tfmcli.cli import app
 
-README_PATH = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README_PATH = ROOT / "README.md"
 README = README_PATH.read_text()
-# Each "$ tfm ..." line of a code block, with the output lines shown under it.
-EXAMPLES = re.findall(r"^\$ (tfm [^\n]*)\n(.*?)(?=^\$ |^```)", README, flags=re.S | re.M)
+PAGES = [README_PATH, *sorted((ROOT / "docs").rglob("*.md"))]
+# Each "$ tfm ..." line of a code block, with the output lines shown under it, on every page.
+EXAMPLES = [(page.relative_to(ROOT).as_posix(), command, shown) for page in PAGES
+            for command, shown in re.findall(r"^\$ (tfm [^\n]*)\n(.*?)(?=^\$ |^```)",
+                                             page.read_text(), flags=re.S | re.M)]
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +25,28 @@ def plain_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_the_readme_has_examples():
-    assert len(EXAMPLES) >= 6
+def test_the_readme_and_every_command_page_have_examples():
+    pages = {page for page, _, _ in EXAMPLES}
+    assert sum(page == "README.md" for page, _, _ in EXAMPLES) >= 6
+    commands = {p.stem for p in (ROOT / "docs" / "commands").glob("*.md")} - {"index"}
+    assert len(commands) == 18
+    for command in commands:
+        assert f"docs/commands/{command}.md" in pages, command
+
+
+def test_the_readme_is_a_door():
+    """At most 300 lines; a picture tfm drew, shown; set-up as two one-line commands (the
+    main job, and the tests CI runs); the one command that proves the gradients."""
+    assert len(README.splitlines()) <= 300
+    assert re.search(r"^!\[[^]]+\]\(docs/pictures/forward\.svg\)$", README, flags=re.M)
+    blocks = re.findall(r"^## Set up\n(.*?)^## ", README, flags=re.S | re.M)[0]
+    commands = re.findall(r"^```\n(.*?)\n```", blocks, flags=re.S | re.M)
+    assert len(commands) == 2 and all("\n" not in c for c in commands)
+    assert commands[0].endswith("python -m pip install . && tfm forward --seed 1000")
+    assert commands[1].endswith('python -m pip install ".[test,hf]" && python -m pytest')
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'python -m pip install --quiet ".[test,hf]"' in ci and "python -m pytest" in ci
+    assert "\ntfm check --against torch\n" in README
 
 
 def rounding_noise_blanked(line):
@@ -31,24 +55,31 @@ def rounding_noise_blanked(line):
     return re.sub(r"[+-]?\d\.\d+e-(1\d|[2-9]\d)", "≈0", line.rstrip())
 
 
-@pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c for c, _ in EXAMPLES])
-def test_readme_example_prints_what_it_shows(command, shown, monkeypatch):
+@pytest.mark.parametrize("page, command, shown", EXAMPLES,
+                         ids=[f"{page}: {c}" for page, c, _ in EXAMPLES])
+def test_each_example_prints_what_its_page_shows(page, command, shown, monkeypatch):
     if "examples/tiny-" in command:   # tiny-gpt2, tiny-llama: checkpoint folders
         pytest.importorskip("safetensors")
         pytest.importorskip("tokenizers")
-    monkeypatch.chdir(README_PATH.parent)   # the README's paths are relative to the project
+    if "--against torch" in command:
+        pytest.importorskip("torch")
+    monkeypatch.chdir(ROOT)   # the pages' paths are relative to the project
     result = CliRunner().invoke(app, shlex.split(command)[1:])
     assert result.exit_code == 0, result.output
     printed = {rounding_noise_blanked(line) for line in result.stdout.splitlines()}
     for line in shown.splitlines():
         if line.strip() and line.strip() != "...":
             assert rounding_noise_blanked(line) in printed, (
-                f"README shows {line!r}; tfm printed:\n{result.stdout}")
+                f"{page} shows {line!r}; tfm printed:\n{result.stdout}")
 
 
-def test_inline_commands_in_the_readme_run():
-    """Commands quoted inline (`tfm ...`) parse and run, or fail only as the README says."""
-    commands = set(re.findall(r"`(tfm [a-z]+[^`]*)`", README))
+def test_inline_commands_on_every_page_run(monkeypatch):
+    """Commands quoted inline (`tfm ...`) parse and run, or fail only as the pages say."""
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(ROOT)
+    # docs/testing.md quotes the refusals the tests check (`tfm check --tol 0`): not examples
+    commands = {c for page in PAGES if page.name != "testing.md"
+                for c in re.findall(r"`(tfm [a-z]+[^`]*)`", page.read_text())}
     for command in sorted(commands):
         args = shlex.split(command)[1:]
         if any(part in ("FILE", "FILE.npz", "N", "NAME", "i", "h", "t", "DIR") or "|" in part
@@ -60,33 +91,19 @@ def test_inline_commands_in_the_readme_run():
         assert result.exit_code == expected, (command, result.output)
 
 
-def test_the_readme_svg_pictures_come_from_commands_that_run(tmp_path, monkeypatch):
-    """Each docs/*.svg the README links is named with the command that made it; that command
-    still runs and writes an SVG. (The pictures' content is not diffed: train's holds a time.)"""
-    pictures = re.findall(r"\[`(docs/[\w-]+\.svg)`\]\(docs/[\w-]+\.svg\) \(`(tfm [^`]+)`\)",
-                          README.replace("\n", " "))
-    assert len(pictures) == 3
-    monkeypatch.chdir(README_PATH.parent)
-    for picture, command in pictures:
-        if "tiny-gpt2" in command:
-            pytest.importorskip("safetensors")
-        assert (README_PATH.parent / picture).stat().st_size > 10_000
-        out = tmp_path / Path(picture).name
-        result = CliRunner().invoke(app, shlex.split(command)[1:] + ["--svg", str(out)])
-        assert result.exit_code == 0, (command, result.output)
-        assert out.read_text().startswith("<svg")
+API = (ROOT / "docs" / "api.md").read_text()
 
 
-def test_the_readme_python_api_block_runs_and_its_comments_hold(monkeypatch):
-    """The Python API section's code, run as written, gives what its comments say."""
+def test_the_python_api_block_runs_and_its_comments_hold(monkeypatch):
+    """docs/api.md's code, run as written, gives what its comments say."""
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
     import numpy as np
 
-    block = re.search(r"^## Python API\n\n```python\n(.*?)^```", README, flags=re.S | re.M)[1]
-    monkeypatch.chdir(README_PATH.parent)
+    block = re.search(r"^```python\n(.*?)^```", API, flags=re.S | re.M)[1]
+    monkeypatch.chdir(ROOT)
     names = {}
-    exec(compile(block, "README.md, Python API", "exec"), names)
+    exec(compile(block, "docs/api.md", "exec"), names)
     inputs, cfg, report, run = names["inputs"], names["cfg"], names["report"], names["run"]
     assert inputs.tokens.shape == (2, 5) and inputs.lengths.tolist() == [5, 2]
     assert inputs.targets.tolist() == [[1, 4, 1, 5, -100], [7, -100, -100, -100, -100]]
@@ -98,8 +115,8 @@ def test_the_readme_python_api_block_runs_and_its_comments_hold(monkeypatch):
             "tokens=array([[258, 264, 269]])") in repr(run)   # a line, not every parameter
     fwd = names["fwd"]   # the GPT-2 folder's
     assert isinstance(fwd.loss, float) and fwd.scored == 2   # "The cat sat": two next tokens
-    # fwd as the README shows it; the loss's last digits may be another BLAS kernel's
-    shown = re.search(r"^Forward\(loss=([\d.]+)(.*)$", README, flags=re.M)
+    # fwd as the page shows it; the loss's last digits may be another BLAS kernel's
+    shown = re.search(r"^Forward\(loss=([\d.]+)(.*)$", API, flags=re.M)
     assert f"Forward(loss={fwd.loss!r}{shown[2]}" == repr(fwd)
     assert float(shown[1]) == pytest.approx(fwd.loss, rel=1e-12)
     grads, toy = names["grads"], names["tfmcli"].forward(names["params"], inputs, cfg)

@@ -61,7 +61,7 @@ PRESETS = {
     "opt": Preset("OPT", dict(pe="learned", tied_head=True, head_bias=False)),
     "falcon": Preset("Falcon", dict(_ROPE, activation="gelu_erf", bias=False, tied_head=True,
                                     parallel_residual=True, shared_norm=True, kv_heads=1)),
-    "gpt_bigcode": Preset("StarCoder, SantaCoder (GPTBigCode)",
+    "gpt_bigcode": Preset("StarCoder (GPTBigCode)",
                           dict(activation="gelu", pe="learned", tied_head=True, head_bias=False,
                                kv_heads=1)),
     "bloom": Preset("BLOOM", dict(activation="gelu", pe="alibi", embed_norm=True, tied_head=True,

@@ -91,7 +91,14 @@ def emit(opts: Options, renderables, payload, arrays=None):
                            emoji=False, markup=False)
         for item in renderables:
             recorder.print(item)
-        save_text(opts.svg, recorder.export_svg(title="tfm"))
+        save_text(opts.svg, svg(recorder))
+
+
+def svg(recorder: Console) -> str:
+    """What ``recorder`` printed, as Rich's SVG, with its spaces kept (``xml:space``): without
+    it librsvg collapses runs of spaces, which shifts right-aligned columns."""
+    return recorder.export_svg(title="tfm").replace(
+        '<svg class="rich-terminal"', '<svg class="rich-terminal" xml:space="preserve"', 1)
 
 
 def _alibi_notes(cfg) -> str:
@@ -189,7 +196,7 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
     if arch is not None:   # the preset first: the rows below are what it set
         from tfmcli.presets import PRESETS
 
-        rows = {"arch": f"{arch} ({PRESETS[arch].family}), at toy size", **rows}
+        rows = {"arch": f"{arch} (the architecture of {PRESETS[arch].family})", **rows}
     if cfg.qk_norm:   # after the norm row
         rows = dict(_after(rows, "norm", "q, k norm",
                            "each head's, before the scores (attn.q_norm, attn.k_norm)"))

@@ -1,0 +1,85 @@
+"""The docs' pictures, drawn by tfm itself from real runs: each is what its command prints at
+80 columns, in colour, saved with ``--svg``.
+
+    python scripts/gallery.py           # draw every picture into docs/pictures/
+    python scripts/gallery.py forward   # only these
+
+``tests/test_gallery.py`` draws each again and fails when a picture no longer matches what its
+command prints (after ``comparable``, which blanks the one thing that changes from run to
+run: ``tfm train``'s time).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PICTURES = ROOT / "docs" / "pictures"
+WIDTH = 80
+
+# picture -> the command that draws it (run from the project's folder)
+GALLERY = {
+    "forward": "tfm forward --tokens 3,1,4,1,5 --head 0",
+    "backward": "tfm backward --layer ffn",
+    "gradcheck": "tfm gradcheck",
+    "shapes": "tfm shapes -d 768 -H 12 -T 1024 -V 50257",
+    "embed": "tfm embed -t 1",
+    "attn": "tfm attn --query 2 --tokens 3,1,4,1,5",
+    "ln": "tfm ln -t 2",
+    "ffn": "tfm ffn -t 2",
+    "block": "tfm block -t 2",
+    "loss": "tfm loss -t 2",
+    "mask": "tfm mask --len 7 --lengths 7,4",
+    "pe": "tfm pe",
+    "train": "tfm train --task reverse",
+    "adam": "tfm adam",
+    "kv": "tfm kv",
+    "lens": 'tfm lens --load examples/tiny-gpt2 --text "The cat sat on the" -k 2',
+    "check": "tfm check --against torch",
+    "compare": "tfm compare",
+}
+NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",)}
+
+
+def draw(name: str, path: Path) -> None:
+    """Run the picture's command with ``--svg path`` at WIDTH columns, in this process."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from tfmcli.cli import app
+
+    args = shlex.split(GALLERY[name])[1:] + ["--svg", str(path)]
+    env = {"COLUMNS": str(WIDTH), "LINES": "50", "NO_COLOR": None, "FORCE_COLOR": None}
+    cwd = os.getcwd()
+    os.chdir(ROOT)   # the commands' paths are the project's
+    try:
+        result = CliRunner().invoke(app, args, env=env)
+    finally:
+        os.chdir(cwd)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{GALLERY[name]} exited {result.exit_code}: {result.output}")
+
+
+def comparable(svg: str) -> str:
+    """The picture with what changes from run to run blanked: tfm train's time, and the class
+    names Rich derives from the whole content (so from that time too)."""
+    svg = re.sub(r"terminal-\d+", "terminal-N", svg)
+    return re.sub(r"in&#160;[\d.]+&#160;s", "in&#160;T&#160;s", svg)
+
+
+def main(names: list[str]) -> None:
+    PICTURES.mkdir(exist_ok=True)
+    for name in names or GALLERY:
+        draw(name, PICTURES / f"{name}.svg")
+        print(f"docs/pictures/{name}.svg  {GALLERY[name]}")
+
+
+if __name__ == "__main__":
+    unknown = [name for name in sys.argv[1:] if name not in GALLERY]
+    if unknown:
+        sys.exit(f"gallery.py: no picture named {unknown[0]!r}; pictures: {', '.join(GALLERY)}")
+    main(sys.argv[1:])
