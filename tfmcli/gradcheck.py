@@ -41,6 +41,8 @@ class GradcheckReport:
     tolerance: float
     step: float
     dtype: str
+    floor: float = 0.0   # the least denominator of rel_err (ParamCheck): the larger floor
+    floor_rule: str = ""  # which floor it is: "1e-3 x the largest gradient" or "resolution"
     failed: list[str] = field(init=False)
 
     def __post_init__(self):
@@ -150,7 +152,9 @@ def gradcheck(
         rel = abs_err / size if size > 0 else 0.0
         checks.append(ParamCheck(name, params[name].shape, len(picks[name]), abs_err,
                                  float(rel), bool(rel <= tolerance)))
-    return GradcheckReport(checks, tolerance, step, cfg.dtype)
+    rule = (f"{FLOOR:g} x the model's largest |gradient|" if FLOOR * scale >= resolution
+            else "the smallest gradient central differences resolve")
+    return GradcheckReport(checks, tolerance, step, cfg.dtype, floor, rule)
 
 
 def first_block(name: str, cfg: "Config") -> int:

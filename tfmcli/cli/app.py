@@ -198,6 +198,8 @@ def root(version: Annotated[Optional[bool], typer.Option(
     """See, number by number, what a transformer does forward and backward.
 
     Try: tfm forward --seed 1000;  tfm backward --layer ffn;  tfm mask --len 7
+
+    A family's block at toy size: --arch llama, gemma2, ... (tfm shapes --arch list). Docs: docs/index.md
     """
 
 
