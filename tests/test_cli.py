@@ -627,3 +627,24 @@ def test_gradcheck_uses_its_step():
     assert (coarse["step"], fine["step"]) == (1e-2, 1e-4)
     worst = lambda data: max(p["max_abs_err"] for p in data["params"])  # noqa: E731
     assert worst(coarse) > 100 * worst(fine)
+
+
+def test_gradchecks_footer_gives_the_rule_its_errors_follow():
+    """b_K's gradient is 0 in exact arithmetic: its error is its noise over the floor F the
+    footer prints, not over its own largest gradient (issue 58: the footer left F out)."""
+    text = ok("gradcheck").stdout
+    floor = float(re.search(r"^F = ([\d.e-]+): 0.001 x the model's largest \|gradient\|$", text,
+                            flags=re.M)[1])
+    assert "max(largest |gradient| of the tensor, F)" in text
+    report = ok_json("gradcheck")
+    assert floor == pytest.approx(report["floor"], rel=1e-5)
+    b_K = next(p for p in report["params"] if p["name"] == "blocks.0.attn.b_K")
+    assert b_K["rel_err"] == pytest.approx(b_K["max_abs_err"] / floor, rel=1e-5)
+    grads = tfmcli.backward(*_run_for_floor())
+    assert report["floor"] == pytest.approx(1e-3 * max(abs(g).max() for g in grads.values()))
+
+
+def _run_for_floor():
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    return params, tfmcli.forward(params, inputs, cfg), cfg

@@ -41,10 +41,9 @@ def gradcheck(
     parts = [render.config_panel(describe(cfg, run), title="tfm gradcheck"),
              render.grad_table(dict(grads), checks, max_rows=rows_limit(full),
                               rope=cfg.pe == "rope"),
-             Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}; "
-                  f"error = max |analytic - numeric| / max(the tensor's largest |gradient|, "
-                  f"{report.floor:.3g}), {report.floor:.3g} being {report.floor_rule}",
-                  style="dim"),
+             Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}\n"
+                  f"error = max |analytic - numeric| / max(largest |gradient| of the tensor, F)"
+                  f"\nF = {report.floor:.6g}: {report.floor_rule}", style="dim"),
              verdict(report)]
     payload = {"passed": report.passed, "tolerance": report.tolerance, "step": report.step,
                "dtype": report.dtype, "floor": report.floor, "failed": report.failed, "checked": report.checked,
