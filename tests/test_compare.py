@@ -43,8 +43,35 @@ def test_post_ln_gradients_grow_toward_the_output_at_initialisation():
     assert post[-1]["ffn"] > 1.5 * post[0]["ffn"]
     assert pre[-1]["ffn"] < pre[0]["ffn"]
     assert "Post-LN's gradients are largest near the output" in data["reading"]
-    assert "From block 0 to block 5, the FFN weights' gradient norm changes by x0.62 in Pre-LN " \
-           "and by x1.85 in Post-LN" in data["reading"]
+    assert ("largest at block 0 in Pre-LN and at block 5 in Post-LN; from block 0 to block 5 "
+            "it changes by x0.62 in Pre-LN and by x1.85 in Post-LN") in data["reading"]
+
+
+def rows(ffn):
+    return [{"block": i, "attn": 1.0, "ln": 1.0, "ffn": f, "resid": 1.0}
+            for i, f in enumerate(ffn)]
+
+
+def test_the_reading_claims_only_what_its_numbers_show():
+    """Issue 58: with Post-LN's FFN norms peaking in the middle (-L 3: 0.5026, 1.1335, 0.7610)
+    the reading said they were largest near the output; with one block it compared block 0
+    with itself."""
+    from tfmcli.compare import reading
+
+    middle = reading(rows([0.9, 0.8, 0.7]), rows([0.5026, 1.1335, 0.7610]))
+    assert "largest at block 0 in Pre-LN and at block 1 in Post-LN" in middle
+    assert "largest near the output" not in middle
+    assert "do not show what Xiong et al. (2020) describe" in middle
+    one = reading(rows([0.9]), rows([0.8]))
+    assert one.startswith("One block: nothing to compare") and "x1.00" not in one
+    growing = reading(rows([0.9, 1.2]), rows([0.5, 2.0]))   # Pre-LN grows too: no claim on it
+    assert "largest near the output" in growing and "Pre-LN's do not grow" not in growing
+
+
+def test_the_block_outputs_gradient_is_dz_as_in_tfm_block():
+    text = ok("compare", "-L", "2").stdout
+    assert "‖dz‖" in text and "‖dx‖" not in text
+    assert "‖dz‖: d loss / d z, the block's output (tfm block's dz)" in " ".join(text.split())
 
 
 def test_gradient_norms_groups_every_parameter_of_a_block():

@@ -34,20 +34,29 @@ def gradient_norms(grads: Gradients, layers: int) -> list[dict]:
 
 
 def reading(pre: list[dict], post: list[dict]) -> str:
-    """A plain-language reading of the two columns, from the numbers themselves."""
+    """A plain-language reading of the two columns that says only what their numbers show."""
+    last = len(pre) - 1
+    if last == 0:
+        return ("One block: nothing to compare from block to block; with -L 2 or more, the "
+                "table shows how each norm's gradients change with depth.")
+
     def growth(rows):   # the last block's FFN gradient over the first block's
         return rows[-1]["ffn"] / rows[0]["ffn"] if rows[0]["ffn"] else float("inf")
 
+    def peak(rows):   # the block whose FFN gradient is largest
+        return max(range(len(rows)), key=lambda i: rows[i]["ffn"])
+
     g_pre, g_post = growth(pre), growth(post)
-    last = len(pre) - 1
-    text = (f"From block 0 to block {last}, the FFN weights' gradient norm changes by x{g_pre:.2f} "
-            f"in Pre-LN and by x{g_post:.2f} in Post-LN. ")
-    if g_post > g_pre:
-        text += ("As Xiong et al. (2020) show, Post-LN's gradients are largest near the output at "
-                 "initialisation, which is why Post-LN needs a learning-rate warm-up; Pre-LN's "
-                 "stay level or shrink with depth, so it trains without one.")
+    text = (f"The FFN weights' gradient norm is largest at block {peak(pre)} in Pre-LN and at "
+            f"block {peak(post)} in Post-LN; from block 0 to block {last} it changes by "
+            f"x{g_pre:.2f} in Pre-LN and by x{g_post:.2f} in Post-LN. ")
+    if peak(post) == last and g_post > max(g_pre, 1):
+        text += ("As Xiong et al. (2020) show, Post-LN's gradients are largest near the output "
+                 "at initialisation, which is why Post-LN needs a learning-rate warm-up"
+                 + ("; Pre-LN's do not grow with depth, so it trains without one."
+                    if g_pre <= 1 else "."))
     else:
-        text += ("Here Post-LN's gradients do not grow toward the output more than Pre-LN's; the "
-                 "effect Xiong et al. (2020) describe shows with more blocks, at initialisations "
-                 "of unit-scale activations (try -L 12 --init xavier).")
+        text += ("These numbers do not show what Xiong et al. (2020) describe, Post-LN's "
+                 "gradients largest at the output block; it shows with more blocks at "
+                 "initialisations of unit-scale activations (try -L 12 --init xavier).")
     return text

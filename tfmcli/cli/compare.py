@@ -41,11 +41,11 @@ def compare(opts: Options = None):
     keys = (*GROUPS, "resid")
     cells = [[str(a["block"])] + [f"{a[key]:.4f}  {b[key]:.4f}" for key in keys]
              for a, b in zip(pre, post)]
-    headers = ["block"] + [f"{name}\n   pre    post" for name in ("attn", "ln", "ffn", "‖dx‖")]
+    headers = ["block"] + [f"{name}\n   pre    post" for name in ("attn", "ln", "ffn", "‖dz‖")]
     table = render.record_table(headers, cells, title="L2 norm of the gradients, per block: "
                                                       "Pre-LN, Post-LN")
-    table.caption = ("attn, ln, ffn: the block's parameters of that kind; ‖dx‖: d loss / d the "
-                     "block's output, the residual stream")
+    table.caption = ("attn, ln, ffn: the block's parameters of that kind; ‖dz‖: d loss / d z, "
+                     "the block's output (tfm block's dz)")
     text = reading(pre, post)
     panel = describe(run.cfg.replace(norm="pre"), run)
     panel["norm"] = "Pre-LN and Post-LN, the same weights"
