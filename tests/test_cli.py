@@ -648,3 +648,31 @@ def _run_for_floor():
     cfg = tfmcli.Config()
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
     return params, tfmcli.forward(params, inputs, cfg), cfg
+
+
+@pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "embed", "attn", "ln",
+                                     "ffn", "block", "loss", "adam", "kv", "lens", "compare"])
+def test_every_json_carries_what_its_run_ran_on(command):
+    """Issue 58: tfm forward --tokens 3,1,4,1,5 --json had no tokens, targets or lengths, and
+    nothing said where the weights came from."""
+    data = ok_json(command, "--tokens", "3,1,4,1,5", "--tokens", "2,7")
+    assert data["inputs"] == {"tokens": [[3, 1, 4, 1, 5], [2, 7, 0, 0, 0]],
+                              "targets": [[1, 4, 1, 5, -100], [7, -100, -100, -100, -100]],
+                              "lengths": [5, 2], "tokens_from": "--tokens",
+                              "weights_from": "seed 1000 (xavier init)", "arch": None}
+
+
+def test_json_of_a_seeded_preset_run_and_of_training():
+    data = ok_json("forward", "--arch", "llama")
+    assert (data["inputs"]["tokens_from"], data["inputs"]["arch"]) == ("seed 1000", "llama")
+    assert data["inputs"]["tokens"][0] == [1, 4, 6, 4]
+    trained = ok_json("train", "--steps", "3", "--tokens", "1,2,10,2,1")
+    assert trained["inputs"]["tokens"] == [[1, 2, 10, 2, 1]]
+
+
+def test_seeded_tokens_show_the_t_plus_one_ids_drawn():
+    """Issue 58: tokens 1 4 6 4 and targets 4 6 4 6: the last 6 came from a fifth id drawn,
+    which no line showed."""
+    text = ok("forward", "--seed", "1000").stdout
+    assert "│ row 0 T+1 ids  1 4 6 4 6 " in text
+    assert "T+1 ids" not in ok("forward", "--tokens", "3,1,4,1,5").stdout

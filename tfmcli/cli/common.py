@@ -79,7 +79,10 @@ def emit(opts: Options, renderables, payload, arrays=None):
     if opts.json:   # through the console: a closed pipe then ends the run like any output
         import json   # here, not at the top: a command without --json starts sooner
 
-        console.out(json.dumps(payload() if callable(payload) else payload), highlight=False)
+        payload = payload() if callable(payload) else payload
+        if opts.made is not None and isinstance(payload, dict) and "inputs" not in payload:
+            payload = {**payload, "inputs": inputs_json(opts.made)}
+        console.out(json.dumps(payload), highlight=False)
         return
     if callable(renderables):
         renderables = renderables()
@@ -92,6 +95,15 @@ def emit(opts: Options, renderables, payload, arrays=None):
         for item in renderables:
             recorder.print(item)
         save_text(opts.svg, svg(recorder))
+
+
+def inputs_json(run) -> dict:
+    """What a run ran on, for --json: its tokens, targets (-100: none) and lengths, and where
+    they and the weights came from."""
+    inputs = run.inputs
+    return {"tokens": inputs.tokens.tolist(), "targets": inputs.targets.tolist(),
+            "lengths": inputs.lengths.tolist(), "tokens_from": run.tokens_from,
+            "weights_from": run.weights_from, "arch": run.arch}
 
 
 def svg(recorder: Console) -> str:
@@ -228,6 +240,9 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         rows["tokens from"] = run.tokens_from
         rows[f"row {row} tokens"] = render.token_line(run.token_labels(row))
         rows[f"row {row} targets"] = render.token_line(run.target_labels(row))
+        if run.tokens_from == f"seed {cfg.seed}":   # make_inputs: T + 1 ids, shifted by one
+            drawn = [*map(str, run.inputs.tokens[row]), str(run.inputs.targets[row, -1])]
+            rows[f"row {row} T+1 ids"] = render.token_line(drawn)
     return rows
 
 

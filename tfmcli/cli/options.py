@@ -330,6 +330,7 @@ class Options:
     def __init__(self, ctx: typer.Context, values: dict):
         self.ctx = ctx
         self.values = values
+        self.made = None   # the Run that run() made, once it has
 
     def __getattr__(self, name):
         try:
@@ -411,6 +412,7 @@ class Options:
             raise typer.BadParameter(str(e), param_hint="'--load'") from None
         self.refuse_unused(run.cfg)
         run.arch = self.values.get("arch")
+        self.made = run   # what the run ran on goes into --json (common.emit)
         if not self.values.get("force", False):
             check_memory(run.cfg)
         return run

@@ -88,6 +88,7 @@ def train(
     trained = f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})"
     run = Run(shown_cfg, params, shown, trained,
               "--tokens" if shown_tokens is not None else "held-out examples", arch=opts.arch)
+    opts.made = run   # --json: the examples shown, after training
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
     parts = [render.config_panel({**describe(shown_cfg, run), "task": task_line(task.value, length, symbols),
