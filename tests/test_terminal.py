@@ -201,7 +201,7 @@ def test_help_starts_with_what_you_use(command, monkeypatch):
     start = next(i for i, l in enumerate(lines) if l.startswith("╭─ Input"))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
     names = [l.split()[1] for l in lines[start + 1:end] if l.startswith("│ --")]
-    usual = ["--tokens", "--text", "--load", "--arch", "--seed", "--force"]
+    usual = ["--tokens", "--text", "--load", "--arch", "--seed", "--score-all", "--force"]
     assert names == [name for name in usual if name in names], names
     assert "--seed" in names and ("--arch" in names) == (command != "compare")
 

@@ -181,6 +181,20 @@ def test_trained_reverse_attends_to_the_mirror_position(tmp_path):
                          "--json").stdout)
     assert data["generated"] == [2, 9, 3, 0, 1, 7, 7, 5]
     assert data["max_abs_diff"] <= 1e-12
+    # Issue 58: the README's next command scored the prompt, which training never scored, and
+    # showed a loss of 7.35 for a model that answers right: it scores the answers by default
+    answers = ok("forward", "--load", path, "--tokens", "1,2,3,4,5,6,7,8,10,8,7,6,5,4,3,2")
+    assert "│ scored         answers (from separator 10 on), as trained; --score-all: all" \
+        in answers.stdout
+    assert "│ row 0 targets  — — — — — — — — 8 7 6 5 4 3 2 —" in answers.stdout
+    loss = float(re.search(r"loss = ([\d.]+)  \(mean cross-entropy over 7 positions\)",
+                           answers.stdout)[1])
+    assert loss < 0.01
+    every = json.loads(ok("forward", "--load", path, "--tokens",
+                          "1,2,3,4,5,6,7,8,10,8,7,6,5,4,3,2", "--score-all", "--json").stdout)
+    assert every["loss"] > 1 and every["inputs"]["targets"][0][:8] == [2, 3, 4, 5, 6, 7, 8, 10]
+    with np.load(path) as saved:
+        assert json.loads(str(saved["task"][()])) == {"task": "reverse", "n": 8, "symbols": 10}
 
 
 def test_a_small_model_trains_on_one_blas_thread_to_the_same_numbers(monkeypatch):
@@ -300,3 +314,40 @@ def test_train_shows_the_given_tokens():
 def test_bad_train_options(args, option, needle):
     line = error_line(run("train", *args), 2)
     assert option in line and needle in line
+
+
+def test_answer_targets_score_from_the_separator_as_training_does():
+    """The rule `tfm train`'s models are scored by, against make_batch's own targets."""
+    from tfmcli.tasks import answer_targets, every_target
+
+    batch = make_batch("reverse", np.random.default_rng(3), 5, 4, 7)
+    everything = every_target(batch)
+    assert (everything.targets[:, :-1] == batch.tokens[:, 1:]).all()
+    assert (everything.targets[:, -1] == IGNORE).all()
+    # the same but for the last position, whose target (the answer's last symbol) no token holds
+    np.testing.assert_array_equal(answer_targets(everything, 7).targets[:, :-1],
+                                  batch.targets[:, :-1])
+    rows = tfmcli.inputs_from_tokens([[1, 2, 7, 2, 1], [3, 3, 3], [4, 4, 7]])
+    scored = answer_targets(rows, 7).targets.tolist()
+    assert scored[0] == [IGNORE, IGNORE, 2, 1, IGNORE]      # from the separator on
+    assert scored[1] == [3, 3, IGNORE, IGNORE, IGNORE]      # no separator: every position
+    assert scored[2] == [4, 7, IGNORE, IGNORE, IGNORE]      # nothing after it: every position
+
+
+def test_a_bad_task_key_is_one_line(tmp_path):
+    path = tmp_path / "copy.npz"
+    ok("train", "--steps", 3, "--save", path)
+    with np.load(path) as saved:
+        arrays = dict(saved)
+    arrays["task"] = np.array('{"task": "juggle", "n": 8, "symbols": 10}')
+    np.savez(tmp_path / "bad.npz", **arrays)
+    assert "key 'task' is not a task tfm train saved" in error_line(
+        run("forward", "--load", tmp_path / "bad.npz"), 1)
+
+
+def test_train_scores_given_tokens_as_it_trained():
+    text = ok("train", "--steps", 3, "--tokens", "1,2,10,2,1").stdout
+    assert "│ row 0 targets  — — 2 1 —" in text
+    assert "scored         answers (from separator 10 on), as trained" in text
+    every = ok("train", "--steps", 3, "--tokens", "1,2,10,2,1", "--score-all").stdout
+    assert "│ row 0 targets  2 10 2 1 —" in every

@@ -42,3 +42,25 @@ def make_batch(task: str, rng, batch: int, n: int, symbols: int) -> Inputs:
     targets[:, n - 1] = IGNORE           # ... nor predicting the separator
     return Inputs(tokens.astype(np.int64), targets.astype(np.int64),
                   np.full(batch, 2 * n, dtype=np.int64))
+
+
+def answer_targets(inputs: Inputs, separator: int) -> Inputs:
+    """The inputs scored as training scores a task: each row's targets from its first
+    ``separator`` on (the separator's position predicts the first answer symbol), IGNORE
+    before it. A row without the separator, or with nothing after it, keeps its targets."""
+    targets = inputs.targets.copy()
+    for b, (row, length) in enumerate(zip(inputs.tokens, inputs.lengths)):
+        where = np.flatnonzero(row[:length] == separator)
+        if where.size and where[0] < length - 1:
+            targets[b, :where[0]] = IGNORE
+    return Inputs(inputs.tokens, targets, inputs.lengths)
+
+
+def every_target(inputs: Inputs) -> Inputs:
+    """The inputs with every position scored: the target of t is the token at t + 1, the last
+    real position of each row has none (as ``inputs_from_tokens``)."""
+    targets = np.full_like(inputs.tokens, IGNORE)
+    targets[:, :-1] = inputs.tokens[:, 1:]
+    past = np.arange(inputs.tokens.shape[1])[None, :] >= inputs.lengths[:, None] - 1
+    targets[past] = IGNORE
+    return Inputs(inputs.tokens, targets, inputs.lengths)

@@ -238,6 +238,8 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         del rows["init"], rows["seed"]
         rows["weights"] = run.weights_from
         rows["tokens from"] = run.tokens_from
+        if run.task is not None:   # a model tfm train saved: which positions the loss scores
+            rows["scored"] = run.scored
         rows[f"row {row} tokens"] = render.token_line(run.token_labels(row))
         rows[f"row {row} targets"] = render.token_line(run.target_labels(row))
         if run.tokens_from == f"seed {cfg.seed}":   # make_inputs: T + 1 ids, shifted by one

@@ -21,7 +21,7 @@ Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_po
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ln(
-    layer: Annotated[Which, choice("--layer", choices=Which, metavar="NAME", help="ln1, ln1_post, ln2, ln2_post, ln_f or ln_embed.")] = Which.ln1,
+    layer: Annotated[Which, choice("--layer", choices=Which, metavar="NAME", show_default=False, help="ln1 (default), ln2, ln_f, ln1_post, ln2_post, ln_embed")] = Which.ln1,
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
     row: Row = 0,
     position: Position = 0,
@@ -31,7 +31,7 @@ def ln(
 ):
     """One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.
 
-    With --rms-norm, RMSNorm's: x, its mean square, xhat, y; no mean, no beta. With --no-norm-bias, layer norm's without beta.
+    With --rms-norm, RMSNorm's (no mean, no beta); with --no-norm-bias, no beta.
 
     Example: tfm ln --layer ln2 --position 3
     """

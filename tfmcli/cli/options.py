@@ -199,7 +199,7 @@ OptI, OptF, OptS = Optional[int], Optional[float], Optional[str]
 MODEL_OPTIONS = [
     ("arch", Annotated[OptS, _opt(
         "--arch", panel=INPUT, metavar="NAME", callback=check_arch,
-        help="A family's architecture at toy size (--arch list).")], None),
+        help="A family's block at toy size (--arch list).")], None),
     ("seed", Annotated[I, _opt(
         "--seed", panel=INPUT, callback=bounded(0),
         help="Seed of the weights and tokens.")], D.seed),
@@ -302,6 +302,9 @@ RUN_OPTIONS = [
     ("text", Annotated[Optional[List[str]], _opt(
         "--text", panel=INPUT, metavar="TEXT",
         help="Text for --load DIR's tokenizer (repeatable).")], None),
+    ("score_all", Annotated[bool, _opt(
+        "--score-all", panel=INPUT,
+        help="Score every position, not only the answers.")], False),
     ("force", Annotated[bool, _opt(
         "--force", panel=INPUT,
         help="Run even past the memory estimate.")], False),
@@ -317,7 +320,7 @@ OUTPUT_OPTIONS = [
         help="Save the run's arrays (docs/formats.md).")], None),
 ]
 # the order --help lists an option in, within its panel
-HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "force")
+HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "score_all", "force")
 MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS} - {"arch"}
 # Config field -> the option a user types, for error messages.
 FLAGS = {name: "--" + name.replace("_", "-") for name in MODEL_FIELDS | {"tokens", "text"}}
@@ -405,7 +408,7 @@ class Options:
         try:
             tokens = parse_tokens(self.values.get("tokens"))
             run = resolve(self.model_fields(), explicit, self.values.get("load"), tokens,
-                          self.values.get("text") or None)
+                          self.values.get("text") or None, self.values.get("score_all", False))
         except ConfigError as e:
             raise bad(e.field, str(e)) from None
         except MissingExtra as e:

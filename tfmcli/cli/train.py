@@ -32,7 +32,7 @@ FIELDS = ("arch", "seed", "batch", "d_model", "heads", "d_ff", "layers", "norm",
           "embed_norm", "norm_bias")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
-TOKENS = [spec for spec in RUN_OPTIONS if spec[0] == "tokens"]
+TOKENS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "score_all")]
 
 
 @app.command()
@@ -77,8 +77,12 @@ def train(
 
     held_out = make_batch(task.value, np.random.default_rng([cfg.seed, 2]), HELD_OUT, length, symbols)
     accuracy, fwd_all = evaluate(params, cfg, held_out)
-    if shown_tokens is not None:
-        shown = tfmcli.inputs_from_tokens(shown_tokens)
+    task_info = {"task": task.value, "n": length, "symbols": symbols}
+    if shown_tokens is not None:   # scored as training scores them, or every position
+        from tfmcli.sources import _scored
+
+        shown, scored = _scored(tfmcli.inputs_from_tokens(shown_tokens), task_info,
+                                opts.score_all)
     else:
         shown = tfmcli.Inputs(*(a[:SHOWN] for a in held_out))
     B, T = shown.tokens.shape
@@ -87,7 +91,8 @@ def train(
     fwd = tfmcli.forward(params, shown, shown_cfg)
     trained = f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})"
     run = Run(shown_cfg, params, shown, trained,
-              "--tokens" if shown_tokens is not None else "held-out examples", arch=opts.arch)
+              "--tokens" if shown_tokens is not None else "held-out examples", arch=opts.arch,
+              task=task_info, scored=scored if shown_tokens is not None else "the answers")
     opts.made = run   # --json: the examples shown, after training
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
@@ -115,7 +120,8 @@ def train(
                "final_accuracy": accuracy,
                "lr": [[s, rate] for s, rate in zip(history.steps, history.lrs)],
                "config": json.loads(cfg.to_json()), "seconds": seconds}
-    emit(opts, parts, payload, run_arrays(shown_cfg, params, shown, fwd))
+    arrays = {**run_arrays(shown_cfg, params, shown, fwd), "task": np.array(json.dumps(task_info))}
+    emit(opts, parts, payload, arrays)
 
 
 def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):

@@ -49,6 +49,8 @@ class Run:
     token_text: Callable[[int], str] = str               # id -> what a person reads
     read_params: Callable[[], dict] | None = field(default=None, repr=False)
     arch: str | None = None   # the --arch preset the Config's architecture came from
+    task: dict | None = None  # what a model tfm train saved was trained on (its npz "task")
+    scored: str = "every position"   # which positions the loss scores, said in the panel
 
     def __repr__(self) -> str:
         params = None if self.params is None else arrays_repr(self.params)
@@ -74,7 +76,8 @@ class Run:
                 for i, t in enumerate(targets)]
 
 
-def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) -> Run:
+def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
+            score_all: bool = False) -> Run:
     """The run that command-line style settings describe.
 
     Parameters
@@ -92,6 +95,9 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
     text : list of str, optional
         Texts to tokenize with the checkpoint folder's tokenizer, one per batch row.
+    score_all : bool
+        Score every position even for a model ``tfm train`` saved, whose loss by default scores
+        the answer positions alone, as its training did.
 
     Raises
     ------
@@ -102,7 +108,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
     TfmError
         The file cannot be read or does not describe a run.
     """
-    fields, params, inputs, read_params = {}, None, None, None
+    fields, params, inputs, read_params, task = {}, None, None, None, None
     weights_from = tokens_from = tokenizer = None
     token_text = str
     folder = load is not None and Path(load).is_dir()
@@ -116,7 +122,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
             token_text = tokenizer.label
     elif load is not None:
         loaded = load_npz(load)
-        fields, params, inputs = dict(loaded.fields), loaded.params, loaded.inputs
+        fields, params, inputs, task = dict(loaded.fields), loaded.params, loaded.inputs, loaded.task
         if not loaded.has_config:   # heads of their own width, grouped keys: for the heads given
             fields.update(infer_heads(params, {**flags, **fields}))
             fields.update(infer_activation(params, {**flags, **fields}))   # a gate: which one
@@ -175,11 +181,24 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None) 
         if tokens is None:
             inputs = check_inputs(load, inputs, cfg)
     seed = f"seed {cfg.seed}"
+    scored = "every position"
+    if task is not None and inputs is not None:   # as the model was trained, or every position
+        inputs, scored = _scored(inputs, task, score_all)
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
-               tokens_from or seed, token_text, read_params)
+               tokens_from or seed, token_text, read_params, task=task, scored=scored)
 
 
-def load(path, *, tokens=None, text=None, **fields) -> Run:
+def _scored(inputs, task: dict, score_all: bool):
+    """(inputs, what the panel says) for a model trained on ``task``."""
+    from tfmcli.tasks import answer_targets, every_target
+
+    if score_all:
+        return every_target(inputs), "every position (--score-all)"
+    return (answer_targets(inputs, task["symbols"]),
+            f"answers (from separator {task['symbols']} on), as trained; --score-all: all")
+
+
+def load(path, *, tokens=None, text=None, score_all=False, **fields) -> Run:
     """A run from a checkpoint folder (GPT-2's, LLaMA's, Mistral's or Qwen2's) or an ``.npz``,
     ready for ``forward``.
 
@@ -188,13 +207,15 @@ def load(path, *, tokens=None, text=None, **fields) -> Run:
 
     ``tokens`` (a list of ids, or a list of such lists) or ``text`` (a string or a list of
     strings) give the input; ``fields`` set Config fields the file does not decide (``dtype``).
+    A model ``tfm train`` saved scores its answer positions, as it was trained, unless
+    ``score_all``.
     """
     if tokens is not None and tokens and not isinstance(tokens[0], (list, tuple, np.ndarray)):
         tokens = [tokens]
     if isinstance(text, str):
         text = [text]
     flags = {**Config().__dict__, **fields}
-    return resolve(flags, set(fields), path, tokens, text).complete()
+    return resolve(flags, set(fields), path, tokens, text, score_all).complete()
 
 
 def parse_tokens(texts, option: str = "tokens") -> list[list[int]] | None:

@@ -21,6 +21,7 @@ class LoadedRun(NamedTuple):
     params: dict               # name -> ndarray, checked against the config
     inputs: Inputs | None      # when the file has input/*
     has_config: bool
+    task: dict | None = None   # tfm train's task: {"task": "reverse", "n": 8, "symbols": 10}
 
 
 def read_npz(path) -> dict[str, np.ndarray]:
@@ -141,16 +142,36 @@ def load_npz(path) -> LoadedRun:
                 full = bool(np.all(lengths == tokens.shape[1]))
                 fields["lengths"] = None if full else tuple(int(n) for n in lengths)
     _check_keys(path, arrays)
-    return LoadedRun(fields, params, inputs, has_config)
+    return LoadedRun(fields, params, inputs, has_config, _task(path, arrays))
+
+
+def _task(path, arrays) -> dict | None:
+    """The ``task`` key of a model tfm train saved: what it was trained on."""
+    if "task" not in arrays:
+        return None
+    import json
+
+    from tfmcli.tasks import TASKS
+
+    try:
+        task = json.loads(str(arrays["task"][()]))
+        ok = (task["task"] in TASKS and all(isinstance(task[k], int) and task[k] >= 1
+                                            for k in ("n", "symbols")))
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise TfmError(f"--load {path}: key 'task' is not a task tfm train saved "
+                       f"(like {{\"task\": \"reverse\", \"n\": 8, \"symbols\": 10}})")
+    return task
 
 
 def _check_keys(path, arrays):
     for key in arrays:
-        if key in ("config", "loss") or key in INPUT_KEYS:
+        if key in ("config", "loss", "task") or key in INPUT_KEYS:
             continue
         if not any(key.startswith(s) and len(key) > len(s) for s in SECTIONS):
             raise TfmError(f"--load {path}: unknown key {key!r} (allowed: param/, grad/, act/, "
-                           f"actgrad/, input/tokens, input/targets, input/lengths, loss, config)")
+                           f"actgrad/, input/tokens, input/targets, input/lengths, loss, config, task)")
 
 
 def check_params(path, params: dict, cfg: Config) -> dict:
