@@ -676,3 +676,13 @@ def test_seeded_tokens_show_the_t_plus_one_ids_drawn():
     text = ok("forward", "--seed", "1000").stdout
     assert "│ row 0 T+1 ids  1 4 6 4 6 " in text
     assert "T+1 ids" not in ok("forward", "--tokens", "3,1,4,1,5").stdout
+
+
+def test_attn_query_shows_no_number_of_a_hidden_key():
+    """Issue 58: step 4 listed a hidden key's score, whose row of K no step shows."""
+    lines = ok("attn", "--query", "2", "--tokens", "3,1,4,1,5").stdout.splitlines()
+    hidden = [line for line in lines if "hidden" in line and line.startswith(" k")]
+    assert [line.split() for line in hidden] == [["k3:1", "·", "·", "hidden", "·"],
+                                                 ["k4:5", "·", "·", "hidden", "·"]]
+    step4 = next(i for i, line in enumerate(lines) if line.startswith("4. "))
+    assert not any("k3:1" in line or "k4:5" in line for line in lines[:step4])

@@ -175,13 +175,14 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
 
     cap = cfg.attn_softcap
     alibi = x.bias is not None   # ALiBi's -m (t - j) added to the scaled scores
-    score_rows = [[keys[s], render.fmt(x.scores[s], precision),
-                   render.fmt(x.scaled[s], precision),
-                   *([render.fmt(x.bias[s], precision), render.fmt(x.biased[s], precision)]
-                     if alibi else []),
-                   *([render.fmt(x.capped[s], precision)] if cap is not None else []),
-                   "visible" if x.visible[s] else "hidden",
-                   render.fmt(x.weights[s], precision) if x.visible[s] else "·"]
+
+    def cell(values, s):   # a hidden key's numbers: its row of K is never shown, so neither are they
+        return render.fmt(values[s], precision) if x.visible[s] else "·"
+
+    score_rows = [[keys[s], cell(x.scores, s), cell(x.scaled, s),
+                   *([cell(x.bias, s), cell(x.biased, s)] if alibi else []),
+                   *([cell(x.capped, s)] if cap is not None else []),
+                   "visible" if x.visible[s] else "hidden", cell(x.weights, s)]
                   for s in range(len(keys))]
     capping = "" if cap is None else f", capped ({cap:g} tanh(scaled / {cap:g}))"
     if alibi:
