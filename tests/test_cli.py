@@ -153,7 +153,7 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
                                        "actgrad"}),
     "compare": (["-L", 2], {"pre", "post"}),
     "adam": (["--steps", 1], {"param", "input", "config", "act", "loss"}),
-    "train": (["--steps", 20], {"param", "input", "config", "act", "loss"}),
+    "train": (["--steps", 20], {"param", "input", "config", "act", "loss", "task"}),
     "mask": ([], {"causal", "padding", "combined"}),
     "pe": ([], {"pe"}),
 }
@@ -686,3 +686,19 @@ def test_attn_query_shows_no_number_of_a_hidden_key():
                                                  ["k4:5", "·", "·", "hidden", "·"]]
     step4 = next(i for i, line in enumerate(lines) if line.startswith("4. "))
     assert not any("k3:1" in line or "k4:5" in line for line in lines[:step4])
+
+
+def test_the_patterns_statistics_leave_hidden_cells_out_as_the_scores_do():
+    """Issue 58: 'blocks.0.attn.pattern ... 0.0000 +0.2500': the min and the mean came from the
+    hidden zeros, while the hidden scores were left out. Each query row sums to 1 over its
+    visible keys, so the mean over them is rows / visible cells."""
+    data = ok_json("forward")
+    pattern = next(a for a in data["activations"] if a["name"] == "blocks.0.attn.pattern")
+    scores = next(a for a in data["activations"] if a["name"] == "blocks.0.attn.scores")
+    assert pattern["hidden"] == scores["masked"] == 24 and pattern["shape"] == [2, 2, 4, 4]
+    assert pattern["mean"] == pytest.approx(16 / (64 - 24)) and pattern["min"] > 0
+    text = ok("forward").stdout
+    assert "* blocks.0.attn.pattern: hidden: 24 (0), left out of the statistics" in text
+    full = ok_json("forward", "--no-causal")   # nothing hidden: every cell counted
+    assert "hidden" not in next(a for a in full["activations"]
+                                if a["name"] == "blocks.0.attn.pattern")

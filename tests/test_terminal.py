@@ -270,17 +270,17 @@ def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
     that is not printed; --json computes each activation's once and draws nothing."""
     import tfmcli.render.tables as tables
     import tfmcli.summary as summary
-    from tfmcli.summary import stats
+    from tfmcli.summary import activation_stats
     calls = {"table": 0, "json": 0}
 
     def counting(where):
-        def count(array):
+        def count(name, acts):
             calls[where] += 1
-            return stats(array)
+            return activation_stats(name, acts)
         return count
 
-    monkeypatch.setattr(tables, "stats", counting("table"))
-    monkeypatch.setattr(summary, "stats", counting("json"))   # what forward's JSON imports
+    monkeypatch.setattr(tables, "activation_stats", counting("table"))
+    monkeypatch.setattr(summary, "activation_stats", counting("json"))   # forward's JSON's
     ok("forward", "-L", 4)                    # 4 + 14 x 4 + 3 = 63 activations
     assert calls == {"table": 40, "json": 0}
     calls.update(table=0)

@@ -70,6 +70,21 @@ def stats(array: np.ndarray) -> dict:
     return out
 
 
+def activation_stats(name: str, acts) -> dict:
+    """``stats`` of the activation ``name`` of a forward pass, one rule for what is hidden: an
+    attention pattern's hidden cells (0 where the scores are -inf) are left out and counted
+    (``hidden``), as the scores' -inf are."""
+    value = acts[name]
+    if name.endswith("attn.pattern") and name[:-len("pattern")] + "scores" in acts:
+        visible = np.isfinite(acts[name[:-len("pattern")] + "scores"])
+        hidden = int(visible.size - np.count_nonzero(visible))
+        if hidden:
+            out = stats(value[visible])
+            out.update(shape=list(value.shape), hidden=hidden)
+            return out
+    return stats(value)
+
+
 def _whole(flat):
     """``flat`` as the one chunk of its entries (every one finite)."""
     return (flat,)

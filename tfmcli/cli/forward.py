@@ -34,7 +34,7 @@ def forward(
     """
     from tfmcli.io import run_arrays
     from tfmcli.model import block_masks
-    from tfmcli.summary import stats
+    from tfmcli.summary import activation_stats
 
     def validate(cfg):
         check_indices(cfg, row, head, block)
@@ -66,7 +66,7 @@ def forward(
     payload = lambda: {   # noqa: E731  (computed only for --json)
         "config": json.loads(cfg.to_json()), "parameters": sizes.param_count(cfg),
         "loss": fwd.loss,
-        "activations": [{"name": name, **stats(value)} for name, value in fwd.acts.items()],
+        "activations": [{"name": name, **activation_stats(name, fwd.acts)} for name in fwd.acts],
         "show": shown_json, **({} if terms is None else {"loss_terms": terms})}
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd))
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
-from tfmcli.summary import l2_norm, max_abs, mean, stats
+from tfmcli.summary import activation_stats, l2_norm, max_abs, mean, stats
 
 ELLIPSIS = "…"
 MISSING = "—"
@@ -252,7 +252,8 @@ def _stat_cells(summary: dict, dtype) -> list:
 
 def _non_finite_note(summary: dict) -> str:
     """E.g. "masked: 24 (-inf)", from the counts in ``summary.stats``."""
-    notes = {"masked": "masked: {:,} (-inf)", "inf": "+inf: {:,}", "nan": "nan: {:,}"}
+    notes = {"masked": "masked: {:,} (-inf)", "hidden": "hidden: {:,} (0)", "inf": "+inf: {:,}",
+             "nan": "nan: {:,}"}
     return ", ".join(text.format(summary[key]) for key, text in notes.items() if key in summary)
 
 
@@ -316,7 +317,7 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
     footnotes = []
 
     def row(name, value):
-        summary = stats(value)
+        summary = activation_stats(name, acts)
         note = _non_finite_note(summary)
         if note:
             footnotes.append(f"* {name}: {note}, left out of the statistics")
