@@ -16,3 +16,18 @@ def float64_softmax(monkeypatch):
                        **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "softmax", keeping_float64)
+
+
+@pytest.fixture(autouse=True)
+def fresh_colour_styles():
+    """A rich Style keeps the escape codes of the first colour system it is printed with, and
+    tfm makes each colour's Style once (render.colours): a test that prints in 16 colours would
+    hand its codes to the next test's truecolor console (so would rich's own cache of
+    combined styles). Each test starts with none made."""
+    from rich.style import Style
+
+    from tfmcli.render import colours
+
+    colours._on_background.cache_clear()
+    colours._solid.cache_clear()
+    Style._add.cache_clear()

@@ -375,9 +375,15 @@ def test_mask_no_causal_is_padding_only():
 def test_mask_grids_and_legend():
     out = ok("mask", "--len", 3).stdout
     assert "● may attend" in out
-    assert out.count("●") == 1 + 6 + 3 + 6     # legend, causal, padding row, combined
+    # legend, causal, padding row; the combined mask of a full row is the causal grid itself,
+    # said in a line, not drawn twice (issue 58)
+    assert out.count("●") == 1 + 6 + 3
+    assert "combined, row 0 (length 3, no padding): the causal grid itself" in out
+    padded = ok("mask", "--len", 3, "--lengths", "3,2").stdout
+    assert padded.count("●") == 1 + 6 + 5 + 5 and "combined, row 1 (length 2)" in padded
+    assert "combined, row 0 (length 3, no padding)" in padded
     additive = ok("mask", "--len", 3, "--additive").stdout
-    assert additive.count("-inf") >= 6
+    assert additive.count("-inf") == 1 + 3   # the legend, the causal grid
 
 
 @pytest.mark.parametrize("command, extra", [("mask", ["--lengths", "2,3"]), ("pe", ["-d", "4"])])
@@ -405,15 +411,25 @@ def test_pe_json_matches_the_formula():
 
 
 def test_pe_labels_columns_with_sin_cos_and_wavelength():
-    out = ok("pe", "--len", 4, "--d-model", 4).stdout
-    header = " ".join(out[out.index("values"):].split()[1:9])   # the table's wrapped labels
-    assert header == "sin cos sin cos λ6.28 λ6.28 λ628 λ628"
-    assert ("column j: sin for even j, cos for odd j; wavelength λ = 6.28 (j = 0, 1) up to 628 "
-            "(j = 3)" in " ".join(out.split()))
+    out = ok("pe", "--len", 4, "--d-model", 16).stdout
+    header = " ".join(out[out.index("values"):].split()[1:18])   # the table's wrapped labels
+    assert header == ("sin cos sin cos sin cos sin cos λ6.28 λ6.28 λ19.9 λ19.9 … λ6.28e+03 "
+                      "λ6.28e+03 λ1.99e+04 λ1.99e+04")
+    # one notation per column: the slow sine needs scientific, its cosine does not
+    assert "p1 +0.841 +0.540 +0.311 +0.950 … +1.000e-03    +1.000 +3.162e-04    +1.000" in out
+    assert ("column j: sin for even j, cos for odd j; wavelength λ = 6.28 (j = 0, 1) up to "
+            "1.99e+04 (j = 15)" in " ".join(out.split()))
+
+
+def test_pe_prints_the_values_once():
+    """Issue 58: tfm pe printed the matrix twice, as a map and as a table; where the map
+    writes each value, the table is left out."""
+    small = ok("pe", "--len", 4, "--d-model", 4).stdout
+    assert "p1  +0.841  +0.540  +0.010  +1.000" in small and "values" not in small
 
 
 @pytest.mark.parametrize("length, d_model, table", [(16, 16, True), (257, 1, False),
-                                                    (17, 16, False)])
+                                                    (17, 16, False), (4, 4, False)])
 def test_pe_prints_its_values_up_to_256_of_them(length, d_model, table):
     out = ok("pe", "--len", length, "--d-model", d_model).stdout
     assert bool(re.search(r"^ *values$", out, re.M)) is table
@@ -434,8 +450,8 @@ def test_pe_is_drawn_on_a_scale_from_minus_1_to_1(monkeypatch, columns):
     monkeypatch.setenv("COLUMNS", str(columns))
     out = ok("pe", "--d-model", 64, "--len", 8).stdout
     legends = [line for line in out.splitlines() if line.startswith("scale")]
-    assert legends == ["scale [-█] -1.000  [-▒] -0.500  [  ] 0.000  [+▒] +0.500  [+█] +1.000"] * \
-        (2 if columns == 80 else 1)
+    assert [line.split("[+")[0].split()[:8] for line in legends] == [
+        ["scale,", "red", "<", "0", "<", "blue", "[-█]", "-1.000"]] * (2 if columns == 80 else 1)
 
 
 # ---------------------------------------------------------------- attn
@@ -444,7 +460,7 @@ def test_pe_is_drawn_on_a_scale_from_minus_1_to_1(monkeypatch, columns):
 def test_attn_illustrated_prints_seed_002s_numbers():
     out = ok("attn", "--example", "illustrated").stdout
     for number in ("+1.9366", "+6.6831", "+1.5951", "+7.9640", "+0.0540", "+1.9997", "+7.7599",
-                   "+0.3584", "+6.3379e-02", "+4.6831e-01", "+9.8201e-01"):
+                   "+0.3584", "+6.3379e-02", "+0.4683", "+0.9820"):
         assert number in out
     assert "unscaled (the note's code)" in out and "scaled by 1/sqrt(3)" in out
     data = ok_json("attn", "--example", "illustrated")

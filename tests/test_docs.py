@@ -160,5 +160,7 @@ def test_tfm_backward_shows_eleven_means_as_zero_at_the_default_seed():
     assert "eleven of them are `≈0`" in DOC
     rows = [line.split() for line in ok("backward").stdout.splitlines() if "(" in line]
     zeros = {row[0] for row in rows if row[-1] in ("≈0", "0.0000")}
-    assert zeros == expected_zero_sums("pre", initial=True, tied=False) - {
+    # b_K's gradient is 0 altogether (derivations: b_K), its norm ≈0 as well as its mean
+    assert next(row for row in rows if row[0] == "blocks.0.attn.b_K")[-3:] == ["≈0"] * 3
+    assert zeros - {"blocks.0.attn.b_K"} == expected_zero_sums("pre", initial=True, tied=False) - {
         f"blocks.1.{part}" for part in ALWAYS | READS_A_LAYER_NORM}

@@ -102,8 +102,10 @@ def test_heatmap_explicit_scale_and_no_legend():
 
 
 def test_heatmap_diverging_legend_is_centred_on_zero():
-    legend = coloured_text(heatmap(np.array([[-0.5, 2.0]]), diverging=True)).splitlines()[-1]
-    assert legend == "scale [-█] -2.00  [-▒] -1.00  [  ] 0.00  [+▒] +1.00  [+█] +2.00"
+    text = coloured_text(heatmap(np.array([[-0.5, 2.0]]), diverging=True))
+    legend = text[text.index("scale"):].split()
+    assert " ".join(legend) == ("scale, red < 0 < blue [-█] -2.00 [-▓] -1.50 [-▒] -1.00 [-░] "
+                                "-0.50 [ ] 0.00 [+░] +0.50 [+▒] +1.00 [+▓] +1.50 [+█] +2.00")
 
 
 def test_heatmap_shades_step_through_the_scale_without_values():
@@ -168,9 +170,9 @@ def test_heatmap_downsamples_in_blocks_of_two(shape, width, caption):
 
 def test_a_diverging_legend_reaches_zero_from_either_side():
     from tfmcli.render.colours import legend_stops
-    assert legend_stops(0.5, 2.0, True) == [0.0, 0.0, 0.0, 1.0, 2.0]
-    assert legend_stops(-2.0, -0.5, True) == [-2.0, -1.0, 0.0, 0.0, 0.0]
-    assert legend_stops(-1.0, 3.0, True) == [-1.0, -0.5, 0.0, 1.5, 3.0]
+    assert legend_stops(0.5, 2.0, True) == [0.0] * 5 + [0.5, 1.0, 1.5, 2.0]
+    assert legend_stops(-2.0, -0.5, True) == [-2.0, -1.5, -1.0, -0.5] + [0.0] * 5
+    assert legend_stops(-1.0, 3.0, True) == [-1.0, -0.75, -0.5, -0.25, 0.0, 0.75, 1.5, 2.25, 3.0]
 
 
 def test_heatmap_downsamples_1024_to_the_width():

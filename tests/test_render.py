@@ -226,10 +226,10 @@ def test_tensor_table_width_drops_columns_instead_of_cutting_numbers():
     labels = [f"sin λ{j}.28" for j in range(16)]  # wraps at the space
     text = render(tensor_table(array, col_labels=labels, width=50), width=50)
     rows = grid_rows(text, ["0", "1", "2"])
-    # one notation for the table: 1e-4 needs scientific, so every number is; 3 of 16
-    # columns of 11 characters fit in 50
-    assert rows[0] == ["+5.0000e-01", "+5.0000e-01", "…", "+1.0000e-04"]
-    assert "showing 3 of 16 columns" in text
+    # one notation per column: 1e-4 needs scientific, its column is; the others stay fixed,
+    # and 5 of 16 columns fit in 50
+    assert rows[0] == ["+0.5000", "+0.5000", "+0.5000", "…", "+0.5000", "+1.0000e-04"]
+    assert "showing 5 of 16 columns" in text
     assert max(len(line) for line in text.splitlines()) <= 50
     assert "sin λ15.28" in text  # the label whole, not cut
     text = render(tensor_table(array[:, :15], col_labels=labels[:15], width=50), width=50)

@@ -56,7 +56,7 @@ def test_the_help_loads_neither_numpy_nor_a_command_and_reads_as_with_every_comm
 
 def test_a_command_loads_its_own_module_and_not_the_model():
     out, loaded = run_and_list_modules(["mask", "--len", "3"])
-    assert out.count("●") == 1 + 6 + 3 + 6
+    assert out.count("●") == 1 + 6 + 3   # the legend, the causal grid, the padding row
     commands = {m.rsplit(".", 1)[1] for m in loaded if m.rsplit(".", 1)[0] == "tfmcli.cli"}
     assert commands & set(COMMANDS) == {"mask"}
     assert "tfmcli.model" not in loaded and "tfmcli.gradcheck" in loaded   # the API's function

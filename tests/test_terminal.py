@@ -79,13 +79,48 @@ def test_a_wide_tensor_wraps_in_column_blocks_and_keeps_every_number(monkeypatch
     assert sorted(float(c) for c in cells if c != "·") == sorted(pattern[visible].round(4))
 
 
-def test_one_notation_per_table():
-    """A table with one entry below 1e-3 writes every entry in scientific notation (never
-    `+1.000e-03` beside `+0.002`), as NumPy does for an array."""
+def test_one_notation_per_column():
+    """A column with one entry below 1e-3 writes every entry in scientific notation (never
+    `+1.000e-03` beside `+0.002`), as NumPy does for an array; the next column, which needs
+    none, stays fixed (issue 58: tfm pe's values were +1.000e+00 throughout)."""
     text = render(tensor_table(np.array([[0.002, 0.5], [1e-3 * 0.999, 12.0]]), precision=3))
-    assert re.findall(r"[+-]\S+", text) == ["+2.000e-03", "+5.000e-01", "+9.990e-04", "+1.200e+01"]
+    assert re.findall(r"[+-]\S+", text) == ["+2.000e-03", "+0.500", "+9.990e-04", "+12.000"]
     text = render(tensor_table(np.array([0.002, 0.5, 12.0]), precision=3))
     assert re.findall(r"[+-]\S+", text) == ["+0.002", "+0.500", "+12.000"]
+
+
+def test_a_table_of_quantities_has_one_notation_per_row_and_indicators_are_0_and_1():
+    """Issue 58: tfm ffn's relu'(pre) printed +1.0000e+00 0.0000 +1.0000e+00."""
+    rows = np.array([[1.6e-2, -5e-4, 3.9e-2], [1.0, 0.0, 1.0], [0.25, 0.5, 0.75]])
+    text = render(tensor_table(rows, row_labels=["d", "slope", "p"], notation_by="row"))
+    assert grid_rows(text, ["d", "slope", "p"]) == [
+        ["+1.6000e-02", "-5.0000e-04", "+3.9000e-02"], ["1", "0", "1"],
+        ["+0.2500", "+0.5000", "+0.7500"]]
+    given = render(tensor_table(rows[2:], row_labels=["p"], notation_by="row",
+                                notations={"p": "sci"}))
+    assert grid_rows(given, ["p"])[0][0] == "+2.5000e-01"
+
+
+def test_the_views_write_each_column_in_one_notation():
+    """Issue 58's screens: tfm backward (b_K's noise made W_1's 1.4359 print 1.4359e+00),
+    tfm attn --query 2 --backward step 7 (+0.0298 beside -4.5361e-04), tfm adam (steps 1-2
+    scientific, step 3 fixed), tfm ffn (an indicator in scientific)."""
+    backward = ok("backward").stdout.splitlines()
+    w_1 = next(line for line in backward if line.startswith("blocks.0.ffn.W_1 "))
+    assert w_1.split()[3:5] == ["1.4359", "0.4353"]
+    b_k = next(line for line in backward if line.startswith("blocks.0.attn.b_K "))
+    assert b_k.split()[2:] == ["≈0", "≈0", "≈0"]
+    step7 = ok("attn", "--query", "2", "--backward").stdout.split("7. ")[1].split("8. ")[0]
+    dscaled = [line.split()[4] for line in step7.splitlines() if line.startswith(" k")
+               and "·" not in line and not line.startswith(" key")]
+    assert dscaled == ["+2.9803e-02", "-4.5361e-04", "-2.9349e-02"]
+    adam = ok("adam").stdout
+    steps = [line.split()[1:] for line in adam.splitlines() if line.startswith(" step ")]
+    assert len(steps) == 3 and all("e-0" in cell for row in steps for cell in row)
+    gs = [line.split()[1:] for line in adam.splitlines() if line.startswith("    g ")]
+    assert all("e" not in cell for row in gs for cell in row)
+    ffn = ok("ffn", "-t", "2").stdout
+    assert "relu'(pre)           1           0           1" in ffn
 
 
 def test_rounding_noise_in_a_mean_shows_as_zero_and_norms_have_no_sign():
@@ -299,3 +334,80 @@ def test_the_api_names_are_what_they_were_whatever_was_imported_first():
             "all(inspect.isfunction(getattr(r, n)) for n in r.__all__))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+@pytest.mark.parametrize("width, command, kept", [
+    (80, ["ln", "-t", "2"], "y = gamma * (x - mean) / sqrt(var + eps) + beta"),
+    (80, ["embed", "-t", "1"], "PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d))"),
+    (120, ["adam"], "step = lr m_hat / (sqrt(v_hat) + eps),  p = p - step"),
+    (80, ["attn"], "· = hidden (exactly 0)"),
+    (80, ["kv"], "4.1 K with the cache, 10.3 K recomputing each prefix (2.5x)"),
+])
+def test_formulas_wrap_between_clauses_never_inside_one(width, command, kept, monkeypatch):
+    """Issue 58: at 80 columns `... / sqrt(var + eps) +` then `beta`, `PE[t,` then `2i+1]`, at
+    120 `step = lr m_hat /` then `(sqrt(v_hat) + eps)`, `(exactly` then `0)`, `4.1` then `M`."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    lines = ok(*command).stdout.splitlines()
+    assert any(kept in line for line in lines), kept
+    assert max(len(line) for line in lines) <= width
+
+
+def test_break_points_keep_clauses_brackets_and_units():
+    from tfmcli.render.wrap import break_points
+
+    def pieces(line, width):
+        ends = [0, *break_points(line, width), len(line)]
+        return [line[a:b].strip() for a, b in zip(ends, ends[1:])]
+
+    assert pieces("a = b + c;  d = (e + f) * g", 12) == ["a = b + c;", "d = (e + f)", "* g"]
+    assert pieces("cost 4.1 K with 10 M more", 10) == ["cost 4.1 K", "with 10 M", "more"]
+    assert pieces("fits", 80) == ["fits"]
+    assert pieces("x (allowed: 0 or more) y", 14) == ["x", "(allowed: 0 or more)", "y"]
+
+
+def test_an_error_on_a_terminal_breaks_between_words():
+    """Issue 58: the terminal cut '--seed' after '--' and 'safetensors' after 'saf'; on a
+    terminal tfm breaks the line itself; to a file or a pipe it stays one line."""
+    import pty
+
+    command = [sys.executable, "-m", "tfmcli", "forward", "--seed", "-1", "--tokens", "1,2",
+               "--d-model", "6"]
+    env = {**os.environ, "COLUMNS": "40", "LINES": "24"}
+    main, child = pty.openpty()
+    os.set_blocking(main, False)
+    done = subprocess.run(command, env=env, stdin=child, stdout=child, stderr=child, timeout=60)
+    os.close(child)
+    text = b""
+    try:
+        while chunk := os.read(main, 4096):
+            text += chunk
+    except (BlockingIOError, OSError):
+        pass
+    os.close(main)
+    lines = [line for line in text.decode().replace("\r", "").splitlines() if line]
+    assert done.returncode == 2 and len(lines) > 1 and max(map(len, lines)) <= 40
+    assert all(not line.endswith("--") for line in lines)
+    piped = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert len(piped.stderr.splitlines()) == 1
+
+
+def test_a_diverging_map_uses_the_legends_nine_colours_and_says_red_is_negative():
+    """Issue 58: in a 256-colour terminal neighbouring values near -1 got two palette entries;
+    each cell is now one of the legend's swatches."""
+    from tfmcli.render.colours import level
+
+    assert [level(p, True) for p in (0.0, 0.06, 0.07, 0.5, 0.9)] == [0.0, 0.0, 0.125, 0.5, 0.875]
+    assert [level(p, False) for p in (0.1, 0.13, 0.99)] == [0.0, 0.25, 1.0]
+    text = ok("pe", "--len", "4", "--d-model", "32").stdout
+    assert "scale, red < 0 < blue [-█] -1.000  [-▓] -0.750" in text
+
+
+@pytest.mark.parametrize("columns", [80, 120, 200])
+def test_a_wider_terminal_never_shows_fewer_maps(columns, monkeypatch):
+    """Issue 58: tfm train showed both heads at 80 columns and one at 120 and 200, whose maps
+    wrote their values and so stood one under the other; shades keep both on the screen."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("LINES", "24")
+    text = ok("train", "--steps", "5").stdout
+    assert "block 0 head 0" in text and "block 0 head 1" in text
+    assert "showing 1 of 2 attention maps" not in text

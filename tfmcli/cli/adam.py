@@ -59,10 +59,19 @@ def adam(
     schedule = (f"constant lr {lr:g}" if lr is not None else
                 f"lr = d^-0.5 min(t^-0.5, t warmup^-1.5), d {cfg.d_model}, warmup {warmup}")
 
+    def quantities(s):
+        return {"g": s.g, "m": s.m, "v": s.v, "m_hat": s.m_hat, "v_hat": s.v_hat,
+                "step": s.update, "p": s.p}
+
+    # each quantity in one notation over every step (p with p before), as one column would be
+    notations = render.row_notations([quantities(s) for s in x.steps]
+                                     + [{"p": x.p0, "p before": x.p0}])
+    notations["p before"] = notations["p"]
+
     def table(rows: dict):
         return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
                                    col_labels=labels, precision=precision, width=width(),
-                                   full=True)
+                                   full=True, notation_by="row", notations=notations)
 
     def tokens_named():   # W_E's rows are tokens: say which, when they have a text of their own
         ids = sorted({e[0] for e in x.entries}) if param == "embed.W_E" else []
@@ -85,8 +94,7 @@ def adam(
             views += [
                 Text(f"step {s.t}: lr {s.lr:.{precision}e}, loss before it "
                      f"{s.loss:.{precision + 2}f}", style="bold"),
-                table({"g": s.g, "m": s.m, "v": s.v, "m_hat": s.m_hat, "v_hat": s.v_hat,
-                       "step": s.update, "p": s.p})]
+                table(quantities(s))]
             if s.t == 1:
                 views.append(Text("at t = 1 the corrections make m_hat = g and v_hat = g^2: "
                                   "each entry moves by lr g / (|g| + eps), about lr whatever "

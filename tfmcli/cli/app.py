@@ -71,6 +71,20 @@ class TrimmedLines(io.TextIOBase):
         return self.stream.fileno()
 
 
+def error(message: str) -> None:
+    """One error on stderr: one line to a file or a pipe; on a terminal, broken between words
+    to its width (the terminal itself would cut '--seed' after '--')."""
+    if sys.stderr.isatty():
+        import shutil
+
+        from tfmcli.render.wrap import break_points
+
+        cuts = break_points(message, shutil.get_terminal_size().columns)
+        ends = [0, *cuts, len(message)]
+        message = "\n".join(message[a:b].strip() for a, b in zip(ends, ends[1:]))
+    typer.echo(message, err=True)
+
+
 class OneLineErrors(TyperGroup):
     """Report every error as one line on stderr: usage errors exit 2, domain errors exit 1."""
 
@@ -88,14 +102,14 @@ class OneLineErrors(TyperGroup):
             where = e.ctx.command_path if getattr(e, "ctx", None) else "tfm"
             message = e.format_message().replace("Value error, ", "")  # typer's validator prefix
             if message:  # (no message: `tfm` alone, which has just printed its help)
-                typer.echo(f"{where}: error: {message}", err=True)
+                error(f"{where}: error: {message}")
             code = e.exit_code if message else 0
         except BrokenPipeError:  # `tfm ... | head`: the reader left; not an error
             # Point stdout at /dev/null so that the interpreter's last flush cannot fail again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = 0
         except TfmError as e:
-            typer.echo(f"tfm: error: {e}", err=True)
+            error(f"tfm: error: {e}")
             code = 1
         except MemoryError:
             typer.echo("tfm: error: out of memory; try smaller sizes (see tfm shapes)", err=True)

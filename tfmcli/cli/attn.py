@@ -177,7 +177,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     alibi = x.bias is not None   # ALiBi's -m (t - j) added to the scaled scores
 
     def cell(values, s):   # a hidden key's numbers: its row of K is never shown, so neither are they
-        return render.fmt(values[s], precision) if x.visible[s] else "·"
+        return float(values[s]) if x.visible[s] else "·"
 
     score_rows = [[keys[s], cell(x.scores, s), cell(x.scaled, s),
                    *([cell(x.bias, s), cell(x.biased, s)] if alibi else []),
@@ -207,7 +207,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
              f"visible keys", style="bold"),
         render.record_table(["key", "score", "scaled", *(["ALiBi", "biased"] if alibi else []),
                              *(["capped"] if cap is not None else []),
-                             "mask", "softmax"], score_rows),
+                             "mask", "softmax"], score_rows, precision=precision),
         Text("5. softmax weight x v, and their sum: the context row", style="bold"),
         table(np.vstack([x.weighted[seen], x.context]), None,
               [f"w·v {k}" for k in shown] + ["Σ context"], dims),
@@ -263,8 +263,8 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
     this query's share of each key's dk and dv. ``q_name``: the activation the scores
     multiply; ``before``: what RoPE turned into it; ``scale_by``: the scale's name
     (``steps.scale_name``)."""
-    def num(value):
-        return render.fmt(value, precision) if value is not None else "·"
+    def num(value):   # a number (written in its column's notation), or · for a hidden key
+        return float(value) if value is not None else "·"
 
     rope = xb.dq_turned_back is not None   # q and k are the turned ones
     capped = xb.slope is not None           # the softmax took the capped scores
@@ -290,7 +290,8 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
              + ("/ sqrt(d_head)" if scale_by == "1/sqrt(d_head)" else f"x {scale_by}")
              + (", the cap's slope = 1 - (capped / C)^2" if capped else "")),
         render.record_table(["key", "weight", "dweight", "dweight - S", dname,
-                             *(["slope"] if capped else []), "dscore"], softmax_rows),
+                             *(["slope"] if capped else []), "dscore"], softmax_rows,
+                            precision=precision),
         Text(f"the backward pass's own {dname} row (attn.scores) differs by "
              f"{offs['dscaled']:.1e}", style="dim"),
         Text("8. dscore x k, and their sum: dq", style="bold"),

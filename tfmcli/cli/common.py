@@ -86,6 +86,9 @@ def emit(opts: Options, renderables, payload, arrays=None):
         return
     if callable(renderables):
         renderables = renderables()
+    from tfmcli.render.wrap import wrapped   # prose and formulas break between clauses
+
+    renderables = [wrapped(item) for item in renderables]
     for item in renderables:
         console.print(item)
     if opts.svg is not None:   # in colour, as a terminal would show it, whatever stdout is

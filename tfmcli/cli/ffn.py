@@ -117,6 +117,7 @@ def ffn(
     def table(rows: dict):   # every column, wrapped in blocks, up to 32 (or with --full)
         size = next(iter(rows.values())).size
         return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
+                                   notation_by="row",
                                    precision=precision, width=width(), full=full or size <= WHOLE)
 
     def parts():

@@ -50,12 +50,13 @@ def forward(
 
     def parts():   # drawn only without --json
         labels = position_labels(run, row, "q")
-        picked = render.maps_that_fit(pairs, cfg.seq_len, width(), full, height(),
-                                      max(map(cell_len, labels)))
+        picked, values = render.maps_layout(pairs, cfg.seq_len, width(), full, height(),
+                                            max(map(cell_len, labels)))
         patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
         masks = block_masks(cfg, inputs.lengths, cfg.seq_len, row)
         maps = render.attention_maps(patterns, masks, row, width(), total=len(pairs),
-                                     row_labels=labels, col_labels=position_labels(run, row, "k"))
+                                     row_labels=labels, col_labels=position_labels(run, row, "k"),
+                                     values=values)
         return [render.config_panel(describe(cfg, run, row), title="tfm forward"),
                 render.shape_trace(fwd.acts, precision=precision, max_rows=rows_limit(full)),
                 *maps, *shown,

@@ -72,6 +72,7 @@ def ln(
 
     def table(rows: dict):   # every column, wrapped in blocks, up to d 32 (or with --full)
         return render.tensor_table(np.vstack(list(rows.values())), row_labels=list(rows),
+                                   notation_by="row",
                                    precision=precision, width=width(),
                                    full=full or x.x.size <= WHOLE)
 

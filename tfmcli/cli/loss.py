@@ -56,7 +56,8 @@ def loss(
     def vocab_table(rows: dict, caption=None):
         return render.tensor_table(np.vstack([v[ids] for v in rows.values()]),
                                    row_labels=list(rows), col_labels=labels, caption=caption,
-                                   precision=precision, width=width(), full=True)
+                                   precision=precision, width=width(), full=True,
+                                   notation_by="row")
 
     def parts():
         if x.target is None:

@@ -71,12 +71,17 @@ def mask(
     grids = [first,
              mask_view(pad, f"padding, lengths {list(rows)}", additive_form,
                        [f"row {b}" for b in range(len(rows))], keys, square=False)]
-    grids += [mask_view(combined[b], f"combined, row {b} (length {n})", additive_form, queries, keys)
-              for b, n in enumerate(rows[:MAX_MAPS])]
-    if len(rows) > MAX_MAPS:
-        grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(rows)} rows "
-                          f"(--json has all)", style="dim"))
-    parts = [render.mask_legend(additive_form), render.grids_side_by_side(*grids)]
+    padded = [b for b, n in enumerate(rows) if n < length]   # a full row's is the first grid
+    grids += [mask_view(combined[b], f"combined, row {b} (length {rows[b]})", additive_form,
+                        queries, keys) for b in padded[:MAX_MAPS]]
+    if len(padded) > MAX_MAPS:
+        grids.append(Text(f"showing the combined masks of {MAX_MAPS} of {len(padded)} padded "
+                          f"rows (--json has all)", style="dim"))
+    full = [str(b) for b, n in enumerate(rows) if n == length]
+    notes = [Text(f"combined, row{'s' * (len(full) > 1)} {', '.join(full)} (length {length}, no "
+                  f"padding): the {'sliding-window' if window else 'causal' if causal else 'all-True'}"
+                  f" grid itself", style="dim")] if full else []
+    parts = [render.mask_legend(additive_form), render.grids_side_by_side(*grids), *notes]
     payload = {"causal": causal_grid.tolist(), "padding": pad.tolist(), "combined": combined.tolist()}
     if additive_form:
         payload["additive"] = jsonable(additive(combined))

@@ -89,7 +89,12 @@ def pe(
                                            f"positional encoding ({length} x {d_model})",
                 row_labels=rows, col_labels=col_labels[first::2], width=width(),
                 vmin=-1.0, vmax=1.0, diverging=True, precision=precision))
-    if length * d_model <= 256:
+    from tfmcli.render.heatmap import shows_values
+
+    in_cells = 2 * d_model + 8 <= width() and shows_values(
+        matrix, row_labels=rows, col_labels=[str(j) for j in range(d_model)], width=width(),
+        precision=precision, diverging=True)
+    if length * d_model <= 256 and not in_cells:   # the numbers, unless the map wrote them
         parts.append(render.tensor_table(matrix, title="values", precision=precision, row_labels=rows,
                                          col_labels=col_labels, width=width()))
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})

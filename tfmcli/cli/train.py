@@ -104,13 +104,13 @@ def train(
                           height=5),
              prediction_table(held_out, predictions, length, symbols)]
     queries, keys = position_labels(run, 0, "q"), position_labels(run, 0, "k")
-    patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h]
-                for b, h in render.maps_that_fit([(b, h) for b in range(cfg.layers)
-                                                  for h in range(cfg.heads)], T, width(), False,
-                                                 height(), max(map(cell_len, queries)))}
+    picked, values = render.maps_layout([(b, h) for b in range(cfg.layers)
+                                         for h in range(cfg.heads)], T, width(), False,
+                                        height(), max(map(cell_len, queries)))
+    patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][0, h] for b, h in picked}
     masks = block_masks(cfg, shown.lengths, T, 0)
     maps = render.attention_maps(patterns, masks, 0, width(), total=cfg.layers * cfg.heads,
-                                 row_labels=queries, col_labels=keys)
+                                 row_labels=queries, col_labels=keys, values=values)
     parts += [*maps,
               Text(f"held-out token accuracy {accuracy:.1%} over "
                    f"{int((held_out.targets != IGNORE).sum()):,} answer tokens of {HELD_OUT:,} "

@@ -71,14 +71,26 @@ def colour_at(position: float, diverging: bool) -> tuple[int, int, int]:
     return tuple(round(a + (b - a) * frac) for a, b in zip(low, high))
 
 
+def level(position: float, diverging: bool) -> float:
+    """``position`` moved to the nearest of the scale's levels, the legend's swatches: five
+    from bottom to top, or nine on a diverging scale (four either side of white). A cell's
+    colour is then one of the legend's, on any terminal: a 256-colour one rounds nearby
+    colours of a continuous scale to different palette entries, so that equal-looking values
+    jittered between two colours."""
+    if not diverging:
+        return round(position * 4) / 4
+    steps = round(abs(position - 0.5) * 8)
+    return 0.5 + (steps if position > 0.5 else -steps) / 8
+
+
 def cell_style(position: float, diverging: bool) -> Style:
-    """Background from the scale, black or white text, whichever reads better on it."""
-    return _on_background(colour_at(position, diverging))
+    """Background from the scale (at its level), black or white text, whichever reads better."""
+    return _on_background(colour_at(level(position, diverging), diverging))
 
 
 def block_style(position: float, diverging: bool) -> Style:
     """Text and background in the same colour: a solid block that still carries its shade."""
-    return _solid(colour_at(position, diverging))
+    return _solid(colour_at(level(position, diverging), diverging))
 
 
 # A map has thousands of cells and a few hundred colours: each colour's style is made once.
@@ -111,10 +123,11 @@ def shade_at(position: float, diverging: bool) -> str:
 
 
 def legend_stops(vmin: float, vmax: float, diverging: bool) -> list[float]:
-    """The values labelled in a legend; a diverging legend always includes 0."""
+    """The values labelled in a legend, one per level of the scale (``level``); a diverging
+    legend always includes 0."""
     if diverging:
         low, high = min(vmin, 0.0), max(vmax, 0.0)
-        return [low, low / 2, 0.0, high / 2, high]
+        return [low, low * 3 / 4, low / 2, low / 4, 0.0, high / 4, high / 2, high * 3 / 4, high]
     if vmax <= vmin:
         return [vmin]
     return list(np.linspace(vmin, vmax, LEGEND_STOPS))
@@ -151,7 +164,7 @@ def _scale_items(vmin, vmax, diverging, precision, clipped) -> list[Text]:
     """``scale``, then one ``[swatch] value`` per stop: the pieces a legend never breaks."""
     signed = diverging or vmin < 0
     stops = legend_stops(vmin, vmax, diverging)
-    items = [Text("scale", style="dim")]
+    items = [Text("scale, red < 0 < blue" if diverging else "scale", style="dim")]
     for k, value in enumerate(stops):
         position = scale_position(value, vmin, vmax, diverging)
         item = Text()

@@ -120,7 +120,9 @@ def heatmap(
                             clipped=clipped, hidden=mask is not None,
                             values_shown=texts is not None))
     # Title, caption and legend wrap at ``width``; grid lines are never wider unless forced.
-    return Constrain(Group(*lines), max(width, grid_width) if legend or caption else grid_width)
+    # (a title wider than a narrow map is not wrapped: "block 0 head" over a lone "0")
+    narrow = max(grid_width, cell_len(title) if title else 0)
+    return Constrain(Group(*lines), max(width, grid_width) if legend or caption else narrow)
 
 
 def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,

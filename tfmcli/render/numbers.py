@@ -24,9 +24,9 @@ def fmt(value: float, precision: int = 4, style: str | None = None, sign: bool =
     value : float
     precision : int
         Digits after the decimal point (of the mantissa, when scientific).
-    style : "fixed", "sci" or None
+    style : "fixed", "sci", "indicator" or None
         Force one notation, so that a whole column is written alike (see :func:`notation`);
-        None picks it per value.
+        None picks it per value. "indicator" writes a 0/1 quantity (ReLU's slope) as 0 and 1.
     sign : bool
         Write the ``+`` of positive numbers; False for quantities that are never negative
         (norms, maxima of absolute values), where it says nothing.
@@ -51,20 +51,26 @@ def fmt(value: float, precision: int = 4, style: str | None = None, sign: bool =
     if math.isinf(v):
         return "+inf" if v > 0 else "-inf"
     plus = "+" if sign else ""
+    if style == "indicator" and v in (0.0, 1.0):
+        return f"{v:.0f}"
     if v == 0:
         return f"{' ' if sign else ''}{0:.{precision}f}"
-    if style is None:
+    if style is None or style == "indicator":
         style = "fixed" if FIXED_RANGE[0] <= abs(v) < FIXED_RANGE[1] else "sci"
     if style == "fixed":
         return f"{v:{plus}.{precision}f}"
     return f"{v:{plus}.{precision}e}"
 
 
-def notation(values) -> str:
+def notation(values, indicator: bool = False) -> str:
     """One notation for a column, as NumPy picks one for a whole array: "fixed" when every
     finite non-zero value lies in the fixed-point range, else "sci". A column never mixes
-    ``+1.000e-03`` with ``+0.002``."""
-    size = np.abs(np.asarray(values, dtype=np.float64).reshape(-1))
+    ``+1.000e-03`` with ``+0.002``. With ``indicator``, values that are all 0 or 1 (some 1)
+    are "indicator": written 0 and 1, as the 0/1 quantity they are."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if indicator and values.size and np.isin(values, (0.0, 1.0)).all() and (values == 1).any():
+        return "indicator"
+    size = np.abs(values)
     size = size[np.isfinite(size) & (size != 0)]
     if size.size == 0 or (size.min() >= FIXED_RANGE[0] and size.max() < FIXED_RANGE[1]):
         return "fixed"

@@ -74,11 +74,12 @@ def _kept(n: int, limit: int, full: bool) -> list[int | None]:
 
 
 def _column_width(grid, rows, j, label, precision, style) -> int:
-    """The widest number of column ``j`` over ``rows``, or the longest word of its label.
+    """The widest number of column ``j`` over ``rows``, or the longest word of its label
+    (``style(i, j)``: the notation of each cell).
 
     Labels wrap at their spaces, so ``"sin λ6.28"`` needs only as much room as ``"λ6.28"``.
     """
-    numbers = [len(fmt(grid[i, j], precision, style)) for i in rows]
+    numbers = [len(fmt(grid[i, j], precision, style(i, j))) for i in rows]
     return max(numbers + [cell_len(word) for word in label.split()] + [1])
 
 
@@ -134,6 +135,8 @@ def tensor_table(
     caption: str | None = None,
     width: int | None = None,
     mask=None,
+    notation_by: str = "column",
+    notations=None,
 ) -> Table:
     """A 0-, 1- or 2-D array as a table of right-justified numbers, elided like NumPy.
 
@@ -159,6 +162,13 @@ def tensor_table(
     mask : bool array of the same shape, optional
         False marks a cell hidden by an attention mask: it shows a dim ``·``, never a number,
         so a hidden probability cannot be mistaken for a computed 0.
+    notation_by : "column" or "row"
+        One notation (fixed or scientific) per column, or per row for a table whose rows are
+        quantities (``tfm ffn``'s pre, relu'(pre), dpre): a row of 0s and 1s is then written
+        0 and 1.
+    notations : mapping of row label to notation, optional
+        With ``notation_by="row"``, the notation of these rows, decided elsewhere (the same
+        quantity over several tables, as ``tfm adam``'s steps).
 
     Returns
     -------
@@ -185,7 +195,7 @@ def tensor_table(
     shown_rows = _kept(rows, max_rows, full)
     data_rows = [i for i in shown_rows if i is not None]
     hidden = np.zeros(grid.shape, dtype=bool) if mask is None else ~np.atleast_2d(mask)
-    style = notation(grid[~hidden])   # one notation for the whole table
+    style = _notations(grid, hidden, notation_by, row_labels, notations or {})
     if width is not None and not full:
         max_cols = _fitting_cols(grid, data_rows, row_labels, col_labels, max_cols, width,
                                  precision, style)
@@ -202,7 +212,7 @@ def tensor_table(
             return Text(ELLIPSIS, style="dim")
         if hidden[i, j]:
             return Text("·", style="dim")
-        return _number(grid[i, j], precision, style)
+        return _number(grid[i, j], precision, style(i, j))
 
     def block_table(block, block_title, block_caption):
         table = _table(block_title, block_caption)
@@ -232,6 +242,28 @@ def tensor_table(
     return Group(*tables)
 
 
+def _notations(grid, hidden, by: str, row_labels, given: dict):
+    """``style(i, j)``: the notation of each cell, one per column, or per row (given, or
+    picked from the row, a row of 0s and 1s as an indicator)."""
+    if by == "row":
+        rows = [given.get(label) or notation(grid[i][~hidden[i]], indicator=True)
+                for i, label in enumerate(row_labels)]
+        return lambda i, j: rows[i]
+    cols = [notation(grid[:, j][~hidden[:, j]]) for j in range(grid.shape[1])]
+    return lambda i, j: cols[j]
+
+
+def row_notations(tables) -> dict:
+    """One notation per row label over several ``{label: values}`` tables: the same quantity
+    written alike in each (``tfm adam``'s m at steps 1, 2 and 3)."""
+    values = {}
+    for rows in tables:
+        for label, row in rows.items():
+            values.setdefault(label, []).append(np.asarray(row, dtype=np.float64).reshape(-1))
+    return {label: notation(np.concatenate(rows), indicator=True)
+            for label, rows in values.items()}
+
+
 ZERO_NOTE = f"{ZERO_TO_PRECISION}: zero to working precision (rounding noise)"
 
 
@@ -258,17 +290,25 @@ def _non_finite_note(summary: dict) -> str:
 
 
 def add_rows(table: Table, mapping: Mapping, max_rows: int | None, make_row, *,
-             precision: int = 4, unsigned=()) -> None:
+             precision: int = 4, unsigned=(), noise=None) -> None:
     """Add ``make_row(name, value)`` for each item; beyond ``max_rows``, the first and last
     halves around a "… N more" row, and a caption saying how to see them all.
 
     ``make_row`` is called only for the rows shown. Its float cells are numbers, written with
     one notation per column (:func:`notation`), without a ``+`` in the ``unsigned`` columns;
-    other cells are shown as they are.
+    other cells are shown as they are. ``noise`` maps a column to the machine epsilon of its
+    numbers: there, a value that is rounding noise next to the column's largest is ``≈0``, and
+    does not decide the column's notation (b_K's gradient among the others).
     """
     items = list(mapping.items())
     kept = _kept(len(items), max_rows or len(items), max_rows is None)
     made = {i: make_row(*items[i]) for i in kept if i is not None}
+    for c, eps in (noise or {}).items():
+        scale = max((abs(row[c]) for row in made.values() if isinstance(row[c], float)),
+                    default=0.0)
+        for row in made.values():
+            if isinstance(row[c], float) and negligible(row[c], scale, eps):
+                row[c] = ZERO_TO_PRECISION
     styles = {}
     for c in range(len(table.columns)):
         numbers = [row[c] for row in made.values() if isinstance(row[c], float)]
@@ -375,7 +415,10 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
         cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean(g), largest, g.dtype)]
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
 
-    add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3})
+    eps = max((float(np.finfo(g.dtype).eps) for g in grads.values()
+               if np.asarray(g).dtype.kind == "f"), default=0.0)
+    add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3},
+             noise={2: eps, 3: eps, 4: eps})
     if any(name.endswith("attn.b_K") for name in grads):
         note = B_K_ROPE_NOTE if rope else B_K_NOTE
         table.caption = note if table.caption is None else f"{table.caption}\n{note}"
@@ -427,15 +470,17 @@ def shape_list(shapes, *, title=None, max_rows=None) -> Table:
     return table
 
 
-def record_table(headers, rows, *, title=None, max_rows=None, left=1) -> Table:
-    """Rows of already formatted cells under ``headers``; the first ``left`` columns are
-    left-justified (names), the rest right-justified (numbers). Beyond ``max_rows``, the first
-    and last halves around a "… N more" row."""
+def record_table(headers, rows, *, title=None, max_rows=None, left=1, precision=4) -> Table:
+    """Rows of cells under ``headers``: the first ``left`` columns left-justified (names), the
+    rest right-justified (numbers). Float cells are written in one notation per column, with
+    ``precision`` digits; other cells as they are. Beyond ``max_rows``, the first and last
+    halves around a "… N more" row."""
     table = _table(title)
     table.padding = (0, 1)   # words, not signed numbers: they need a gap of their own
     for j, header in enumerate(headers):
         table.add_column(header, justify="left" if j < left else "right", no_wrap=j >= left)
-    add_rows(table, dict(enumerate(rows)), max_rows, lambda _, cells: cells)
+    add_rows(table, dict(enumerate(rows)), max_rows, lambda _, cells: list(cells),
+             precision=precision)
     return table
 
 
