@@ -140,7 +140,7 @@ def test_options_are_checked_before_anything_is_computed(args, monkeypatch):
 
 @pytest.mark.parametrize("raised, code, line", [
     (KeyboardInterrupt, 130, "tfm: interrupted"),   # 128 + SIGINT, as a shell reports Ctrl-C
-    (MemoryError, 1, "tfm: error: out of memory; try smaller sizes (see tfm shapes)"),
+    (MemoryError, 1, "tfm forward: error: out of memory; try smaller sizes (see tfm shapes)"),
 ])
 def test_ctrl_c_and_running_out_of_memory_are_one_line_each(monkeypatch, raised, code, line):
     def fails(*args, **kwargs):
@@ -156,4 +156,13 @@ def test_pe_allows_exactly_20_million_values(monkeypatch):
         raise TfmError(f"reached the table of {length} x {d_model}")
     monkeypatch.setattr(positional, "sinusoidal", reached)
     assert error_line(run("pe", "--len", 200, "--d-model", 100_000), 1) == \
-        "tfm: error: reached the table of 200 x 100000"
+        "tfm pe: error: reached the table of 200 x 100000"
+
+
+def test_usage_and_domain_errors_name_the_command_alike():
+    """Issue 58: 'tfm: error:' (exit 1) beside 'tfm forward: error:' (exit 2); one form, each
+    error's documented exit code."""
+    usage = error_line(run("forward", "-d", 7, "-H", 2), 2)
+    domain = error_line(run("forward", "--load", "/no/such/file.npz"), 1)
+    assert usage.startswith("tfm forward: error: Invalid value for '--heads'")
+    assert domain == "tfm forward: error: --load /no/such/file.npz: no such file"

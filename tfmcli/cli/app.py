@@ -85,6 +85,13 @@ def error(message: str) -> None:
     typer.echo(message, err=True)
 
 
+def command_path(args) -> str:
+    """'tfm forward' when the command line names a command, else 'tfm'."""
+    args = sys.argv[1:] if args is None else args
+    name = next((str(arg) for arg in args if str(arg) in COMMANDS), None)
+    return f"tfm {name}" if name else "tfm"
+
+
 class OneLineErrors(TyperGroup):
     """Report every error as one line on stderr: usage errors exit 2, domain errors exit 1."""
 
@@ -108,11 +115,12 @@ class OneLineErrors(TyperGroup):
             # Point stdout at /dev/null so that the interpreter's last flush cannot fail again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = 0
-        except TfmError as e:
-            error(f"tfm: error: {e}")
+        except TfmError as e:   # named as a usage error is: "tfm forward: error: ..."
+            error(f"{command_path(args)}: error: {e}")
             code = 1
         except MemoryError:
-            typer.echo("tfm: error: out of memory; try smaller sizes (see tfm shapes)", err=True)
+            error(f"{command_path(args)}: error: out of memory; try smaller sizes (see tfm "
+                  f"shapes)")
             code = 1
         except (typer.Abort, KeyboardInterrupt):
             typer.echo("tfm: interrupted", err=True)
