@@ -478,7 +478,9 @@ def test_attn_numbers_its_steps_and_the_example_shows_the_first_five_then_both_s
         return re.findall(r"^(\d+)\. (\S+(?: scores)?) \(", out, re.M)
     out = ok("attn", "--example", "illustrated").stdout
     assert headings(out) == [("1", "X"), ("2", "Q"), ("3", "K"), ("4", "V"), ("5", "scores")]
-    assert re.findall(r"^ ?(\w+), unscaled", out, re.M) == ["softmax", "context"]
+    # numbered on (issue 58: only the first five were)
+    assert re.findall(r"^(\d+)\. (\w+), unscaled", out, re.M) == [("6", "softmax"),
+                                                                 ("7", "context")]
     assert headings(ok("attn").stdout) == [
         ("1", "X"), ("2", "Q"), ("3", "K"), ("4", "V"), ("5", "scores"), ("6", "scaled scores"),
         ("7", "masked scores"), ("8", "softmax"), ("9", "context")]

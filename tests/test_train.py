@@ -351,3 +351,11 @@ def test_train_scores_given_tokens_as_it_trained():
     assert "scored         answers (from separator 10 on), as trained" in text
     every = ok("train", "--steps", 3, "--tokens", "1,2,10,2,1", "--score-all").stdout
     assert "│ row 0 targets  2 10 2 1 —" in every
+
+
+def test_the_panel_says_the_batch_shown_is_not_the_training_batch():
+    """Issue 58: the panel said B=4 while the model trained on batches of 32."""
+    text = ok("train", "--steps", 3).stdout
+    assert "│ sizes          B=4 shown (trained in batches of 32) T=16 d=32" in text
+    assert "B=1 shown (trained in batches of 8)" in ok("train", "--steps", 3, "-B", 8,
+                                                      "--tokens", "1,2,10,2,1").stdout

@@ -48,10 +48,14 @@ def attn(
                       "1/sqrt(d_k) scale: that result is on the left; the scaled one "
                       "(d_k = 3, as the formula says) on the right.", style="bold")]
         parts += render_steps(unscaled[:5], precision)
-        for a, b in zip(unscaled[7:], scaled[7:]):
+        # then the softmax and the context (no mask: the model's scaled and masked steps are
+        # the right-hand side here), numbered on from the scores
+        for k, (a, b) in enumerate(zip(unscaled[7:], scaled[7:]), start=6):
             parts.append(render.side_by_side(
-                render.tensor_table(a.value, title=f"{a.name}, unscaled (the note's code)", precision=precision),
-                render.tensor_table(b.value, title=f"{b.name}, scaled by 1/sqrt(3)", precision=precision)))
+                render.tensor_table(a.value, title=f"{k}. {a.name}, unscaled (the note's code)",
+                                    precision=precision),
+                render.tensor_table(b.value, title=f"{k}. {b.name}, scaled by 1/sqrt(3)",
+                                    precision=precision)))
         payload = {"example": "illustrated",
                    "unscaled": {s.name: jsonable(s.value) for s in unscaled},
                    "scaled": {s.name: jsonable(s.value) for s in scaled}}

@@ -96,7 +96,10 @@ def train(
     opts.made = run   # --json: the examples shown, after training
 
     predictions = fwd_all.acts["logits"].argmax(axis=-1)
-    parts = [render.config_panel({**describe(shown_cfg, run), "task": task_line(task.value, length, symbols),
+    panel = describe(shown_cfg, run)   # the examples shown: B is theirs, not the training batch's
+    panel["sizes"] = panel["sizes"].replace(f"B={B} ", f"B={B} shown (trained in batches of "
+                                                       f"{cfg.batch}) ", 1)
+    parts = [render.config_panel({**panel, "task": task_line(task.value, length, symbols),
                                   "schedule": schedule_line(cfg, warmup, lr)}, title="tfm train"),
              render.curve(history.steps, history.losses, title="training loss (cross-entropy "
                           "over the answer positions of each batch)", width=width(), log=True),

@@ -364,9 +364,13 @@ def shape_trace(acts: Mapping[str, np.ndarray], *, precision: int = 4,
         return [name + ("*" if note else ""), _shape(value), *_stat_cells(summary, value.dtype)]
 
     add_rows(table, acts, max_rows, row, precision=precision, unsigned={4})
-    if footnotes:
-        table.caption = "\n".join(footnotes + ([table.caption] if table.caption else []))
+    footnotes.append(AXES)
+    table.caption = "\n".join(footnotes + ([table.caption] if table.caption else []))
     return table
+
+
+# What the axes of a shape are, said where a learner reads shapes
+AXES = "axes: B batch, T positions, d width, H heads, d_head a head's width, V vocab"
 
 
 def _check_cells(check) -> list[Text | str]:
@@ -467,6 +471,7 @@ def shape_list(shapes, *, title=None, max_rows=None) -> Table:
     table.add_column("elements", justify="right")
     add_rows(table, shapes, max_rows,
              lambda name, shape: [name, str(tuple(shape)), f"{prod(shape):,}"])
+    table.caption = AXES if table.caption is None else f"{table.caption}\n{AXES}"
     return table
 
 
