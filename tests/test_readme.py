@@ -149,3 +149,12 @@ def test_github_anchors_drop_punctuation_and_keep_doubled_hyphens():
     assert github_anchor("The runs") == "the-runs"
     assert github_anchor("Sums to zero — what `tfm backward`'s mean shows") == \
         "sums-to-zero--what-tfm-backwards-mean-shows"
+
+
+def test_the_notebook_drawing_block_runs_and_prints_text(capsys):
+    """docs/api.md's render block: print() of a view is the view as text."""
+    block = re.findall(r"^```python\n(.*?)^```", API, flags=re.S | re.M)[1]
+    exec(compile(block, "docs/api.md, render", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "0  1.00   ·     ·     ·" in printed and "blocks.0.attn.pattern*" in printed
+    assert "<rich" not in printed

@@ -601,3 +601,29 @@ def test_a_count_takes_its_plural_unless_it_is_one():
         "0 positions", "1 position", "2 positions", "1,024 positions"]
     assert counted(1, "entry", "entries") == "1 entry"
     assert counted(3, "entry", "entries") == "3 entries"
+
+
+def test_a_notebook_prints_views_reports_and_runs_in_a_line_or_as_text():
+    """Issue 58: GradcheckReport's repr was about 25 wrapped lines, a loaded run's dumped
+    every Config field, print(tfmcli.render.heatmap(...)) printed <rich.constrain.Constrain
+    object ...>, and heatmap(pattern) without a mask showed hidden cells as 0.00."""
+    import tfmcli
+    from tfmcli import render
+
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    report = repr(tfmcli.gradcheck(params, inputs, cfg))
+    assert "\n" not in report and len(report) < 160
+    assert report.startswith("GradcheckReport(passed=True, worst='blocks.0.attn.b_K' rel_err=")
+    assert report.endswith("tolerance=1e-06, checked 626 of 626 entries in 21 tensors)")
+    assert repr(cfg) == "Config()"
+    changed = cfg.replace(d_model=8, pe="rope", lengths=(4, 2))
+    assert repr(changed) == "Config(d_model=8, lengths=(4, 2), pe='rope')"
+    assert eval("tfmcli." + repr(changed)) == changed
+    pattern = np.tril(np.ones((3, 3)))
+    pattern /= pattern.sum(axis=1, keepdims=True)
+    drawn = str(render.heatmap(pattern))
+    assert drawn.splitlines()[1:3] == ["0  1.00   ·     ·", "1  0.50  0.50   ·"]
+    assert "<rich" not in drawn and "· hidden by mask" in drawn
+    assert str(render.heatmap(np.eye(2) * 0.5)).splitlines()[1] == "0  0.50  0.00"  # not a pattern
+    assert str(render.tensor_table(np.eye(2))).splitlines()[2] == "0 +1.0000  0.0000"

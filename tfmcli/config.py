@@ -305,6 +305,15 @@ class Config:
     embed_norm: bool = False
     norm_bias: bool = True
 
+    def __repr__(self) -> str:
+        """The fields that differ from the defaults, on one line: ``Config(d_model=32,
+        vocab=286, pe='learned')``, ``Config()`` for the defaults; ``eval`` gives it back."""
+        from dataclasses import fields
+
+        changed = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                   if getattr(self, f.name) != f.default]
+        return f"Config({', '.join(changed)})"
+
     def __post_init__(self):
         if self.lengths is not None:
             object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))

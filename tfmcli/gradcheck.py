@@ -48,6 +48,15 @@ class GradcheckReport:
     def __post_init__(self):
         self.failed = [c.name for c in self.params if not c.passed]
 
+    def __repr__(self) -> str:
+        """One line, as a notebook shows it: the verdict, the worst tensor, what was checked."""
+        worst = self.worst if self.params else None
+        return (f"GradcheckReport(passed={self.passed}, "
+                + (f"worst={worst.name!r} rel_err={worst.rel_err:.2e}, " if worst else "")
+                + f"tolerance={self.tolerance:g}, checked {self.checked:,} of "
+                  f"{self.entries:,} entries in {len(self.params)} tensors"
+                + (f", failed={self.failed}" if self.failed else "") + ")")
+
     @property
     def passed(self) -> bool:
         return not self.failed

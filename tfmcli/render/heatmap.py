@@ -18,6 +18,11 @@ from rich.text import Span, Text
 
 from tfmcli.render.colours import Legend, block_style, cell_style, scale_positions, shade_at
 from tfmcli.render.numbers import fmt_fixed
+from tfmcli.render.text import Printable
+
+
+class Drawing(Printable, Constrain):
+    """A heatmap: a renderable for rich, and plain text for ``print``."""
 
 HIDDEN = "·"
 HIDDEN_STYLE = "dim"
@@ -50,7 +55,9 @@ def heatmap(
         Length R and C; default to the indices ``"0"``, ``"1"``, ...
     mask : (R, C) bool array_like, optional
         True = visible (computed). Hidden cells show a dim ``"·"`` on no background, never a
-        colour, so they cannot be mistaken for a computed 0.
+        colour, so they cannot be mistaken for a computed 0. Without one, a square matrix
+        whose rows each sum to 1 and whose cells above the diagonal are exactly 0 is taken
+        for a causal attention pattern, and those cells are hidden.
     width : int
         Columns available, labels included. The grid never exceeds it (unless
         ``show_values=True`` forces values that do not fit).
@@ -76,6 +83,8 @@ def heatmap(
     if matrix.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D array, got shape {matrix.shape}; slice it first")
     rows, cols = matrix.shape
+    if mask is None and not diverging:
+        mask = _causal_pattern_mask(matrix)
     visible = _visible(mask, matrix.shape)
     row_labels = _labels(row_labels, rows, "row_labels")
     col_labels = _labels(col_labels, cols, "col_labels")
@@ -122,7 +131,7 @@ def heatmap(
     # Title, caption and legend wrap at ``width``; grid lines are never wider unless forced.
     # (a title wider than a narrow map is not wrapped: "block 0 head" over a lone "0")
     narrow = max(grid_width, cell_len(title) if title else 0)
-    return Constrain(Group(*lines), max(width, grid_width) if legend or caption else narrow)
+    return Drawing(Group(*lines), max(width, grid_width) if legend or caption else narrow)
 
 
 def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
@@ -137,6 +146,18 @@ def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
     _, value_width = _cell_texts(matrix, _visible(mask, matrix.shape), [str(c) for c in col_labels],
                                  precision, diverging)
     return _values_fit(cols, label_width, value_width, width)
+
+
+def _causal_pattern_mask(matrix: np.ndarray):
+    """The causal mask, when ``matrix`` is a causal attention pattern (rows summing to 1,
+    exactly 0 above the diagonal); else None."""
+    rows, cols = matrix.shape
+    if rows < 2 or rows != cols or not np.all(np.isfinite(matrix)):
+        return None
+    above = np.triu(np.ones((rows, cols), dtype=bool), k=1)
+    if np.any(matrix[above] != 0) or not np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6):
+        return None
+    return ~above
 
 
 def downsampled_caption(rows: int, cols: int, row_block: int, col_block: int) -> str:

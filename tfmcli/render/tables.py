@@ -16,15 +16,17 @@ from rich.table import Table
 from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
+from tfmcli.render.text import Printable
 from tfmcli.summary import activation_stats, l2_norm, max_abs, mean, stats
 
 ELLIPSIS = "…"
 MISSING = "—"
 
 
-class _Table(Table):
+class _Table(Printable, Table):
     """A table whose caption wraps at the screen's width, not at the table's: under a narrow
-    table a footnote ("showing 4 of 40 rows; --full shows all") stays on one line."""
+    table a footnote ("showing 4 of 40 rows; --full shows all") stays on one line; ``str()``
+    is the table in plain text."""
 
     def __rich_console__(self, console, options):
         caption, self.caption = self.caption, None
