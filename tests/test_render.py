@@ -127,14 +127,15 @@ def test_tensor_table_full_shows_every_entry():
     assert len(grid_rows(text, [str(i) for i in range(20)])) == 20
 
 
-@pytest.mark.parametrize("width, first_block", [(80, "columns 0..8 of 20"),
+@pytest.mark.parametrize("width, first_block", [(80, "columns 0..6 of 20"),
                                                 (81, "columns 0..9 of 20")])
-def test_a_full_table_wraps_in_blocks_that_fill_the_width(width, first_block):
-    """A row label and ten columns of " +1.0000" take exactly 81 columns."""
+def test_a_full_table_wraps_in_even_blocks_that_fit_the_width(width, first_block):
+    """A row label and ten columns of " +1.0000" take exactly 81 columns: at 81 two blocks of
+    ten; at 80 three blocks, 7 + 7 + 6 (not 9 + 9 + 2)."""
     array = np.full((3, 20), 1.0) + np.arange(20) / 10
     text = render(tensor_table(array, full=True, width=width), width=width)
     assert text.splitlines()[0].strip() == first_block
-    assert max(len(line) for line in text.splitlines()) == {80: 73, 81: 81}[width]
+    assert max(len(line) for line in text.splitlines()) == {80: 57, 81: 81}[width]
 
 
 @pytest.mark.parametrize("full, width", [(True, 80), (False, 64)])
@@ -156,7 +157,7 @@ def test_a_full_table_in_blocks_puts_its_caption_once_under_the_last_block():
     array = np.full((3, 20), 1.0)
     lines = render(tensor_table(array, full=True, width=80, caption="a note"), width=80).splitlines()
     assert [line.strip() for line in lines if "a note" in line or "columns" in line] == [
-        "columns 0..8 of 20", "columns 9..17 of 20", "columns 18..19 of 20", "a note"]
+        "columns 0..6 of 20", "columns 7..13 of 20", "columns 14..19 of 20", "a note"]
     assert lines[-1].strip() == "a note"
 
 
@@ -627,3 +628,15 @@ def test_a_notebook_prints_views_reports_and_runs_in_a_line_or_as_text():
     assert "<rich" not in drawn and "· hidden by mask" in drawn
     assert str(render.heatmap(np.eye(2) * 0.5)).splitlines()[1] == "0  0.50  0.00"  # not a pattern
     assert str(render.tensor_table(np.eye(2))).splitlines()[2] == "0 +1.0000  0.0000"
+
+
+def test_a_wrapped_table_is_cut_in_even_blocks():
+    """Issue 58: tfm block --norm post -t 2 split a 6-column table into 0..4 and a lone 5..5."""
+    from tfmcli.render.tables import _column_blocks
+
+    widths = {j: 11 for j in range(6)}   # scientific numbers
+    assert _column_blocks(list(range(6)), widths, 9, 80) == [[0, 1, 2], [3, 4, 5]]
+    assert _column_blocks(list(range(7)), widths, 9, 80) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert _column_blocks(list(range(5)), widths, 9, 80) == [list(range(5))]
+    text = render(tensor_table(np.full((2, 6), 1e-4), full=True, width=70), width=70)
+    assert "columns 0..2 of 6" in text and "columns 3..5 of 6" in text

@@ -69,7 +69,7 @@ def test_a_wide_tensor_wraps_in_column_blocks_and_keeps_every_number(monkeypatch
                        ["values"])[0, 0]
     assert max(len(line) for line in shown.splitlines()) <= 80
     assert "…" not in shown
-    assert "columns k0:1..k8:4 of 16" in shown and "columns k9:4..k15:6 of 16" in shown
+    assert "columns k0:1..k7:1 of 16" in shown and "columns k8:4..k15:6 of 16" in shown
     lines = shown.splitlines()
     for t in range(16):   # each query labels one line in each block
         assert sum(line.lstrip().startswith(f"q{t}:") for line in lines) == 2

@@ -150,12 +150,14 @@ def shows_values(matrix, row_labels, col_labels, width: int, precision: int = 2,
 
 def _causal_pattern_mask(matrix: np.ndarray):
     """The causal mask, when ``matrix`` is a causal attention pattern (rows summing to 1,
-    exactly 0 above the diagonal); else None."""
+    exactly 0 above the diagonal and more than 0 on and below it, as a softmax is); else None.
+    The identity, 0 below its diagonal too, is not taken for one."""
     rows, cols = matrix.shape
     if rows < 2 or rows != cols or not np.all(np.isfinite(matrix)):
         return None
     above = np.triu(np.ones((rows, cols), dtype=bool), k=1)
-    if np.any(matrix[above] != 0) or not np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6):
+    if (np.any(matrix[above] != 0) or np.any(matrix[~above] <= 0)
+            or not np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6)):
         return None
     return ~above
 

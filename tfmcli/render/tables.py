@@ -99,16 +99,23 @@ def _fitting_cols(grid, rows, row_labels, col_labels, max_cols, width, precision
 
 def _column_blocks(cols: list, widths: dict, label_width: int, width: int) -> list[list]:
     """``cols`` cut into runs that each fit ``width`` beside the row labels (at least one
-    column per run): a table too wide for the terminal wraps in blocks, like NumPy's."""
-    blocks, current, used = [], [], label_width
+    column per run): a table too wide for the terminal wraps in blocks, like NumPy's, as
+    even as they fit (six columns as 3 + 3, not 5 and a lone 1)."""
+    def need(block):   # + 1: the space before each column
+        return label_width + sum(widths.get(j, 1) + 1 for j in block)
+
+    blocks, current = [], []
     for j in cols:
-        need = widths.get(j, 1) + 1   # + 1: the space before each column
-        if current and used + need > width:
+        if current and need(current + [j]) > width:
             blocks.append(current)
-            current, used = [], label_width
+            current = []
         current.append(j)
-        used += need
-    return blocks + [current]
+    blocks.append(current)
+    size = -(-len(cols) // len(blocks))   # the fewest columns a run needs, spread evenly
+    even = [cols[i:i + size] for i in range(0, len(cols), size)]
+    if len(even) == len(blocks) and all(need(block) <= width for block in even):
+        return even
+    return blocks
 
 
 def _elision_note(kept_rows: list, kept_cols: list) -> str:
