@@ -164,3 +164,20 @@ def test_tfm_backward_shows_eleven_means_as_zero_at_the_default_seed():
     assert next(row for row in rows if row[0] == "blocks.0.attn.b_K")[-3:] == ["≈0"] * 3
     assert zeros - {"blocks.0.attn.b_K"} == expected_zero_sums("pre", initial=True, tied=False) - {
         f"blocks.1.{part}" for part in ALWAYS | READS_A_LAYER_NORM}
+
+
+def test_the_json_keys_table_is_what_each_command_prints(monkeypatch):
+    """docs/formats.md's table of each command's --json keys, run: the page cannot drift."""
+    import json
+    import shlex
+
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(ROOT)
+    page = (ROOT / "docs" / "formats.md").read_text()
+    rows = re.findall(r"^\| `(tfm [^`]+)` \| (.+) \|$", page, flags=re.M)
+    assert len(rows) >= 18
+    extra = {"tfm train": ["--steps", "2"],
+             "tfm lens": ["--load", "examples/tiny-gpt2", "--text", "The cat"]}
+    for command, keys in rows:
+        args = shlex.split(command)[1:] + extra.get(command, []) + ["--json"]
+        assert list(json.loads(ok(*args).stdout)) == re.findall(r"`(\w+)`", keys), command
