@@ -41,10 +41,12 @@ def _pack(line: str, start: int, end: int, width: int, levels: list) -> list[int
     points = [p for p in levels[0] if start < p < end]
     pieces = list(zip([start, *points], [*points, end]))
     cuts, line_start = [], start
+    lists = len(levels) == 2   # the commas: a list's items may share a line with words
     for a, b in pieces:
         if a > line_start and cell_len(line[line_start:b].rstrip()) > width:
-            cuts.append(a)         # the piece goes to the next line, whole
-            line_start = a
+            if not lists or cell_len(line[line_start:a]) >= width // 2:
+                cuts.append(a)     # the piece goes to the next line, whole
+                line_start = a
         if cell_len(line[line_start:b].rstrip()) > width and len(levels) > 1:
             inner = _pack(line, line_start, b, width, levels[1:])
             cuts += inner
