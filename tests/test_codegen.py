@@ -134,3 +134,18 @@ def test_codegen_350m_has_its_parameter_count():
                         rotary_dim=32, activation="gelu", parallel_residual=True,
                         shared_norm=True, bias=False, ffn_bias=True)
     assert param_count(cfg) == 356_712_448
+
+
+def test_a_config_without_rotary_dim_turns_hugging_faces_default_64(tmp_path, monkeypatch):
+    """Issue 59: CodeGenConfig defaults rotary_dim to 64; a config.json that leaves it out is
+    read so, and matches from_pretrained with heads 128 wide."""
+    hf_codegen_folder(tmp_path, n_embd=512, n_head=4, rotary_dim=64, n_inner=64,
+                      dtype="float32")
+    rewrite_config(tmp_path, rotary_dim=None)   # the key removed
+    assert codegen.read_config(tmp_path)["rotary_dim"] == 64
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(transformers.models.codegen.modeling_codegen.CodeGenAttention, "_attn",
+                        gptj_scores_in_float64)
+    assert_folder_matches_hf(transformers.CodeGenForCausalLM, tmp_path,
+                             tfmcli.load(tmp_path, tokens=TOKENS), to_float64=gptj_in_float64,
+                             grads_of=codegen_grads, attention="eager")

@@ -152,3 +152,25 @@ def test_gpt_j_6b_has_its_parameter_count():
                         rotary_dim=64, activation="gelu", parallel_residual=True,
                         shared_norm=True, bias=False, ffn_bias=True)
     assert param_count(cfg) == 6_050_882_784
+
+
+def test_a_config_without_rotary_dim_turns_hugging_faces_default_64(tmp_path, monkeypatch):
+    """Issue 59: a config.json of sizes only (no rotary_dim) was read as the whole head turned,
+    while GPTJConfig defaults rotary_dim to 64: with heads 128 wide the logits differed by
+    5.7e-2. Read as Hugging Face does, it matches from_pretrained; a head narrower than 64,
+    which Hugging Face's model cannot run, is refused naming the key."""
+    hf_gptj_folder(tmp_path, n_embd=256, n_head=2, rotary_dim=64, n_inner=64, dtype="float32")
+    rewrite_config(tmp_path, rotary_dim=None)   # the key removed
+    assert gptj.read_config(tmp_path)["rotary_dim"] == 64
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(transformers.models.gptj.modeling_gptj.GPTJAttention, "_attn",
+                        gptj_scores_in_float64)
+    assert_folder_matches_hf(transformers.GPTJForCausalLM, tmp_path,
+                             tfmcli.load(tmp_path, tokens=TOKENS), to_float64=gptj_in_float64,
+                             grads_of=gptj_grads, attention="eager")
+    narrow = tmp_path / "narrow"
+    hf_gptj_folder(narrow)   # heads 12 wide
+    rewrite_config(narrow, rotary_dim=None)
+    assert error_line(run("forward", "--load", narrow), 1).endswith(
+        "key 'rotary_dim' is missing, and Hugging Face's default, 64, is wider than a head's 12 "
+        "dimensions (its own model cannot run it); give rotary_dim")

@@ -54,11 +54,20 @@ def read_config(folder) -> dict:
     return llama.runnable(path, fields)
 
 
+ROTARY_DIM = 64   # GPTJConfig's and CodeGenConfig's default, for a config.json without the key
+
+
 def _rotary_dim(path, config: dict, d_head: int) -> int | None:
-    """``Config.rotary_dim`` from GPT-J's ``rotary_dim``: None (the whole head) when left out
-    or the head's width; refused when odd or wider than the head."""
-    n = config.get("rotary_dim")
-    if n is None:
+    """``Config.rotary_dim`` from GPT-J's ``rotary_dim``: Hugging Face's default, 64, when the
+    key is left out (a config.json of sizes only); None (the whole head) when it is null or the
+    head's width; refused when odd or wider than the head."""
+    if "rotary_dim" not in config:
+        if ROTARY_DIM > d_head:
+            raise TfmError(f"--load {path}: key 'rotary_dim' is missing, and Hugging Face's "
+                           f"default, {ROTARY_DIM}, is wider than a head's {d_head} dimensions "
+                           f"(its own model cannot run it); give rotary_dim")
+        return None if ROTARY_DIM == d_head else ROTARY_DIM
+    if config["rotary_dim"] is None:
         return None
     n = need(path, config, "rotary_dim")
     if n % 2 or n > d_head:
