@@ -169,3 +169,21 @@ def test_bloom_560m_has_its_parameter_count():
                         embed_norm=True, seq_len=1, activation="gelu", tied_head=True,
                         head_bias=False)
     assert param_count(cfg) == 559_214_592
+
+
+@pytest.mark.parametrize("tp, slow, refused", [(2, True, True), (2, False, False),
+                                               (1, True, False)])
+def test_the_slow_path_that_drops_two_biases_is_refused(tmp_path, tp, slow, refused):
+    """Issue 59: with pretraining_tp > 1 and slow_but_exact true, Hugging Face's slow path
+    leaves out the biases of self_attention.dense and mlp.dense_4h_to_h (logits 0.4 apart from
+    its fast path, which tfm computes); tfm ran such a folder silently."""
+    hf_bloom_folder(tmp_path, "float32")
+    rewrite_config(tmp_path, pretraining_tp=tp, slow_but_exact=slow)
+    result = run("forward", "--load", tmp_path, "--tokens", "1,2,3")
+    if refused:
+        assert error_line(result, 1).endswith(
+            "key 'slow_but_exact' is true with pretraining_tp 2: Hugging Face's slow path then "
+            "leaves out the biases of self_attention.dense and mlp.dense_4h_to_h, which its fast "
+            "path (and tfm) adds; the two readings disagree, so tfm runs neither")
+    else:
+        assert result.exit_code == 0, result.output

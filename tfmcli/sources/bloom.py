@@ -43,6 +43,12 @@ def read_config(folder) -> dict:
     if config.get("apply_residual_connection_post_layernorm", False):
         raise TfmError(f"--load {path}: key 'apply_residual_connection_post_layernorm' is true "
                        f"(each residual taken after its norm), which tfm's blocks do not do")
+    tp = config.get("pretraining_tp", 1)
+    if config.get("slow_but_exact", False) and isinstance(tp, int) and tp > 1:
+        raise TfmError(f"--load {path}: key 'slow_but_exact' is true with pretraining_tp {tp}: "
+                       f"Hugging Face's slow path then leaves out the biases of "
+                       f"self_attention.dense and mlp.dense_4h_to_h, which its fast path (and "
+                       f"tfm) adds; the two readings disagree, so tfm runs neither")
     width = "n_embed" if "n_embed" in config else "hidden_size"   # the first configs' name
     fields = {"d_model": need(path, config, width), "heads": need(path, config, "n_head"),
               "layers": need(path, config, "n_layer"),
