@@ -153,9 +153,9 @@ def corrupt(folder, what):
     elif what == "truncated":
         data = (folder / "model.safetensors").read_bytes()
         (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
-    elif what == "erf gelu":
+    elif what == "unknown activation":
         config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps({**config, "activation_function": "gelu"}))
+        (folder / "config.json").write_text(json.dumps({**config, "activation_function": "swish"}))
     elif what == "missing n_head":
         config = json.loads((folder / "config.json").read_text())
         del config["n_head"]
@@ -180,8 +180,8 @@ def corrupt(folder, what):
     ("no config", "tiny-gpt2", "no config.json there"),
     ("bert", "config.json", "key 'model_type' is 'bert'"),
     ("no weights", "tiny-gpt2", "no model.safetensors there"),
-    ("truncated", "model.safetensors", "cannot read it as safetensors"),
-    ("erf gelu", "config.json", "key 'activation_function' is 'gelu'"),
+    ("truncated", "model.safetensors", "truncated?"),
+    ("unknown activation", "config.json", "key 'activation_function' is 'swish'"),
     ("missing n_head", "config.json", "missing key 'n_head'"),
     ("heads not dividing", "config.json",   # the file's fault: exit 1, not a flag's
      "d_model=12 is not divisible by heads=5; allowed heads: 1, 2, 3, 4, 6, 12"),
@@ -433,14 +433,21 @@ def test_lens_cli_on_text_and_on_a_toy_model(checkpoint):
 # ---------------------------------------------------------------- Hugging Face as the oracle
 
 
+VARIANTS = [dict(), dict(activation_function="gelu"), dict(scale_attn_weights=False),
+            dict(tie_word_embeddings=False)]
+
+
 @pytest.mark.parametrize("padding", [False, True])
-def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
-    """Loss, logits and every gradient agree with GPT2LMHeadModel's autograd (float64, 1e-9)."""
+@pytest.mark.parametrize("variant", VARIANTS, ids=["tied", "gelu", "unscaled", "untied"])
+def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding, variant):
+    """Loss, logits and every gradient agree with GPT2LMHeadModel's autograd (float64, 1e-9),
+    in each variant GPT2Config allows (issue 59: GELU itself, unscaled scores and an untied
+    head were refused or untested)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(**SIZES, activation_function="gelu_new", resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                     eos_token_id=0)
+    config = transformers.GPT2Config(**SIZES, **{"activation_function": "gelu_new", **variant},
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).to(torch.float64)
     with torch.no_grad():   # O(1) everything: gammas near 1, every bias drawn
@@ -475,9 +482,9 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
 
-    def rel(ours, theirs):
+    def rel(ours, theirs):   # (a gradient that is 0 on both sides, untied and padded: 0)
         theirs = theirs.detach().numpy()
-        return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+        return float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-300))
 
     assert abs(fwd.loss - loss64.item()) / loss64.item() <= 1e-9
     logits = fwd.acts["logits"]
@@ -505,6 +512,8 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
                       p + "ffn.b_1": hf[h + "mlp.c_fc.bias"].grad,
                       p + "ffn.W_2": hf[h + "mlp.c_proj.weight"].grad,
                       p + "ffn.b_2": hf[h + "mlp.c_proj.bias"].grad})
+    if not cfg.tied_head:
+        pairs["head.W_U"] = hf["lm_head.weight"].grad.T
     assert len(pairs) == len(grads) - 2   # every gradient but the two b_K
     for name, theirs in pairs.items():
         assert rel(grads[name], theirs) <= 1e-9, name
@@ -513,7 +522,7 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding):
     # tfm embed's sums (each token's positions, and the tied head), against the oracle too
     from tfmcli import embedding
     x = embedding.explain(params, fwd, grads, cfg, 1, 2, entries=2)
-    assert x.token == 15 and x.head_part is not None
+    assert x.token == 15 and (x.head_part is not None) == cfg.tied_head
     assert rel(x.dw_e, hf["transformer.wte.weight"].grad[15]) <= 1e-9
     assert rel(x.dw_pos, hf["transformer.wpe.weight"].grad[2]) <= 1e-9
 
@@ -609,3 +618,26 @@ def test_options_a_checkpoint_leaves_nothing_to_do_are_refused(checkpoint):
     run_5 = tfmcli.load(checkpoint, seed=5, seq_len=3)
     assert data["tokens"] == run_5.inputs.tokens[0].tolist()
     assert run_5.inputs.tokens.tolist() != tfmcli.load(checkpoint, seq_len=3).inputs.tokens.tolist()
+
+
+def test_a_bfloat16_folder_reads_as_the_llama_family_does(tmp_path):
+    """Issue 59: GPT-2 in bfloat16 on disk was refused ("data type 'bfloat16' not understood")
+    while the LLaMA-family readers widen it exactly."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(**SIZES, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    _, params = gpt2.load_checkpoint(tmp_path, np.float64)
+    state = {k: v.float().double().numpy() for k, v in model.state_dict().items()}
+    np.testing.assert_array_equal(params["blocks.1.ffn.W_1"], state["transformer.h.1.mlp.c_fc.weight"])
+    np.testing.assert_array_equal(params["embed.W_E"], state["transformer.wte.weight"])
+    assert tfmcli.load(tmp_path, tokens=[1, 2, 3]).cfg.activation == "gelu"
+
+
+def test_scale_by_the_inverse_layer_index_is_refused_saying_why(tmp_path):
+    write_checkpoint(tmp_path, config={"scale_attn_by_inverse_layer_idx": True})
+    assert error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1).endswith(
+        "key 'scale_attn_by_inverse_layer_idx' is true; tfm scales every block's scores alike "
+        "(--attn-scale), not block i's by 1 / (i + 1)")

@@ -30,7 +30,9 @@ NAME = "GPT-2"
 WEIGHTS = "model.safetensors"
 INSTALL = "python -m pip install 'tfmcli[hf]'"
 # Hugging Face's names for the tanh approximation of GELU (tfm's "gelu") and for ReLU
-ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
+# activation_function -> tfm's: "gelu" is GELU itself, as Hugging Face's GPT2MLP reads it
+ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_erf",
+               "relu": "relu"}
 BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers some checkpoints carry
 
 
@@ -59,11 +61,16 @@ def read_config(folder) -> dict:
     if activation not in ACTIVATIONS:
         raise TfmError(f"--load {path}: key 'activation_function' is {activation!r}; tfm has "
                        f"{', '.join(ACTIVATIONS)} (gelu_new is the tanh approximation)")
-    for key, usual in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-                       ("add_cross_attention", False)):
-        if config.get(key, usual) != usual:
-            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}; tfm's attention is "
-                           f"GPT-2's own ({key} = {str(usual).lower()})")
+    scaled = config.get("scale_attn_weights", True)
+    if not isinstance(scaled, bool):
+        raise TfmError(f"--load {path}: key 'scale_attn_weights' is {scaled!r}, not true or false")
+    if config.get("scale_attn_by_inverse_layer_idx", False):
+        raise TfmError(f"--load {path}: key 'scale_attn_by_inverse_layer_idx' is true; tfm "
+                       f"scales every block's scores alike (--attn-scale), not block i's by "
+                       f"1 / (i + 1)")
+    if config.get("add_cross_attention", False):
+        raise TfmError(f"--load {path}: key 'add_cross_attention' is true; tfm's blocks have no "
+                       f"cross-attention")
     eps = config.get("layer_norm_epsilon", 1e-5)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise TfmError(f"--load {path}: key 'layer_norm_epsilon' is {eps!r}, not a number")
@@ -73,7 +80,9 @@ def read_config(folder) -> dict:
               "d_ff": n_inner if isinstance(n_inner, int) else None,
               "eps": float(eps), "activation": ACTIVATIONS[activation], "norm": "pre",
               "pe": "learned", "tied_head": bool(config.get("tie_word_embeddings", True)),
-              "head_bias": False, "causal": True}
+              "head_bias": False, "causal": True,
+              # unscaled scores (GPTBigCode's reader maps the same key alike)
+              "attn_scale": None if scaled else 1.0}
     try:   # sizes tfm cannot run (heads that do not divide the width): the file's fault
         Config(**{**fields, "seq_len": 1})   # (the text decides the length, checked later)
     except ConfigError as e:
@@ -101,9 +110,11 @@ def expected_shapes(fields: dict) -> dict:
 
 
 def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
-    """GPT-2's tensors by their names (a ``transformer.`` prefix dropped), shapes checked."""
-    require_safetensors()
-    from safetensors import SafetensorError, safe_open
+    """GPT-2's tensors by their names (a ``transformer.`` prefix dropped), shapes checked; read
+    by ``tensorfile`` as the LLaMA-family readers are, so float64, float32, float16 and
+    bfloat16 (widened exactly) all read."""
+    from tfmcli.sources import tensorfile
+
     path = Path(folder) / WEIGHTS
     if not path.is_file():
         raise TfmError(f"--load {folder}: no {WEIGHTS} there (a GPT-2 checkpoint folder holds "
@@ -111,20 +122,19 @@ def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
     expected = expected_shapes(fields)
     tensors = {}
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            for key in f.keys():
-                name = key.removeprefix("transformer.")
-                if name.endswith(BUFFERS) or (name == "lm_head.weight" and fields["tied_head"]):
-                    continue  # a mask buffer, or the tied head's copy of wte
-                if name not in expected:
-                    raise TfmError(f"--load {path}: unknown key {key!r} (not a GPT-2 weight)")
-                value = f.get_tensor(key)
-                if value.shape != expected[name]:
-                    raise TfmError(f"--load {path}: key {key!r} has shape {value.shape}, but "
-                                   f"{CONFIG} says {expected[name]}")
-                tensors[name] = value
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise TfmError(f"--load {path}: cannot read it as safetensors ({e})") from None
+        header, start = tensorfile.read_header(path)
+    except OSError as e:
+        raise TfmError(f"--load {path}: cannot read it ({e.strerror or e})") from None
+    for key, entry in header.items():
+        name = key.removeprefix("transformer.")
+        if name.endswith(BUFFERS) or (name == "lm_head.weight" and fields["tied_head"]):
+            continue  # a mask buffer, or the tied head's copy of wte
+        if name not in expected:
+            raise TfmError(f"--load {path}: unknown key {key!r} (not a GPT-2 weight)")
+        if tuple(entry["shape"]) != expected[name]:
+            raise TfmError(f"--load {path}: key {key!r} has shape {tuple(entry['shape'])}, but "
+                           f"{CONFIG} says {expected[name]}")
+        tensors[name] = tensorfile.read_tensor(path, header, start, key)
     for name in expected:
         if name not in tensors:
             raise TfmError(f"--load {path}: missing key {name!r}")
