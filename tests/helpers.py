@@ -561,7 +561,9 @@ def llama_grads(model) -> dict:
         theirs["head.W_U"] = model.lm_head.weight.grad.T
     for i, layer in enumerate(model.model.layers):
         p = f"blocks.{i}."
-        norms.update({p + "ln1": layer.input_layernorm, p + "ln2": layer.post_attention_layernorm})
+        norms[p + "ln1"] = layer.input_layernorm
+        if layer.post_attention_layernorm is not None:   # (StableLM's parallel block has none)
+            norms[p + "ln2"] = layer.post_attention_layernorm
         if hasattr(layer.self_attn, "qkv_proj"):   # Phi-3's
             theirs.update(_phi3_split(model.config, layer, p))
         for w, name in zip("QKVO", ("q_proj", "k_proj", "v_proj", "o_proj")):

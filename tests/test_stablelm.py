@@ -114,9 +114,8 @@ def test_a_config_without_layer_norm_eps_takes_stablelms_default(tmp_path):
 @pytest.mark.parametrize("change, reason", [
     (dict(qk_layernorm=True), "key 'qk_layernorm' is True; that is a layer norm of each head's "
      "q and k with a gain per head, where tfm's --qk-norm shares one across heads"),
-    (dict(use_parallel_residual=True), "key 'use_parallel_residual' is True; that is attention "
-     "and the MLP side by side on the same input, where tfm's block runs them one after the "
-     "other"),
+    (dict(use_parallel_residual="yes"), "key 'use_parallel_residual' is 'yes', not true or "
+     "false"),
     (dict(head_dim=4), "key 'head_dim' is 4, and Hugging Face's StableLM gives a head "
      "hidden_size / num_attention_heads = 8 dimensions in attention but head_dim in RoPE's "
      "tables; tfm will not guess which is meant"),
@@ -157,3 +156,17 @@ def test_stablelms_have_their_parameter_counts():
                             activation="swiglu", head_bias=False, bias=False,
                             qkv_bias=qkv_bias, rotary_dim=d // 32 // 4)
         assert param_count(cfg) == count
+
+
+def test_attention_and_the_mlp_side_by_side_are_a_shared_norm_parallel_block(tmp_path):
+    """Issue 59: use_parallel_residual was refused as something tfm's block does not compute,
+    but Hugging Face computes x + attn(LN1 x) + mlp(LN1 x), with no post_attention_layernorm:
+    tfm's --parallel-residual --shared-norm. Read so, it matches from_pretrained."""
+    hf_stablelm_folder(tmp_path, "float32", use_parallel_residual=True)
+    fields = stablelm.read_config(tmp_path)
+    assert (fields["parallel_residual"], fields["shared_norm"]) == (True, True)
+    cfg = tfmcli.Config(**fields)
+    assert "blocks.0.ln2.gamma" not in param_shapes(cfg)
+    transformers = pytest.importorskip("transformers")
+    assert_folder_matches_hf(transformers.StableLmForCausalLM, tmp_path,
+                             tfmcli.load(tmp_path, tokens=TOKENS))

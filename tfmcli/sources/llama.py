@@ -142,6 +142,12 @@ def read_config(folder) -> dict:
         fields.update(_gemma2_fields(path, config))
     if kind == "stablelm":
         _refuse_stablelm_parts(path, config)
+        parallel = config.get("use_parallel_residual", False)
+        if not isinstance(parallel, bool):
+            raise TfmError(f"--load {path}: key 'use_parallel_residual' is {parallel!r}, not "
+                           f"true or false")
+        if parallel:   # x + attn(LN1 x) + mlp(LN1 x), and no post_attention_layernorm
+            fields.update(parallel_residual=True, shared_norm=True)
     return runnable(path, fields)
 
 
@@ -202,14 +208,11 @@ def _norm(path, config: dict, kind: str) -> tuple[bool, float]:
 
 
 def _refuse_stablelm_parts(path, config: dict) -> None:
-    """StableLM's parts tfm does not compute: a layer norm of each head's queries and keys with
-    a gain of each head's own (``qk_layernorm``, StableLM 2 12B's), and attention and the MLP
-    side by side on the same input (``use_parallel_residual``)."""
+    """StableLM's part tfm does not compute: a layer norm of each head's queries and keys with
+    a gain of each head's own (``qk_layernorm``, StableLM 2 12B's). (``use_parallel_residual``
+    is tfm's --parallel-residual --shared-norm.)"""
     for key, what in (("qk_layernorm", "a layer norm of each head's q and k with a gain per "
-                                       "head, where tfm's --qk-norm shares one across heads"),
-                      ("use_parallel_residual", "attention and the MLP side by side on the "
-                                                "same input, where tfm's block runs them one "
-                                                "after the other")):
+                                       "head, where tfm's --qk-norm shares one across heads"),):
         value = config.get(key, False)
         if value is not False:
             raise TfmError(f"--load {path}: key {key!r} is {value!r}; that is {what}")

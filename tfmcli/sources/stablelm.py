@@ -7,10 +7,11 @@ differences:
     biases on q, k and v when ``use_qkv_bias`` says (StableLM 2's), none elsewhere
     RoPE on the first quarter of each head (``partial_rotary_factor``, 0.25 when left out)
 
-``layer_norm_eps`` is the norms' epsilon (1e-5 when left out). Refused: ``qk_layernorm`` (a
-layer norm of each head's q and k with a gain of each head's own, StableLM 2 12B's) and
-``use_parallel_residual`` (attention and the MLP side by side), which tfm's block does not
-compute.
+``layer_norm_eps`` is the norms' epsilon (1e-5 when left out). ``use_parallel_residual``
+(attention and the MLP side by side, both reading the input norm, and no
+``post_attention_layernorm``) is ``--parallel-residual --shared-norm``. Refused:
+``qk_layernorm`` (a layer norm of each head's q and k with a gain of each head's own, StableLM
+2 12B's), which tfm's block does not compute.
 """
 
 from __future__ import annotations
