@@ -106,12 +106,22 @@ def test_a_folder_written_back_is_the_same_file(tmp_path):
 
 
 def test_heads_that_do_not_fill_four_pieces_are_refused(tmp_path):
+    """Issue 59 says Hugging Face runs such a folder; the transformers this suite pins does
+    not (CodeGenAttention._split_heads reshapes each piece into n_head // 4 heads), so the
+    refusal stands, and says so."""
     hf_codegen_folder(tmp_path, "float32")
     rewrite_config(tmp_path, n_head=2)
     line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
     assert "config.json" in line and line.endswith(
         "key 'n_head' is 2; CodeGen's qkv_proj holds its heads in 4 pieces, so tfm needs a "
-        "multiple of 4")
+        "multiple of 4 (Hugging Face's CodeGenAttention cannot split others into heads either)")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    for heads, width in ((6, 48), (2, 32)):
+        model = transformers.CodeGenForCausalLM(transformers.CodeGenConfig(
+            **{**SMALL, "n_embd": width, "n_head": heads}))
+        with pytest.raises(RuntimeError, match="is invalid for input of size"):
+            model(torch.tensor([[1, 2, 3]]))
 
 
 def test_a_missing_qkv_proj_is_named_and_old_buffers_are_skipped(tmp_path):

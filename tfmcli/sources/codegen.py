@@ -30,7 +30,8 @@ def read_config(folder) -> dict:
     if fields["heads"] % PARTS:
         raise TfmError(f"--load {path}: key 'n_head' is {need(path, config, 'n_head')}; "
                        f"CodeGen's qkv_proj holds its heads in {PARTS} pieces, so tfm needs a "
-                       f"multiple of {PARTS}")
+                       f"multiple of {PARTS} (Hugging Face's CodeGenAttention cannot split "
+                       f"others into heads either)")
     return fields
 
 
