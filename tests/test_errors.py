@@ -1,10 +1,14 @@
 """Every usage error: exit 2, one line on stderr naming the option, the value and what is allowed."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from helpers import error_line, run
+from helpers import error_line, ok, run
 from tfmcli import positional
 from tfmcli.cli import app
 from tfmcli.errors import TfmError
@@ -166,3 +170,35 @@ def test_usage_and_domain_errors_name_the_command_alike():
     domain = error_line(run("forward", "--load", "/no/such/file.npz"), 1)
     assert usage.startswith("tfm forward: error: Invalid value for '--heads'")
     assert domain == "tfm forward: error: --load /no/such/file.npz: no such file"
+
+
+FULL = "/dev/full"   # a device that refuses every write: a full disk
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [["forward"], ["forward", "--json"], ["--help"],
+                                  ["forward", "--help"]])
+def test_output_that_cannot_be_written_is_one_line(args):
+    """Issue 59: tfm forward > /dev/full was a traceback (only a closed pipe was handled)."""
+    with open(FULL, "w") as full:
+        done = subprocess.run([sys.executable, "-m", "tfmcli", *args], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"{'tfm forward' if 'forward' in args else 'tfm'}: error: cannot write the output "
+        f"(No space left on device)"]
+
+
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full here")
+def test_save_and_svg_are_written_both_or_neither(tmp_path):
+    """Issue 59: with --save X --svg Y where Y could not be written, X had been replaced."""
+    kept = tmp_path / "kept.npz"
+    kept.write_bytes(b"the file before")
+    result = run("forward", "--save", kept, "--svg", FULL)
+    assert error_line(result, 1) == f"tfm forward: error: cannot write {FULL}: No space left on device"
+    assert kept.read_bytes() == b"the file before"
+    picture = tmp_path / "picture.svg"
+    error_line(run("forward", "--save", FULL, "--svg", picture), 1)
+    assert not picture.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["kept.npz"]
+    ok("forward", "--save", kept, "--svg", picture)
+    assert kept.read_bytes()[:2] == b"PK" and picture.read_text().startswith("<svg")

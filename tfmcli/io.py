@@ -110,6 +110,40 @@ def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
         raise TfmError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def save_outputs(npz=None, arrays=None, text_path=None, text: str | None = None) -> None:
+    """``arrays`` to ``npz`` and ``text`` to ``text_path`` (either may be None), each written
+    aside and renamed over its target only when both were written: an output that cannot be
+    written leaves the other as it was (``--save X --svg Y``)."""
+    from contextlib import ExitStack, contextmanager
+
+    state = {"where": None}
+
+    @contextmanager
+    def written(path):   # names the output whose write, rename or copy fails
+        state["where"] = path
+        with atomic_write(path) as f:
+            yield f
+            state["where"] = path   # its rename (a device's copy) comes next
+
+    def save(f, what):
+        if what == "npz":
+            np.savez(f, **arrays)
+        else:
+            f.write(text.encode("utf-8"))
+
+    outputs = [(path, what) for path, what in ((npz, "npz"), (text_path, "text"))
+               if path is not None]
+    # a device or a pipe takes its bytes when its block ends, and may fail then: entered last,
+    # it ends first, before any file is renamed over its target
+    outputs.sort(key=lambda output: not output_target(output[0])[1])
+    try:
+        with ExitStack() as stack:
+            for path, what in outputs:
+                save(stack.enter_context(written(path)), what)
+    except OSError as e:
+        raise TfmError(f"cannot write {state['where']}: {e.strerror or e}") from None
+
+
 def save_text(path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (used for ``--svg``)."""
     try:

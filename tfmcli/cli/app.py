@@ -115,6 +115,11 @@ class OneLineErrors(TyperGroup):
             # Point stdout at /dev/null so that the interpreter's last flush cannot fail again.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = 0
+        except OSError as e:   # stdout cannot take the output: a full disk (> /dev/full)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (as above)
+            what = f"cannot use {e.filename}" if e.filename else "cannot write the output"
+            error(f"{command_path(args)}: error: {what} ({e.strerror or e})")
+            code = 1
         except TfmError as e:   # named as a usage error is: "tfm forward: error: ..."
             error(f"{command_path(args)}: error: {e}")
             code = 1
@@ -129,7 +134,7 @@ class OneLineErrors(TyperGroup):
             if sys.stdout is not stdout:
                 try:
                     sys.stdout.close_line()
-                except BrokenPipeError:
+                except OSError:   # a closed pipe, a full disk: said above, or nothing to say
                     os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
                 sys.stdout = stdout
         code = code if isinstance(code, int) else 0

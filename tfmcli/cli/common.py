@@ -66,15 +66,15 @@ def height() -> int:
 
 
 def emit(opts: Options, renderables, payload, arrays=None):
-    """Save, then print: JSON when --json, else the renderables (recorded for --svg).
+    """Print, then save: JSON when --json, else the renderables (recorded for --svg); then
+    --save's and --svg's files, both or neither (``io.save_outputs``).
 
     ``payload`` and ``renderables`` may be functions that return them, so that what only JSON
     needs (statistics of every activation, say) is computed only for --json, and the view
     only without it: nothing is computed twice, nothing for what is not shown."""
-    from tfmcli.io import save_npz, save_text
+    from tfmcli.io import save_outputs
 
-    if arrays is not None and opts.values.get("save") is not None:
-        save_npz(opts.save, arrays)
+    npz = opts.values.get("save") if arrays is not None else None
     console = make_console()
     if opts.json:   # through the console: a closed pipe then ends the run like any output
         import json   # here, not at the top: a command without --json starts sooner
@@ -83,6 +83,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
         if opts.made is not None and isinstance(payload, dict) and "inputs" not in payload:
             payload = {**payload, "inputs": inputs_json(opts.made)}
         console.out(json.dumps(payload), highlight=False)
+        save_outputs(npz, arrays)
         return
     if callable(renderables):
         renderables = renderables()
@@ -97,7 +98,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
                            emoji=False, markup=False)
         for item in renderables:
             recorder.print(item)
-        save_text(opts.svg, svg(recorder))
+    save_outputs(npz, arrays, opts.svg, None if opts.svg is None else svg(recorder))
 
 
 def inputs_json(run) -> dict:
