@@ -202,3 +202,17 @@ def test_save_and_svg_are_written_both_or_neither(tmp_path):
     assert not picture.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["kept.npz"]
     ok("forward", "--save", kept, "--svg", picture)
     assert kept.read_bytes()[:2] == b"PK" and picture.read_text().startswith("<svg")
+
+
+def test_text_that_is_not_utf8_is_a_usage_error():
+    """Issue 59: --text from a Latin-1 terminal was a TypeError traceback from the tokenizer.
+    The byte reaches Python as a lone surrogate (argv's surrogateescape)."""
+    pytest.importorskip("tokenizers")
+    done = subprocess.run([sys.executable, "-m", "tfmcli", "forward", "--load",
+                           "examples/tiny-gpt2", "--text", b"caf\xe9".decode("utf-8",
+                                                                              "surrogateescape")],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("tfm forward: error: Invalid value for '--text': b'caf\\xe9' "
+                                   "is not UTF-8 (byte 0xe9 at 3); give the text in UTF-8")

@@ -137,6 +137,12 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
                 "it needs --load DIR, a checkpoint folder with tokenizer.json"
             raise ConfigError("text", f"tfm cannot tokenize text here: {where}; --tokens "
                                       f"takes ids")
+        for t in text:   # a byte that is not UTF-8 reaches Python as a lone surrogate
+            bad = next((i for i, char in enumerate(t) if "\udc80" <= char <= "\udcff"), None)
+            if bad is not None:
+                raise ConfigError("text", f"{t.encode('utf-8', 'surrogateescape')!r} is not "
+                                          f"UTF-8 (byte 0x{ord(t[bad]) - 0xdc00:02x} at "
+                                          f"{bad}); give the text in UTF-8")
         tokens = [tokenizer.encode(t) for t in text]
         empty = [t for t, ids in zip(text, tokens) if not ids]
         if empty:
