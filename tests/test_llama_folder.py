@@ -299,3 +299,32 @@ def test_the_example_predicts_its_sentences_and_saves_as_a_run(tmp_path):
     again = json.loads(ok("forward", "--load", tmp_path / "r.npz", "--json").stdout)
     assert again["loss"] == saved["loss"]
     assert again["config"]["rope_theta"] == 10000.0 and again["config"]["bias"] is False
+
+
+@pytest.mark.parametrize("kind, heads, expect", [
+    ("mistral", 16, 8), ("gemma2", 8, 4), ("qwen2", 64, 32), ("llama", 8, None),
+    ("mistral", 4, "does not divide")])
+def test_a_config_without_num_key_value_heads_takes_the_familys_default(tmp_path, kind,
+                                                                         heads, expect):
+    """Issue 59: a config.json without num_key_value_heads was read as every head its own keys,
+    then refused with a shape message naming no key. Each family's Config default differs
+    (MistralConfig 8, Gemma2Config 4, Qwen2Config 32, LlamaConfig: the heads)."""
+    import json
+
+    from tfmcli.sources import llama as reader
+
+    config = {"model_type": kind, "hidden_size": 8 * heads, "num_attention_heads": heads,
+              "num_hidden_layers": 1, "vocab_size": 16, "intermediate_size": 16}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if expect == "does not divide":
+        with pytest.raises(tfmcli.TfmError, match="key 'num_key_value_heads' is missing, and "
+                                                  "Hugging Face's default for mistral, 8, does "
+                                                  "not divide the 4 heads"):
+            reader.read_config(tmp_path)
+        return
+    assert reader.read_config(tmp_path)["kv_heads"] == expect
+    transformers = pytest.importorskip("transformers")
+    Config = {"mistral": transformers.MistralConfig, "gemma2": transformers.Gemma2Config,
+              "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[kind]
+    hf = Config.from_pretrained(tmp_path).num_key_value_heads
+    assert hf == (expect or heads)

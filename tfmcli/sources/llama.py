@@ -62,6 +62,10 @@ DEFAULTS = {   # what Gemma2Config, Gemma3TextConfig, Phi3Config and StableLmCon
                     "sliding_window_pattern": 6},
     "phi3": {"rms_norm_eps": 1e-5},
     "stablelm": {"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25}}
+# num_key_value_heads when config.json has none: each family's Config default (LlamaConfig's
+# and Phi3Config's None is every head its own keys)
+KV_HEADS = {"mistral": 8, "qwen2": 32, "qwen3": 32, "stablelm": 32, "gemma": 16, "gemma2": 4,
+            "gemma3_text": 4}
 GEMMA3_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}   # the defaults
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
 
@@ -91,8 +95,14 @@ def read_config(folder) -> dict:
                        f"3's 'gemma3_text', a Phi-3's 'phi3' or a StableLM's 'stablelm'")
     config = {**DEFAULTS.get(kind, {}), **config}   # the Config's own for a key left out
     d, H = need(path, config, "hidden_size"), need(path, config, "num_attention_heads")
-    kv_heads = (need(path, config, "num_key_value_heads")   # absent: every head its own keys
-                if config.get("num_key_value_heads") is not None else None)
+    if config.get("num_key_value_heads") is not None:
+        kv_heads = need(path, config, "num_key_value_heads")
+    else:   # the family's default, as Hugging Face's Config fills it in
+        kv_heads = KV_HEADS.get(kind)
+        if kv_heads is not None and (kv_heads > H or H % kv_heads):
+            raise TfmError(f"--load {path}: key 'num_key_value_heads' is missing, and Hugging "
+                           f"Face's default for {kind}, {kv_heads}, does not divide the {H} "
+                           f"heads; give num_key_value_heads")
     activation = _activation(path, config, kind)
     if kind in HEAD_DIMS and config.get("head_dim") is None:
         config = {**config, "head_dim": HEAD_DIMS[kind]}   # Hugging Face's Config default
