@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
+from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved, ok,
                      rewrite_config, run, unpatched_logits_off)
 from tfmcli.config import param_count, param_shapes
 from tfmcli.sources import mpt
@@ -175,3 +175,18 @@ def test_a_folder_without_its_weights_says_what_one_holds(tmp_path):
     line = error_line(run("forward", "--load", tmp_path, "--tokens", "1,2,3"), 1)
     assert line.endswith("no model.safetensors (or model.safetensors.index.json) there (a "
                          "checkpoint folder holds config.json and its weights)")
+
+
+@pytest.mark.parametrize("ratio", [None, 2])
+def test_the_mlp_is_four_wide_whatever_expansion_ratio_says(tmp_path, ratio):
+    """Issue 59: a config.json without expansion_ratio was refused as a missing key, and one of
+    2 with a shape error, while Hugging Face's MptMLP always builds 4 d: read as
+    from_pretrained builds it."""
+    hf_mpt_folder(tmp_path, "float32")
+    rewrite_config(tmp_path, expansion_ratio=ratio)
+    fields = mpt.read_config(tmp_path)
+    assert fields["d_ff"] == 4 * fields["d_model"]
+    transformers = pytest.importorskip("transformers")
+    model = transformers.MptForCausalLM.from_pretrained(tmp_path)
+    assert model.transformer.blocks[0].ffn.up_proj.out_features == fields["d_ff"]
+    assert ok("forward", "--load", tmp_path, "--tokens", "1,2,3").exit_code == 0

@@ -2,7 +2,8 @@
 chat, instruct and storywriter tunes), as Hugging Face's ``save_pretrained`` writes them. The
 model is Pre-LN with layer norms that have no beta (``--no-norm-bias``), no biases anywhere
 (``--no-bias --no-head-bias``), ALiBi for positions (``--pe alibi``), GELU itself
-(``gelu_erf``), d_ff ``expansion_ratio`` d, and the head tied to the embedding unless
+(``gelu_erf``), d_ff 4 d (Hugging Face's ``MptMLP``, whatever ``expansion_ratio`` says), and
+the head tied to the embedding unless
 ``tie_word_embeddings`` is false. The names (a contract, in the README):
 
     transformer.wte -> embed.W_E
@@ -73,7 +74,9 @@ def read_config(folder) -> dict:
     fields = {"d_model": d, "heads": need(path, config, "n_heads"),
               "layers": need(path, config, "n_layers"),
               "vocab": need(path, config, "vocab_size"),
-              "d_ff": need(path, config, "expansion_ratio") * d,
+              # Hugging Face's MptMLP is 4 d wide whatever expansion_ratio says (MosaicML's own
+              # code reads the key): tfm reads the model from_pretrained builds
+              "d_ff": 4 * d,
               "eps": eps, "activation": "gelu_erf", "norm": "pre", "pe": "alibi",
               "rms_norm": False, "norm_bias": False, "bias": False, "head_bias": False,
               "attn_scale": None if scale is None else float(scale),
