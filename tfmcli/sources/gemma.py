@@ -5,8 +5,9 @@ names and files (``sources.llama`` reads them), with three differences in the mo
 - the embedding is multiplied by sqrt(hidden_size) before the first block (``--embed-scale``),
   and the head is tied to it unless ``tie_word_embeddings`` says false;
 - each RMSNorm multiplies by ``1 + weight``: the weights are stored as offsets from 1, so
-  ``ln1``, ``ln2`` and ``ln_f``'s gammas are ``1 + weight`` (in float32, as Hugging Face's
-  GemmaRMSNorm adds them). Their gradients are the weights'.
+  ``ln1``, ``ln2`` and ``ln_f``'s gammas are ``1 + weight``, added in the run's dtype: in
+  float32 the sum Hugging Face's GemmaRMSNorm makes, in float64 the exact one. Their gradients
+  are the weights'.
 
 Heads are ``head_dim`` wide (256 when config.json has none, GemmaConfig's default), and 2B's
 keys and values are one head (``num_key_value_heads`` 1: multi-query attention). No biases
