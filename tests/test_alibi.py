@@ -14,7 +14,7 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
-                     error_line, ok, random_params, run, torch_reference_rows)
+                     error_line, ok, random_params, run, torch_reference_rows, assert_scaled_close)
 from tfmcli.positional import alibi_bias, alibi_slopes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -57,12 +57,10 @@ def test_a_head_with_zero_queries_attends_by_the_bias_alone():
                                  fast=fast).acts["blocks.0.attn.pattern"]
         for head, m in ((0, 1 / 16), (1, 1 / 256)):
             weights = np.exp([-2 * m, -m, 0.0])
-            np.testing.assert_allclose(pattern[0, head, 2, :3], weights / weights.sum(),
-                                       rtol=1e-14)
+            assert_scaled_close(pattern[0, head, 2, :3], weights / weights.sum())
             # row 1 has 3 tokens: query 4 (padding) sees keys 0..2, its distances 4, 3, 2
             weights = np.exp([-4 * m, -3 * m, -2 * m])
-            np.testing.assert_allclose(pattern[1, head, 4, :3], weights / weights.sum(),
-                                       rtol=1e-14)
+            assert_scaled_close(pattern[1, head, 4, :3], weights / weights.sum())
             assert (pattern[0, head, 2, 3:] == 0).all()
 
 

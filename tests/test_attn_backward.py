@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run
+from helpers import error_line, ok, random_params, run, assert_scaled_close
 from tfmcli import ops
 from tfmcli.masks import combined_mask
 from tfmcli.steps import explain_query_backward, model_head_backward_steps
@@ -96,9 +96,9 @@ def test_one_querys_backward_sums_to_the_heads(norm):
             np.testing.assert_allclose(x.numeric_dq, x.dq, atol=1e-9)
             np.testing.assert_allclose(x.dscaled, grads.acts[p + "scores"][row, 2, t],
                                        atol=1e-15)
-            np.testing.assert_allclose(x.dproducts.sum(axis=-1), x.dweights, rtol=1e-15)
-            np.testing.assert_allclose(x.dq_parts.sum(axis=0), x.dq, rtol=1e-15)
-            np.testing.assert_allclose(x.dscores, x.dscaled / math.sqrt(3), rtol=1e-15)
+            assert_scaled_close(x.dproducts.sum(axis=-1), x.dweights)
+            assert_scaled_close(x.dq_parts.sum(axis=0), x.dq)
+            assert_scaled_close(x.dscores, x.dscaled / math.sqrt(3))
             assert abs(x.dscaled.sum()) < 1e-15
             dk += x.dk_share
             dv += x.dv_share

@@ -14,7 +14,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, ok, random_params, torch_reference_rows)
+                     decoded_like_the_forward, ok, random_params, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.config import memory_estimate
 
 
@@ -50,8 +51,7 @@ def test_the_lookups_gradient_is_scaled_and_a_tied_heads_is_not():
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
     grads = tfmcli.backward(params, fwd, cfg)
     h = fwd.acts["ln_f.out"]
-    np.testing.assert_allclose(fwd.acts["logits"], h @ params["embed.W_E"].T + params["head.b_U"],
-                               rtol=1e-14)
+    assert_scaled_close(fwd.acts["logits"], h @ params["embed.W_E"].T + params["head.b_U"])
     lookup = np.zeros_like(params["embed.W_E"])
     np.add.at(lookup, fwd.inputs.tokens.ravel(), grads.acts["embed"].reshape(-1, 16))
     head = np.einsum("btv,btd->vd", grads.acts["logits"], h)
@@ -113,8 +113,7 @@ def test_embed_view_multiplies_the_row_and_its_gradient():
     assert data["scale"] == 4.0
     w_e, pe = np.array(data["w_e"]), np.array(data["pe"])
     np.testing.assert_allclose(data["x0"], 4 * w_e + pe, rtol=0, atol=1e-15)
-    np.testing.assert_allclose(data["embedding_part"], 4 * np.array(data["dx0"]).sum(axis=0),
-                               rtol=1e-14)
+    assert_scaled_close(data["embedding_part"], 4 * np.array(data["dx0"]).sum(axis=0))
     assert data["forward_model_diff"] < 1e-15 and data["dW_E_model_diff"] < 1e-15
     assert data["dW_E_numeric_diff"] < 1e-8
     plain = json.loads(ok(*args[:1], *args[2:], "--json").stdout)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run
+from helpers import error_line, ok, random_params, run, assert_scaled_close
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 
@@ -35,7 +35,7 @@ def gelu_tanh(x):
 def test_geglu_is_gelu_of_the_gate_times_pre():
     gate, pre = np.array([-2.0, 0.0, 1.5, 4.0]), np.array([3.0, -4.0, 0.5, -1.0])
     hidden, _ = ops.geglu_forward(gate, pre)
-    np.testing.assert_allclose(hidden, gelu_tanh(gate) * pre, rtol=1e-15)
+    assert_scaled_close(hidden, gelu_tanh(gate) * pre)
     assert hidden[1] == 0.0   # gelu(0) = 0: a closed gate passes nothing
     # far above 0 the gate is nearly the identity: gelu(4) * pre is about 4 * pre
     assert hidden[3] == pytest.approx(-4.0, rel=1e-4)
@@ -77,9 +77,8 @@ def test_parameters_activations_and_counts_are_swiglus():
     fwd = tfmcli.forward(random_params(tfmcli.init_params(cfg), seed=1),
                          tfmcli.make_inputs(cfg), cfg)
     a = fwd.acts
-    np.testing.assert_allclose(a["blocks.0.ffn.act"],
-                               gelu_tanh(a["blocks.0.ffn.gate"]) * a["blocks.0.ffn.pre"],
-                               rtol=1e-13)
+    assert_scaled_close(a["blocks.0.ffn.act"],
+                        gelu_tanh(a["blocks.0.ffn.gate"]) * a["blocks.0.ffn.pre"])
 
 
 def test_memory_estimate_counts_the_gate_and_its_tanh():
@@ -151,7 +150,7 @@ def test_ffn_view_lays_out_the_gelu_gate_and_checks_it():
     np.testing.assert_allclose(data["dgate"], grads.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
                                atol=1e-17)
     gate, pre = np.array(data["gate"]), np.array(data["pre"])
-    np.testing.assert_allclose(data["hidden"], gelu_tanh(gate) * pre, rtol=1e-14)
+    assert_scaled_close(data["hidden"], gelu_tanh(gate) * pre)
     assert data["forward_model_diff"] < 1e-14 and data["backward_model_diff"] < 1e-16
     assert data["slope_numeric_diff"] < 1e-8 and data["dx_numeric_diff"] < 1e-9
     text = ok(*args).stdout
@@ -174,7 +173,7 @@ def test_the_explained_ffn_names_the_gate_by_its_unit():
         x = explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 3)
         gate = fwd.acts["blocks.0.ffn.gate"][0, 3]
         unit = gelu_tanh(gate) if activation == "geglu" else gate / (1 + np.exp(-gate))
-        np.testing.assert_allclose(x.gate_act, unit, rtol=1e-13)
+        assert_scaled_close(x.gate_act, unit)
         assert (x.silu_gate is None) == (activation == "geglu")
 
 

@@ -22,7 +22,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
                      gemma_holding, hf_logits, hf_saved, ok, random_params, run,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
-                     torch_reference_rows)
+                     torch_reference_rows, assert_scaled_close)
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 
@@ -46,7 +46,7 @@ def test_the_scores_are_q_dot_k_times_attn_scale():
     q, k = fwd.acts["blocks.0.attn.q"], fwd.acts["blocks.0.attn.k"]
     scores = fwd.acts["blocks.0.attn.scores"]
     seen = np.isfinite(scores)
-    np.testing.assert_allclose(scores[seen], (q @ k.swapaxes(-1, -2) * 0.3)[seen], rtol=1e-14)
+    assert_scaled_close(scores[seen], (q @ k.swapaxes(-1, -2) * 0.3)[seen])
     # 1 / sqrt(d_head) given as attn_scale is the default's very number: the same bits
     plain = cfg.replace(attn_scale=None)
     assert plain.score_scale == 0.5
@@ -64,12 +64,10 @@ def test_each_residual_sum_takes_the_normalised_sublayer_output():
         return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.eps) * gamma
 
     attn_normed = rms(fwd.acts[p + "attn.out"], params[p + "ln1_post.gamma"])
-    np.testing.assert_allclose(fwd.acts[p + "ln1_post.out"], attn_normed, rtol=1e-13)
-    np.testing.assert_allclose(fwd.acts[p + "resid1"], fwd.acts[p + "in"] + attn_normed,
-                               rtol=1e-13)
+    assert_scaled_close(fwd.acts[p + "ln1_post.out"], attn_normed)
+    assert_scaled_close(fwd.acts[p + "resid1"], fwd.acts[p + "in"] + attn_normed)
     ffn_normed = rms(fwd.acts[p + "ffn.out"], params[p + "ln2_post.gamma"])
-    np.testing.assert_allclose(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn_normed,
-                               rtol=1e-13)
+    assert_scaled_close(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn_normed)
     names = list(fwd.acts)
     assert names.index(p + "ln1_post.out") == names.index(p + "attn.out") + 1
     assert names.index(p + "ln2_post.out") == names.index(p + "resid2") - 1
@@ -224,8 +222,8 @@ def test_tfm_ln_shows_a_post_norm_and_refuses_one_the_model_lacks():
     cfg = gemma2_cfg(lengths=None)
     fwd = tfmcli.forward(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
     x = fwd.acts["blocks.1.ffn.out"][0, 3]   # the norm's input: the FFN's output
-    np.testing.assert_allclose(data["x"], x, rtol=1e-15)
-    np.testing.assert_allclose(data["y"], fwd.acts["blocks.1.ln2_post.out"][0, 3], rtol=1e-13)
+    assert_scaled_close(data["x"], x)
+    assert_scaled_close(data["y"], fwd.acts["blocks.1.ln2_post.out"][0, 3])
     assert data["dx_numeric_diff"] < 1e-8
     line = error_line(run("ln", "--layer", "ln1_post"), 2)
     assert "'--layer'" in line and "add --sandwich-norm" in line
@@ -236,10 +234,9 @@ def test_tfm_block_lays_out_the_sandwich_and_checks_dx():
                          "--json").stdout)
     forward = {r["name"]: np.array(r["value"]) for r in data["forward"]}
     backward = {r["name"]: np.array(r["value"]) for r in data["backward"]}
-    np.testing.assert_allclose(forward["y"], forward["x"] + forward["attn normed"], rtol=1e-14)
-    np.testing.assert_allclose(forward["z"], forward["y"] + forward["ffn normed"], rtol=1e-14)
-    np.testing.assert_allclose(backward["dy"], backward["dz"] + backward["ffn path"],
-                               rtol=1e-14)
+    assert_scaled_close(forward["y"], forward["x"] + forward["attn normed"])
+    assert_scaled_close(forward["z"], forward["y"] + forward["ffn normed"])
+    assert_scaled_close(backward["dy"], backward["dz"] + backward["ffn path"])
     assert "dffn" in backward and "dattn" in backward
     assert data["forward_model_diff"] < 1e-14 and data["backward_model_diff"] < 1e-14
     assert data["dx_numeric_diff"] < 1e-8
@@ -250,8 +247,8 @@ def test_tfm_block_lays_out_the_sandwich_and_checks_dx():
 def test_tfm_attn_names_the_scale_it_multiplies_by():
     data = json.loads(ok("attn", "--attn-scale", 0.25, "--backward", "--json").stdout)
     steps = {s["name"]: s for s in data["steps"]}
-    np.testing.assert_allclose(np.array(steps["scaled scores"]["value"]),
-                               np.array(steps["scores"]["value"]) * 0.25, rtol=1e-15)
+    assert_scaled_close(np.array(steps["scaled scores"]["value"]),
+                        np.array(steps["scores"]["value"]) * 0.25)
     assert steps["scaled scores"]["formula"] == "Q K^T x attn_scale = Q K^T x 0.25"
     back = {s["name"]: s for s in data["backward_steps"]}
     assert back["dQ"]["formula"] == "dscaled scores @ K x 0.25 (attn_scale)"

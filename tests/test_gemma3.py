@@ -22,7 +22,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
                      gemma_holding, hf_logits, hf_saved, ok, random_params, run,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
-                     torch_reference_rows)
+                     torch_reference_rows, assert_scaled_close)
 from tfmcli import ops, positional
 from tfmcli.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
 from tfmcli.sources import gemma3, llama
@@ -70,8 +70,8 @@ def test_linear_scaling_turns_position_t_as_t_over_the_factor():
     turns as position 2 did unscaled, at every pair."""
     scaled = positional.rope_angles(9, 6, 50.0, LinearRopeScaling(4.0))
     plain = positional.rope_angles(9, 6, 50.0)
-    np.testing.assert_allclose(scaled[8], plain[2], rtol=1e-15)
-    np.testing.assert_allclose(scaled, plain / 4, rtol=1e-15)
+    assert_scaled_close(scaled[8], plain[2])
+    assert_scaled_close(scaled, plain / 4)
     assert positional.rope_scale(6, 50.0, (4.0,)).tolist() == [0.25, 0.25, 0.25]
 
 
@@ -220,8 +220,7 @@ def test_tfm_pe_shows_linear_scaling():
     flags = ["pe", "--rope", "-d", 8, "--len", 6, "--rope-theta", 100]
     plain = json.loads(ok(*flags, "--json").stdout)
     scaled = json.loads(ok(*flags, "--rope-scaling", 4, "--json").stdout)
-    np.testing.assert_allclose(np.array(scaled["angles"]), np.array(plain["angles"]) / 4,
-                               rtol=1e-15)
+    assert_scaled_close(np.array(scaled["angles"]), np.array(plain["angles"]) / 4)
     assert scaled["scale"] == [0.25] * 4
     text = " ".join(ok(*flags, "--rope-scaling", 4).stdout.split())
     assert "s_i = 1/4 for every pair: linear scaling" in text

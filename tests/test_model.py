@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import random_params
+from helpers import random_params, assert_scaled_close
 from tfmcli import masks, ops, positional
 from tfmcli.config import activation_shapes, param_shapes
 from tfmcli.model import first_nonfinite
@@ -66,8 +66,7 @@ def test_tied_head_gradient_is_the_sum_of_embedding_and_head_parts():
     head_part = (h.T @ grads.acts["logits"].reshape(-1, 8)).T                # (V, d)
     embed_part = ops.embedding_backward(grads.acts["embed"], fwd.caches["embed"])
     np.testing.assert_allclose(grads["embed.W_E"], head_part + embed_part, rtol=1e-13, atol=1e-16)
-    np.testing.assert_allclose(fwd.acts["logits"], fwd.acts["ln_f.out"] @ params["embed.W_E"].T,
-                               rtol=1e-14)
+    assert_scaled_close(fwd.acts["logits"], fwd.acts["ln_f.out"] @ params["embed.W_E"].T)
 
 
 def test_learned_positions_need_seq_len_within_n_ctx():
@@ -331,7 +330,7 @@ def test_embedding_and_pe_gradients_come_from_dembed():
     cfg = tfmcli.Config(batch=3, seq_len=5, vocab=4)      # small vocab: tokens repeat
     _, inputs, _, grads = run(cfg)
     dembed = grads.acts["embed"]
-    np.testing.assert_allclose(grads.acts["pe"], dembed.sum(0), rtol=1e-13)
+    assert_scaled_close(grads.acts["pe"], dembed.sum(0))
     for token in range(cfg.vocab):
         np.testing.assert_allclose(grads["embed.W_E"][token],
                                    dembed[inputs.tokens == token].sum(0), rtol=1e-12, atol=1e-17)
@@ -698,3 +697,18 @@ def test_gradcheck_passes_where_every_exact_gradient_below_the_norm_is_zero():
                                       cfg)["embed.W_E"]).any()
     assert report.passed, report.failed
 
+
+
+def test_scaled_closeness_is_tight_and_cpu_proof():
+    """The suite's float comparison (helpers.assert_scaled_close): 1e-12 of the tensor's scale
+    passes a last-bit difference on a small entry, fails a wrong formula's error, and a zero
+    tensor must be matched exactly."""
+    from helpers import assert_scaled_close
+
+    assert_scaled_close([1.0, 1e-3 + 1e-15], [1.0, 1e-3])   # 1e-12 per entry: fine here
+    with pytest.raises(AssertionError):
+        assert_scaled_close([1.0, 2.0], [1.0, 2.0 + 1e-9])
+    with pytest.raises(AssertionError):
+        assert_scaled_close([0.0, 1e-300], [0.0, 0.0])
+    with pytest.raises(AssertionError):
+        assert_scaled_close([1.0], [1.0, 1.0])

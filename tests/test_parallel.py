@@ -14,7 +14,7 @@ import pytest
 
 import tfmcli
 from tfmcli import model, ops, parallel
-from helpers import random_params
+from helpers import random_params, assert_scaled_close
 from test_fast import TOL, rel
 
 
@@ -252,7 +252,7 @@ def test_linear_in_parts_equals_linear_in_one(blas, monkeypatch, rows, d_in, d_o
     monkeypatch.setattr(parallel, "run", serial)
     out1, cache1 = ops.linear_forward(x, W, b)
     back1 = ops.linear_backward(dout, cache1, transposed)
-    np.testing.assert_allclose(out, x @ W + b, rtol=1e-13)
+    assert_scaled_close(out, x @ W + b)
     np.testing.assert_allclose(back[1], dout.T @ x if transposed else x.T @ dout, rtol=1e-12)
     for a, b_ in [(out, out1), *zip(back, back1)]:
         assert rel(a, b_) <= TOL
@@ -352,12 +352,12 @@ def test_a_thin_product_stays_whole(blas, monkeypatch):
     for left, right in [(thin_a, b), (a, thin_b), (b.T, thin_a.T)]:   # few rows, columns, or K
         out = np.empty((left.shape[0], right.shape[1]))
         parallel.matmul(left, right, out, add=1.0)
-        np.testing.assert_allclose(out, left @ right + 1.0, rtol=1e-13)
+        assert_scaled_close(out, left @ right + 1.0)
     assert cut == []
     out = np.empty((256, 256))
     parallel.matmul(a, b, out, add=1.0)
     assert [[(s.start, s.stop) for s in c] for c in cut] == [[(0, 64), (64, 128), (128, 256)]]
-    np.testing.assert_allclose(out, a @ b + 1.0, rtol=1e-13)
+    assert_scaled_close(out, a @ b + 1.0)
 
 
 @pytest.mark.parametrize("transposed", [False, True])

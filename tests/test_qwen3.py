@@ -17,7 +17,7 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
                      error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
-                     tfm_grads_matching_hf, torch_reference_rows)
+                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import llama, qwen3
@@ -309,4 +309,4 @@ def test_the_norm_is_rmsnorm_over_each_heads_entries():
     q = np.array([[[[3.0, 4.0]]]])                         # (B, H, T, d_head) = (1, 1, 1, 2)
     out, _ = ops.rms_norm_forward(q, np.array([1.0, 2.0]), 0.0)
     rms = np.sqrt((9 + 16) / 2)
-    np.testing.assert_allclose(out[0, 0, 0], [3 / rms, 2 * 4 / rms], rtol=1e-15)
+    assert_scaled_close(out[0, 0, 0], [3 / rms, 2 * 4 / rms])

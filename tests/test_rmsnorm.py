@@ -14,7 +14,7 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, llama_from, llama_grads, ok, random_params,
-                     tfm_grads_matching_hf, torch_reference_rows)
+                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -33,7 +33,7 @@ def test_rms_norm_divides_by_the_root_mean_square_and_keeps_the_mean():
     gamma = np.array([1.0, 2.0, 0.5, 1.0])
     y, cache = ops.rms_norm_forward(x, gamma, 0.0)
     rms = np.sqrt((1 + 4 + 9 + 36) / 4)
-    np.testing.assert_allclose(y, x / rms * gamma, rtol=1e-15)
+    assert_scaled_close(y, x / rms * gamma)
     # unlike layer norm, a shift of every entry is not taken out
     shifted, _ = ops.rms_norm_forward(x + 10.0, gamma, 0.0)
     assert np.abs(shifted - y).max() > 0.1
@@ -139,7 +139,7 @@ def test_ln_view_lays_out_rms_norm():
     x = np.array(data["x"])
     assert data["rms_norm"] is True and data["mean"] == 0.0
     assert data["var"] == pytest.approx((x * x).mean(), rel=1e-14)   # the mean square
-    np.testing.assert_allclose(data["xhat"], x / np.sqrt((x * x).mean() + 1e-5), rtol=1e-14)
+    assert_scaled_close(data["xhat"], x / np.sqrt((x * x).mean() + 1e-5))
     assert data["y_model_diff"] < 1e-14 and data["dx_numeric_diff"] < 1e-8
     assert not json.loads(ok("ln", "--layer", "ln2", "-t", 1, "--json").stdout)["rms_norm"]
     text = ok("ln", "--rms-norm", "-t", 1).stdout

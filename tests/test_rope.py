@@ -13,7 +13,7 @@ import pytest
 import tfmcli
 from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_line,
                      neox_from, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows)
+                     torch_reference_rows, assert_scaled_close)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, memory_estimate
 from tfmcli.positional import rope_angles, rope_tables
@@ -54,8 +54,7 @@ def test_the_rotation_keeps_lengths_and_turns_each_pair_by_its_angle():
     x = rng.normal(size=(2, 3, 7, 8))
     cos, sin = rope_tables(7, 8)
     out = ops.rope_forward(x, cos, sin)
-    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1),
-                               rtol=1e-13)
+    assert_scaled_close(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1))
     # pair 1 of position 3, as a complex number, turned by exp(i * angle)
     angle = rope_angles(7, 8)[3, 1]
     z = (x[0, 0, 3, 1] + 1j * x[0, 0, 3, 5]) * np.exp(1j * angle)
@@ -111,8 +110,8 @@ def test_the_trace_names_the_turned_queries_and_keys():
     assert list(fwd.acts) == names
     assert fwd.acts["blocks.0.attn.q_rot"].shape == (2, 2, 5, 4)
     cos, sin = rope_tables(5, 4)
-    np.testing.assert_allclose(fwd.acts["blocks.0.attn.k_rot"],
-                               ops.rope_forward(fwd.acts["blocks.0.attn.k"], cos, sin), rtol=1e-15)
+    assert_scaled_close(fwd.acts["blocks.0.attn.k_rot"],
+                        ops.rope_forward(fwd.acts["blocks.0.attn.k"], cos, sin))
     # position 0 is not turned at all
     np.testing.assert_array_equal(fwd.acts["blocks.0.attn.q_rot"][:, :, 0],
                                   fwd.acts["blocks.0.attn.q"][:, :, 0])

@@ -15,7 +15,8 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf, torch_reference_rows)
+                     random_params, run, tfm_grads_matching_hf, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli import positional
 from tfmcli.config import RopeScaling
 from tfmcli.errors import ConfigError
@@ -177,7 +178,7 @@ def test_tfm_pe_rope_scaling_slows_the_slow_pairs():
     np.testing.assert_allclose(scaled["scale"], positional.rope_scale(8, 100.0, SCALING))
     angles, before = np.array(scaled["angles"]), np.array(plain["angles"])
     np.testing.assert_array_equal(angles[:, :2], before[:, :2])
-    np.testing.assert_allclose(angles[:, 3], before[:, 3] / 4, rtol=1e-15)
+    assert_scaled_close(angles[:, 3], before[:, 3] / 4)
     text = ok(*flags, "--rope-scaling", "4,1,4,128").stdout
     text = " ".join(text.split())
     assert "kept (s_i = 1) for pairs 0-1, wavelength under C / 4 = 32 positions" in text

@@ -14,7 +14,7 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, ok, random_params, run,
-                     torch_reference_rows)
+                     torch_reference_rows, assert_scaled_close)
 from tfmcli import ops
 from tfmcli.config import memory_estimate
 
@@ -49,11 +49,11 @@ def test_the_scores_and_logits_are_the_capped_ones():
     scores, raw_scores = fwd.acts["blocks.0.attn.scores"], raw.acts["blocks.0.attn.scores"]
     seen = np.isfinite(raw_scores)
     np.testing.assert_array_equal(np.isfinite(scores), seen)
-    np.testing.assert_allclose(scores[seen], 1.5 * np.tanh(raw_scores[seen] / 1.5), rtol=1e-14)
+    assert_scaled_close(scores[seen], 1.5 * np.tanh(raw_scores[seen] / 1.5))
     assert np.abs(raw_scores[seen]).max() > 1.5 > np.abs(scores[seen]).max()
     h = fwd.acts["ln_f.out"]
     z = h @ params["head.W_U"] + params["head.b_U"]
-    np.testing.assert_allclose(fwd.acts["logits"], 2.0 * np.tanh(z / 2.0), rtol=1e-14)
+    assert_scaled_close(fwd.acts["logits"], 2.0 * np.tanh(z / 2.0))
     assert np.abs(z).max() > 2.0 > np.abs(fwd.acts["logits"]).max()
 
 
@@ -65,9 +65,8 @@ def test_the_logit_caps_gradient_is_the_slope_times_p_minus_y():
     grads = tfmcli.backward(params, fwd, cfg)
     slope = 1 - (fwd.acts["logits"] / 2.0) ** 2
     dz = grads.acts["logits"] * slope
-    np.testing.assert_allclose(grads["head.W_U"],
-                               np.einsum("btd,btv->dv", fwd.acts["ln_f.out"], dz), rtol=1e-13)
-    np.testing.assert_allclose(grads["head.b_U"], dz.sum(axis=(0, 1)), rtol=1e-13)
+    assert_scaled_close(grads["head.W_U"], np.einsum("btd,btv->dv", fwd.acts["ln_f.out"], dz))
+    assert_scaled_close(grads["head.b_U"], dz.sum(axis=(0, 1)))
 
 
 @pytest.mark.parametrize("fields", [
@@ -161,12 +160,11 @@ def test_tfm_attn_caps_the_heads_scores_and_goes_back_through_the_slope():
     names = [s["name"] for s in data["steps"]]
     assert names.index("capped scores") == names.index("scaled scores") + 1
     capped = 0.5 * np.tanh(steps["scaled scores"] / 0.5)
-    np.testing.assert_allclose(steps["capped scores"], capped, rtol=1e-15)
+    assert_scaled_close(steps["capped scores"], capped)
     seen = np.isfinite(steps["masked scores"])
     np.testing.assert_array_equal(steps["masked scores"][seen], steps["capped scores"][seen])
     back = {s["name"]: np.array(s["value"], dtype=float) for s in data["backward_steps"]}
-    np.testing.assert_allclose(back["dscaled scores"],
-                               back["dcapped scores"] * (1 - (capped / 0.5) ** 2), rtol=1e-14)
+    assert_scaled_close(back["dscaled scores"], back["dcapped scores"] * (1 - (capped / 0.5) ** 2))
     assert data["backward_model_diff"] < 1e-15   # dcapped against the model's attn.scores'
     plain = json.loads(ok("attn", "--backward", "--json").stdout)
     assert "capped scores" not in [s["name"] for s in plain["steps"]]
@@ -179,9 +177,9 @@ def test_tfm_attn_query_shows_each_capped_score_and_its_slope():
     keys = data["keys"]
     scaled = np.array([k["scaled"] for k in keys])
     capped = np.array([k["capped"] for k in keys])
-    np.testing.assert_allclose(capped, 0.5 * np.tanh(scaled / 0.5), rtol=1e-15)
+    assert_scaled_close(capped, 0.5 * np.tanh(scaled / 0.5))
     weights = np.exp(capped) / np.exp(capped).sum()   # query 3 of 4 sees every key
-    np.testing.assert_allclose([k["weight"] for k in keys], weights, rtol=1e-14)
+    assert_scaled_close([k["weight"] for k in keys], weights)
     back = data["backward"]
     for key, c in zip(back["keys"], capped):
         assert key["slope"] == pytest.approx(1 - (c / 0.5) ** 2, rel=1e-14)
@@ -196,9 +194,8 @@ def test_tfm_attn_query_shows_each_capped_score_and_its_slope():
 def test_tfm_loss_shows_z_the_capped_logits_and_dz():
     data = json.loads(ok("loss", "--logit-softcap", 1, "--json").stdout)
     z, logits = np.array(data["z"]), np.array(data["logits"])
-    np.testing.assert_allclose(logits, np.tanh(z), rtol=1e-15)
-    np.testing.assert_allclose(data["dz"], np.array(data["dlogits"]) * (1 - logits ** 2),
-                               rtol=1e-14)
+    assert_scaled_close(logits, np.tanh(z))
+    assert_scaled_close(data["dz"], np.array(data["dlogits"]) * (1 - logits ** 2))
     assert data["forward_model_diff"] < 1e-15 and data["dh_model_diff"] < 1e-15
     assert data["dh_numeric_diff"] < 1e-8   # central differences through the cap
     assert "z" not in json.loads(ok("loss", "--json").stdout)
@@ -212,7 +209,7 @@ def test_the_logit_lens_caps_its_logits_as_the_head_does():
     params = random_params(tfmcli.init_params(cfg), seed=9)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
     last = tfmcli.lens.logit_lens(params, fwd, cfg, row=1)[-1]
-    np.testing.assert_allclose(last.logits, fwd.acts["logits"][1], rtol=1e-14)
+    assert_scaled_close(last.logits, fwd.acts["logits"][1])
     assert np.abs(last.logits).max() < 0.7
 
 

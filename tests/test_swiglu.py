@@ -15,7 +15,7 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, float64_rotary, ok, random_params,
-                     tfm_grads_matching_hf, torch_reference_rows)
+                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
 from tfmcli import ops
 from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.gradcheck import central_differences
@@ -39,7 +39,7 @@ def test_sigmoid_is_the_logistic_and_never_overflows():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         s = ops.sigmoid(x)
-    np.testing.assert_allclose(s[1:4], np.exp(x[1:4]) / (1.0 + np.exp(x[1:4])), rtol=1e-15)
+    assert_scaled_close(s[1:4], np.exp(x[1:4]) / (1.0 + np.exp(x[1:4])))
     assert s[4] == pytest.approx(1.0 / (1.0 + np.exp(-2.5)), rel=1e-15)
     assert s[0] == 0.0 and s[-1] == 1.0 and s[3] == 0.5
 
@@ -47,7 +47,7 @@ def test_sigmoid_is_the_logistic_and_never_overflows():
 def test_swiglu_is_silu_of_the_gate_times_pre():
     gate, pre = np.array([-2.0, 0.0, 1.5]), np.array([3.0, -4.0, 0.5])
     hidden, _ = ops.swiglu_forward(gate, pre)
-    np.testing.assert_allclose(hidden, gate / (1 + np.exp(-gate)) * pre, rtol=1e-15)
+    assert_scaled_close(hidden, gate / (1 + np.exp(-gate)) * pre)
     assert hidden[1] == 0.0   # silu(0) = 0: a closed gate passes nothing
 
 
@@ -94,10 +94,8 @@ def test_parameters_and_trace_gain_the_gate():
     fwd = tfmcli.forward(random_params(params, seed=1), tfmcli.make_inputs(cfg), cfg)
     assert list(fwd.acts) == acts
     a = fwd.acts
-    np.testing.assert_allclose(
-        a["blocks.0.ffn.act"],
-        a["blocks.0.ffn.gate"] / (1 + np.exp(-a["blocks.0.ffn.gate"])) * a["blocks.0.ffn.pre"],
-        rtol=1e-13)
+    gate = a["blocks.0.ffn.gate"]
+    assert_scaled_close(a["blocks.0.ffn.act"], gate / (1 + np.exp(-gate)) * a["blocks.0.ffn.pre"])
 
 
 def test_flops_count_three_products_in_the_ffn():
@@ -277,7 +275,7 @@ def test_ffn_view_lays_out_the_gate_and_checks_it():
     np.testing.assert_allclose(data["dgate"], grads.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
                                atol=1e-17)
     gate, pre = np.array(data["gate"]), np.array(data["pre"])
-    np.testing.assert_allclose(data["hidden"], gate / (1 + np.exp(-gate)) * pre, rtol=1e-14)
+    assert_scaled_close(data["hidden"], gate / (1 + np.exp(-gate)) * pre)
     assert data["forward_model_diff"] < 1e-14 and data["backward_model_diff"] < 1e-16
     assert data["slope_numeric_diff"] < 1e-8 and data["dx_numeric_diff"] < 1e-9
     text = ok(*args).stdout

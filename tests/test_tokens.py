@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run
+from helpers import error_line, ok, random_params, run, assert_scaled_close
 from tfmcli.inputs import IGNORE
 
 
@@ -260,14 +260,13 @@ def test_attn_query_explains_one_row_number_by_number():
     assert [k["visible"] for k in keys] == [True, True, True, True, False]
     for s, key in enumerate(keys):
         k = fwd.acts["blocks.0.attn.k"][0, 1, s]
-        np.testing.assert_allclose(key["products"], q * k, rtol=1e-14)
+        assert_scaled_close(key["products"], q * k)
         assert key["score"] == pytest.approx(float(q @ k), rel=1e-13)
         assert key["scaled"] == pytest.approx(float(q @ k) / np.sqrt(3), rel=1e-13)
         assert key["weight"] == pytest.approx(float(fwd.acts["blocks.0.attn.pattern"][0, 1, 3, s]),
                                               abs=1e-15)
     assert keys[4]["weight"] == 0.0
-    np.testing.assert_allclose(data["context"], fwd.acts["blocks.0.attn.context"][0, 3, 3:6],
-                               rtol=1e-13)
+    assert_scaled_close(data["context"], fwd.acts["blocks.0.attn.context"][0, 3, 3:6])
     out = ok("attn", "--tokens", "3,1,4,1,5", "--query", 3).stdout
     assert "Σ score" in out and "Σ context" in out and "k4:5   " in out and "hidden" in out
 
