@@ -216,3 +216,30 @@ def test_text_that_is_not_utf8_is_a_usage_error():
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == ("tfm forward: error: Invalid value for '--text': b'caf\\xe9' "
                                    "is not UTF-8 (byte 0xe9 at 3); give the text in UTF-8")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["-d", "100000000000000000000"], "Invalid value for '--d-model' / '-d': "
+     "100000000000000000000 is not allowed (allowed: up to 2,147,483,647)"),
+    (["--sliding-window", str(10**30)], f"Invalid value for '--sliding-window': {10**30} is not "
+     "allowed (allowed: up to 2,147,483,647)"),
+    (["--tokens", "99999999999999999999,1"], "Invalid value for '--tokens': id "
+     "99999999999999999999 is too large for a token id"),
+    (["-d", "2147483629", "-H", "2"], "Invalid value for '--heads': d_model=2147483629 is not "
+     "divisible by heads=2; allowed heads: 1, 2147483629"),
+])
+def test_huge_whole_numbers_are_usage_errors(args, line):
+    """Issue 59: huge integers were OverflowError tracebacks, and listing the heads of a huge
+    -d searched divisors for minutes (2147483629 is prime: its search is 46,341 steps)."""
+    assert error_line(run("forward", *args), 2) == f"tfm forward: error: {line}"
+
+
+def test_sizes_are_counted_in_python_integers():
+    """Issue 59: shapes multiplied in int64 wrapped to a negative count for a huge -d, which
+    passed the memory guard."""
+    from tfmcli.config import Config, listed, memory_estimate, numel, param_count
+
+    assert numel((2**31, 2**31, 2**31)) == 2**93
+    cfg = Config(d_model=2**30, heads=2**10, vocab=2**30, layers=8)
+    assert param_count(cfg) > 2**63 and memory_estimate(cfg)["total"] > 2**63
+    assert listed(list(range(1, 30))) == "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, ..., 29"

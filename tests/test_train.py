@@ -359,3 +359,18 @@ def test_the_panel_says_the_batch_shown_is_not_the_training_batch():
     assert "│ sizes          B=4 shown (trained in batches of 32) T=16 d=32" in text
     assert "B=1 shown (trained in batches of 8)" in ok("train", "--steps", 3, "-B", 8,
                                                       "--tokens", "1,2,10,2,1").stdout
+
+
+def test_training_that_would_not_fit_is_refused_before_it_starts():
+    """Issue 59: tfm train had no memory guard: a huge batch, width or vocabulary ran until the
+    machine was out of memory."""
+    line = error_line(run("train", "-d", 4096, "-B", 64, "--symbols", 9999, "--len", 256), 2)
+    assert "this run needs about" in line and "for a training step, the held-out pass and " \
+        "Adam's state" in line and line.endswith("or pass --force")
+
+
+def test_a_diverging_run_says_at_which_step_the_loss_stopped_being_finite():
+    """Issue 59: a run that diverged to NaN crashed the drawing."""
+    assert error_line(run("train", "--lr", "1e300", "--steps", 5), 1) == (
+        "tfm train: error: the loss stopped being finite at step 2 (it was 2.82343 at step 1); "
+        "try a smaller --lr or a longer --warmup")

@@ -337,13 +337,13 @@ class Config:
             raise ConfigError(
                 "heads",
                 f"d_model={self.d_model} is not divisible by heads={self.heads}; "
-                f"allowed heads: {', '.join(str(h) for h in divisors(self.d_model))}",
+                f"allowed heads: {listed(divisors(self.d_model))}",
             )
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ConfigError(
                 "kv_heads",
                 f"kv_heads={self.kv_heads} does not divide heads={self.heads}; "
-                f"allowed kv_heads: {', '.join(str(h) for h in divisors(self.heads))}",
+                f"allowed kv_heads: {listed(divisors(self.heads))}",
             )
         for name, choices in (("norm", NORMS), ("activation", ACTIVATIONS), ("pe", PES),
                               ("init", INITS), ("dtype", DTYPES)):
@@ -601,6 +601,13 @@ class Config:
         return cls(**cls.fields_from_json(text))
 
 
+def listed(values: list[int], most: int = 12) -> str:
+    """'1, 2, 4' or, past ``most``, the first ones, '...' and the last: an error stays a line."""
+    if len(values) <= most:
+        return ", ".join(map(str, values))
+    return f"{', '.join(map(str, values[:most - 1]))}, ..., {values[-1]}"
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of n, ascending, in O(sqrt n)."""
     small = [h for h in range(1, math.isqrt(n) + 1) if n % h == 0]
@@ -738,7 +745,9 @@ def activation_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
 
 
 def numel(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    """The entries of ``shape``, counted in Python integers (int64 wraps negative for sizes
+    that no machine holds, and a negative count would pass the memory guard)."""
+    return math.prod(int(n) for n in shape)
 
 
 def per_layers(total, cfg: Config):

@@ -7,6 +7,7 @@ module adds is the loop, the held-out accuracy, and a record of the curve.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from tfmcli import parallel
 from tfmcli.config import Config
+from tfmcli.errors import TfmError
 from tfmcli.inputs import IGNORE, Inputs
 from tfmcli.model import backward, forward, largest_product, unchecked_forward
 from tfmcli.optim import Adam, adam_step, warmup_lr
@@ -80,6 +82,11 @@ def train(
             inputs = make_batch(task, rng, cfg.batch, n, symbols)
             # the first step checks params and inputs; the later ones are of the same kinds
             fwd = (forward if step == 1 else unchecked_forward)(params, inputs, cfg)
+            if not math.isfinite(fwd.loss):   # diverged: every later number would be NaN
+                before = (f" (it was {history.losses[-1]:.6g} at step {step - 1})"
+                          if history.losses else "")
+                raise TfmError(f"the loss stopped being finite at step {step}{before}; "
+                               f"try a smaller --lr or a longer --warmup")
             grads = backward(params, fwd, cfg)
             rate = lr if lr is not None else warmup_lr(step, cfg.d_model, warmup)
             adam_step(params, grads, state, rate)

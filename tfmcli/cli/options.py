@@ -103,15 +103,22 @@ ARCH = "Architecture (every flag explained: docs/architectures.md)"
 PANELS = (INPUT, OUTPUT, SIZES, ARCH)
 
 
+LARGEST = 2**31 - 1   # every whole-number option's ceiling: past it, sizes no machine holds
+
+
 def bounded(low: int, high: Optional[int] = None):
-    """An option callback allowing ``low..high``, whose error names the value given.
+    """An option callback allowing ``low..high`` (``high`` at most ``LARGEST``), whose error
+    names the value given.
 
     (Typer's own ``min=``/``max=`` messages leave the value out.)
     """
     allowed = f"{low}..{high}" if high is not None else f"{low} or more"
+    ceiling = LARGEST if high is None else high
 
     def check(value):
-        if value is not None and (value < low or (high is not None and value > high)):
+        if value is not None and value > LARGEST and high is None:
+            raise typer.BadParameter(f"{value} is not allowed (allowed: up to {LARGEST:,})")
+        if value is not None and (value < low or value > ceiling):
             raise typer.BadParameter(f"{value} is not allowed (allowed: {allowed})")
         return value
 

@@ -16,7 +16,8 @@ import tfmcli
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Rate, Warmup, check_rate, describe, emit, height, position_labels, width
-from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
+                                check_memory, choice, with_options)
 from tfmcli.errors import ConfigError
 from tfmcli.tasks import TASKS, make_batch
 
@@ -32,7 +33,7 @@ FIELDS = ("arch", "seed", "batch", "d_model", "heads", "d_ff", "layers", "norm",
           "embed_norm", "norm_bias")
 TRAIN_MODEL_OPTIONS = [(name, annotation, DEFAULTS.get(name, default))
                        for name, annotation, default in MODEL_OPTIONS if name in FIELDS]
-TOKENS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "score_all")]
+TOKENS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "score_all", "force")]
 
 
 @app.command()
@@ -59,6 +60,12 @@ def train(
 
     check_rate(opts, lr)
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
+    if not opts.force:   # before any array: a step (or the held-out pass) and Adam's m and v
+        from tfmcli.config import param_count
+
+        adam = 2 * param_count(cfg) * cfg.np_dtype.itemsize
+        check_memory(cfg.replace(batch=max(cfg.batch, HELD_OUT)), extra=adam,
+                     what="a training step, the held-out pass and Adam's state")
     try:
         shown_tokens = parse_tokens(opts.tokens)
     except ConfigError as e:

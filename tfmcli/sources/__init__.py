@@ -235,6 +235,9 @@ def parse_tokens(texts, option: str = "tokens") -> list[list[int]] | None:
         except ValueError:
             raise ConfigError(option, f"{text!r} is not a comma-separated list of token ids "
                                       f"(like 3,1,4,1,5)") from None
+        huge = next((i for i in rows[-1] if abs(i) >= 2**62), None)
+        if huge is not None:   # (a vocabulary never holds so many ids; int64 would overflow)
+            raise ConfigError(option, f"id {huge} is too large for a token id")
     _check_rows(rows, option)
     return rows
 
