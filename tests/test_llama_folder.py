@@ -207,7 +207,9 @@ def rewrite_weights(folder, change):
      "config.json", "key 'rope_scaling': rope_scaling's high_freq_factor (0.5) must be above "
                     "its low_freq_factor (1)"),
     (lambda f: edit_config(f, hidden_act="gelu"), "config.json",
-     "key 'hidden_act' is 'gelu'; tfm's gated FFN is SwiGLU's ('silu')"),
+     "key 'hidden_act' is 'gelu', GELU itself gating the FFN; tfm gates with SiLU "
+     "('silu', swiglu) or GELU's tanh form ('gelu_pytorch_tanh', geglu), and has no gate "
+     "of GELU itself"),
     (lambda f: edit_config(f, attention_bias=True), "config.json",
      "key 'attention_bias' is true and 'mlp_bias' false; tfm adds biases to attention and the "
      "FFN (--bias), to the FFN alone (--ffn-bias) or to Q, K and V alone (--qkv-bias), and this "
@@ -328,3 +330,18 @@ def test_a_config_without_num_key_value_heads_takes_the_familys_default(tmp_path
               "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[kind]
     hf = Config.from_pretrained(tmp_path).num_key_value_heads
     assert hf == (expect or heads)
+
+
+def test_llama_gated_by_gelus_tanh_form_is_geglu(tmp_path):
+    """Issue 59: LLaMA's hidden_act 'gelu_pytorch_tanh' was refused; the engine has that gate
+    (GeGLU), so it is read, and matches LlamaForCausalLM.from_pretrained. GELU itself as a gate
+    ('gelu') the engine has not: refused saying so."""
+    transformers = pytest.importorskip("transformers")
+    from helpers import assert_folder_matches_hf, hf_saved
+
+    hf_saved(tmp_path, "Llama", dict(vocab_size=40, hidden_size=16, intermediate_size=24,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     hidden_act="gelu_pytorch_tanh"), "float32")
+    loaded = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7], [3, 8]])
+    assert loaded.cfg.activation == "geglu"
+    assert_folder_matches_hf(transformers.LlamaForCausalLM, tmp_path, loaded)

@@ -328,9 +328,15 @@ def _activation(path, config: dict, kind: str) -> str:
     some also name in ``hidden_activation``. Anything else is refused."""
     if kind not in GEMMAS:
         activation = config.get("hidden_act", "silu")
+        if activation in ("gelu_pytorch_tanh", "gelu_new"):   # GELU's tanh form gating: GeGLU
+            return "geglu"
+        if activation == "gelu":
+            raise TfmError(f"--load {path}: key 'hidden_act' is 'gelu', GELU itself gating the "
+                           f"FFN; tfm gates with SiLU ('silu', swiglu) or GELU's tanh form "
+                           f"('gelu_pytorch_tanh', geglu), and has no gate of GELU itself")
         if activation != "silu":
             raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
-                           f"is SwiGLU's ('silu')")
+                           f"is SwiGLU's ('silu') or GeGLU's ('gelu_pytorch_tanh')")
         return "swiglu"
     for key in ("hidden_act", "hidden_activation"):
         value = config.get(key)
