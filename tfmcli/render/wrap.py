@@ -44,7 +44,11 @@ def _pack(line: str, start: int, end: int, width: int, levels: list) -> list[int
     lists = len(levels) == 2   # the commas: a list's items may share a line with words
     for a, b in pieces:
         if a > line_start and cell_len(line[line_start:b].rstrip()) > width:
-            if not lists or cell_len(line[line_start:a]) >= width // 2:
+            half = cell_len(line[line_start:a]) >= width // 2
+            # a piece wider than a line is broken anyway: after a short start ("backward:") it
+            # fills the line; a list's items share one with words unless half of it is taken
+            whole = cell_len(line[a:b].strip()) <= width or len(levels) == 1 or half
+            if whole and (not lists or half):
                 cuts.append(a)     # the piece goes to the next line, whole
                 line_start = a
         if cell_len(line[line_start:b].rstrip()) > width and len(levels) > 1:
