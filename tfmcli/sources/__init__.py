@@ -1,6 +1,6 @@
-"""Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (GPT-2's,
-LLaMA's, Mistral's or Qwen2's),
-the tokens from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
+"""Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (any of
+the 19 families ``sources.folder.MODEL_TYPES`` names, each read by its own module), the tokens
+from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
 :class:`Run`, so each command asks here once.
 
 ``resolve`` decides the Config without drawing or reading any weights; the caller can then
@@ -89,7 +89,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 or Gemma 3 checkpoint folder
+        or a checkpoint folder of any family ``sources.folder.MODEL_TYPES`` names
         (its parameters; its tokenizer for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).
@@ -205,7 +205,7 @@ def _scored(inputs, task: dict, score_all: bool):
 
 
 def load(path, *, tokens=None, text=None, score_all=False, **fields) -> Run:
-    """A run from a checkpoint folder (GPT-2's, LLaMA's, Mistral's or Qwen2's) or an ``.npz``,
+    """A run from a checkpoint folder (any family tfm reads: docs/models.md) or an ``.npz``,
     ready for ``forward``.
 
     >>> run = tfmcli.load("gpt2", text="The cat sat on the mat")      # doctest: +SKIP
