@@ -193,3 +193,25 @@ def test_a_file_without_its_config_is_swiglu_unless_told_geglu(tmp_path):
     assert untold["config"]["activation"] == "swiglu" and untold["loss"] != told["loss"]
     line = error_line(run("forward", "--load", path, "--activation", "relu"), 2)
     assert "activation='relu' contradicts" in line and "activation='swiglu'" in line
+
+
+def test_geglu_erf_gates_with_gelu_itself():
+    """geglu_erf: the gate through GELU itself, gate Phi(gate) * pre; its backward against
+    central differences of sum(dhidden * hidden) in each input."""
+    rng = np.random.default_rng(2)
+    gate, pre, dhidden = rng.normal(size=(3, 7)) * 2
+    hidden, cache = ops.geglu_erf_forward(gate, pre)
+    phi = np.array([0.5 * (1 + math.erf(g / math.sqrt(2))) for g in gate])
+    assert_scaled_close(hidden, gate * phi * pre)
+    dgate, dpre = ops.geglu_erf_backward(dhidden, cache)
+    h = 1e-6
+    for x, d, which in ((gate, dgate, 0), (pre, dpre, 1)):
+        numeric = np.empty_like(x)
+        for i in range(x.size):
+            up, down = x.copy(), x.copy()
+            up[i] += h
+            down[i] -= h
+            args = [(up, pre), (gate, up)][which], [(down, pre), (gate, down)][which]
+            numeric[i] = ((ops.geglu_erf_forward(*args[0])[0] * dhidden).sum()
+                          - (ops.geglu_erf_forward(*args[1])[0] * dhidden).sum()) / (2 * h)
+        assert_scaled_close(d, numeric, rel=1e-8)

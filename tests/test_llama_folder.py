@@ -206,10 +206,9 @@ def rewrite_weights(folder, change):
     (lambda f: edit_config(f, rope_scaling={**LLAMA3_ROPE, "high_freq_factor": 0.5}),
      "config.json", "key 'rope_scaling': rope_scaling's high_freq_factor (0.5) must be above "
                     "its low_freq_factor (1)"),
-    (lambda f: edit_config(f, hidden_act="gelu"), "config.json",
-     "key 'hidden_act' is 'gelu', GELU itself gating the FFN; tfm gates with SiLU "
-     "('silu', swiglu) or GELU's tanh form ('gelu_pytorch_tanh', geglu), and has no gate "
-     "of GELU itself"),
+    (lambda f: edit_config(f, hidden_act="relu"), "config.json",
+     "key 'hidden_act' is 'relu'; tfm gates the FFN with 'silu' (swiglu), GELU's tanh "
+     "form (geglu) or GELU itself, 'gelu' (geglu_erf)"),
     (lambda f: edit_config(f, attention_bias=True), "config.json",
      "key 'attention_bias' is true and 'mlp_bias' false; tfm adds biases to attention and the "
      "FFN (--bias), to the FFN alone (--ffn-bias) or to Q, K and V alone (--qkv-bias), and this "
@@ -332,16 +331,18 @@ def test_a_config_without_num_key_value_heads_takes_the_familys_default(tmp_path
     assert hf == (expect or heads)
 
 
-def test_llama_gated_by_gelus_tanh_form_is_geglu(tmp_path):
-    """Issue 59: LLaMA's hidden_act 'gelu_pytorch_tanh' was refused; the engine has that gate
-    (GeGLU), so it is read, and matches LlamaForCausalLM.from_pretrained. GELU itself as a gate
-    ('gelu') the engine has not: refused saying so."""
+@pytest.mark.parametrize("act, activation", [("gelu_pytorch_tanh", "geglu"),
+                                              ("gelu", "geglu_erf")])
+def test_llama_gated_by_gelu_reads_as_hugging_face_runs_it(tmp_path, act, activation):
+    """Issue 59: a LLaMA folder with hidden_act 'gelu' (GELU itself, Hugging Face's ACT2FN) or
+    its tanh form was refused; read as geglu_erf and geglu, it matches
+    LlamaForCausalLM.from_pretrained: loss, logits and every gradient, to 1e-12."""
     transformers = pytest.importorskip("transformers")
     from helpers import assert_folder_matches_hf, hf_saved
 
     hf_saved(tmp_path, "Llama", dict(vocab_size=40, hidden_size=16, intermediate_size=24,
                                      num_hidden_layers=2, num_attention_heads=2,
-                                     hidden_act="gelu_pytorch_tanh"), "float32")
+                                     hidden_act=act), "float32")
     loaded = tfmcli.load(tmp_path, tokens=[[1, 5, 9, 2, 7], [3, 8]])
-    assert loaded.cfg.activation == "geglu"
+    assert loaded.cfg.activation == activation
     assert_folder_matches_hf(transformers.LlamaForCausalLM, tmp_path, loaded)

@@ -124,10 +124,9 @@ def test_attention_bias_adds_no_biases_as_in_hugging_faces_phi3(tmp_path):
     (dict(sliding_window=3, layer_types=["sliding_attention", "full_attention"]),
      "key 'layer_types' has 'full_attention' layers, which Hugging Face's Phi-3 does not read "
      "(its window is in every layer); tfm will not guess which is meant"),
-    (dict(hidden_act="gelu"),
-     "key 'hidden_act' is 'gelu', GELU itself gating the FFN; tfm gates with SiLU "
-     "('silu', swiglu) or GELU's tanh form ('gelu_pytorch_tanh', geglu), and has no gate "
-     "of GELU itself"),
+    (dict(hidden_act="relu"),
+     "key 'hidden_act' is 'relu'; tfm gates the FFN with 'silu' (swiglu), GELU's tanh "
+     "form (geglu) or GELU itself, 'gelu' (geglu_erf)"),
 ], ids=["partial-over-1", "partial-none-turned", "longrope", "full-layers", "gelu"])
 def test_a_phi3_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):
     hf_phi3_folder(tmp_path, "float32")

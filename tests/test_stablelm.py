@@ -125,10 +125,9 @@ def test_a_config_without_layer_norm_eps_takes_stablelms_default(tmp_path):
      "dimensions; RoPE turns pairs, so tfm needs an even number, at least 2"),
     (dict(use_qkv_bias="yes"), "key 'use_qkv_bias' is 'yes', not true or false"),
     (dict(layer_norm_eps="small"), "key 'layer_norm_eps' is 'small', not a number"),
-    (dict(hidden_act="gelu"),
-     "key 'hidden_act' is 'gelu', GELU itself gating the FFN; tfm gates with SiLU "
-     "('silu', swiglu) or GELU's tanh form ('gelu_pytorch_tanh', geglu), and has no gate "
-     "of GELU itself"),
+    (dict(hidden_act="relu"),
+     "key 'hidden_act' is 'relu'; tfm gates the FFN with 'silu' (swiglu), GELU's tanh "
+     "form (geglu) or GELU itself, 'gelu' (geglu_erf)"),
 ], ids=["qk-layernorm", "parallel", "head-dim", "odd-turn", "qkv-bias", "eps", "gelu"])
 def test_a_stablelm_tfm_would_not_compute_exactly_is_refused(tmp_path, change, reason):
     hf_stablelm_folder(tmp_path, "float32")

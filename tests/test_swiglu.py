@@ -21,7 +21,7 @@ from tfmcli.config import activation_shapes, flops, memory_estimate, param_shape
 from tfmcli.gradcheck import central_differences
 
 
-GATED = ["swiglu", "geglu"]   # the gated FFNs: the model's tests below run for both
+GATED = ["swiglu", "geglu", "geglu_erf"]   # the gated FFNs: the tests below run for each
 
 
 def swiglu_cfg(**fields):

@@ -19,8 +19,8 @@ import numpy as np
 from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "gelu_erf")
-GATED = ("swiglu", "geglu")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "gelu_erf", "geglu_erf")
+GATED = ("swiglu", "geglu", "geglu_erf")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
 PES = ("sinusoidal", "learned", "none", "rope", "alibi")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
@@ -120,12 +120,13 @@ class Config:
         Hidden width of the feed-forward network; ``None`` means ``4 * d_model``.
     norm : {"pre", "post"}
         Where layer norm sits (see the README's Conventions).
-    activation : {"relu", "gelu", "swiglu", "geglu", "gelu_erf"}
+    activation : {"relu", "gelu", "swiglu", "geglu", "gelu_erf", "geglu_erf"}
         FFN non-linearity; gelu is the tanh approximation, ``gelu_erf`` GELU itself,
         ``0.5 x (1 + erf(x / sqrt 2))`` (BERT's, Pythia's). ``swiglu`` gates instead (LLaMA's
         FFN): ``(silu(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``, with the parameters
         ``ffn.W_gate (d, d_ff)`` and ``ffn.b_gate (d_ff,)`` besides the other two layers'.
-        ``geglu`` is the same gate through GELU's tanh form instead of silu (Gemma's FFN).
+        ``geglu`` is the same gate through GELU's tanh form instead of silu (Gemma's FFN),
+        ``geglu_erf`` through GELU itself (a LLaMA-family ``hidden_act`` "gelu").
     causal : bool
         Query t sees only keys <= t.
     lengths : tuple of int or None
@@ -850,7 +851,8 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     caches = ((2 * L + 2 * sandwich * L - shared * L + pre + embed_norm) * (btd + B * T) + (gelu + gated) * L * btf
               + tables * 2 * T * cfg.rope_width + alibi * (T * T + H) + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
     forward_transient = max(bhtt, btv)
-    activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1}.get(
+    activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1,
+                            "geglu_erf": 1}.get(
         cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own
     backward_transient = max(activation_transient, grouped * 2 * btq,

@@ -23,7 +23,7 @@ from tfmcli.gradcheck import batched_central_differences
 from tfmcli.model import Forward, check_within
 
 GELU_C = math.sqrt(2.0 / math.pi)
-GATE_UNITS = {"swiglu": "silu", "geglu": "gelu"}   # what turns a gated FFN's gate into weights
+GATE_UNITS = {"swiglu": "silu", "geglu": "gelu", "geglu_erf": "gelu_erf"}   # what turns a gated FFN's gate into weights
 
 
 def input_name(cfg: Config, block: int) -> str:

@@ -309,7 +309,26 @@ def geglu_backward(dhidden, cache):
     return dgate, dpre
 
 
-GATES = {"swiglu": (swiglu_forward, swiglu_backward), "geglu": (geglu_forward, geglu_backward)}
+def geglu_erf_forward(gate, pre):
+    """The gate through GELU itself: gelu_erf(gate) * pre = gate Phi(gate) * pre (a LLaMA-family
+    ``hidden_act`` "gelu": Hugging Face's ACT2FN["gelu"] is torch's exact F.gelu)."""
+    hidden, (_, cdf) = gelu_erf_forward(gate)
+    hidden *= pre
+    return hidden, (gate, pre, cdf)
+
+
+def geglu_erf_backward(dhidden, cache):
+    """dhidden: (..., d_ff) -> (dgate, dpre): dpre = dhidden gate Phi(gate), dgate = dhidden pre
+    (Phi(gate) + gate phi(gate)), phi the normal density (``gelu_erf_backward``'s slope)."""
+    gate, pre, cdf = cache
+    dpre = gate * cdf
+    dpre *= dhidden
+    dgate = gelu_erf_backward(dhidden * pre, (gate, cdf))
+    return dgate, dpre
+
+
+GATES = {"swiglu": (swiglu_forward, swiglu_backward), "geglu": (geglu_forward, geglu_backward),
+         "geglu_erf": (geglu_erf_forward, geglu_erf_backward)}
 
 
 # ---------------------------------------------------------------- softmax

@@ -160,6 +160,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
             h = F.silu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
         elif cfg.activation == "geglu":   # as Hugging Face's GemmaMLP: gelu_tanh(gate) * up
             h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate"), approximate="tanh") * h
+        elif cfg.activation == "geglu_erf":   # LlamaMLP with hidden_act "gelu": GELU itself
+            h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
         elif cfg.activation == "gelu_erf":   # GELU itself, torch's default
             h = F.gelu(h)
         else:

@@ -197,7 +197,8 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         "activation": cfg.activation + {"gelu": " (tanh approx.)",
                                          "gelu_erf": " (exact: 0.5 x (1 + erf(x / sqrt 2)))",
                                          "swiglu": " (silu(gate) * pre)",
-                                         "geglu": " (gelu(gate) * pre, tanh approx.)"}.get(
+                                         "geglu": " (gelu(gate) * pre, tanh approx.)",
+                                         "geglu_erf": " (gelu_erf(gate) * pre, GELU itself)"}.get(
             cfg.activation, ""),
         "mask": mask,
         "positional": cfg.pe + (f" (n_ctx {cfg.ctx})" if cfg.pe == "learned" else "")

@@ -28,6 +28,10 @@ FORMULAS = {
               "hidden = gelu(gate) * pre",
               "gelu'(gate) = 0.5 (1 + t) + 0.5 gate (1 - t^2) sqrt(2/pi) (1 + 3 x 0.044715 "
               "gate^2)"),
+    "geglu_erf": ("gelu_erf(gate) = gate Phi(gate) = 0.5 gate (1 + erf(gate / sqrt 2));  "
+                  "hidden = gelu_erf(gate) * pre",
+                  "gelu_erf'(gate) = Phi(gate) + gate phi(gate),  phi(gate) = exp(-gate^2 / 2) "
+                  "/ sqrt(2 pi)"),
 }
 
 

@@ -33,6 +33,7 @@ class Activation(str, Enum):
     swiglu = "swiglu"
     geglu = "geglu"
     gelu_erf = "gelu_erf"
+    geglu_erf = "geglu_erf"
 
 
 class PE(str, Enum):
@@ -231,7 +232,7 @@ MODEL_OPTIONS = [
      Norm(D.norm)),
     ("activation", Annotated[Activation, _named(
         "--activation", choices=Activation,
-        help="FFN: relu, gelu, gelu_erf, swiglu, geglu.")], Activation(D.activation)),
+        help="relu gelu gelu_erf swiglu geglu geglu_erf")], Activation(D.activation)),
     ("causal", Annotated[B, _arch("--causal/--no-causal", help="Hide future keys (on).")],
      D.causal),
     ("sliding_window", Annotated[OptI, _arch(

@@ -323,21 +323,19 @@ def _sliding_window(path, config: dict, kind: str, layers: int):
 
 
 def _activation(path, config: dict, kind: str) -> str:
-    """``swiglu`` for ``hidden_act`` 'silu'; Gemma's ``geglu`` for GELU's tanh form, which its
+    """``swiglu`` for ``hidden_act`` 'silu', ``geglu`` for GELU's tanh form and ``geglu_erf``
+    for GELU itself ('gelu'); Gemma's ``geglu`` for GELU's tanh form, which its
     first configs call 'gelu' (Hugging Face's GemmaConfig reads that as the tanh form too) and
     some also name in ``hidden_activation``. Anything else is refused."""
     if kind not in GEMMAS:
         activation = config.get("hidden_act", "silu")
-        if activation in ("gelu_pytorch_tanh", "gelu_new"):   # GELU's tanh form gating: GeGLU
-            return "geglu"
-        if activation == "gelu":
-            raise TfmError(f"--load {path}: key 'hidden_act' is 'gelu', GELU itself gating the "
-                           f"FFN; tfm gates with SiLU ('silu', swiglu) or GELU's tanh form "
-                           f"('gelu_pytorch_tanh', geglu), and has no gate of GELU itself")
-        if activation != "silu":
-            raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm's gated FFN "
-                           f"is SwiGLU's ('silu') or GeGLU's ('gelu_pytorch_tanh')")
-        return "swiglu"
+        gates = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu",
+                 "gelu": "geglu_erf"}   # as Hugging Face's ACT2FN reads each name
+        if activation not in gates:
+            raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm gates the "
+                           f"FFN with 'silu' (swiglu), GELU's tanh form (geglu) or GELU itself, "
+                           f"'gelu' (geglu_erf)")
+        return gates[activation]
     for key in ("hidden_act", "hidden_activation"):
         value = config.get(key)
         if value is not None and value not in GELU_TANH:
