@@ -40,8 +40,9 @@ def codegen_grads(model) -> dict:
                                     "rotary_dim": model.config.rotary_dim})
     theirs = {"embed.W_E": model.transformer.wte.weight.grad,
               "ln_f.gamma": model.transformer.ln_f.weight.grad,
-              "ln_f.beta": model.transformer.ln_f.bias.grad,
-              "head.W_U": model.lm_head.weight.grad.T, "head.b_U": model.lm_head.bias.grad}
+              "ln_f.beta": model.transformer.ln_f.bias.grad, "head.b_U": model.lm_head.bias.grad}
+    if model.lm_head.weight is not model.transformer.wte.weight:   # tied: W_E's holds both
+        theirs["head.W_U"] = model.lm_head.weight.grad.T
     for i, layer in enumerate(model.transformer.h):
         p, attn, mlp = f"blocks.{i}.", layer.attn, layer.mlp
         theirs[p + "ln1.gamma"] = layer.ln_1.weight.grad
@@ -73,7 +74,8 @@ def test_qkv_proj_rows_are_cut_as_hugging_face_cuts_them():
     (dict(), dict(heads=8, rotary_dim=2, activation="gelu", d_ff=48)),
     (dict(n_head=4, rotary_dim=4, activation_function="gelu"),
      dict(heads=4, rotary_dim=4, activation="gelu_erf")),
-], ids=["two-heads-a-piece", "one-head-a-piece-exact-gelu"])
+    (dict(tie_word_embeddings=True), dict(tied_head=True)),   # issue 59: the tied variant too
+], ids=["two-heads-a-piece", "one-head-a-piece-exact-gelu", "tied"])
 def test_a_codegen_folder_is_read_and_matches_from_pretrained(tmp_path, monkeypatch, config,
                                                               expect):
     state = hf_codegen_folder(tmp_path, **config)
