@@ -27,16 +27,18 @@ def ok(*args):
     return result
 
 
-def assert_scaled_close(actual, desired, rel: float = 1e-12):
-    """``actual`` equals ``desired`` to ``rel`` of the tensor's scale (its largest magnitude):
-    a bound every CPU meets, whatever its BLAS kernel rounds in the last bits (a per-entry
-    1e-14 missed by 1.1e-14 on an AVX-512 machine), and still far below any wrong formula's
-    error. Shapes must agree; a desired tensor of zeros must be matched exactly."""
+def assert_scaled_close(actual, desired, rel: float = 1e-12, floor: float = 0.0):
+    """``actual`` equals ``desired`` to ``rel`` of the tensor's scale (its largest magnitude),
+    or to ``floor`` where that is more (a tensor that is rounding noise about 0): a bound every
+    CPU meets, whatever its BLAS kernel rounds in the last bits (a per-entry 1e-14 missed by
+    1.1e-14 on an AVX-512 machine), and still far below any wrong formula's error. Shapes must
+    agree; without a floor, a desired tensor of zeros must be matched exactly."""
     actual, desired = np.asarray(actual, dtype=np.float64), np.asarray(desired, dtype=np.float64)
-    assert actual.shape == desired.shape, (actual.shape, desired.shape)
+    assert actual.shape == np.broadcast_shapes(actual.shape, desired.shape), (
+        actual.shape, desired.shape)
     scale = float(np.abs(desired).max()) if desired.size else 0.0
     err = float(np.abs(actual - desired).max()) if desired.size else 0.0
-    assert err <= rel * scale, f"off by {err:.3g}, the tensor's scale {scale:.3g}"
+    assert err <= max(rel * scale, floor), f"off by {err:.3g}, the tensor's scale {scale:.3g}"
 
 
 def error_line(result, code):

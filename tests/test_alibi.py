@@ -81,8 +81,8 @@ def test_the_scores_are_q_k_scaled_plus_the_bias(fields):
     if cfg.attn_softcap is not None:
         scores = 2.0 * np.tanh(scores / 2.0)
     seen = (j <= i) & (j < np.array([5, 3])[:, None, None, None])
-    np.testing.assert_allclose(np.where(seen, fwd.acts[p + "scores"], 0),
-                               np.where(seen, scores, 0), rtol=0, atol=1e-13)
+    assert_scaled_close(np.where(seen, fwd.acts[p + "scores"], 0),
+                        np.where(seen, scores, 0), floor=1e-13)
     assert np.isneginf(fwd.acts[p + "scores"][~np.broadcast_to(seen, scores.shape)]).all()
 
 

@@ -13,7 +13,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
-                     error_line, ok, random_params, run, torch_reference_rows)
+                     error_line, ok, random_params, run, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.config import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -42,7 +43,7 @@ def test_the_first_block_reads_the_normalised_embedding():
         rows = params["embed.W_E"][fwd.inputs.tokens]
         mean, var = rows.mean(-1, keepdims=True), rows.var(-1, keepdims=True)
         x0 = (rows - mean) / np.sqrt(var + cfg.eps) * params["ln_embed.gamma"] + params["ln_embed.beta"]
-        np.testing.assert_allclose(fwd.acts["blocks.0.in"], x0, rtol=0, atol=1e-13)
+        assert_scaled_close(fwd.acts["blocks.0.in"], x0, floor=1e-13)
         assert fwd.acts["ln_embed.out"] is fwd.acts["blocks.0.in"]
         np.testing.assert_array_equal(fwd.acts["embed"], rows)
 
@@ -107,7 +108,7 @@ def test_the_flag_reaches_the_run_the_panel_and_the_views():
     # x is the token's embedding row, its y the model's ln_embed.out, dx against central differences
     run_ = tfmcli.forward(*_default_run(), fast=False)
     np.testing.assert_array_equal(shown["x"], run_.acts["embed"][0, 2])
-    np.testing.assert_allclose(shown["y"], run_.acts["ln_embed.out"][0, 2], rtol=0, atol=1e-15)
+    assert_scaled_close(shown["y"], run_.acts["ln_embed.out"][0, 2], floor=1e-15)
     assert shown["y_model_diff"] < 1e-14 and shown["dx_numeric_diff"] < 1e-8
     line = error_line(run("ln", "--layer", "ln_embed"), 2)
     assert "'--layer'" in line and line.endswith("this model has no ln_embed: add --embed-norm")

@@ -55,7 +55,7 @@ def test_the_lookups_gradient_is_scaled_and_a_tied_heads_is_not():
     lookup = np.zeros_like(params["embed.W_E"])
     np.add.at(lookup, fwd.inputs.tokens.ravel(), grads.acts["embed"].reshape(-1, 16))
     head = np.einsum("btv,btd->vd", grads.acts["logits"], h)
-    np.testing.assert_allclose(grads["embed.W_E"], 4.0 * lookup + head, rtol=0, atol=1e-15)
+    assert_scaled_close(grads["embed.W_E"], 4.0 * lookup + head, floor=1e-15)
 
 
 def test_the_memory_estimate_is_unchanged():
@@ -112,7 +112,7 @@ def test_embed_view_multiplies_the_row_and_its_gradient():
     data = json.loads(ok(*args, "--json").stdout)
     assert data["scale"] == 4.0
     w_e, pe = np.array(data["w_e"]), np.array(data["pe"])
-    np.testing.assert_allclose(data["x0"], 4 * w_e + pe, rtol=0, atol=1e-15)
+    assert_scaled_close(data["x0"], 4 * w_e + pe, floor=1e-15)
     assert_scaled_close(data["embedding_part"], 4 * np.array(data["dx0"]).sum(axis=0))
     assert data["forward_model_diff"] < 1e-15 and data["dW_E_model_diff"] < 1e-15
     assert data["dW_E_numeric_diff"] < 1e-8

@@ -13,7 +13,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, error_line, ok,
-                     random_params, run, torch_reference_rows)
+                     random_params, run, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.config import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -52,10 +53,9 @@ def test_the_ffn_adds_its_biases():
     h = fwd.acts[p + "ln2.out"]
     ffn = (np.maximum(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"], 0) @ P[p + "ffn.W_2"]
            + P[p + "ffn.b_2"])
-    np.testing.assert_allclose(fwd.acts[p + "ffn.out"], ffn, rtol=0, atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "ffn.out"], ffn, floor=1e-13)
     context = fwd.acts[p + "attn.context"]
-    np.testing.assert_allclose(fwd.acts[p + "attn.out"], context @ P[p + "attn.W_O"], rtol=0,
-                               atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "attn.out"], context @ P[p + "attn.W_O"], floor=1e-13)
 
 
 @pytest.mark.parametrize("fields", [

@@ -125,8 +125,8 @@ def test_ffn_matches_hugging_face_gemma_mlp():
     out = _ffn_forward(x, params, "blocks.0.", cfg, acts, caches)
     dx = _ffn_backward(dout, "blocks.0.", cfg, caches, grads, dacts)
     assert (acts[p + "gate"] < -0.75).any() and (acts[p + "gate"] > 0).any()
-    np.testing.assert_allclose(out, theirs.detach().numpy(), rtol=0, atol=1e-13)
-    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=0, atol=1e-13)
+    assert_scaled_close(out, theirs.detach().numpy(), floor=1e-13)
+    assert_scaled_close(dx, tx.grad.numpy(), floor=1e-13)
     for layer, w in pairs.items():
         np.testing.assert_allclose(grads[p + w], getattr(mlp, layer).weight.grad.numpy().T,
                                    rtol=0, atol=1e-12)
@@ -145,10 +145,8 @@ def test_ffn_view_lays_out_the_gelu_gate_and_checks_it():
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
     fwd = tfmcli.forward(params, inputs, cfg)
     grads = tfmcli.backward(params, fwd, cfg)
-    np.testing.assert_allclose(data["gate"], fwd.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
-                               atol=1e-15)
-    np.testing.assert_allclose(data["dgate"], grads.acts["blocks.0.ffn.gate"][1, 2], rtol=0,
-                               atol=1e-17)
+    assert_scaled_close(data["gate"], fwd.acts["blocks.0.ffn.gate"][1, 2], floor=1e-15)
+    assert_scaled_close(data["dgate"], grads.acts["blocks.0.ffn.gate"][1, 2], floor=1e-17)
     gate, pre = np.array(data["gate"]), np.array(data["pre"])
     assert_scaled_close(data["hidden"], gelu_tanh(gate) * pre)
     assert data["forward_model_diff"] < 1e-14 and data["backward_model_diff"] < 1e-16

@@ -16,7 +16,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, neox_from, ok,
-                     random_params, tfm_grads_matching_hf, torch_reference_rows)
+                     random_params, tfm_grads_matching_hf, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli import erf_series, ops
 
 
@@ -93,8 +94,8 @@ def test_gelu_erf_and_its_backward_match_torch_and_central_differences():
     xt = torch.tensor(x, requires_grad=True)
     yt = torch.nn.functional.gelu(xt)
     yt.backward(torch.tensor(dout))
-    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=0, atol=1e-15)
-    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=0, atol=1e-15)
+    assert_scaled_close(y, yt.detach().numpy(), floor=1e-15)
+    assert_scaled_close(dx, xt.grad.numpy(), floor=1e-15)
     h = 1e-6
     numeric = (ops.gelu_erf_forward(x + h)[0] - ops.gelu_erf_forward(x - h)[0]) / (2 * h)
     np.testing.assert_allclose(dx, dout * numeric, rtol=0, atol=1e-8)
@@ -155,7 +156,7 @@ def test_the_activation_reaches_the_panel_the_ffn_view_and_train():
     assert "gelu_erf(pre) = pre Phi(pre) = 0.5 pre (1 + erf(pre / sqrt 2))" in shown
     data = json.loads(ok("ffn", "--activation", "gelu_erf", "--json").stdout)
     pre = np.array(data["pre"])
-    np.testing.assert_allclose(data["hidden"], [v * 0.5 * (1 + math.erf(v / math.sqrt(2)))
-                                             for v in pre], rtol=0, atol=1e-15)
+    assert_scaled_close(data["hidden"], [v * 0.5 * (1 + math.erf(v / math.sqrt(2)))
+                                             for v in pre], floor=1e-15)
     trained = json.loads(ok("train", "--steps", 2, "--activation", "gelu_erf", "--json").stdout)
     assert trained["config"]["activation"] == "gelu_erf"

@@ -167,13 +167,12 @@ def test_tfm_attn_recomputes_a_block_at_its_own_base():
     grads = tfmcli.backward(params, fwd, cfg)
     for block in (0, 1):
         steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, block, 1, 0)}
-        np.testing.assert_allclose(steps["Q_rot"], fwd.acts[f"blocks.{block}.attn.q_rot"][0, 1],
-                                   rtol=0, atol=1e-14)
+        assert_scaled_close(steps["Q_rot"],
+                            fwd.acts[f"blocks.{block}.attn.q_rot"][0, 1], floor=1e-14)
         back = explain_query_backward(fwd, grads.acts[f"blocks.{block}.attn.context"], cfg,
                                       block, 1, 0, 5)
-        np.testing.assert_allclose(back.dq_turned_back,
-                                   grads.acts[f"blocks.{block}.attn.q"][0, 1, 5], rtol=0,
-                                   atol=1e-15)
+        assert_scaled_close(back.dq_turned_back,
+                            grads.acts[f"blocks.{block}.attn.q"][0, 1, 5], floor=1e-15)
 
 
 # ---------------------------------------------------------------- the command line

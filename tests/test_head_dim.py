@@ -15,7 +15,8 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf, torch_reference_rows)
+                     random_params, run, tfm_grads_matching_hf, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.config import activation_shapes, flops, param_count, param_shapes
 from tfmcli.errors import ConfigError
 from tfmcli.sources import llama
@@ -154,10 +155,8 @@ def test_the_explained_head_is_head_dim_wide():
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
     shown = {s.name: s.value for s in steps.model_head_steps(params, fwd, cfg, 0, 3, 0)}
     assert shown["Q"].shape == (6, 6) and shown["context"].shape == (6, 6)
-    np.testing.assert_allclose(shown["Q_rot"], fwd.acts["blocks.0.attn.q_rot"][0, 3],
-                               rtol=0, atol=1e-13)
-    np.testing.assert_allclose(shown["context"], fwd.acts["blocks.0.attn.context"][0, :, 18:],
-                               rtol=0, atol=1e-13)
+    assert_scaled_close(shown["Q_rot"], fwd.acts["blocks.0.attn.q_rot"][0, 3], floor=1e-13)
+    assert_scaled_close(shown["context"], fwd.acts["blocks.0.attn.context"][0, :, 18:], floor=1e-13)
 
 
 def test_a_file_without_its_config_is_read_with_its_head_width(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
-                     error_line, ok, random_params, run, torch_reference_rows)
+                     error_line, ok, random_params, run, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.config import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -48,12 +49,11 @@ def test_a_norm_without_beta_is_gamma_times_xhat():
         x = fwd.acts["blocks.0.in"]
         mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
         y = (x - mean) / np.sqrt(var + cfg.eps) * params["blocks.0.ln1.gamma"]
-        np.testing.assert_allclose(fwd.acts["blocks.0.ln1.out"], y, rtol=0, atol=1e-13)
+        assert_scaled_close(fwd.acts["blocks.0.ln1.out"], y, floor=1e-13)
         h = fwd.acts["blocks.1.out"]
         mean, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
-        np.testing.assert_allclose(fwd.acts["ln_f.out"],
-                                   (h - mean) / np.sqrt(var + cfg.eps) * params["ln_f.gamma"],
-                                   rtol=0, atol=1e-13)
+        assert_scaled_close(fwd.acts["ln_f.out"],
+                            (h - mean) / np.sqrt(var + cfg.eps) * params["ln_f.gamma"], floor=1e-13)
     grads = tfmcli.backward(params, fwd, cfg)
     assert set(grads) == set(params)
 
@@ -113,8 +113,7 @@ def test_the_flag_reaches_the_run_the_panel_and_the_views():
     cfg = tfmcli.Config(norm_bias=False)
     params = tfmcli.init_params(cfg)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg, fast=False)
-    np.testing.assert_allclose(shown["y"], fwd.acts["blocks.0.ln2.out"][0, 2], rtol=0,
-                               atol=1e-15)
+    assert_scaled_close(shown["y"], fwd.acts["blocks.0.ln2.out"][0, 2], floor=1e-15)
     assert shown["has_beta"] is False and shown["beta"] == [0.0] * 6
     assert shown["y_model_diff"] < 1e-14 and shown["dx_numeric_diff"] < 1e-8
     said = ok("ln", "--no-norm-bias").stdout

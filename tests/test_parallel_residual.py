@@ -16,7 +16,8 @@ import pytest
 import tfmcli
 from helpers import (assert_grads_match, assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, neox_from, ok, random_params, run,
-                     tfm_grads_matching_hf, torch_reference_rows)
+                     tfm_grads_matching_hf, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli import block, layernorm
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -42,10 +43,9 @@ def test_each_sublayer_reads_the_blocks_input():
          * P[p + "ln2.gamma"] + P[p + "ln2.beta"])
     ffn = (np.maximum(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"], 0) @ P[p + "ffn.W_2"]
            + P[p + "ffn.b_2"])
-    np.testing.assert_allclose(fwd.acts[p + "ln2.out"], h, rtol=0, atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "ln2.out"], h, floor=1e-13)
     np.testing.assert_allclose(fwd.acts[p + "resid1"], x + fwd.acts[p + "attn.out"], atol=0)
-    np.testing.assert_allclose(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn, rtol=0,
-                               atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn, floor=1e-13)
     sequential = tfmcli.forward(params, fwd.inputs, cfg.replace(parallel_residual=False))
     assert np.abs(sequential.acts["blocks.0.out"] - fwd.acts["blocks.0.out"]).max() > 1e-2
     np.testing.assert_array_equal(sequential.acts["blocks.0.resid1"],

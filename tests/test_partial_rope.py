@@ -40,17 +40,15 @@ def test_the_first_dimensions_turn_and_the_rest_pass():
     assert cos.shape == (5, 2)
     out = ops.rope_forward(x, cos, sin)
     t = np.arange(5.0)
-    np.testing.assert_allclose(out[..., 0], x[..., 0] * np.cos(t) - x[..., 1] * np.sin(t),
-                               rtol=0, atol=1e-15)
-    np.testing.assert_allclose(out[..., 1], x[..., 1] * np.cos(t) + x[..., 0] * np.sin(t),
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(out[..., 0], x[..., 0] * np.cos(t) - x[..., 1] * np.sin(t), floor=1e-15)
+    assert_scaled_close(out[..., 1], x[..., 1] * np.cos(t) + x[..., 0] * np.sin(t), floor=1e-15)
     np.testing.assert_array_equal(out[..., 2:], x[..., 2:])
     # four of six turn as pairs (0, 2) and (1, 3), at angles over four dimensions
     cos, sin = positional.rope_tables(5, 4, base=100.0)
     out = ops.rope_forward(x, cos, sin)
     slow = t / 100.0 ** (2 / 4)
-    np.testing.assert_allclose(out[..., 1], x[..., 1] * np.cos(slow) - x[..., 3] * np.sin(slow),
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(out[..., 1],
+                        x[..., 1] * np.cos(slow) - x[..., 3] * np.sin(slow), floor=1e-15)
     np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
 
 
@@ -184,13 +182,11 @@ def test_tfm_attn_steps_turn_the_first_columns_and_check_the_backward():
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
     grads = tfmcli.backward(params, fwd, cfg)
     steps = {s.name: s for s in model_head_steps(params, fwd, cfg, 0, 1, 0)}
-    np.testing.assert_allclose(steps["Q_rot"].value, fwd.acts["blocks.0.attn.q_rot"][0, 1],
-                               rtol=0, atol=1e-14)
+    assert_scaled_close(steps["Q_rot"].value, fwd.acts["blocks.0.attn.q_rot"][0, 1], floor=1e-14)
     assert steps["K_rot"].formula.endswith(
         ", its first 2 columns only (rotary_dim; the other 4 pass unturned)")
     back = explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 1, 0, 5)
-    np.testing.assert_allclose(back.dq_turned_back, grads.acts["blocks.0.attn.q"][0, 1, 5],
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(back.dq_turned_back, grads.acts["blocks.0.attn.q"][0, 1, 5], floor=1e-15)
 
 
 # ---------------------------------------------------------------- the command line
@@ -235,7 +231,7 @@ def test_tfm_pe_turns_the_first_dimensions_and_scores_the_rest_as_they_are():
     assert np.shape(data["cos"]) == (6, 4)
     offset = np.subtract.outer(t, t)
     want = (2 * np.cos(offset) + 2 * np.cos(offset / 100.0)) / 8 + 4 / 8
-    np.testing.assert_allclose(data["score"], want, rtol=0, atol=1e-15)
+    assert_scaled_close(data["score"], want, floor=1e-15)
     shown = " ".join(ok("pe", "--rope", "--len", 6, "-d", 8, "--rotary-dim", 4).stdout.split())
     assert "dimensions 4-7 are not turned" in shown and "+ 4/8 (the unturned dimensions)" in shown
 

@@ -184,22 +184,17 @@ def test_the_heads_steps_normalise_q_and_k(fields):
     shown = {s.name: s.value for s in steps.model_head_steps(params, fwd, cfg, 0, 3, 0)}
     names = list(shown)
     assert names[4:6] == ["Q_norm", "K_norm"]
-    np.testing.assert_allclose(shown["Q_norm"], fwd.acts["blocks.0.attn.q_norm.out"][0, 3],
-                               rtol=0, atol=1e-13)
-    np.testing.assert_allclose(shown["K_norm"], fwd.acts["blocks.0.attn.k_norm.out"][0, 1],
-                               rtol=0, atol=1e-13)
+    assert_scaled_close(shown["Q_norm"], fwd.acts["blocks.0.attn.q_norm.out"][0, 3], floor=1e-13)
+    assert_scaled_close(shown["K_norm"], fwd.acts["blocks.0.attn.k_norm.out"][0, 1], floor=1e-13)
     back = {s.name: s.value for s in steps.model_head_backward_steps(
         fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 2, 0)}
     # head 2 is the first of key head 1's two query heads: its dQ is all of q's gradient
-    np.testing.assert_allclose(back["dQ_norm"], grads.acts["blocks.0.attn.q_norm.out"][0, 2],
-                               rtol=0, atol=1e-15)
-    np.testing.assert_allclose(back["dQ"], grads.acts["blocks.0.attn.q"][0, 2],
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(back["dQ_norm"], grads.acts["blocks.0.attn.q_norm.out"][0, 2], floor=1e-15)
+    assert_scaled_close(back["dQ"], grads.acts["blocks.0.attn.q"][0, 2], floor=1e-15)
     # a key head's dK is the sum of its two query heads' shares
     other = {s.name: s.value for s in steps.model_head_backward_steps(
         fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 3, 0)}
-    np.testing.assert_allclose(back["dK"] + other["dK"], grads.acts["blocks.0.attn.k"][0, 1],
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(back["dK"] + other["dK"], grads.acts["blocks.0.attn.k"][0, 1], floor=1e-15)
 
 
 def test_tfm_attn_shows_the_norms_and_checks_their_backward():

@@ -31,9 +31,9 @@ def test_tables_hold_the_angles_of_each_pair():
     """Pair i is the dimensions (i, i + d_head/2), at angle t / 10000^(2i/d_head)."""
     cos, sin = rope_tables(6, 8)
     angle = np.arange(6)[:, None] / 10000.0 ** (np.arange(4) / 4)   # 2i/8 = i/4
-    np.testing.assert_allclose(cos[:, :4], np.cos(angle), rtol=0, atol=1e-15)
-    np.testing.assert_allclose(cos[:, 4:], np.cos(angle), rtol=0, atol=1e-15)
-    np.testing.assert_allclose(sin[:, 4:], np.sin(angle), rtol=0, atol=1e-15)
+    assert_scaled_close(cos[:, :4], np.cos(angle), floor=1e-15)
+    assert_scaled_close(cos[:, 4:], np.cos(angle), floor=1e-15)
+    assert_scaled_close(sin[:, 4:], np.sin(angle), floor=1e-15)
     assert rope_angles(6, 8)[5, 1] == pytest.approx(5 / 10000 ** 0.25, rel=1e-15)
 
 
@@ -43,7 +43,7 @@ def test_an_odd_head_leaves_its_last_dimension_unrotated():
     cos, sin = rope_tables(4, 3)
     np.testing.assert_array_equal(cos[:, 2], 1.0)
     np.testing.assert_array_equal(sin[:, 2], 0.0)
-    np.testing.assert_allclose(sin[:, 0], np.sin(np.arange(4.0)), rtol=0, atol=1e-15)
+    assert_scaled_close(sin[:, 0], np.sin(np.arange(4.0)), floor=1e-15)
     x = np.random.default_rng(0).normal(size=(1, 1, 4, 3))
     out = ops.rope_forward(x, cos, sin)
     np.testing.assert_array_equal(out[..., 2], x[..., 2])
@@ -270,7 +270,7 @@ def test_attn_steps_turn_q_and_k_and_match_the_model():
     assert list(back)[-4:] == ["dQ_rot", "dK_rot", "dQ", "dK"]
     for step, act in (("dQ_rot", "q_rot"), ("dK_rot", "k_rot"), ("dQ", "q"), ("dK", "k")):
         own = grads.acts[f"blocks.0.attn.{act}"][1, 1]
-        np.testing.assert_allclose(back[step], own, rtol=0, atol=1e-15)
+        assert_scaled_close(back[step], own, floor=1e-15)
         assert np.abs(own).max() > 1e-4, act
     assert np.abs(back["dQ"] - back["dQ_rot"]).max() > 1e-4   # the turn back did something
 
@@ -282,11 +282,10 @@ def test_attn_query_under_rope_scores_the_turned_vectors():
     x = explain_query(fwd, cfg, 0, 0, 0, 3)
     np.testing.assert_array_equal(x.q, fwd.acts["blocks.0.attn.q_rot"][0, 0, 3])
     context = fwd.acts["blocks.0.attn.context"][0, 3, :cfg.d_head]
-    np.testing.assert_allclose(x.context, context, rtol=0, atol=1e-15)
+    assert_scaled_close(x.context, context, floor=1e-15)
     xb = explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0, 0, 3)
     np.testing.assert_allclose(xb.dq, grads.acts["blocks.0.attn.q_rot"][0, 0, 3], atol=1e-16)
-    np.testing.assert_allclose(xb.dq_turned_back, grads.acts["blocks.0.attn.q"][0, 0, 3],
-                               rtol=0, atol=1e-16)
+    assert_scaled_close(xb.dq_turned_back, grads.acts["blocks.0.attn.q"][0, 0, 3], floor=1e-16)
     assert np.abs(xb.dq_turned_back - xb.dq).max() > 1e-5
     plain_cfg = cfg.replace(pe="none")
     plain = tfmcli.forward(params, fwd.inputs, plain_cfg)
@@ -330,8 +329,8 @@ def test_pe_rope_shows_the_angles_and_a_score_that_depends_on_the_offset():
     theta = 1 / 10000.0 ** (np.arange(3) / 3)
     for offset in range(9):
         expected = 2 * np.cos(offset * theta).sum() / 6
-        np.testing.assert_allclose(np.diagonal(score, offset), expected, rtol=0, atol=1e-15)
-        np.testing.assert_allclose(np.diagonal(score, -offset), expected, rtol=0, atol=1e-15)
+        assert_scaled_close(np.diagonal(score, offset), expected, floor=1e-15)
+        assert_scaled_close(np.diagonal(score, -offset), expected, floor=1e-15)
     text = ok("pe", "--rope", "--len", "9", "-d", "7").stdout
     assert "dimension 6 is not turned" in text and "+ 1/7 (the unturned dimension)" in text
     assert "cos of each pair's angle (9 positions x 3 pairs)" in text

@@ -15,7 +15,8 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, ok, random_params, run,
-                     torch_reference_rows)
+                     torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli import block, feedforward, layernorm
 from tfmcli.config import activation_shapes, param_shapes
 
@@ -41,11 +42,10 @@ def test_both_sublayers_read_ln1s_output_and_there_is_no_ln2():
     h = fwd.acts[p + "ln1.out"]
     ffn = (np.maximum(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"], 0) @ P[p + "ffn.W_2"]
            + P[p + "ffn.b_2"])
-    np.testing.assert_allclose(fwd.acts[p + "ffn.out"], ffn, rtol=0, atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "ffn.out"], ffn, floor=1e-13)
     np.testing.assert_array_equal(fwd.acts[p + "resid1"],
                                   fwd.acts[p + "in"] + fwd.acts[p + "attn.out"])
-    np.testing.assert_allclose(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn, rtol=0,
-                               atol=1e-13)
+    assert_scaled_close(fwd.acts[p + "out"], fwd.acts[p + "resid1"] + ffn, floor=1e-13)
 
 
 def test_one_shared_norm_is_two_norms_with_the_same_weights_and_their_gradients_summed():
@@ -67,7 +67,7 @@ def test_one_shared_norm_is_two_norms_with_the_same_weights_and_their_gradients_
         want = grads2[name]
         if ".ln1." in name:
             want = want + grads2[name.replace(".ln1.", ".ln2.")]
-        np.testing.assert_allclose(grad, want, rtol=0, atol=1e-13, err_msg=name)
+        assert_scaled_close(grad, want, floor=1e-13)
 
 
 @pytest.mark.parametrize("fields", [

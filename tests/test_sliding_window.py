@@ -16,7 +16,8 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
                      error_line, grid_rows, hf_saved, llama_from, llama_grads, ok, random_params,
-                     run, tfm_grads_matching_hf, torch_reference_rows)
+                     run, tfm_grads_matching_hf, torch_reference_rows,
+                     assert_scaled_close)
 from tfmcli.errors import ConfigError
 from tfmcli.masks import combined_mask, sliding_window_mask
 from tfmcli.sources import llama, mistral
@@ -230,8 +231,7 @@ def test_the_explained_query_sees_only_its_window():
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
     q = steps.explain_query(fwd, cfg, block=0, head=2, row=0, t=5)
     assert q.visible.tolist() == [False, False, False, True, True, True]
-    np.testing.assert_allclose(q.weights, fwd.acts["blocks.0.attn.pattern"][0, 2, 5],
-                               rtol=0, atol=1e-15)
+    assert_scaled_close(q.weights, fwd.acts["blocks.0.attn.pattern"][0, 2, 5], floor=1e-15)
 
 
 # ---------------------------------------------------------------- checkpoint folders
