@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from helpers import ok, random_params, run
+from helpers import error_line, ok, random_params, run
 from tfmcli.cli import app  # noqa: F401
 from tfmcli.config import activation_shapes, param_shapes
 
@@ -720,3 +720,39 @@ def test_the_patterns_statistics_leave_hidden_cells_out_as_the_scores_do():
     full = ok_json("forward", "--no-causal")   # nothing hidden: every cell counted
     assert "hidden" not in next(a for a in full["activations"]
                                 if a["name"] == "blocks.0.attn.pattern")
+
+
+def test_gradcheck_along_random_directions_checks_every_entry_at_once(monkeypatch):
+    """Issue 63's check that scales: each tensor along N random unit directions v, (L(p + h v)
+    - L(p - h v)) / 2h against g . v; a gradient 0.1% off in one tensor fails there alone."""
+    import tfmcli.model
+    from tfmcli.gradcheck import directional_check
+
+    cfg = tfmcli.Config(layers=2, activation="gelu")
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    report = directional_check(params, inputs, cfg, directions=3)
+    assert report.passed and report.worst.rel_err < 1e-7
+    assert report.checked == report.entries == sum(p.size for p in params.values())
+    backward = tfmcli.model.backward
+
+    def off(params_, fwd, cfg_):
+        grads = backward(params_, fwd, cfg_)
+        grads["blocks.1.ffn.W_1"] = grads["blocks.1.ffn.W_1"] * 1.001
+        return grads
+
+    monkeypatch.setattr(tfmcli.model, "backward", off)
+    wrong = directional_check(params, inputs, cfg, directions=3)
+    assert wrong.failed == ["blocks.1.ffn.W_1"]
+    # off by 1e-3 of the gradient: an error of about 1e-3 of g . v's size, as entry by entry
+    assert 1e-4 < next(c for c in wrong.params if c.name == "blocks.1.ffn.W_1").rel_err < 1e-2
+
+
+def test_gradcheck_directions_on_the_command_line():
+    text = ok("gradcheck", "--directions", 4).stdout
+    assert "v: 4 random unit directions a tensor" in text
+    assert "checked 21 tensors along 4 random directions each, every entry taking part" in text
+    data = ok_json("gradcheck", "--directions", 2)
+    assert data["directions"] == 2 and data["passed"] and data["checked"] == 626
+    line = error_line(run("gradcheck", "--directions", 2, "--max-entries", 3), 2)
+    assert "--directions checks every entry of a tensor at once" in line

@@ -15,8 +15,13 @@ def default_max_entries(cfg) -> Optional[int]:
     return None if sizes.param_count(cfg) <= 5000 else 32
 
 
-def coverage(report) -> str:
-    """E.g. "checked 352 of 13,000 entries (at most 32 sampled per tensor)"."""
+def coverage(report, directions=None) -> str:
+    """E.g. "checked 352 of 13,000 entries (at most 32 sampled per tensor)", or with
+    ``directions``, "checked 21 tensors along 4 random directions each, every entry"."""
+    if directions is not None:
+        return (f"checked {render.counted(len(report.params), 'tensor')} along "
+                f"{render.counted(directions, 'random direction')} each, every entry taking "
+                f"part")
     text = f"checked {report.checked:,} of {render.counted(report.entries, 'entry', 'entries')}"
     if report.checked < report.entries:
         most = max(c.checked for c in report.params)
@@ -24,27 +29,33 @@ def coverage(report) -> str:
     return text
 
 
-def verdict(report) -> Text:
+def verdict(report, directions=None) -> Text:
     if report.passed:
         return Text(f"gradcheck passed: worst relative error {report.worst.rel_err:.2e} "
-                    f"({report.worst.name}) <= {report.tolerance:g}\n{coverage(report)}",
-                    style="bold green")
+                    f"({report.worst.name}) <= {report.tolerance:g}\n"
+                    f"{coverage(report, directions)}", style="bold green")
     return Text(f"gradcheck FAILED for {', '.join(report.failed)} (tolerance "
-                f"{report.tolerance:g})\n{coverage(report)}", style="bold red")
+                f"{report.tolerance:g})\n{coverage(report, directions)}", style="bold red")
 
 
-def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance):
-    """tfmcli.gradcheck with a progress bar on a terminal when there is much to do."""
+def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, directions=None):
+    """tfmcli.gradcheck (or, with ``directions``, ``gradcheck.directional_check``) with a
+    progress bar on a terminal when there is much to do."""
+    from tfmcli.gradcheck import directional_check
+
+    check = tfmcli.gradcheck
     kwargs = {"names": names, "max_entries": max_entries}
+    if directions is not None:
+        check, kwargs = directional_check, {"names": names, "directions": directions}
     if step is not None:
         kwargs["step"] = step
     if tolerance is not None:
         kwargs["tolerance"] = tolerance
     console = Console(stderr=True)
     if not console.is_terminal:
-        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
+        return check(params, inputs, cfg, **kwargs)
     from rich.progress import Progress
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("central differences", total=None)
         kwargs["progress"] = lambda done, total: progress.update(task, completed=done, total=total)
-        return tfmcli.gradcheck(params, inputs, cfg, **kwargs)
+        return check(params, inputs, cfg, **kwargs)

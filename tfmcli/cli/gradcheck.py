@@ -17,6 +17,7 @@ from tfmcli.errors import TfmError
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def gradcheck(
     max_entries: Annotated[Optional[int], typer.Option("--max-entries", callback=bounded(1), help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
+    directions: Annotated[Optional[int], typer.Option("--directions", callback=bounded(1, 10_000), help="Check each tensor along N random directions, every entry at once (1..10000).")] = None,
     step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
     full: Full = False,
     tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
@@ -33,21 +34,31 @@ def gradcheck(
         if value is not None and not (math.isfinite(value) and value > 0):
             raise typer.BadParameter(f"{value} is not allowed (allowed: a positive number)",
                                      param_hint=f"'{flag}'")
+    if directions is not None and max_entries is not None:
+        raise typer.BadParameter("--directions checks every entry of a tensor at once; "
+                                 "--max-entries samples entries one by one: give one",
+                                 param_hint="'--directions'")
     run, fwd, grads = execute(opts, with_grads=True)
     cfg, params, inputs = run.cfg, run.params, run.inputs
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
-    report = run_gradcheck(params, inputs, cfg, None, entries, step, tol)
+    report = run_gradcheck(params, inputs, cfg, None, entries, step, tol, directions)
     checks = {c.name: c for c in report.params}
+    if directions is None:
+        rule = (f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}\n"
+                f"error = max |analytic - numeric| / max(largest |gradient| of the tensor, F)")
+    else:
+        rule = (f"numeric: (L(p + h v) - L(p - h v)) / 2h in float64, h = {report.step:g}\n"
+                f"v: {render.counted(directions, 'random unit direction')} a tensor\n"
+                f"error = max |g . v - numeric| / max(|g| / sqrt(n), F), n the tensor's "
+                f"entries")
     parts = [render.config_panel(describe(cfg, run), title="tfm gradcheck"),
              render.grad_table(dict(grads), checks, max_rows=rows_limit(full),
                               rope=cfg.pe == "rope"),
-             Text(f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}\n"
-                  f"error = max |analytic - numeric| / max(largest |gradient| of the tensor, F)"
-                  f"\nF = {report.floor:.6g}: {report.floor_rule}", style="dim"),
-             verdict(report)]
+             Text(f"{rule}\nF = {report.floor:.6g}: {report.floor_rule}", style="dim"),
+             verdict(report, directions)]
     payload = {"passed": report.passed, "tolerance": report.tolerance, "step": report.step,
                "dtype": report.dtype, "floor": report.floor, "failed": report.failed, "checked": report.checked,
-               "entries": report.entries,
+               "entries": report.entries, "directions": directions,
                "params": [{"name": c.name, "shape": list(c.shape), "checked": c.checked,
                            "entries": math.prod(c.shape),
                            "max_abs_err": c.max_abs_err, "rel_err": c.rel_err,
