@@ -103,11 +103,7 @@ def _umask() -> int:
 
 def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``path`` as an uncompressed ``.npz``, atomically."""
-    try:
-        with atomic_write(path) as f:
-            np.savez(f, **arrays)
-    except OSError as e:
-        raise TfmError(f"cannot write {path}: {e.strerror or e}") from None
+    save_outputs(path, arrays)
 
 
 def save_outputs(npz=None, arrays=None, text_path=None, text: str | None = None) -> None:
@@ -116,41 +112,27 @@ def save_outputs(npz=None, arrays=None, text_path=None, text: str | None = None)
     written leaves the other as it was (``--save X --svg Y``)."""
     from contextlib import ExitStack, contextmanager
 
-    state = {"where": None}
+    failing = {"path": None}   # the output whose write, rename or copy is under way
 
     @contextmanager
-    def written(path):   # names the output whose write, rename or copy fails
-        state["where"] = path
+    def written(path):
+        failing["path"] = path
         with atomic_write(path) as f:
             yield f
-            state["where"] = path   # its rename (a device's copy) comes next
+            failing["path"] = path   # its rename (a device's copy) comes next
 
-    def save(f, what):
-        if what == "npz":
-            np.savez(f, **arrays)
-        else:
-            f.write(text.encode("utf-8"))
-
-    outputs = [(path, what) for path, what in ((npz, "npz"), (text_path, "text"))
-               if path is not None]
+    outputs = [(path, write) for path, write in (
+        (npz, lambda f: np.savez(f, **arrays)),
+        (text_path, lambda f: f.write(text.encode("utf-8")))) if path is not None]
     # a device or a pipe takes its bytes when its block ends, and may fail then: entered last,
     # it ends first, before any file is renamed over its target
     outputs.sort(key=lambda output: not output_target(output[0])[1])
     try:
         with ExitStack() as stack:
-            for path, what in outputs:
-                save(stack.enter_context(written(path)), what)
+            for path, write in outputs:
+                write(stack.enter_context(written(path)))
     except OSError as e:
-        raise TfmError(f"cannot write {state['where']}: {e.strerror or e}") from None
-
-
-def save_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (used for ``--svg``)."""
-    try:
-        with atomic_write(path) as f:
-            f.write(text.encode("utf-8"))
-    except OSError as e:
-        raise TfmError(f"cannot write {path}: {e.strerror or e}") from None
+        raise TfmError(f"cannot write {failing['path']}: {e.strerror or e}") from None
 
 
 # ---------------------------------------------------------------- JSON
