@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfmcli.config import Config
+
 # RoPE families share these; LLaMA's rms_norm_eps default is 1e-6
 _ROPE = dict(pe="rope", head_bias=False)
 _LLAMA = dict(_ROPE, activation="swiglu", rms_norm=True, bias=False, eps=1e-6)
@@ -70,6 +72,7 @@ PRESETS = {
                               tied_head=True, head_bias=False)),
 }
 NAMES = tuple(PRESETS)
+OFF = {"tied_head": "--untied-head", "rms_norm": "--layer-norm"}
 
 
 def preset_fields(name: str, sizes: dict) -> dict:
@@ -78,11 +81,13 @@ def preset_fields(name: str, sizes: dict) -> dict:
     preset = PRESETS[name]
     fields = dict(preset.fields)
     if preset.rotary_fraction < 1:
-        d_head = sizes.get("head_dim") or sizes.get("d_model", 6) // sizes.get("heads", 2)
+        default = Config()
+        d_head = sizes.get("head_dim") or (sizes.get("d_model", default.d_model)
+                                           // sizes.get("heads", default.heads))
         turned = 2 * max(1, round(preset.rotary_fraction * d_head / 2))
         fields["rotary_dim"] = min(turned, d_head - d_head % 2)
     if preset.sliding_every:
-        layers, every = sizes.get("layers", 1), preset.sliding_every
+        layers, every = sizes.get("layers", Config().layers), preset.sliding_every
         # Gemma 2 slides blocks 0, 2, 4, ...; Gemma 3 five of each six (block 5, 11, ... do not)
         sliding = tuple(i for i in range(layers) if i % every != every - 1)
         fields["sliding_layers"] = None if len(sliding) == layers else sliding
@@ -93,8 +98,6 @@ def describe(name: str) -> str:
     """One line: the family and the flags the preset sets, as a person would type them."""
     from dataclasses import fields as config_fields
 
-    from tfmcli.config import Config
-
     preset = preset_fields(name, {})
     flags = []
     for key in (f.name for f in config_fields(Config) if f.name in preset):
@@ -102,9 +105,8 @@ def describe(name: str) -> str:
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
-        elif value is False:
-            flags.append({"head_bias": "--no-head-bias", "bias": "--no-bias",
-                          "norm_bias": "--no-norm-bias"}.get(key, "--no-" + key.replace("_", "-")))
+        elif value is False:   # (the switches whose off form is not --no-x)
+            flags.append(OFF.get(key, "--no-" + key.replace("_", "-")))
         elif value is not None:
             flags.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
     if PRESETS[name].rotary_fraction < 1:
