@@ -64,3 +64,13 @@ def every_target(inputs: Inputs) -> Inputs:
     past = np.arange(inputs.tokens.shape[1])[None, :] >= inputs.lengths[:, None] - 1
     targets[past] = IGNORE
     return Inputs(inputs.tokens, targets, inputs.lengths)
+
+
+def scored_as_trained(inputs: Inputs, task: dict, score_all: bool = False):
+    """(inputs, which positions they score, in words) for a model ``tfm train`` saved on
+    ``task`` (its npz ``task``): the answers from the separator on, as it was trained, or with
+    ``score_all`` every position."""
+    if score_all:
+        return every_target(inputs), "every position (--score-all)"
+    return (answer_targets(inputs, task["symbols"]),
+            f"answers (from separator {task['symbols']} on), as trained; --score-all: all")

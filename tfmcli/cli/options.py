@@ -200,7 +200,7 @@ def check_arch(value: Optional[str]):
 
 
 D = Config()  # the defaults live in one place: the Config
-I, F, S, B = int, float, str, bool
+I, F, B = int, float, bool
 OptI, OptF, OptS = Optional[int], Optional[float], Optional[str]
 
 # (name, annotation, default). --help shows them panel by panel (PANELS), in this order within.

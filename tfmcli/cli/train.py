@@ -86,10 +86,10 @@ def train(
     accuracy, fwd_all = evaluate(params, cfg, held_out)
     task_info = {"task": task.value, "n": length, "symbols": symbols}
     if shown_tokens is not None:   # scored as training scores them, or every position
-        from tfmcli.sources import _scored
+        from tfmcli.tasks import scored_as_trained
 
-        shown, scored = _scored(tfmcli.inputs_from_tokens(shown_tokens), task_info,
-                                opts.score_all)
+        shown, scored = scored_as_trained(tfmcli.inputs_from_tokens(shown_tokens), task_info,
+                                          opts.score_all)
     else:
         shown = tfmcli.Inputs(*(a[:SHOWN] for a in held_out))
     B, T = shown.tokens.shape

@@ -3,8 +3,9 @@
 Rich wraps a ``Text`` at any space, so a formula breaks mid-expression (``... / sqrt(var +
 eps) +`` then ``beta``) and a figure loses its unit (``4.1`` then ``K``). Here a line breaks
 first between its clauses (after ``;`` or ``:``, at two spaces, which tfm puts between the
-formulas of a line), then, only when a clause is wider than the screen, at a space outside any
-brackets that does not part a number from its unit, nor a word from the number after it. A clause that fits is never broken.
+formulas of a line), then after a list's commas, and only when a piece is still wider than the
+screen at a space outside any brackets that does not part a number from its unit, nor a word
+from the number after it. A clause that fits is never broken.
 """
 
 from __future__ import annotations

@@ -189,19 +189,11 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     seed = f"seed {cfg.seed}"
     scored = "every position"
     if task is not None and inputs is not None:   # as the model was trained, or every position
-        inputs, scored = _scored(inputs, task, score_all)
+        from tfmcli.tasks import scored_as_trained
+
+        inputs, scored = scored_as_trained(inputs, task, score_all)
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
                tokens_from or seed, token_text, read_params, task=task, scored=scored)
-
-
-def _scored(inputs, task: dict, score_all: bool):
-    """(inputs, what the panel says) for a model trained on ``task``."""
-    from tfmcli.tasks import answer_targets, every_target
-
-    if score_all:
-        return every_target(inputs), "every position (--score-all)"
-    return (answer_targets(inputs, task["symbols"]),
-            f"answers (from separator {task['symbols']} on), as trained; --score-all: all")
 
 
 def load(path, *, tokens=None, text=None, score_all=False, **fields) -> Run:
