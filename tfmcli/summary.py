@@ -75,8 +75,9 @@ def activation_stats(name: str, acts) -> dict:
     attention pattern's hidden cells (0 where the scores are -inf) are left out and counted
     (``hidden``), as the scores' -inf are."""
     value = acts[name]
-    if name.endswith("attn.pattern") and name[:-len("pattern")] + "scores" in acts:
-        visible = np.isfinite(acts[name[:-len("pattern")] + "scores"])
+    scores = name.removesuffix("pattern") + "scores"
+    if name.endswith("attn.pattern") and scores in acts:
+        visible = np.isfinite(acts[scores])
         hidden = int(visible.size - np.count_nonzero(visible))
         if hidden:
             out = stats(value[visible])

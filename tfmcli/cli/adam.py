@@ -64,8 +64,7 @@ def adam(
                 "step": s.update, "p": s.p}
 
     # each quantity in one notation over every step (p with p before), as one column would be
-    notations = render.row_notations([quantities(s) for s in x.steps]
-                                     + [{"p": x.p0, "p before": x.p0}])
+    notations = render.row_notations([quantities(s) for s in x.steps] + [{"p": x.p0}])
     notations["p before"] = notations["p"]
 
     def table(rows: dict):
