@@ -171,3 +171,21 @@ def test_the_docs_presets_table_is_arch_list():
     for name, family, flags in rows:
         assert family == PRESETS[name.strip("`")].family
         assert flags == f"`{describe(name.strip('`'))}`"
+
+
+def test_the_list_breaks_between_flags_on_a_terminal(monkeypatch):
+    """On an 80-column terminal the list broke '--attn-softcap' mid-word; it breaks between
+    flags under a hanging indent. (Piped, each preset is one line, as above.)"""
+    import os
+    import shutil
+    import sys
+
+    from tfmcli.cli.options import arch_list
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: os.terminal_size((80, 24)))
+    lines = arch_list()
+    assert max(map(len, lines)) <= 80 and len(lines) > len(NAMES)
+    assert any(line.strip().startswith("--attn-softcap 50 ") for line in lines)
+    assert all(line.startswith(" " * 13 + "--") or line.startswith(" " * 13 + "(")
+               or line.split()[0] in NAMES for line in lines)

@@ -180,6 +180,30 @@ def _named(*names, choices, help, **kwargs):
                   show_default=False, **kwargs)
 
 
+def arch_list() -> list[str]:
+    """--arch list's lines: each preset and its flags, a line each when piped; on a terminal,
+    flags broken between flags under a hanging indent, never inside one (--attn-softcap 50)."""
+    import re
+    import shutil
+    import sys
+
+    from tfmcli.presets import NAMES, describe
+
+    name_width = max(map(len, NAMES))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    lines = []
+    for name in NAMES:
+        units = re.findall(r"--\S+(?: [^-(\s]\S*)?|\([^)]*\)", describe(name))
+        line = f"{name:<{name_width}} "
+        for unit in units:
+            if width and len(line) + 1 + len(unit) > width and line.strip() != name:
+                lines.append(line)
+                line = " " * name_width + " "
+            line += " " + unit
+        lines.append(line)
+    return lines
+
+
 def check_arch(value: Optional[str]):
     """--arch: a preset's name; 'list' prints them all and stops."""
     if value is None:
@@ -187,11 +211,8 @@ def check_arch(value: Optional[str]):
     from tfmcli.presets import NAMES
 
     if value == "list":
-        from tfmcli.presets import describe
-
-        width = max(map(len, NAMES))
-        for name in NAMES:
-            typer.echo(f"{name:<{width}}  {describe(name)}")
+        for line in arch_list():
+            typer.echo(line)
         raise typer.Exit(0)
     if value not in NAMES:
         raise typer.BadParameter(f"{value!r} is not a preset; allowed: {', '.join(NAMES)} "
