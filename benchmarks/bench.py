@@ -42,8 +42,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import tfmcli  # noqa: E402
-from tfmcli.config import Config, flops  # noqa: E402
-from tfmcli.memory import keep_freed_memory  # noqa: E402
+from tfmcli.engine.config import Config, flops  # noqa: E402
+from tfmcli.engine.memory import keep_freed_memory  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
 PASSES, ROUNDS = 3, 11   # the block timed in 3 passes minutes apart, 11 rounds each
@@ -168,7 +168,7 @@ def torch_step(params, inputs, cfg):
     tokens, targets = torch.as_tensor(inputs.tokens), torch.as_tensor(inputs.targets)
     B, T = tokens.shape
     d, H = cfg.d_model, cfg.heads
-    pe = torch.tensor(tfmcli.positional.sinusoidal(T, d), dtype=dtype)
+    pe = torch.tensor(tfmcli.engine.positional.sinusoidal(T, d), dtype=dtype)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     act = F.gelu if cfg.activation == "gelu" else F.relu
 
@@ -451,7 +451,7 @@ def timing(function, name: str, spent: dict):
 def one_core_half(params, inputs, cfg):
     """A step on the first half of the batch with tfm and BLAS on one core, or None when tfm
     cannot hold NumPy's BLAS. Two cores scale perfectly when the whole step takes as long."""
-    from tfmcli import parallel
+    from tfmcli.engine import parallel
 
     control = parallel.blas_threads()
     if control is None or cfg.batch < 2:
@@ -476,7 +476,7 @@ def where_rows(fields: dict, repeats: int) -> list[list[str]]:
     rounds), timed on the calling thread. A linear layer's backward counts dx: its dW is made
     on tfm's other thread meanwhile, and what the backward waits for it is in "the rest".
     In the same rounds, half the batch on one core: how near the step is to perfect scaling."""
-    from tfmcli import ops
+    from tfmcli.engine import ops
 
     rows = []
     for dtype in ("float32", "float64"):
@@ -551,7 +551,7 @@ def main():
     kept = keep_freed_memory()   # as the commands that run the model do
     console = make_console()
     console.print(f"BLAS: {blas_kernel()}")
-    console.print(f"freed memory kept in the heap (tfmcli.memory): {'yes' if kept else 'no'}")
+    console.print(f"freed memory kept in the heap (tfmcli.engine.memory): {'yes' if kept else 'no'}")
     if args.where:
         print_table(console, "where a step's time goes (forward + backward of the block)",
                     ("what", "dtype", "ms", "of the step"), where_rows(fields, repeats),

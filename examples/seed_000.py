@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from notes import agree, differ, heading
-from tfmcli import ops
+from tfmcli.engine import ops
 
 # default_rng(1000) in the note's order: X (4, 6), gamma1, beta1, then W_k1, W_q1, W_v1,
 # W_k2, W_q2, W_v2 (6, 3) each.

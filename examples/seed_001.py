@@ -8,7 +8,7 @@ formulas written out, against tfm's ops, and against central differences.
 import numpy as np
 
 from notes import agree, differ, heading
-from tfmcli import ops
+from tfmcli.engine import ops
 
 B, T, d_model, V = 2, 4, 6, 20
 rng = np.random.default_rng(1000)

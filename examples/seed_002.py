@@ -10,9 +10,9 @@ import math
 import numpy as np
 
 from notes import agree, differ, heading
-from tfmcli import ops
-from tfmcli.positional import sinusoidal
-from tfmcli.steps import ILLUSTRATED
+from tfmcli.engine import ops
+from tfmcli.engine.positional import sinusoidal
+from tfmcli.explain.steps import ILLUSTRATED
 
 X, W_Q, W_K, W_V = (ILLUSTRATED[k] for k in ("X", "W_Q", "W_K", "W_V"))
 Q, K, V = X @ W_Q, X @ W_K, X @ W_V

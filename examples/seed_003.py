@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from notes import agree, differ, heading
-from tfmcli import ops
-from tfmcli.masks import causal_mask
+from tfmcli.engine import ops
+from tfmcli.engine.masks import causal_mask
 
 rng = np.random.default_rng(4000)
 X = rng.random((2, 4, 6))

@@ -9,9 +9,9 @@ import math
 import numpy as np
 
 from notes import agree, differ, heading
-from tfmcli import masks, ops
-from tfmcli.optim import warmup_lr
-from tfmcli.positional import sinusoidal
+from tfmcli.engine import masks, ops
+from tfmcli.train.optim import warmup_lr
+from tfmcli.engine.positional import sinusoidal
 
 heading("The combined mask of lengths 4, 2, 6 at length 7 (trg_pad_mask & nopeak_mask)")
 combined = masks.combined_mask([4, 2, 6], 7, causal=True)                  # (3, 7, 7)

@@ -8,8 +8,8 @@ Each cell prints something a hand derivation can be checked against.
 import numpy as np
 
 import tfmcli
-from tfmcli import ops
-from tfmcli.config import flops, memory_estimate, param_count
+from tfmcli.engine import ops
+from tfmcli.engine.config import flops, memory_estimate, param_count
 
 # %% 1. A run: config, parameters, inputs, forward, backward
 cfg = tfmcli.Config(seed=1000)                      # B=2 T=4 d=6 H=2 V=8 L=1, Pre-LN, causal
@@ -61,13 +61,13 @@ print(f"{param_count(big):,} parameters, {forward_flops / 1e9:.1f} GFLOP forward
       f"{memory_estimate(big)['total'] / 2**30:.2f} GiB peak forward + backward")
 
 # %% 8. One position by hand, every intermediate: tfm embed, ln, ffn, block, loss, attn --query
-embed = tfmcli.embedding.explain(params, fwd, grads, cfg, 0, 2)
-block = tfmcli.block.explain(params, fwd, grads, cfg, 0, 0, 2)
-ln = tfmcli.layernorm.explain(params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1",
+embed = tfmcli.explain.embedding.explain(params, fwd, grads, cfg, 0, 2)
+block = tfmcli.explain.block.explain(params, fwd, grads, cfg, 0, 0, 2)
+ln = tfmcli.explain.layernorm.explain(params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1",
                               0, 2)
-ffn = tfmcli.feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 2)
-head = tfmcli.loss.explain(params, fwd, cfg, 0, 2)
-query = tfmcli.steps.explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0,
+ffn = tfmcli.explain.feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 2)
+head = tfmcli.explain.loss.explain(params, fwd, cfg, 0, 2)
+query = tfmcli.explain.steps.explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0,
                                             0, 2)
 for name, analytic, numeric in (("embed dW_E", embed.dw_e[embed.checked], embed.numeric_dw_e),
                                 ("ln1 dx", ln.dx, ln.numeric_dx),

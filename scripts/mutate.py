@@ -3,8 +3,8 @@ how many bugs they catch.
 
     python scripts/mutate.py              # 40 mutants drawn with seed 0 (about 10 minutes)
     python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
-    python scripts/mutate.py --sample 0 --target tfmcli/parallel.py   # every mutant of one file
-    python scripts/mutate.py --sample 0 --target tfmcli/kv.py         # a module beyond the engine
+    python scripts/mutate.py --sample 0 --target tfmcli/engine/parallel.py   # every mutant of one file
+    python scripts/mutate.py --sample 0 --target tfmcli/engine/kv.py         # a module beyond the engine
     python scripts/mutate.py --sample 60 --target tfmcli/render/heatmap.py   # a view
     python scripts/mutate.py --sample 0 --target tfmcli/cli/options.py       # a command's options
 
@@ -35,29 +35,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ["tfmcli/ops.py", "tfmcli/model.py", "tfmcli/optim.py", "tfmcli/gradcheck.py",
-          "tfmcli/masks.py", "tfmcli/positional.py", "tfmcli/init.py", "tfmcli/parallel.py"]
+ENGINE = ["tfmcli/engine/ops.py", "tfmcli/engine/model.py", "tfmcli/train/optim.py", "tfmcli/check/gradcheck.py",
+          "tfmcli/engine/masks.py", "tfmcli/engine/positional.py", "tfmcli/engine/init.py", "tfmcli/engine/parallel.py"]
 ENGINE_TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
                 "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py",
                 "tests/test_fast.py", "tests/test_parallel.py"]
 TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests that cover it
-    "tfmcli/inputs.py": ["tests/test_tokens.py", "tests/test_model.py", "tests/test_io.py"],
-    "tfmcli/kv.py": ["tests/test_kv.py"],
-    "tfmcli/layernorm.py": ["tests/test_layernorm.py"],
-    "tfmcli/feedforward.py": ["tests/test_feedforward.py"],
-    "tfmcli/loss.py": ["tests/test_loss.py"],
-    "tfmcli/embedding.py": ["tests/test_embed.py"],
-    "tfmcli/block.py": ["tests/test_block.py"],
-    "tfmcli/adam.py": ["tests/test_adam.py"],
-    "tfmcli/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
-    "tfmcli/tasks.py": ["tests/test_train.py"],
-    "tfmcli/train.py": ["tests/test_train.py"],
-    "tfmcli/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py",
+    "tfmcli/engine/inputs.py": ["tests/test_tokens.py", "tests/test_model.py", "tests/test_io.py"],
+    "tfmcli/engine/kv.py": ["tests/test_kv.py"],
+    "tfmcli/explain/layernorm.py": ["tests/test_layernorm.py"],
+    "tfmcli/explain/feedforward.py": ["tests/test_feedforward.py"],
+    "tfmcli/explain/loss.py": ["tests/test_loss.py"],
+    "tfmcli/explain/embedding.py": ["tests/test_embed.py"],
+    "tfmcli/explain/block.py": ["tests/test_block.py"],
+    "tfmcli/explain/adam.py": ["tests/test_adam.py"],
+    "tfmcli/explain/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
+    "tfmcli/train/tasks.py": ["tests/test_train.py"],
+    "tfmcli/train/loop.py": ["tests/test_train.py"],
+    "tfmcli/engine/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py",
                          "tests/test_io.py", "tests/test_cli.py", "tests/test_tokens.py",
                          "tests/test_model.py", "tests/test_gpt2.py"],
-    "tfmcli/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
-    "tfmcli/compare.py": ["tests/test_compare.py"],
-    "tfmcli/steps.py": ["tests/test_attn_backward.py", "tests/test_cli.py", "tests/test_tokens.py",
+    "tfmcli/explain/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
+    "tfmcli/explain/compare.py": ["tests/test_compare.py"],
+    "tfmcli/explain/steps.py": ["tests/test_attn_backward.py", "tests/test_cli.py", "tests/test_tokens.py",
                         "tests/test_seeds.py"],
     "tfmcli/sources/npz.py": ["tests/test_io.py", "tests/test_tokens.py"],
     "tfmcli/sources/gpt2.py": ["tests/test_gpt2.py"],

@@ -132,7 +132,7 @@ def float64_inv_freq(d_rot: int, base: float, scaling=None):
     linear's 1 / factor)."""
     import torch
 
-    from tfmcli import positional
+    from tfmcli.engine import positional
 
     inv_freq = 1.0 / float(base) ** (torch.arange(0, d_rot, 2, dtype=torch.float64) / d_rot)
     if scaling is not None:
@@ -258,12 +258,12 @@ def assert_gradcheck_passes(cfg, seed: int = 4):
 
 
 def decoded_like_the_forward(cfg, seed: int, tokens) -> tuple:
-    """``tfmcli.kv.decode`` of ``tokens`` at random parameters (``seed``): every step's logits
+    """``tfmcli.engine.kv.decode`` of ``tokens`` at random parameters (``seed``): every step's logits
     equal the full causal forward's at its position, to 1e-12. Returns (params, steps, fwd)."""
     import tfmcli
 
     params = random_params(tfmcli.init_params(cfg), seed=seed)
-    steps = tfmcli.kv.decode(params, tokens, cfg)
+    steps = tfmcli.engine.kv.decode(params, tokens, cfg)
     fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens([tokens]), cfg)
     np.testing.assert_allclose(np.array([s.logits for s in steps]), fwd.acts["logits"][0],
                                rtol=0, atol=1e-12)
@@ -428,7 +428,7 @@ def in_float64(model, cfg):
     rounding. StableLM's ``nn.LayerNorm`` is float64's already."""
     import torch
 
-    from tfmcli import ops
+    from tfmcli.engine import ops
 
     float64_rotary(model.model.rotary_emb, cfg.rope_width, cfg.rope_theta, cfg.rope_scaling)
     if not cfg.rms_norm:
@@ -462,7 +462,7 @@ def float64_gemma(model, cfg):
     bfloat16's."""
     import torch
 
-    from tfmcli import ops
+    from tfmcli.engine import ops
 
     norm = model.model.norm
     x = torch.tensor(np.random.default_rng(0).normal(size=(3, cfg.d_model)))
@@ -623,7 +623,7 @@ def torch_reference_rows(cfg, seed: int) -> list:
     rows are returned for the caller's own checks."""
     pytest.importorskip("torch")
     import tfmcli
-    from tfmcli import reference
+    from tfmcli.check import reference
 
     params = random_params(tfmcli.init_params(cfg), seed=seed)
     inputs = tfmcli.make_inputs(cfg)
@@ -642,7 +642,7 @@ def neox_from(params, cfg, rotary_ndims, parallel: bool = False):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
-    from tfmcli import positional
+    from tfmcli.engine import positional
 
     d, H, dh = cfg.d_model, cfg.heads, cfg.d_head
     config = transformers.GPTNeoXConfig(

@@ -8,8 +8,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run, assert_scaled_close
-from tfmcli import adam
-from tfmcli.optim import Adam, adam_step, warmup_lr
+from tfmcli.explain import adam
+from tfmcli.train.optim import Adam, adam_step, warmup_lr
 
 
 def setup(dtype="float64"):

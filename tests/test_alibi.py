@@ -15,7 +15,7 @@ import pytest
 import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
                      error_line, ok, random_params, run, torch_reference_rows, assert_scaled_close)
-from tfmcli.positional import alibi_bias, alibi_slopes
+from tfmcli.engine.positional import alibi_bias, alibi_slopes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 
@@ -122,7 +122,7 @@ def test_matches_the_torch_reference_at_random_parameters(fields):
 def test_the_torch_reference_is_not_blind_to_the_bias():
     """tfm without the bias (its sinusoid-free twin, pe none) fails against the ALiBi reference."""
     torch = pytest.importorskip("torch")   # noqa: F841
-    from tfmcli import reference
+    from tfmcli.check import reference
 
     cfg = alibi_cfg()
     params = random_params(tfmcli.init_params(cfg), seed=8)

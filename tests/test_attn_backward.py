@@ -10,9 +10,9 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run, assert_scaled_close
-from tfmcli import ops
-from tfmcli.masks import combined_mask
-from tfmcli.steps import explain_query_backward, model_head_backward_steps
+from tfmcli.engine import ops
+from tfmcli.engine.masks import combined_mask
+from tfmcli.explain.steps import explain_query_backward, model_head_backward_steps
 
 
 @pytest.fixture(autouse=True)
@@ -206,7 +206,7 @@ def test_attn_backward_saves_the_gradients_it_shows(tmp_path):
 
 def test_the_api_refuses_a_head_or_query_the_run_does_not_have():
     """NumPy would read row -1 as the last, and head 3 of three as an empty slice."""
-    from tfmcli import steps
+    from tfmcli.explain import steps
     cfg, params, fwd = model_run()
     dcontext = np.zeros((2, 5, 9))
     for call, args, what in (
@@ -220,4 +220,4 @@ def test_the_api_refuses_a_head_or_query_the_run_does_not_have():
         with pytest.raises(ValueError, match=what):
             call(*args)
     assert len(steps.model_head_steps(params, fwd, cfg, 1, 2, 1)) == 9   # the last of each
-    assert tfmcli.steps is steps
+    assert tfmcli.explain.steps is steps

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import tfmcli
-from tfmcli import parallel
+from tfmcli.engine import parallel
 
 BENCH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench.py")
 

@@ -9,7 +9,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run, assert_scaled_close
-from tfmcli import block
+from tfmcli.explain import block
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 
@@ -219,7 +219,7 @@ def test_cli_block_checks_fewer_entries_of_a_costly_block(monkeypatch):
 
 def test_block_forward_fast_equals_the_reference_path():
     """The public block_forward, on a padded batch longer than one query block, both ways."""
-    from tfmcli.model import block_forward
+    from tfmcli.engine.model import block_forward
 
     for causal in (True, False):
         cfg = tfmcli.Config(batch=2, seq_len=300, d_model=16, heads=2, causal=causal,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from helpers import error_line, ok, run
-from tfmcli import ops
+from tfmcli.engine import ops
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import tfmcli
 from helpers import error_line, ok, random_params, run
 from tfmcli.cli import app  # noqa: F401
-from tfmcli.config import activation_shapes, param_shapes
+from tfmcli.engine.config import activation_shapes, param_shapes
 
 runner = CliRunner()
 
@@ -503,7 +503,7 @@ def test_attn_model_steps_agree_with_the_models_own_tensors():
 def test_attn_steps_are_the_models_own_at_random_parameters(norm):
     """At initial weights every bias is 0, and a wrong bias term in Q, K or V hides; here the
     biases (and gammas) are drawn, and every step equals the model's own tensor of that head."""
-    from tfmcli.steps import model_head_steps
+    from tfmcli.explain.steps import model_head_steps
     cfg = tfmcli.Config(layers=2, heads=3, norm=norm, lengths=(4, 3))   # head 1: a middle one
     params = random_params(tfmcli.init_params(cfg), seed=5)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
@@ -725,8 +725,8 @@ def test_the_patterns_statistics_leave_hidden_cells_out_as_the_scores_do():
 def test_gradcheck_along_random_directions_checks_every_entry_at_once(monkeypatch):
     """Issue 63's check that scales: each tensor along N random unit directions v, (L(p + h v)
     - L(p - h v)) / 2h against g . v; a gradient 0.1% off in one tensor fails there alone."""
-    import tfmcli.model
-    from tfmcli.gradcheck import directional_check
+    import tfmcli.engine.model
+    from tfmcli.check.gradcheck import directional_check
 
     cfg = tfmcli.Config(layers=2, activation="gelu")
     params = random_params(tfmcli.init_params(cfg), seed=3)
@@ -734,14 +734,14 @@ def test_gradcheck_along_random_directions_checks_every_entry_at_once(monkeypatc
     report = directional_check(params, inputs, cfg, directions=3)
     assert report.passed and report.worst.rel_err < 1e-7
     assert report.checked == report.entries == sum(p.size for p in params.values())
-    backward = tfmcli.model.backward
+    backward = tfmcli.engine.model.backward
 
     def off(params_, fwd, cfg_):
         grads = backward(params_, fwd, cfg_)
         grads["blocks.1.ffn.W_1"] = grads["blocks.1.ffn.W_1"] * 1.001
         return grads
 
-    monkeypatch.setattr(tfmcli.model, "backward", off)
+    monkeypatch.setattr(tfmcli.engine.model, "backward", off)
     wrong = directional_check(params, inputs, cfg, directions=3)
     assert wrong.failed == ["blocks.1.ffn.W_1"]
     # off by 1e-3 of the gradient: an error of about 1e-3 of g . v's size, as entry by entry

@@ -7,7 +7,7 @@ import pytest
 
 import tfmcli
 from helpers import ok
-from tfmcli.compare import gradient_norms
+from tfmcli.explain.compare import gradient_norms
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def test_the_reading_claims_only_what_its_numbers_show():
     """Issue 58: with Post-LN's FFN norms peaking in the middle (-L 3: 0.5026, 1.1335, 0.7610)
     the reading said they were largest near the output; with one block it compared block 0
     with itself."""
-    from tfmcli.compare import reading
+    from tfmcli.explain.compare import reading
 
     middle = reading(rows([0.9, 0.8, 0.7]), rows([0.5026, 1.1335, 0.7610]))
     assert "largest at block 0 in Pre-LN and at block 1 in Post-LN" in middle

@@ -9,7 +9,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli import embedding
+from tfmcli.explain import embedding
 
 TOKENS = [[3, 1, 4, 1, 5], [1, 2, 6, 3]]   # 1 three times over both rows, 3 twice, 7..10 never
 
@@ -228,7 +228,7 @@ def test_cli_embed_checks_fewer_entries_on_a_large_model(monkeypatch):
     monkeypatch.setattr(embed, "LARGE", 8447)
     data = json.loads(ok("embed", "--json").stdout)
     assert data["checked"] == [int(np.argmax(np.abs(data["dW_E"])))]
-    assert tfmcli.config.flops(tfmcli.Config())[0] == 8448
+    assert tfmcli.engine.config.flops(tfmcli.Config())[0] == 8448
 
 
 @pytest.mark.parametrize("args, option, needle", [

@@ -22,10 +22,10 @@ def test_walkthrough_runs_and_its_checks_hold(capsys):
     assert "-log p(target) at (0, 2) = 2.603567, 0.325446 of the loss" in out
 
 
-def test_import_tfmcli_alone_gives_the_submodules_the_readme_uses():
+def test_import_tfmcli_alone_gives_the_submodules_the_api_page_uses():
     import subprocess
     import sys
-    code = "import tfmcli; tfmcli.io.save_npz; tfmcli.ops.layer_norm_forward; tfmcli.config.flops"
+    code = "import tfmcli; tfmcli.io.save_npz; tfmcli.engine.ops.layer_norm_forward; tfmcli.engine.config.flops"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tfmcli
-from tfmcli import ops
+from tfmcli.engine import ops
 from helpers import random_params, assert_scaled_close
 
 TOL = 1e-12
@@ -164,22 +164,22 @@ def test_fast_attention_keeps_every_hidden_weight_exactly_zero():
 
 
 def test_key_blocks_end_at_the_last_key_any_query_of_the_block_may_see():
-    causal = tfmcli.masks.combined_mask([8], 8)
+    causal = tfmcli.engine.masks.combined_mask([8], 8)
     assert ops.key_blocks(causal, 3) == ((0, 3, 3), (3, 6, 6), (6, 8, 8))
-    padded = tfmcli.masks.combined_mask([3, 5], 8, causal=False)
+    padded = tfmcli.engine.masks.combined_mask([3, 5], 8, causal=False)
     assert ops.key_blocks(padded, 4) == ((0, 4, 5), (4, 8, 5))      # keys 5..7: no row sees them
-    both = tfmcli.masks.combined_mask([2, 6], 8)
+    both = tfmcli.engine.masks.combined_mask([2, 6], 8)
     assert ops.key_blocks(both, 2) == ((0, 2, 2), (2, 4, 4), (4, 6, 6), (6, 8, 6))
 
 
 def test_key_starts_are_the_first_key_any_query_of_the_block_may_see():
     """A window of 3 on 8 positions, blocks of 3 queries: query 3 sees keys 1..3 and query 6
     keys 4..6; a row of length 5 has its padded queries 6 and 7 see what query 4 sees, 2..4."""
-    window = tfmcli.masks.combined_mask([8], 8, window=3)
+    window = tfmcli.engine.masks.combined_mask([8], 8, window=3)
     assert ops.key_starts(window, ops.key_blocks(window, 3)) == (0, 1, 4)
-    padded = tfmcli.masks.combined_mask([8, 5], 8, window=3)
+    padded = tfmcli.engine.masks.combined_mask([8, 5], 8, window=3)
     assert ops.key_starts(padded, ops.key_blocks(padded, 3)) == (0, 1, 2)
-    causal = tfmcli.masks.combined_mask([8, 5], 8)
+    causal = tfmcli.engine.masks.combined_mask([8, 5], 8)
     assert ops.key_starts(causal, ops.key_blocks(causal, 3)) == (0, 0, 0)   # no window
 
 
@@ -199,12 +199,12 @@ def test_keys_before_a_window_are_skipped_and_hold_the_references_numbers():
 
 
 def test_the_mask_is_added_only_from_the_first_key_a_block_hides():
-    causal = tfmcli.masks.combined_mask([8], 8)
+    causal = tfmcli.engine.masks.combined_mask([8], 8)
     blocks = ops.key_blocks(causal, 3)
     assert ops.hidden_from(causal, blocks) == (1, 4, 7)         # each block's diagonal square
-    padded = tfmcli.masks.combined_mask([3, 5], 8, causal=False)
+    padded = tfmcli.engine.masks.combined_mask([3, 5], 8, causal=False)
     assert ops.hidden_from(padded, ops.key_blocks(padded, 4)) == (3, 3)   # row 0's padding
-    full = tfmcli.masks.combined_mask([8, 8], 8, causal=False)
+    full = tfmcli.engine.masks.combined_mask([8, 8], 8, causal=False)
     assert ops.hidden_from(full, ops.key_blocks(full, 4)) == (8, 8)       # nothing to add
 
 
@@ -248,7 +248,7 @@ def test_the_positional_table_and_the_mask_are_made_once_and_cannot_be_changed()
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
     first, second = (tfmcli.forward(params, inputs, cfg) for _ in range(2))
     assert first.acts["pe"] is second.acts["pe"]
-    table = tfmcli.positional.sinusoidal(cfg.seq_len, cfg.d_model)
+    table = tfmcli.engine.positional.sinusoidal(cfg.seq_len, cfg.d_model)
     np.testing.assert_array_equal(first.acts["pe"], table)
     with pytest.raises(ValueError):   # shared by every forward: read-only
         first.acts["pe"][0, 0] = 1.0

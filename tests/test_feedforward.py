@@ -9,7 +9,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli import feedforward
+from tfmcli.explain import feedforward
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_explain_refuses_what_the_run_does_not_have():
             feedforward.explain(params, fwd, dout, cfg, block, row, t)
     assert feedforward.explain(params, fwd, dout, cfg, 1, 1, 3).x.shape == (8,)
     assert feedforward.input_name(cfg, 1) == "blocks.1.ln1.out"
-    assert tfmcli.feedforward is feedforward
+    assert tfmcli.explain.feedforward is feedforward
 
 
 def test_cli_ffn_json_is_the_ffn_of_that_position():

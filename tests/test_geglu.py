@@ -15,8 +15,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run, assert_scaled_close
-from tfmcli import ops
-from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.engine import ops
+from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
 
 
 def geglu_cfg(**fields):
@@ -120,7 +120,7 @@ def test_ffn_matches_hugging_face_gemma_mlp():
     theirs = mlp(tx)
     theirs.backward(torch.tensor(dout))
 
-    from tfmcli.model import _ffn_backward, _ffn_forward
+    from tfmcli.engine.model import _ffn_backward, _ffn_forward
     acts, caches, grads, dacts = {}, {"fast": False}, {}, {}
     out = _ffn_forward(x, params, "blocks.0.", cfg, acts, caches)
     dx = _ffn_backward(dout, "blocks.0.", cfg, caches, grads, dacts)
@@ -161,7 +161,7 @@ def test_ffn_view_lays_out_the_gelu_gate_and_checks_it():
 def test_the_explained_ffn_names_the_gate_by_its_unit():
     """``gate_act`` is gelu(gate) under GeGLU, silu(gate) under SwiGLU; ``silu_gate`` is
     SwiGLU's alone."""
-    from tfmcli.feedforward import explain
+    from tfmcli.explain.feedforward import explain
 
     for activation in ("geglu", "swiglu"):
         cfg = geglu_cfg(activation=activation)

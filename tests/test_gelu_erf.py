@@ -18,7 +18,7 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, neox_from, ok,
                      random_params, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli import erf_series, ops
+from tfmcli.engine import erf_series, ops
 
 
 def test_erf_is_maths_erf_entry_by_entry_across_chunks():

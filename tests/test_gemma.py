@@ -18,7 +18,7 @@ import tfmcli
 from helpers import (assert_folder_matches_hf, assert_gemma_weights_read_to_the_bit,
                      assert_grads_match, error_line, float64_gemma, gemma_holding, hf_logits,
                      hf_saved, llama_grads, ok, random_params, run, tfm_grads_matching_hf)
-from tfmcli.config import param_count, param_shapes
+from tfmcli.engine.config import param_count, param_shapes
 from tfmcli.sources import gemma
 
 GEMMA = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bias=False,
@@ -240,7 +240,7 @@ def test_a_tied_heads_lens_reads_each_token_back_at_the_embedding():
     """At the embedding, before any block, the tied head scores each position's own row of
     W_E against every row: its own wins, so the lens's first row predicts the input token
     itself (the README's example)."""
-    from tfmcli.lens import logit_lens
+    from tfmcli.explain.lens import logit_lens
 
     run_ = tfmcli.load(EXAMPLE, text="The dog saw the cat.")
     fwd = tfmcli.forward(run_.params, run_.inputs, run_.cfg)

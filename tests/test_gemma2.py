@@ -23,7 +23,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      gemma_holding, hf_logits, hf_saved, ok, random_params, run,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
-from tfmcli.config import activation_shapes, memory_estimate, param_count, param_shapes
+from tfmcli.engine.config import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 
 
@@ -144,7 +144,7 @@ def test_kv_cache_equals_the_full_forward():
     assert (steps[-1].attention[(0, 0)] > 0).sum() == 2
     assert (steps[-1].attention[(1, 0)] > 0).sum() == 8
     # each step's query reads 2, 8 and 2 keys at most: 4 d_q multiply-adds a key
-    assert (steps[-1].flops_cached - tfmcli.kv.step_flops(cfg, [0, 0, 0])
+    assert (steps[-1].flops_cached - tfmcli.engine.kv.step_flops(cfg, [0, 0, 0])
             == 4 * (2 + 8 + 2) * cfg.d_q)
 
 

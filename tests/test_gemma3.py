@@ -23,8 +23,8 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      gemma_holding, hf_logits, hf_saved, ok, random_params, run,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
-from tfmcli import ops, positional
-from tfmcli.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
+from tfmcli.engine import ops, positional
+from tfmcli.engine.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
 from tfmcli.sources import gemma3, llama
 
 
@@ -145,7 +145,7 @@ def test_kv_cache_turns_each_block_by_its_own_angles():
     cfg = local_cfg(batch=1, seq_len=8, lengths=None)
     params, steps, _ = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2, 6, 5])
     # and turned alike, the cache would not give the forward's logits
-    alike = tfmcli.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rope_local_theta=1e4))
+    alike = tfmcli.engine.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rope_local_theta=1e4))
     assert np.abs(alike[-1].logits - steps[-1].logits).max() > 1e-3
 
 
@@ -159,7 +159,7 @@ def test_the_memory_estimate_counts_both_tables():
 def test_tfm_attn_recomputes_a_block_at_its_own_base():
     """The steps of block 1 turn by block 1's angles (base 50, a quarter), block 0's by base 3:
     each step's Q_rot is its block's own."""
-    from tfmcli.steps import explain_query_backward, model_head_steps
+    from tfmcli.explain.steps import explain_query_backward, model_head_steps
 
     cfg = local_cfg()
     params = random_params(tfmcli.init_params(cfg), seed=11)

@@ -17,7 +17,7 @@ from rich.cells import cell_len
 
 import tfmcli
 from helpers import error_line, ok, run
-from tfmcli.lens import logit_lens
+from tfmcli.explain.lens import logit_lens
 from tfmcli.sources import gpt2
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -85,7 +85,7 @@ def test_names_map_as_the_readme_says(checkpoint):
                         tied_head=True, head_bias=False, activation="gelu", seq_len=5, batch=1)
     fields, params = gpt2.load_checkpoint(checkpoint, np.float64)
     raw = gpt2_tensors()
-    assert set(params) == set(tfmcli.config.param_shapes(cfg))
+    assert set(params) == set(tfmcli.engine.config.param_shapes(cfg))
     d = 12
     np.testing.assert_array_equal(params["embed.W_E"], raw["transformer.wte.weight"])
     np.testing.assert_array_equal(params["embed.W_pos"], raw["transformer.wpe.weight"])
@@ -520,7 +520,7 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding, varia
     if padding:   # the position past every row's length gets no gradient
         np.testing.assert_array_equal(grads["embed.W_pos"][6:], 0)
     # tfm embed's sums (each token's positions, and the tied head), against the oracle too
-    from tfmcli import embedding
+    from tfmcli.explain import embedding
     x = embedding.explain(params, fwd, grads, cfg, 1, 2, entries=2)
     assert x.token == 15 and (x.head_part is not None) == cfg.tied_head
     assert rel(x.dw_e, hf["transformer.wte.weight"].grad[15]) <= 1e-9
@@ -565,7 +565,7 @@ def test_the_views_by_hand_on_the_shipped_checkpoint_as_the_readme_tells():
     """tfm embed's tied part of ' the', and tfm block's vanishing gradient through a saturated
     softmax: block 1's heads weigh the key ' the' at 1 or under 1e-119 from the one query that
     sees it and counts, so via k is about 1e-123 and via v 2e-6."""
-    from tfmcli import block, embedding
+    from tfmcli.explain import block, embedding
 
     tiny = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt2"
     run_ = tfmcli.load(tiny, text="The cat sat on the mat")

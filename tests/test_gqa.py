@@ -17,10 +17,10 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
                      random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli import ops
-from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.engine import ops
+from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.errors import ConfigError
-from tfmcli.kv import step_flops
+from tfmcli.engine.kv import step_flops
 
 
 def gqa_cfg(**fields):

@@ -17,7 +17,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
                      random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli.config import activation_shapes, flops, param_count, param_shapes
+from tfmcli.engine.config import activation_shapes, flops, param_count, param_shapes
 from tfmcli.errors import ConfigError
 from tfmcli.sources import llama
 
@@ -143,12 +143,12 @@ def test_the_kv_cache_equals_the_forward():
     cfg = wide_cfg(seq_len=7, lengths=None, batch=1, vocab=10, layers=2)
     _, steps, _ = decoded_like_the_forward(cfg, 6, [3, 1, 4, 1, 5, 9, 2])
     assert [s.cache_shape for s in steps] == [(2, t + 1, 6) for t in range(7)]
-    step_flops = tfmcli.kv.step_flops
+    step_flops = tfmcli.engine.kv.step_flops
     assert step_flops(cfg, 5) - step_flops(cfg, 4) == 2 * 4 * 24
 
 
 def test_the_explained_head_is_head_dim_wide():
-    from tfmcli import steps
+    from tfmcli.explain import steps
 
     cfg = wide_cfg(batch=1, lengths=None)
     params = random_params(tfmcli.init_params(cfg), seed=1)

@@ -13,7 +13,7 @@ from rich.cells import cell_len
 from rich.console import Console, Group
 
 from helpers import ANSI, grid_rows, plain_environment, render, render_colour  # noqa: F401 (a fixture)
-from tfmcli.masks import causal_mask
+from tfmcli.engine.masks import causal_mask
 from tfmcli.render import colour_legend, heatmap
 from tfmcli.render.heatmap import _block_mean
 

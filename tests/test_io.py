@@ -54,7 +54,7 @@ def test_save_layout_has_every_section(tmp_path):
         keys = set(npz.files)
         assert {f"act/{n}" for n in fwd.acts} <= keys
         assert {f"actgrad/{n}" for n in fwd.acts} <= keys
-        assert {f"grad/{n}" for n in tfmcli.config.param_shapes(cfg)} <= keys
+        assert {f"grad/{n}" for n in tfmcli.engine.config.param_shapes(cfg)} <= keys
         assert json.loads(str(npz["config"]))["norm"] == "post"
         assert npz["config"].shape == () and npz["loss"].shape == ()
 
@@ -300,7 +300,7 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     import dataclasses
     import json
 
-    from tfmcli.config import Config
+    from tfmcli.engine.config import Config
 
     changed = dict(seed=7, batch=3, seq_len=5, d_model=8, heads=4, d_ff=12, vocab=11, layers=2,
                    norm="post", activation="gelu", causal=False, lengths=(5, 2, 3), pe="learned",

@@ -8,8 +8,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.config import flops
-from tfmcli.kv import decode, step_flops
+from tfmcli.engine.config import flops
+from tfmcli.engine.kv import decode, step_flops
 
 
 @pytest.fixture(autouse=True)

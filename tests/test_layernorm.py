@@ -8,7 +8,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli import layernorm, ops
+from tfmcli.explain import layernorm
+from tfmcli.engine import ops
 
 
 @pytest.fixture(autouse=True)

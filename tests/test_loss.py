@@ -9,8 +9,9 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli import loss, ops
-from tfmcli.loss import shown_ids
+from tfmcli.explain import loss
+from tfmcli.engine import ops
+from tfmcli.explain.loss import shown_ids
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +103,7 @@ def test_explain_refuses_what_the_run_does_not_have():
                            (0, 5, "position 5 is outside 0..4")):
         with pytest.raises(ValueError, match=re.escape(reason)):
             loss.explain(params, fwd, cfg, row, t)
-    assert tfmcli.loss is loss
+    assert tfmcli.explain.loss is loss
 
 
 def test_the_columns_shown_are_the_whole_vocabulary_or_the_target_and_the_likeliest():

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import tfmcli
 from tfmcli.cli import options
 from tfmcli.cli import app
-from tfmcli.config import Config, memory_estimate, param_count
+from tfmcli.engine.config import Config, memory_estimate, param_count
 
 runner = CliRunner()
 
@@ -323,7 +323,7 @@ FAULTS = """
 import ctypes, resource, sys
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)   # PR_SET_THP_DISABLE: 4 KiB pages, whatever the machine
 import tfmcli
-from tfmcli.memory import keep_freed_memory
+from tfmcli.engine.memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 cfg = tfmcli.Config(batch=1, seq_len=2100, d_model=4, heads=1, vocab=5)   # (T, T): 35 MB
 params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)

@@ -13,9 +13,9 @@ import pytest
 
 import tfmcli
 from helpers import random_params, assert_scaled_close
-from tfmcli import masks, ops, positional
-from tfmcli.config import activation_shapes, param_shapes
-from tfmcli.model import first_nonfinite
+from tfmcli.engine import masks, ops, positional
+from tfmcli.engine.config import activation_shapes, param_shapes
+from tfmcli.engine.model import first_nonfinite
 
 MASKS = {
     "causal": dict(causal=True, lengths=None),
@@ -137,7 +137,7 @@ def test_a_gradient_that_is_zero_is_measured_against_what_differences_resolve(mo
     resolution = np.finfo(np.float64).eps * max(1.0, abs(fwd.loss)) / 1e-5 / 1e-6
     for floor in (1e-3 * largest, resolution):
         if floor == resolution:
-            monkeypatch.setattr(importlib.import_module("tfmcli.gradcheck"), "FLOOR", 0.0)
+            monkeypatch.setattr(importlib.import_module("tfmcli.check.gradcheck"), "FLOOR", 0.0)
         report = tfmcli.gradcheck(params, inputs, cfg, names=["blocks.0.attn.b_K"])
         (b_K,) = report.params
         assert report.step == 1e-5 and b_K.max_abs_err > 0
@@ -159,8 +159,8 @@ def test_a_pass_from_block_i_is_the_whole_pass_from_there_bit_for_bit(fields):
     """Given block i's input from a pass of the same parameters, the blocks from i on, the
     final norm, the head and the loss are the whole pass's, bit for bit (the gradient check
     starts each nudged pass there); past the last block, from its output."""
-    from tfmcli.gradcheck import block_input
-    from tfmcli.model import unchecked_forward
+    from tfmcli.check.gradcheck import block_input
+    from tfmcli.engine.model import unchecked_forward
 
     cfg = tfmcli.Config(**fields)
     params = random_params(tfmcli.init_params(cfg), seed=8)
@@ -181,7 +181,7 @@ def test_gradcheck_from_each_parameters_block_is_gradcheck_from_the_embedding(fi
                                                                                monkeypatch):
     """Every parameter's numeric gradient, its error and its verdict are the same, to the
     bit, whether each nudged pass starts at the parameter's block or at the embedding."""
-    module = importlib.import_module("tfmcli.gradcheck")
+    module = importlib.import_module("tfmcli.check.gradcheck")
 
     cfg = tfmcli.Config(**fields)
     params = random_params(tfmcli.init_params(cfg), seed=9)
@@ -199,7 +199,7 @@ def test_batched_central_differences_are_the_gradient_batch_by_batch():
     """150 entries in batches of 64 (the last one short): every entry's derivative of a curved
     function, with moved(js, hs) told which entries move and how far, equals the formula and
     the one-at-a-time central differences; an entry of size 5 takes a step 5 times as long."""
-    from tfmcli.gradcheck import batched_central_differences, central_differences
+    from tfmcli.check.gradcheck import batched_central_differences, central_differences
 
     rng = np.random.default_rng(3)
     x, w = rng.normal(size=150), rng.normal(size=150)
@@ -267,7 +267,7 @@ def test_a_forward_its_gradients_and_an_adam_state_show_as_one_line():
                            f"'head.b_U' (8,)}}, acts={{{n_acts} arrays: 'embed' (3, 5, 6) … "
                            "'probs' (3, 5, 8)})")
     assert float(repr(fwd).split("=")[1].split(",")[0]) == fwd.loss   # every digit of the loss
-    state = tfmcli.optim.Adam.like(grads)
+    state = tfmcli.train.optim.Adam.like(grads)
     ends = f"{{{n_params} arrays: 'embed.W_E' (8, 6) … 'head.b_U' (8,)}}"
     assert repr(state) == f"Adam(m={ends}, v={ends}, t=0, beta1=0.9, beta2=0.98, eps=1e-09)"
 
@@ -275,7 +275,7 @@ def test_a_forward_its_gradients_and_an_adam_state_show_as_one_line():
 def test_a_few_arrays_show_as_one_line_too():
     """An Adam state of one parameter, a dict of two: the count in the singular when it is
     one, and the first and the last only when they are two."""
-    from tfmcli.model import arrays_repr
+    from tfmcli.engine.model import arrays_repr
     a, b, c = np.zeros(2), np.zeros((3, 1)), np.zeros(())
     assert arrays_repr({}) == "{}"
     assert arrays_repr({"a": a}) == "{1 array: 'a' (2,)}"
@@ -656,7 +656,7 @@ def test_config_errors_name_the_values():
 
 
 def test_config_bounds_allow_their_edge_and_refuse_past_it():
-    from tfmcli.config import MAX_LAYERS
+    from tfmcli.engine.config import MAX_LAYERS
 
     assert tfmcli.Config(layers=MAX_LAYERS).layers == 1000
     with pytest.raises(tfmcli.ConfigError, match="layers=1001 is more than tfm shows; allowed: 1..1000"):
@@ -677,7 +677,7 @@ def test_valid_config_derived_sizes():
 
 def test_pe_wavelengths_are_the_periods_of_the_columns():
     """Column j of the sinusoidal table is sin (even j) or cos (odd j) of 2 pi p / lambda_j."""
-    from tfmcli.positional import sinusoidal, wavelengths
+    from tfmcli.engine.positional import sinusoidal, wavelengths
     T, d = 50, 10
     p = np.arange(T)[:, None]
     angle = 2 * np.pi * p / wavelengths(d)[None, :]

@@ -12,7 +12,7 @@ import pytest
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved, ok,
                      rewrite_config, run, unpatched_logits_off)
-from tfmcli.config import param_count, param_shapes
+from tfmcli.engine.config import param_count, param_shapes
 from tfmcli.sources import mpt
 
 SMALL = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=4, max_seq_len=64)   # d_head 4
@@ -99,7 +99,7 @@ def test_the_slopes_are_hugging_faces():
     pytest.importorskip("torch")
     from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-    from tfmcli.positional import alibi_slopes
+    from tfmcli.engine.positional import alibi_slopes
 
     for heads in range(1, 33):
         bias = build_mpt_alibi_tensor(heads, 2).double().numpy()   # (H, 1, 2): -m_h, 0

@@ -14,8 +14,9 @@ import pytest
 
 from helpers import assert_scaled_close
 
-from tfmcli import IGNORE, ops
-from tfmcli.masks import combined_mask
+from tfmcli import IGNORE
+from tfmcli.engine import ops
+from tfmcli.engine.masks import combined_mask
 
 TOL = 1e-7
 STEP = 1e-6

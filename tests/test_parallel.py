@@ -1,4 +1,4 @@
-"""tfmcli.parallel: work cut into parts that cover it once, run at once in threads with BLAS held
+"""tfmcli.engine.parallel: work cut into parts that cover it once, run at once in threads with BLAS held
 to one thread and restored after, errors and np.errstate carried across; and the operations
 that use it give the numbers they give in one piece: exactly where the parts are heads or rows
 of element-wise work, to rounding where BLAS products are cut (BLAS tiles a part as it likes,
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from tfmcli import model, ops, parallel
+from tfmcli.engine import model, ops, parallel
 from helpers import random_params, assert_scaled_close
 from test_fast import TOL, rel
 
@@ -195,7 +195,7 @@ def test_attention_in_parts_of_heads_is_exactly_attention_in_one(blas, monkeypat
     q, k, v, dctx = rng_arrays(1, *[(B, H, T, dh)] * 4, dtype=dtype)
     cfg = tfmcli.Config(batch=B, seq_len=T, d_model=H * dh, heads=H, causal=True,
                         lengths=(9, 4, 6))
-    from tfmcli.model import _fast_mask
+    from tfmcli.engine.model import _fast_mask
     mask = _fast_mask(cfg.lengths, T, True, dtype, 2)
     monkeypatch.setattr(ops, "CACHE_BYTES", cache_bytes)
     cut = ops.attention_forward_fast(q, k, v, mask, 0.5)
@@ -586,7 +586,7 @@ def test_attention_is_cut_from_two_parts_of_SMALL(blas, monkeypatch):
     float32; (1, 2, 512, 64) is one, and two in float64 (``cost``). The backward alike."""
     monkeypatch.setattr(parallel, "SMALL", 1 << 25)
     cut = count_cuts(monkeypatch)
-    from tfmcli.model import _fast_mask
+    from tfmcli.engine.model import _fast_mask
     for T, dh, dtype in [(512, 128, "float32"), (512, 64, "float32"), (512, 64, "float64")]:
         q, k, v = rng_arrays(8, *[(1, 2, T, dh)] * 3, dtype=dtype)
         context, _, cache = ops.attention_forward_fast(
@@ -769,7 +769,7 @@ def test_a_small_step_runs_in_one_piece_and_a_large_one_in_parts(blas, monkeypat
     (B T), or from 512 when the largest product comes to 2^29 multiply-adds of float32; a
     smaller step's fast path runs in one piece, its products on BLAS's own threads. Its
     numbers are the threaded path's to rounding (test_fast.py holds both to the reference)."""
-    threaded = tfmcli.model.threaded
+    threaded = tfmcli.engine.model.threaded
     cfg = tfmcli.Config(d_model=384, heads=8, vocab=512, d_ff=1536, dtype="float32")
     assert not threaded(cfg, 2, 128) and not threaded(cfg.replace(dtype="float64"), 2, 128)
     assert not threaded(cfg, 2, 256)                 # 512 rows, 302 million multiply-adds

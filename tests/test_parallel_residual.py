@@ -18,7 +18,7 @@ from helpers import (assert_grads_match, assert_fast_equals_reference, assert_gr
                      decoded_like_the_forward, error_line, neox_from, ok, random_params, run,
                      tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli import block, layernorm
+from tfmcli.explain import block, layernorm
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 
@@ -104,7 +104,7 @@ def test_matches_hugging_face_gpt_neox_with_its_parallel_residual():
 def test_kv_cache_reads_the_same_input_for_both_sublayers():
     cfg = parallel_cfg(batch=1, lengths=None, seq_len=8, pe="rope", kv_heads=1)
     params, steps, _ = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2, 6, 5])
-    sequential = tfmcli.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5],
+    sequential = tfmcli.engine.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5],
                                   cfg.replace(parallel_residual=False))
     assert np.abs(sequential[-1].logits - steps[-1].logits).max() > 1e-3
 

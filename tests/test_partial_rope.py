@@ -18,8 +18,8 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      assert_gradcheck_passes, decoded_like_the_forward, error_line, hf_saved,
                      neox_from, ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli import ops, positional
-from tfmcli.config import memory_estimate
+from tfmcli.engine import ops, positional
+from tfmcli.engine.config import memory_estimate
 
 
 def partial_cfg(**fields):
@@ -164,7 +164,7 @@ def test_matches_hugging_face_gpt_neox_with_its_rotary_pct(rotary_dim):
 def test_kv_cache_turns_the_same_dimensions():
     cfg = partial_cfg(batch=1, lengths=None, seq_len=8, rotary_dim=4, kv_heads=1)
     params, steps, _ = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2, 6, 5])
-    whole = tfmcli.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rotary_dim=None))
+    whole = tfmcli.engine.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rotary_dim=None))
     assert np.abs(whole[-1].logits - steps[-1].logits).max() > 1e-3
 
 
@@ -175,7 +175,7 @@ def test_the_memory_estimate_counts_narrower_tables():
 
 
 def test_tfm_attn_steps_turn_the_first_columns_and_check_the_backward():
-    from tfmcli.steps import explain_query_backward, model_head_steps
+    from tfmcli.explain.steps import explain_query_backward, model_head_steps
 
     cfg = partial_cfg()
     params = random_params(tfmcli.init_params(cfg), seed=11)

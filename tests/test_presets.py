@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tfmcli.cli import app
-from tfmcli.config import Config
-from tfmcli.presets import NAMES, PRESETS, SLIDING_WINDOW, preset_fields
+from tfmcli.engine.config import Config
+from tfmcli.engine.presets import NAMES, PRESETS, SLIDING_WINDOW, preset_fields
 from tfmcli.sources.folder import checkpoint_module
 
 # what the sizes decide, not the architecture
@@ -164,7 +164,7 @@ def test_the_docs_list_each_flags_presets_as_the_presets_set_them():
 
 
 def test_the_docs_presets_table_is_arch_list():
-    from tfmcli.presets import describe
+    from tfmcli.engine.presets import describe
 
     rows = docs_rows("Presets")
     assert [row[0].strip("`") for row in rows] == list(NAMES)

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli import ops
+from tfmcli.engine import ops
 from tfmcli.cli import app
-from tfmcli.config import Config, activation_shapes, divisors, param_shapes
+from tfmcli.engine.config import Config, activation_shapes, divisors, param_shapes
 from tfmcli.io import run_arrays, save_npz
-from tfmcli.masks import combined_mask
-from tfmcli.model import first_nonfinite
+from tfmcli.engine.masks import combined_mask
+from tfmcli.engine.model import first_nonfinite
 
 runner = CliRunner()
 
@@ -126,7 +126,8 @@ def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
     """tfm forward --loss and tfm ln on any small config: the terms' mean is the loss to the
     last bit; each layer norm recomputed at every position is the model's output, its dx
     central differences', and its dgamma parts sum to the backward's."""
-    from tfmcli import layernorm, ops
+    from tfmcli.explain import layernorm
+    from tfmcli.engine import ops
 
     params, inputs, fwd, grads = run(cfg)
     cache = fwd.caches["loss"]
@@ -156,7 +157,7 @@ def test_each_ffn_and_attention_row_by_hand_agree_with_the_run(cfg):
     sum to db_1 (db_gate); each
     query's dq is the backward's, and every query's shares of dk and dv sum to the backward's
     (under RoPE those of the turned q and k, and dq turned back is q's)."""
-    from tfmcli import feedforward, steps
+    from tfmcli.explain import feedforward, steps
 
     params, inputs, fwd, grads = run(cfg)
     turned = "_rot" if cfg.pe == "rope" else ""
@@ -207,7 +208,7 @@ def test_each_embedding_row_by_hand_agrees_with_the_run(cfg, pe, tied):
     position is the first block's input; dW_E's row of each token in the batch, and dW_pos's
     row of each position, are the backward's; a token nowhere in the batch gets nothing back
     but the tied head's part."""
-    from tfmcli import embedding
+    from tfmcli.explain import embedding
 
     cfg = cfg.replace(pe=pe, tied_head=tied)
     params, inputs, fwd, grads = run(cfg)
@@ -235,7 +236,7 @@ def test_each_embedding_row_by_hand_agrees_with_the_run(cfg, pe, tied):
 def test_each_block_by_hand_agrees_with_the_run(cfg):
     """tfm block on any small config: at every position of every block, each sum and each path
     recomputed from the other views' pieces is the run's activation or gradient it names."""
-    from tfmcli import block
+    from tfmcli.explain import block
 
     params, inputs, fwd, grads = run(cfg)
     loose = 1e-4 if cfg.dtype == "float32" else 1e-10
@@ -911,7 +912,7 @@ def test_eps_beyond_float32_is_a_usage_error():
 def test_top_k_is_the_head_of_a_stable_descending_sort(rows, k, extra, values, seed):
     """lens.top_k is ``argsort(-probs, stable)[:, :k]``, ties by id, on rows long enough for
     its partition (V > 8 k) and shorter ones; equal values, -0.0 beside 0.0 and NaN included."""
-    from tfmcli.lens import top_k
+    from tfmcli.explain.lens import top_k
 
     rng = np.random.default_rng(seed)
     V = max(1, 8 * k + extra)

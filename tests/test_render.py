@@ -16,8 +16,8 @@ from rich.console import Console
 import tfmcli
 from helpers import (grid_rows, plain_environment, random_params, render,  # noqa: F401 (a fixture)
                      render_colour)
-from tfmcli.gradcheck import ParamCheck
-from tfmcli.masks import additive, causal_mask
+from tfmcli.check.gradcheck import ParamCheck
+from tfmcli.engine.masks import additive, causal_mask
 from tfmcli.render import (mask_overview, config_panel, fmt, grad_table, mask_grid,
                            mask_legend, shape_trace, tensor_table)
 
@@ -398,7 +398,7 @@ def test_mask_legend_says_which_symbol_is_which():
     ([1.0, 3.0], {}),
 ])
 def test_stats_count_what_is_not_finite_and_summarise_the_rest(values, counts):
-    from tfmcli.summary import stats
+    from tfmcli.explain.summary import stats
     out = stats(np.array(values).reshape(1, -1))
     assert {k: out[k] for k in ("masked", "inf", "nan") if k in out} == counts
     assert (out["min"], out["mean"], out["std"], out["max"]) == (1.0, 2.0, 1.0, 3.0)
@@ -408,7 +408,7 @@ def test_stats_of_a_masked_array_over_many_chunks_are_the_finite_entries_exactly
     """Masked scores (and +inf and NaN) spread over several chunks, a chunk wholly -inf among
     them: the finite entries' min and max, their mean and std to the last digit or two of
     the exact sums, and the counts of what is left out."""
-    import tfmcli.summary as summary
+    import tfmcli.explain.summary as summary
     monkeypatch.setattr(summary, "CHUNK", 1000)
     rng = np.random.default_rng(8)
     values = rng.standard_normal(7500) * 3 + 1
@@ -444,7 +444,7 @@ def test_l2_norm_of_float32_adds_in_float64():
 def test_l2_norm_of_float32_over_chunks_the_last_one_short(monkeypatch):
     """The float64 sum of squares goes a chunk at a time; 2,500 entries in chunks of 1,000
     end with half a chunk."""
-    import tfmcli.summary as summary
+    import tfmcli.explain.summary as summary
     monkeypatch.setattr(summary, "CHUNK", 1000)
     g = np.random.default_rng(1).standard_normal(2500).astype(np.float32)
     exact = math.sqrt(math.fsum(float(x) * float(x) for x in g))
@@ -454,7 +454,7 @@ def test_l2_norm_of_float32_over_chunks_the_last_one_short(monkeypatch):
 def test_gradient_mean_of_float32_adds_in_float64():
     """NumPy's own mean of these 2^21 float32 entries (summed in float32) is off in the
     seventh digit, which `backward --json` writes; tfm's is the float64 sum's."""
-    from tfmcli.summary import mean
+    from tfmcli.explain.summary import mean
     g = (np.random.default_rng(0).standard_normal(1 << 21) + 1.0).astype(np.float32)
     exact = math.fsum(g.astype(np.float64)) / g.size
     assert mean(g.reshape(1024, -1)) == pytest.approx(exact, rel=1e-12)
@@ -467,7 +467,7 @@ def test_gradient_mean_of_float32_adds_in_float64():
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_max_abs_is_the_largest_absolute_value_with_no_abs_array(values, dtype):
-    from tfmcli.summary import max_abs
+    from tfmcli.explain.summary import max_abs
     a = np.array(values, dtype=dtype)
     expected = float(np.abs(a).max())
     got = max_abs(a.reshape(1, -1))

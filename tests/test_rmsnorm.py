@@ -15,9 +15,9 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, llama_from, llama_grads, ok, random_params,
                      tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
-from tfmcli import ops
-from tfmcli.config import activation_shapes, memory_estimate, param_shapes
-from tfmcli.gradcheck import central_differences
+from tfmcli.engine import ops
+from tfmcli.engine.config import activation_shapes, memory_estimate, param_shapes
+from tfmcli.check.gradcheck import central_differences
 
 
 def rms_cfg(**fields):
@@ -90,7 +90,7 @@ def test_fast_path_equals_the_reference():
 def test_kv_cache_and_logit_lens_use_the_rms_norm():
     cfg = rms_cfg(batch=1, seq_len=6, lengths=None, layers=2)
     params, _, fwd = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2])
-    last = tfmcli.lens.logit_lens(params, fwd, cfg, row=0)[-1]   # the last block's output
+    last = tfmcli.explain.lens.logit_lens(params, fwd, cfg, row=0)[-1]   # the last block's output
     np.testing.assert_allclose(last.logits, fwd.acts["logits"][0], rtol=0, atol=1e-12)
 
 

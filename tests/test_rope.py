@@ -14,9 +14,9 @@ import tfmcli
 from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_line,
                      neox_from, ok, random_params, run, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
-from tfmcli import ops
-from tfmcli.config import activation_shapes, memory_estimate
-from tfmcli.positional import rope_angles, rope_tables
+from tfmcli.engine import ops
+from tfmcli.engine.config import activation_shapes, memory_estimate
+from tfmcli.engine.positional import rope_angles, rope_tables
 
 
 def rope_cfg(**fields):
@@ -258,7 +258,7 @@ def test_attn_steps_turn_q_and_k_and_match_the_model():
     """tfm attn's steps recompute the head from its input: Q_rot and K_rot between V and the
     scores, the softmax the model's pattern; backward, dQ_rot and dK_rot, then the turn back
     to the gradients of Q and K."""
-    from tfmcli.steps import model_head_backward_steps, model_head_steps
+    from tfmcli.explain.steps import model_head_backward_steps, model_head_steps
 
     cfg, params, fwd, grads = rope_run()
     steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, 0, 1, 1)}
@@ -276,7 +276,7 @@ def test_attn_steps_turn_q_and_k_and_match_the_model():
 
 
 def test_attn_query_under_rope_scores_the_turned_vectors():
-    from tfmcli.steps import explain_query, explain_query_backward
+    from tfmcli.explain.steps import explain_query, explain_query_backward
 
     cfg, params, fwd, grads = rope_run()
     x = explain_query(fwd, cfg, 0, 0, 0, 3)

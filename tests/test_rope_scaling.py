@@ -17,8 +17,8 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
                      random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli import positional
-from tfmcli.config import RopeScaling
+from tfmcli.engine import positional
+from tfmcli.engine.config import RopeScaling
 from tfmcli.errors import ConfigError
 
 LLAMA = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False)

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import assert_scaled_close
 
-from tfmcli import masks, ops
+from tfmcli.engine import masks, ops
 
 ATOL8 = 1e-8
 

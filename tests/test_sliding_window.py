@@ -19,7 +19,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
 from tfmcli.errors import ConfigError
-from tfmcli.masks import combined_mask, sliding_window_mask
+from tfmcli.engine.masks import combined_mask, sliding_window_mask
 from tfmcli.sources import llama, mistral
 
 MISTRAL = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False)
@@ -85,7 +85,7 @@ def test_mistral_7b_has_its_parameter_count():
     """mistralai/Mistral-7B-v0.1's sizes (its config.json): 7,241,732,096 parameters."""
     cfg = tfmcli.Config(d_model=4096, heads=32, kv_heads=8, layers=32, d_ff=14336, vocab=32000,
                         sliding_window=4096, **MISTRAL)
-    assert tfmcli.config.param_count(cfg) == 7_241_732_096
+    assert tfmcli.engine.config.param_count(cfg) == 7_241_732_096
 
 
 @pytest.mark.parametrize("fields", [
@@ -166,7 +166,7 @@ def test_the_cache_is_a_rolling_buffer_and_equals_the_forward(window):
         assert weights.shape == (s.step + 1,) and (weights[:start] == 0).all()
         np.testing.assert_allclose(weights, pattern[1, s.step, :s.step + 1], rtol=0, atol=1e-12)
     # the last step attends to min(9, W) keys, not 9
-    assert steps[-1].flops_cached == tfmcli.kv.step_flops(cfg, min(9, window))
+    assert steps[-1].flops_cached == tfmcli.engine.kv.step_flops(cfg, min(9, window))
 
 
 def test_tfm_kv_shows_the_rolling_buffer():
@@ -224,7 +224,7 @@ def test_the_panel_the_attention_map_and_train():
 
 
 def test_the_explained_query_sees_only_its_window():
-    from tfmcli import steps
+    from tfmcli.explain import steps
 
     cfg = window_cfg(sliding_window=3, batch=1, lengths=None)
     params = random_params(tfmcli.init_params(cfg), seed=1)

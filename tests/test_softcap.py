@@ -15,8 +15,8 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, ok, random_params, run,
                      torch_reference_rows, assert_scaled_close)
-from tfmcli import ops
-from tfmcli.config import memory_estimate
+from tfmcli.engine import ops
+from tfmcli.engine.config import memory_estimate
 
 
 def capped_cfg(**fields):
@@ -208,7 +208,7 @@ def test_the_logit_lens_caps_its_logits_as_the_head_does():
     cfg = capped_cfg(logit_softcap=0.7)
     params = random_params(tfmcli.init_params(cfg), seed=9)
     fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
-    last = tfmcli.lens.logit_lens(params, fwd, cfg, row=1)[-1]
+    last = tfmcli.explain.lens.logit_lens(params, fwd, cfg, row=1)[-1]
     assert_scaled_close(last.logits, fwd.acts["logits"][1])
     assert np.abs(last.logits).max() < 0.7
 

@@ -6,6 +6,8 @@ import inspect
 import json
 import os
 import subprocess
+
+import pytest
 import sys
 
 from tfmcli.cli import app
@@ -59,7 +61,7 @@ def test_a_command_loads_its_own_module_and_not_the_model():
     assert out.count("●") == 1 + 6 + 3   # the legend, the causal grid, the padding row
     commands = {m.rsplit(".", 1)[1] for m in loaded if m.rsplit(".", 1)[0] == "tfmcli.cli"}
     assert commands & set(COMMANDS) == {"mask"}
-    assert "tfmcli.model" not in loaded and "tfmcli.gradcheck" in loaded   # the API's function
+    assert not {"tfmcli.engine.model", "tfmcli.check.gradcheck"} & loaded
     # side by side without rich's table (a tenth of the start-up), JSON only for --json
     assert not {"rich.table", "rich.columns", "json"} & loaded
 
@@ -72,13 +74,22 @@ def test_a_mistyped_command_still_gets_its_suggestion():
     assert done.stderr.strip() == "tfm: error: No such command 'forwad'. Did you mean 'forward'?"
 
 
-def test_the_modules_the_readme_names_are_attributes_of_a_bare_import_tfmcli():
-    """`import tfmcli` then `tfmcli.optim.adam_step`, as the README's Python API writes it."""
+def test_the_folders_are_attributes_of_a_bare_import_tfmcli():
+    """`import tfmcli` then `tfmcli.train.optim.adam_step`, as docs/api.md writes it."""
     code = ("import inspect, tfmcli; print(all(inspect.ismodule(getattr(tfmcli, n)) for n in "
-            "('config', 'io', 'kv', 'memory', 'ops', 'optim', 'tasks', 'train')), "
+            "('engine', 'explain', 'check', 'train', 'sources', 'render', 'io')), "
+            "inspect.isfunction(tfmcli.train.optim.adam_step), "
             "inspect.isfunction(tfmcli.gradcheck))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.stdout.split() == ["True", "True"], done.stderr
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr
+
+
+def test_a_moved_module_still_resolves_and_says_where_it_went():
+    import tfmcli
+    from tfmcli.engine import ops
+
+    with pytest.warns(DeprecationWarning, match=r"tfmcli\.ops moved to tfmcli\.engine\.ops"):
+        assert tfmcli.ops is ops
 
 
 def test_shell_completion_still_completes_a_commands_options():

@@ -16,9 +16,9 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
                      decoded_like_the_forward, float64_rotary, ok, random_params,
                      tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
-from tfmcli import ops
-from tfmcli.config import activation_shapes, flops, memory_estimate, param_shapes
-from tfmcli.gradcheck import central_differences
+from tfmcli.engine import ops
+from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.check.gradcheck import central_differences
 
 
 GATED = ["swiglu", "geglu", "geglu_erf"]   # the gated FFNs: the tests below run for each
@@ -178,7 +178,7 @@ def test_ffn_matches_hugging_face_llama_mlp_with_its_biases():
     theirs = mlp(tx)
     theirs.backward(torch.tensor(dout))
 
-    from tfmcli.model import _ffn_backward, _ffn_forward
+    from tfmcli.engine.model import _ffn_backward, _ffn_forward
     acts, caches, grads, dacts = {}, {"fast": False}, {}, {}
     out = _ffn_forward(x, params, "blocks.0.", cfg, acts, caches)
     dx = _ffn_backward(dout, "blocks.0.", cfg, caches, grads, dacts)
@@ -300,7 +300,7 @@ def test_torch_check_and_gradcheck_take_gated_ffns_from_the_command_line(activat
 
 def test_kv_step_flops_count_the_gate():
     """One token's step with a cache of one key is the full forward of one token."""
-    from tfmcli.kv import step_flops
+    from tfmcli.engine.kv import step_flops
 
     cfg = swiglu_cfg(batch=1, seq_len=1, lengths=None, layers=2, d_ff=10)
     assert step_flops(cfg, 1) == flops(cfg)[0]

@@ -153,7 +153,7 @@ def test_every_attention_tensor_marks_its_hidden_cells_the_same_way(command, nam
 
 def test_gradcheck_says_how_many_entries_of_how_many_it_checked():
     from math import prod
-    from tfmcli.config import Config, param_shapes
+    from tfmcli.engine.config import Config, param_shapes
     shapes = param_shapes(Config(d_model=32))
     entries = sum(prod(s) for s in shapes.values())
     checked = sum(min(32, prod(s)) for s in shapes.values())   # 32 sampled per tensor
@@ -304,8 +304,8 @@ def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
     """A deep model's trace shows 40 of its rows: 40 statistics, none for the JSON payload
     that is not printed; --json computes each activation's once and draws nothing."""
     import tfmcli.render.tables as tables
-    import tfmcli.summary as summary
-    from tfmcli.summary import activation_stats
+    import tfmcli.explain.summary as summary
+    from tfmcli.explain.summary import activation_stats
     calls = {"table": 0, "json": 0}
 
     def counting(where):

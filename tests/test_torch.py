@@ -1,6 +1,6 @@
 """tfm against PyTorch autograd: the same model, written independently in plain torch ops.
 
-The torch model (``tfmcli/reference.py``, which ``tfm check --against torch`` runs too) shares
+The torch model (``tfmcli/check/reference.py``, which ``tfm check --against torch`` runs too) shares
 nothing with tfmcli but the parameter dict and the inputs: the
 embedding is indexing, the positional encoding is computed in torch, layer norm is
 ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``, the
@@ -19,8 +19,8 @@ import tfmcli
 
 torch = pytest.importorskip("torch")
 
-from tfmcli import reference  # noqa: E402  (after the skip: it needs torch to run)
-from tfmcli.reference import torch_sinusoidal  # noqa: E402
+from tfmcli.check import reference  # noqa: E402  (after the skip: it needs torch to run)
+from tfmcli.check.reference import torch_sinusoidal  # noqa: E402
 from helpers import random_params  # noqa: E402
 
 TOL = 1e-9
@@ -45,7 +45,7 @@ CONFIGS = [
 
 
 def torch_run(params, inputs, cfg):
-    """(loss, logits, patterns, leaves) from tfmcli.reference, the independent torch model."""
+    """(loss, logits, patterns, leaves) from tfmcli.check.reference, the independent torch model."""
     return reference.torch_run(params, inputs, cfg)
 
 
@@ -149,7 +149,7 @@ def test_learned_positions_and_tied_head_match_torch_at_random_parameters(fields
 
 
 def test_torch_sinusoidal_matches_tfm():
-    from tfmcli.positional import sinusoidal
+    from tfmcli.engine.positional import sinusoidal
 
     for T, d in [(6, 6), (9, 7)]:
         np.testing.assert_allclose(sinusoidal(T, d), torch_sinusoidal(T, d).numpy(),

@@ -11,10 +11,10 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, run, assert_scaled_close
-from tfmcli.inputs import IGNORE
-from tfmcli.optim import Adam, adam_step, warmup_lr
-from tfmcli.tasks import answer, make_batch
-from tfmcli.train import train
+from tfmcli.engine.inputs import IGNORE
+from tfmcli.train.optim import Adam, adam_step, warmup_lr
+from tfmcli.train.tasks import answer, make_batch
+from tfmcli.train.loop import train
 
 
 @pytest.fixture(autouse=True)
@@ -200,8 +200,8 @@ def test_trained_reverse_attends_to_the_mirror_position(tmp_path):
 def test_a_small_model_trains_on_one_blas_thread_to_the_same_numbers(monkeypatch):
     """Every product of the default model is small, so its steps run on one BLAS thread (much
     faster when another program has a core), and give the same bits as on BLAS's threads."""
-    import tfmcli.train as training
-    from tfmcli import parallel
+    import tfmcli.train.loop as training
+    from tfmcli.engine import parallel
 
     cfg = tfmcli.Config(batch=32, seq_len=16, d_model=32, heads=2, vocab=11)   # the defaults'
     assert training.small(cfg)
@@ -318,7 +318,7 @@ def test_bad_train_options(args, option, needle):
 
 def test_answer_targets_score_from_the_separator_as_training_does():
     """The rule `tfm train`'s models are scored by, against make_batch's own targets."""
-    from tfmcli.tasks import answer_targets, every_target
+    from tfmcli.train.tasks import answer_targets, every_target
 
     batch = make_batch("reverse", np.random.default_rng(3), 5, 4, 7)
     everything = every_target(batch)

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfmcli.config import Config
+from tfmcli.engine.config import Config
 from tfmcli.errors import TfmError
 if TYPE_CHECKING:   # (imported for the annotations only: saving needs no model code)
-    from tfmcli.inputs import Inputs
-    from tfmcli.model import Forward, Gradients
+    from tfmcli.engine.inputs import Inputs
+    from tfmcli.engine.model import Forward, Gradients
 
 def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = None,
                grads: Gradients | None = None) -> dict[str, np.ndarray]:

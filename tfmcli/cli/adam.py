@@ -30,8 +30,8 @@ def adam(
 
     Example: tfm adam --param blocks.0.attn.W_Q --lr 0.01
     """
-    from tfmcli.adam import explain
-    from tfmcli.config import param_count, param_shapes
+    from tfmcli.explain.adam import explain
+    from tfmcli.engine.config import param_count, param_shapes
     from tfmcli.io import run_arrays
 
     check_rate(opts, lr)
@@ -101,7 +101,7 @@ def adam(
         losses = [s.loss for s in x.steps] + [x.final.loss]
         views += [
             Text("loss: " + " → ".join(f"{value:.{precision + 2}f}" for value in losses)),
-            Text(f"p differs from what tfmcli.optim.adam_step leaves (every parameter, in "
+            Text(f"p differs from what tfmcli.train.optim.adam_step leaves (every parameter, in "
                  f"{cfg.dtype}) by {engine_off:.1e}", style="dim")]
         return views
 

@@ -35,7 +35,7 @@ def attn(
     Example: tfm attn --example illustrated
     """
     from tfmcli.io import jsonable, run_arrays
-    from tfmcli.steps import illustrated_steps, model_head_backward_steps, model_head_steps, sharing
+    from tfmcli.explain.steps import illustrated_steps, model_head_backward_steps, model_head_steps, sharing
 
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
@@ -157,8 +157,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.io import run_arrays
-    from tfmcli.positional import slope_name
-    from tfmcli.steps import (explain_query, explain_query_backward, head_slope, scale_name,
+    from tfmcli.engine.positional import slope_name
+    from tfmcli.explain.steps import (explain_query, explain_query_backward, head_slope, scale_name,
                               scored, sharing)
 
     cfg = run.cfg

@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from tfmcli import config as sizes
+from tfmcli.engine import config as sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
                                emit, execute, rows_limit, show_tensors)
 from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
 from tfmcli.errors import TfmError
-from tfmcli.summary import l2_norm, max_abs, mean
+from tfmcli.explain.summary import l2_norm, max_abs, mean
 
 Layer = Enum("Layer", {name: name for name in ("embed", "ln_embed", "attn", "ln1", "ln1_post",
                                                "ln2", "ffn", "ln2_post", "ln_f", "head", "all")},

@@ -51,7 +51,7 @@ def block(
 
     Example: tfm block --position 2
     """
-    from tfmcli.block import explain
+    from tfmcli.explain.block import explain
     from tfmcli.io import run_arrays
 
     def validate(cfg):

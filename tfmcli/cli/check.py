@@ -28,7 +28,7 @@ def check(
     Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
     """
     from tfmcli.io import run_arrays
-    from tfmcli.reference import (FLOOR, TOLERANCE, MissingTorch, compare, import_torch,
+    from tfmcli.check.reference import (FLOOR, TOLERANCE, MissingTorch, compare, import_torch,
                                   torch_run)
 
     if tol is not None and not tol > 0:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.text import Text
 
 import tfmcli
-from tfmcli import config as sizes
+from tfmcli.engine import config as sizes
 from tfmcli import render
 
 
@@ -41,7 +41,7 @@ def verdict(report, directions=None) -> Text:
 def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, directions=None):
     """tfmcli.gradcheck (or, with ``directions``, ``gradcheck.directional_check``) with a
     progress bar on a terminal when there is much to do."""
-    from tfmcli.gradcheck import directional_check
+    from tfmcli.check.gradcheck import directional_check
 
     check = tfmcli.gradcheck
     kwargs = {"names": names, "max_entries": max_entries}

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 import tfmcli
-from tfmcli import config as sizes
+from tfmcli.engine import config as sizes
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
 from tfmcli.errors import TfmError
@@ -122,7 +122,7 @@ def _alibi_notes(cfg) -> str:
     four heads."""
     if cfg.pe != "alibi":
         return ""
-    from tfmcli.positional import alibi_slopes, slope_name
+    from tfmcli.engine.positional import alibi_slopes, slope_name
 
     names = [slope_name(m) for m in alibi_slopes(cfg.heads)]
     return f" (slopes {', '.join(names if len(names) <= 4 else names[:2] + ['…', names[-1]])})"
@@ -211,7 +211,7 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
     }
     arch = run.arch if run is not None else arch
     if arch is not None:   # the preset first: the rows below are what it set
-        from tfmcli.presets import PRESETS
+        from tfmcli.engine.presets import PRESETS
 
         rows = {"arch": f"{arch} (the architecture of {PRESETS[arch].family})", **rows}
     if cfg.qk_norm:   # after the norm row
@@ -260,8 +260,8 @@ def execute(opts: Options, with_grads: bool, validate=None):
     anything is computed. Returns ``(run, fwd, grads)`` (``grads`` None without
     ``with_grads``).
     """
-    from tfmcli.memory import keep_freed_memory
-    from tfmcli.model import first_nonfinite
+    from tfmcli.engine.memory import keep_freed_memory
+    from tfmcli.engine.model import first_nonfinite
 
     keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
     run = opts.run()
@@ -328,7 +328,7 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
     from tfmcli.io import jsonable
-    from tfmcli.model import block_masks
+    from tfmcli.engine.model import block_masks
 
     prefix = "d" if gradient else ""
     cfg = run.cfg

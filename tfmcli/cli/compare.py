@@ -26,7 +26,7 @@ def compare(opts: Options = None):
 
     Example: tfm compare --layers 6
     """
-    from tfmcli.compare import GROUPS, gradient_norms, reading
+    from tfmcli.explain.compare import GROUPS, gradient_norms, reading
     from tfmcli.io import run_arrays
 
     results, arrays = {}, {}

@@ -6,7 +6,7 @@ import numpy as np
 import typer
 from rich.text import Text
 
-from tfmcli import config as sizes
+from tfmcli.engine import config as sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (MAX_ROWS, WHOLE, Position, Precision, Row, check_indices,
@@ -42,9 +42,9 @@ def embed(
 
     Example: tfm embed --position 2
     """
-    from tfmcli.embedding import explain
+    from tfmcli.explain.embedding import explain
     from tfmcli.io import run_arrays
-    from tfmcli.loss import input_name as head_input
+    from tfmcli.explain.loss import input_name as head_input
 
     def validate(cfg):
         check_indices(cfg, row)

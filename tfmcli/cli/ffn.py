@@ -51,7 +51,7 @@ def ffn(
 
     Example: tfm ffn --position 2 --activation gelu
     """
-    from tfmcli.feedforward import GATE_UNITS, explain, input_name
+    from tfmcli.explain.feedforward import GATE_UNITS, explain, input_name
     from tfmcli.io import run_arrays
 
     def validate(cfg):

@@ -7,7 +7,7 @@ import typer
 from rich.cells import cell_len
 from rich.text import Text
 
-from tfmcli import config as sizes
+from tfmcli.engine import config as sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, describe, emit,
@@ -33,8 +33,8 @@ def forward(
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
     from tfmcli.io import run_arrays
-    from tfmcli.model import block_masks
-    from tfmcli.summary import activation_stats
+    from tfmcli.engine.model import block_masks
+    from tfmcli.explain.summary import activation_stats
 
     def validate(cfg):
         check_indices(cfg, row, head, block)
@@ -75,7 +75,7 @@ def forward(
 def loss_terms(run, fwd) -> list[dict]:
     """Each scored position of the batch, in order: its row, position, token and target, the
     target's probability and -log p (``ops.cross_entropy_terms``: their mean is the loss)."""
-    from tfmcli.ops import cross_entropy_terms
+    from tfmcli.engine.ops import cross_entropy_terms
 
     cache = fwd.caches["loss"]
     nll = cross_entropy_terms(fwd.acts["logits"], cache.targets, cache.valid)

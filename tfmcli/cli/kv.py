@@ -32,8 +32,8 @@ def kv(
     """
     import tfmcli
     from tfmcli.io import run_arrays
-    from tfmcli.kv import cache_slots, chosen_probabilities, decode
-    from tfmcli.masks import causal_mask, sliding_window_mask
+    from tfmcli.engine.kv import cache_slots, chosen_probabilities, decode
+    from tfmcli.engine.masks import causal_mask, sliding_window_mask
 
     def validate(cfg):
         check_indices(cfg, row, head, block)

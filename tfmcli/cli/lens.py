@@ -24,7 +24,7 @@ def lens(
     Example: tfm lens --tokens 3,1,4,1,5 -L 3
     """
     from tfmcli.io import run_arrays
-    from tfmcli.lens import logit_lens
+    from tfmcli.explain.lens import logit_lens
 
     run, fwd, _ = execute(opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row))
     cfg = run.cfg

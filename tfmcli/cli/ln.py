@@ -36,7 +36,7 @@ def ln(
     Example: tfm ln --layer ln2 --position 3
     """
     from tfmcli.io import run_arrays
-    from tfmcli.layernorm import explain
+    from tfmcli.explain.layernorm import explain
 
     top = layer in (Which.ln_f, Which.ln_embed)   # one of the model's, not a block's
     name = layer.value if top else f"blocks.{block}.{layer.value}"

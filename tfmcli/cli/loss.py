@@ -28,7 +28,7 @@ def loss(
     Example: tfm loss --position 2
     """
     from tfmcli.io import run_arrays
-    from tfmcli.loss import explain, input_name, shown_ids
+    from tfmcli.explain.loss import explain, input_name, shown_ids
 
     def validate(cfg):
         check_indices(cfg, row)

@@ -47,7 +47,7 @@ def mask(
     Example: tfm mask --len 7 --lengths 4,2,6
     """
     from tfmcli.io import jsonable
-    from tfmcli.masks import additive, causal_mask, combined_mask, padding_mask, sliding_window_mask
+    from tfmcli.engine.masks import additive, causal_mask, combined_mask, padding_mask, sliding_window_mask
 
     if window is not None and not causal:
         raise typer.BadParameter("a sliding window hides the keys far behind each query, so the "

@@ -5,7 +5,7 @@ parameters in each signature, ``with_options`` appends the groups below to a com
 parameters (Typer reads the resulting signature), sorted into --help's panels in the order a
 learner uses them (input, output, sizes, then the architecture), and hands the command one
 ``Options`` object. ``--arch`` fills the fields the user did not type from a preset
-(``tfmcli.presets``).
+(``tfmcli.engine.presets``).
 """
 
 import difflib
@@ -18,7 +18,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from tfmcli.config import Config, memory_estimate
+from tfmcli.engine.config import Config, memory_estimate
 from tfmcli.errors import ConfigError
 
 
@@ -187,7 +187,7 @@ def arch_list() -> list[str]:
     import shutil
     import sys
 
-    from tfmcli.presets import NAMES, describe
+    from tfmcli.engine.presets import NAMES, describe
 
     name_width = max(map(len, NAMES))
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
@@ -208,7 +208,7 @@ def check_arch(value: Optional[str]):
     """--arch: a preset's name; 'list' prints them all and stops."""
     if value is None:
         return None
-    from tfmcli.presets import NAMES
+    from tfmcli.engine.presets import NAMES
 
     if value == "list":
         for line in arch_list():
@@ -390,7 +390,7 @@ class Options:
         if "sliding_layers" in fields:
             fields["sliding_layers"] = parse_sliding_layers(fields["sliding_layers"])
         if self.values.get("arch"):
-            from tfmcli.presets import preset_fields
+            from tfmcli.engine.presets import preset_fields
 
             preset = preset_fields(self.values["arch"], fields)
             fields.update({name: value for name, value in preset.items()

@@ -32,7 +32,7 @@ def pe(
     Example: tfm pe --len 16 --d-model 8
     """
     from tfmcli.io import jsonable
-    from tfmcli.positional import sinusoidal, wavelengths
+    from tfmcli.engine.positional import sinusoidal, wavelengths
 
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
@@ -104,7 +104,7 @@ def _scaling(text):
     """--rope-scaling's four numbers as a config.RopeScaling, its one a
     config.LinearRopeScaling, or None."""
     from tfmcli.cli.options import parse_rope_scaling
-    from tfmcli.config import RopeScaling
+    from tfmcli.engine.config import RopeScaling
     from tfmcli.errors import ConfigError
 
     values = parse_rope_scaling(text)
@@ -125,7 +125,7 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None, rotar
     import numpy as np
 
     from tfmcli.io import jsonable
-    from tfmcli.positional import rope_angles, rope_scale, rope_scores, rope_tables, wavelengths
+    from tfmcli.engine.positional import rope_angles, rope_scale, rope_scores, rope_tables, wavelengths
 
     if d_head < 2:
         raise typer.BadParameter(f"{d_head} is a head of one dimension, which RoPE leaves "
@@ -213,7 +213,7 @@ def alibi_view(opts, length, heads, precision):
     import numpy as np
 
     from tfmcli.io import jsonable
-    from tfmcli.positional import alibi_bias, alibi_slopes, slope_name
+    from tfmcli.engine.positional import alibi_bias, alibi_slopes, slope_name
 
     slopes = alibi_slopes(heads)
     bias = alibi_bias(length, heads)                                      # (H, T, T)

@@ -19,7 +19,7 @@ from tfmcli.cli.common import Rate, Warmup, check_rate, describe, emit, height, 
 from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
                                 check_memory, choice, with_options)
 from tfmcli.errors import ConfigError
-from tfmcli.tasks import TASKS, make_batch
+from tfmcli.train.tasks import TASKS, make_batch
 
 Task = Enum("Task", {name: name for name in TASKS}, type=str)
 HELD_OUT = 256      # held-out examples for the final accuracy
@@ -52,16 +52,16 @@ def train(
     Example: tfm train --task reverse --save reverse.npz
     """
     from tfmcli.io import run_arrays
-    from tfmcli.model import block_masks
-    from tfmcli.memory import keep_freed_memory
-    from tfmcli.inputs import IGNORE
+    from tfmcli.engine.model import block_masks
+    from tfmcli.engine.memory import keep_freed_memory
+    from tfmcli.engine.inputs import IGNORE
     from tfmcli.sources import Run, parse_tokens
-    from tfmcli.train import evaluate
+    from tfmcli.train.loop import evaluate
 
     check_rate(opts, lr)
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
     if not opts.force:   # before any array: a step (or the held-out pass) and Adam's m and v
-        from tfmcli.config import param_count
+        from tfmcli.engine.config import param_count
 
         adam = 2 * param_count(cfg) * cfg.np_dtype.itemsize
         check_memory(cfg.replace(batch=max(cfg.batch, HELD_OUT)), extra=adam,
@@ -86,7 +86,7 @@ def train(
     accuracy, fwd_all = evaluate(params, cfg, held_out)
     task_info = {"task": task.value, "n": length, "symbols": symbols}
     if shown_tokens is not None:   # scored as training scores them, or every position
-        from tfmcli.tasks import scored_as_trained
+        from tfmcli.train.tasks import scored_as_trained
 
         shown, scored = scored_as_trained(tfmcli.inputs_from_tokens(shown_tokens), task_info,
                                           opts.score_all)
@@ -136,7 +136,7 @@ def train(
 
 def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
     """train() with a live progress bar (loss and accuracy) on a terminal."""
-    from tfmcli.train import train as train_model
+    from tfmcli.train.loop import train as train_model
 
     rng = np.random.default_rng([cfg.seed, 1])
     kwargs = dict(steps=steps, n=n, symbols=symbols, warmup=warmup, lr=lr)
@@ -159,7 +159,7 @@ def task_line(task, n, symbols):
 
 
 def schedule_line(cfg, warmup, lr):
-    from tfmcli.optim import warmup_lr
+    from tfmcli.train.optim import warmup_lr
 
     if lr is not None:
         return f"Adam (0.9, 0.98, 1e-9), constant lr {lr:g}"
@@ -170,7 +170,7 @@ def schedule_line(cfg, warmup, lr):
 
 def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
     """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
-    from tfmcli.inputs import IGNORE
+    from tfmcli.engine.inputs import IGNORE
 
     table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
     for header in ("prompt", "answer", "predicted", "right"):

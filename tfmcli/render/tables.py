@@ -17,7 +17,7 @@ from rich.text import Text
 
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
 from tfmcli.render.text import Printable
-from tfmcli.summary import activation_stats, l2_norm, max_abs, mean, stats
+from tfmcli.explain.summary import activation_stats, l2_norm, max_abs, mean, stats
 
 ELLIPSIS = "…"
 MISSING = "—"

@@ -15,11 +15,11 @@ from typing import Callable
 
 import numpy as np
 
-from tfmcli.config import Config
+from tfmcli.engine.config import Config
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.init import init_params
-from tfmcli.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
-from tfmcli.model import arrays_repr
+from tfmcli.engine.init import init_params
+from tfmcli.engine.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
+from tfmcli.engine.model import arrays_repr
 from tfmcli.sources import gpt2
 from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
@@ -189,7 +189,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     seed = f"seed {cfg.seed}"
     scored = "every position"
     if task is not None and inputs is not None:   # as the model was trained, or every position
-        from tfmcli.tasks import scored_as_trained
+        from tfmcli.train.tasks import scored_as_trained
 
         inputs, scored = scored_as_trained(inputs, task, score_all)
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",

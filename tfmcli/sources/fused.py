@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.config import Config, param_shapes
+from tfmcli.engine.config import Config, param_shapes
 from tfmcli.sources import llama, tensorfile
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.config import Config
+from tfmcli.engine.config import Config
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources.folder import CONFIG, model_type, read_json
 from tfmcli.sources.folder import need as need_key

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.config import Config, LinearRopeScaling, RopeScaling, param_shapes
+from tfmcli.engine.config import Config, LinearRopeScaling, RopeScaling, param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import tensorfile
 from tfmcli.sources.folder import model_type, need, read_json

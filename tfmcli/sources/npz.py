@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import GATED, Config, param_misfit
+from tfmcli.engine.config import GATED, Config, param_misfit
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.inputs import IGNORE, Inputs, first_outside
+from tfmcli.engine.inputs import IGNORE, Inputs, first_outside
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
@@ -151,7 +151,7 @@ def _task(path, arrays) -> dict | None:
         return None
     import json
 
-    from tfmcli.tasks import TASKS
+    from tfmcli.train.tasks import TASKS
 
     try:
         task = json.loads(str(arrays["task"][()]))

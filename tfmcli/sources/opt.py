@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.config import Config, param_shapes
+from tfmcli.engine.config import Config, param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import gpt_neox, llama, tensorfile
 from tfmcli.sources.folder import need, read_json

@@ -23,10 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import layernorm, ops
-from tfmcli.config import Config
-from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, Gradients, block_forward, check_within
+from tfmcli.explain import layernorm
+from tfmcli.engine import ops
+from tfmcli.engine.config import Config
+from tfmcli.check.gradcheck import central_differences
+from tfmcli.engine.model import Forward, Gradients, block_forward, check_within
 
 
 class Row(NamedTuple):

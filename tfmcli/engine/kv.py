@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import ops
-from tfmcli.config import Config, ffn_products, flops
+from tfmcli.engine import ops
+from tfmcli.engine.config import Config, ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.model import alibi_for, head_logits, normalise, positions, rope_for
+from tfmcli.engine.model import alibi_for, head_logits, normalise, positions, rope_for
 
 
 class KVStep(NamedTuple):

@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import Config
-from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, check_within
+from tfmcli.engine.config import Config
+from tfmcli.check.gradcheck import central_differences
+from tfmcli.engine.model import Forward, check_within
 
 
 def names(cfg: Config) -> list[str]:

@@ -11,11 +11,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import ops
-from tfmcli.config import Config
-from tfmcli.gradcheck import central_differences
-from tfmcli.model import Forward, check_within, mask_for, normalise, rope_for
-from tfmcli.positional import alibi_distances, alibi_slopes, slope_name
+from tfmcli.engine import ops
+from tfmcli.engine.config import Config
+from tfmcli.check.gradcheck import central_differences
+from tfmcli.engine.model import Forward, check_within, mask_for, normalise, rope_for
+from tfmcli.engine.positional import alibi_distances, alibi_slopes, slope_name
 
 
 class Step(NamedTuple):

@@ -15,13 +15,13 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tfmcli import ops, parallel, positional
-from tfmcli.config import ADDED_PES, Config, param_misfit
+from tfmcli.engine import ops, parallel, positional
+from tfmcli.engine.config import ADDED_PES, Config, param_misfit
 from tfmcli.errors import InputsError
-from tfmcli.inputs import (   # noqa: F401 (also re-exported: tfmcli.model.IGNORE as before)
+from tfmcli.engine.inputs import (   # noqa: F401 (also re-exported: tfmcli.engine.model.IGNORE as before)
     IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs)
-from tfmcli.masks import combined_mask, padding_mask
-from tfmcli.positional import sinusoidal
+from tfmcli.engine.masks import combined_mask, padding_mask
+from tfmcli.engine.positional import sinusoidal
 
 
 def check_params(params: dict, cfg: Config) -> None:
@@ -451,7 +451,7 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
     fast : bool
         Attention, layer norm and the embedding gradient through the fast path (``ops.*_fast``:
         fewer passes and fresh arrays), and the heavy operations in parts on the machine's cores
-        (``tfmcli.parallel``), equal to the reference path (False: plain NumPy) to rounding.
+        (``tfmcli.engine.parallel``), equal to the reference path (False: plain NumPy) to rounding.
         The backward follows the forward's choice.
     """
     check_params(params, cfg)
@@ -474,7 +474,7 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
     """The fast path of a step big enough (``threaded``) cuts its heavy operations into parts
-    on the machine's cores (``tfmcli.parallel``); the reference path, and the fast path of a
+    on the machine's cores (``tfmcli.engine.parallel``); the reference path, and the fast path of a
     smaller step, run in one piece: plain NumPy, each product on BLAS's own threads."""
     return contextlib.nullcontext() if fast and threaded(cfg, B, T) else parallel.one_piece()
 

@@ -91,7 +91,7 @@ def rope_scores(T, d_head, base=10000.0, scaling=None, turned=None):
     ``sum_i 2 cos((t - s) theta_i) / d_head``, plus ``1 / d_head`` for each unturned
     dimension (an odd head's last; with ``turned``, RoPE on the first ``turned`` dimensions
     only, ``Config.rotary_dim``, the rest)."""
-    from tfmcli import ops
+    from tfmcli.engine import ops
 
     cos, sin = rope_tables(T, turned or d_head, base=base, scaling=scaling)
     u = ops.rope_forward(np.full((T, d_head), 1 / np.sqrt(d_head)), cos, sin)   # (T, d_head)

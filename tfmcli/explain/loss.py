@@ -13,10 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import ops
-from tfmcli.config import Config
-from tfmcli.gradcheck import batched_central_differences
-from tfmcli.model import Forward, check_within, head_weights
+from tfmcli.engine import ops
+from tfmcli.engine.config import Config
+from tfmcli.check.gradcheck import batched_central_differences
+from tfmcli.engine.model import Forward, check_within, head_weights
 
 
 def input_name(cfg: Config) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfmcli.config import Config
+from tfmcli.engine.config import Config
 
 # RoPE families share these; LLaMA's rms_norm_eps default is 1e-6
 _ROPE = dict(pe="rope", head_bias=False)

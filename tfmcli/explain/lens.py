@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import ops
-from tfmcli.config import Config
-from tfmcli.model import Forward, head_logits, normalise
+from tfmcli.engine import ops
+from tfmcli.engine.config import Config
+from tfmcli.engine.model import Forward, head_logits, normalise
 
 
 class LensRow(NamedTuple):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfmcli.model import arrays_repr
+from tfmcli.engine.model import arrays_repr
 
 BETA1, BETA2, EPS = 0.9, 0.98, 1e-9  # "Attention Is All You Need", as seed 004 quotes it
 

@@ -2,7 +2,7 @@
 
 Seed 004 gives Adam's constants (beta1 0.9, beta2 0.98, eps 1e-9) and the warm-up schedule
 ``lr = d_model^-0.5 min(t^-0.5, t warmup^-1.5)``. This trains on the run's own batch, step by
-step, with the hand-written backward and ``tfmcli.optim.adam_step``, and beside it writes out
+step, with the hand-written backward and ``tfmcli.train.optim.adam_step``, and beside it writes out
 every term of the update for the chosen entries: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 -
 b2) g^2``, ``m_hat = m / (1 - b1^t)``, ``v_hat = v / (1 - b2^t)`` and the step ``lr m_hat /
 (sqrt(v_hat) + eps)``, in float64, each checked against the parameters the engine's update
@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import Config
-from tfmcli.inputs import Inputs
-from tfmcli.model import Forward, backward, forward
-from tfmcli.optim import Adam, adam_step, warmup_lr
+from tfmcli.engine.config import Config
+from tfmcli.engine.inputs import Inputs
+from tfmcli.engine.model import Forward, backward, forward
+from tfmcli.train.optim import Adam, adam_step, warmup_lr
 
 
 class AdamStep(NamedTuple):
@@ -33,7 +33,7 @@ class AdamStep(NamedTuple):
     v_hat: np.ndarray      # v / (1 - b2^t)
     update: np.ndarray     # lr m_hat / (sqrt(v_hat) + eps): what is subtracted
     p: np.ndarray          # the entries after the update, by these formulas
-    engine_p: np.ndarray   # the same entries as tfmcli.optim.adam_step leaves them
+    engine_p: np.ndarray   # the same entries as tfmcli.train.optim.adam_step leaves them
 
 
 class AdamExplained(NamedTuple):

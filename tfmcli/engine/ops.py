@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli import erf_series, parallel
+from tfmcli.engine import erf_series, parallel
 
 # ---------------------------------------------------------------- embedding
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.model import Gradients
+from tfmcli.engine.model import Gradients
 
 GROUPS = ("attn", "ln", "ffn")
 

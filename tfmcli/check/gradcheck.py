@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:   # NumPy and the model load when a check runs: `import tfmcli` stays light
-    from tfmcli.config import Config
-    from tfmcli.inputs import Inputs
+    from tfmcli.engine.config import Config
+    from tfmcli.engine.inputs import Inputs
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
 FLOOR = 1e-3  # errors are measured against at least this fraction of the largest gradient
@@ -108,7 +108,7 @@ def gradcheck(
     """
     import numpy as np
 
-    from tfmcli.model import backward, forward, unchecked_forward
+    from tfmcli.engine.model import backward, forward, unchecked_forward
 
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg)   # checks params and inputs, for the loop below too
@@ -192,7 +192,7 @@ def directional_check(
     """
     import numpy as np
 
-    from tfmcli.model import backward, forward, unchecked_forward
+    from tfmcli.engine.model import backward, forward, unchecked_forward
 
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.config import Config
+from tfmcli.engine.config import Config
 from tfmcli.errors import InputsError
 
 

@@ -13,13 +13,13 @@ from typing import Callable
 
 import numpy as np
 
-from tfmcli import parallel
-from tfmcli.config import Config
+from tfmcli.engine import parallel
+from tfmcli.engine.config import Config
 from tfmcli.errors import TfmError
-from tfmcli.inputs import IGNORE, Inputs
-from tfmcli.model import backward, forward, largest_product, unchecked_forward
-from tfmcli.optim import Adam, adam_step, warmup_lr
-from tfmcli.tasks import make_batch
+from tfmcli.engine.inputs import IGNORE, Inputs
+from tfmcli.engine.model import backward, forward, largest_product, unchecked_forward
+from tfmcli.train.optim import Adam, adam_step, warmup_lr
+from tfmcli.train.tasks import make_batch
 
 
 @dataclass

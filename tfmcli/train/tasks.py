@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.inputs import IGNORE, Inputs
+from tfmcli.engine.inputs import IGNORE, Inputs
 
 TASKS = ("copy", "reverse", "sort")
 

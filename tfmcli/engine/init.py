@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.config import Config, param_shapes
+from tfmcli.engine.config import Config, param_shapes
 
 
 def draw_weight(rng, scheme, shape):

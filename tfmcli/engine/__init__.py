@@ -1,0 +1,10 @@
+"""The model itself: the Config and its sizes, the forward/backward pairs of every part (``ops``),
+positions, masks, the weights' initialisation, the inputs, the whole pass (``model``: embed ->
+blocks -> head -> loss, forward and backward by hand), decoding with a KV cache (``kv``), the
+memory estimate and how BLAS threads are used. It imports NumPy and ``tfmcli.errors`` only:
+nothing here explains, renders, reads a file or trains.
+"""
+
+from tfmcli import submodules
+
+__getattr__ = submodules(__name__)   # tfmcli.engine.NAME imported when first named
