@@ -42,7 +42,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import tfmcli  # noqa: E402
-from tfmcli.engine.config import Config, flops  # noqa: E402
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import flops  # noqa: E402
 from tfmcli.engine.memory import keep_freed_memory  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep

@@ -9,7 +9,7 @@ import numpy as np
 
 import tfmcli
 from tfmcli.engine import ops
-from tfmcli.engine.config import flops, memory_estimate, param_count
+from tfmcli.engine.sizes import flops, memory_estimate, param_count
 
 # %% 1. A run: config, parameters, inputs, forward, backward
 cfg = tfmcli.Config(seed=1000)                      # B=2 T=4 d=6 H=2 V=8 L=1, Pre-LN, causal

@@ -14,7 +14,7 @@ import pytest
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
                      rewrite_config, run, unpatched_logits_off)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.engine.positional import alibi_slopes
 from tfmcli.sources import bloom
 

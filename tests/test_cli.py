@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import tfmcli
 from helpers import error_line, ok, random_params, run
 from tfmcli.cli import app  # noqa: F401
-from tfmcli.engine.config import activation_shapes, param_shapes
+from tfmcli.engine.sizes import activation_shapes, param_shapes
 
 runner = CliRunner()
 

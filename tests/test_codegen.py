@@ -13,7 +13,7 @@ import pytest
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line,
                      gptj_in_float64, gptj_scores_in_float64, hf_saved, rewrite_config, run)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import codegen, gptj, tensorfile
 
 SMALL = dict(vocab_size=40, n_embd=32, n_layer=2, n_head=8, rotary_dim=2, n_inner=48,

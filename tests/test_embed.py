@@ -228,7 +228,7 @@ def test_cli_embed_checks_fewer_entries_on_a_large_model(monkeypatch):
     monkeypatch.setattr(embed, "LARGE", 8447)
     data = json.loads(ok("embed", "--json").stdout)
     assert data["checked"] == [int(np.argmax(np.abs(data["dW_E"])))]
-    assert tfmcli.engine.config.flops(tfmcli.Config())[0] == 8448
+    assert tfmcli.engine.sizes.flops(tfmcli.Config())[0] == 8448
 
 
 @pytest.mark.parametrize("args, option, needle", [

@@ -15,7 +15,7 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
                      error_line, ok, random_params, run, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli.engine.config import param_shapes
+from tfmcli.engine.sizes import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 

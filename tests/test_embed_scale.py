@@ -16,7 +16,7 @@ import tfmcli
 from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, ok, random_params, torch_reference_rows,
                      assert_scaled_close)
-from tfmcli.engine.config import memory_estimate
+from tfmcli.engine.sizes import memory_estimate
 
 
 def scaled_cfg(**fields):

@@ -237,7 +237,8 @@ def test_huge_whole_numbers_are_usage_errors(args, line):
 def test_sizes_are_counted_in_python_integers():
     """Issue 59: shapes multiplied in int64 wrapped to a negative count for a huge -d, which
     passed the memory guard."""
-    from tfmcli.engine.config import Config, listed, memory_estimate, numel, param_count
+    from tfmcli.engine.config import Config, listed
+    from tfmcli.engine.sizes import memory_estimate, numel, param_count
 
     assert numel((2**31, 2**31, 2**31)) == 2**93
     cfg = Config(d_model=2**30, heads=2**10, vocab=2**30, layers=8)

@@ -16,7 +16,7 @@ import pytest
 import tfmcli
 from helpers import error_line, ok, random_params, run, assert_scaled_close
 from tfmcli.engine import ops
-from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.engine.sizes import activation_shapes, flops, memory_estimate, param_shapes
 
 
 def geglu_cfg(**fields):

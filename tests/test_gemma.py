@@ -18,7 +18,7 @@ import tfmcli
 from helpers import (assert_folder_matches_hf, assert_gemma_weights_read_to_the_bit,
                      assert_grads_match, error_line, float64_gemma, gemma_holding, hf_logits,
                      hf_saved, llama_grads, ok, random_params, run, tfm_grads_matching_hf)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gemma
 
 GEMMA = dict(pe="rope", activation="geglu", rms_norm=True, head_bias=False, bias=False,

@@ -23,7 +23,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      gemma_holding, hf_logits, hf_saved, ok, random_params, run,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
-from tfmcli.engine.config import activation_shapes, memory_estimate, param_count, param_shapes
+from tfmcli.engine.sizes import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 
 

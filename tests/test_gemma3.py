@@ -24,7 +24,8 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
 from tfmcli.engine import ops, positional
-from tfmcli.engine.config import LinearRopeScaling, RopeScaling, memory_estimate, param_count
+from tfmcli.engine.config import LinearRopeScaling, RopeScaling
+from tfmcli.engine.sizes import memory_estimate, param_count
 from tfmcli.sources import gemma3, llama
 
 

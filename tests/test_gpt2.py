@@ -85,7 +85,7 @@ def test_names_map_as_the_readme_says(checkpoint):
                         tied_head=True, head_bias=False, activation="gelu", seq_len=5, batch=1)
     fields, params = gpt2.load_checkpoint(checkpoint, np.float64)
     raw = gpt2_tensors()
-    assert set(params) == set(tfmcli.engine.config.param_shapes(cfg))
+    assert set(params) == set(tfmcli.engine.sizes.param_shapes(cfg))
     d = 12
     np.testing.assert_array_equal(params["embed.W_E"], raw["transformer.wte.weight"])
     np.testing.assert_array_equal(params["embed.W_pos"], raw["transformer.wpe.weight"])

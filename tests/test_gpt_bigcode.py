@@ -12,7 +12,7 @@ import pytest
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
                      rewrite_config, run)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gpt_bigcode
 
 SMALL = dict(vocab_size=40, n_embd=16, n_layer=2, n_head=4, n_positions=12, bos_token_id=1,

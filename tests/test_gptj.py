@@ -15,7 +15,7 @@ import tfmcli
 from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
                      error_line, gptj_in_float64, gptj_scores_in_float64, hf_logits, hf_saved,
                      rewrite_config, run)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gptj
 
 SMALL = dict(vocab_size=40, n_embd=24, n_layer=2, n_head=2, rotary_dim=4, n_inner=32,

@@ -18,7 +18,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
 from tfmcli.engine import ops
-from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.engine.sizes import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.errors import ConfigError
 from tfmcli.engine.kv import step_flops
 

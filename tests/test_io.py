@@ -54,7 +54,7 @@ def test_save_layout_has_every_section(tmp_path):
         keys = set(npz.files)
         assert {f"act/{n}" for n in fwd.acts} <= keys
         assert {f"actgrad/{n}" for n in fwd.acts} <= keys
-        assert {f"grad/{n}" for n in tfmcli.engine.config.param_shapes(cfg)} <= keys
+        assert {f"grad/{n}" for n in tfmcli.engine.sizes.param_shapes(cfg)} <= keys
         assert json.loads(str(npz["config"]))["norm"] == "post"
         assert npz["config"].shape == () and npz["loss"].shape == ()
 

@@ -8,7 +8,7 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.engine.config import flops
+from tfmcli.engine.sizes import flops
 from tfmcli.engine.kv import decode, step_flops
 
 

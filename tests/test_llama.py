@@ -18,7 +18,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
 from tfmcli.engine import positional
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.errors import ConfigError
 
 # LLaMA's block: RMSNorm, RoPE, SwiGLU, grouped keys, no biases anywhere

@@ -72,7 +72,7 @@ def test_hugging_face_folders_are_read_to_the_bit(tmp_path, dtype, shard, extra)
         assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
     fields, params = llama.load_checkpoint(tmp_path, np.float64)
     cfg = tfmcli.Config(**fields)
-    assert list(params) == list(tfmcli.engine.config.param_shapes(cfg))   # tfm's names, in its order
+    assert list(params) == list(tfmcli.engine.sizes.param_shapes(cfg))   # tfm's names, in its order
     assert cfg.rope_theta == extra.get("rope_theta", 10000.0)
     assert cfg.bias == extra.get("attention_bias", False)
     for key, name, transposed in llama.name_map(fields):

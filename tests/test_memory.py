@@ -1,6 +1,6 @@
 """The memory estimate against what NumPy really allocates, and the CLI's refusal to overcommit.
 
-``config.memory_estimate(cfg)["total"]`` promises the peak bytes of init + forward + backward.
+``sizes.memory_estimate(cfg)["total"]`` promises the peak bytes of init + forward + backward.
 NumPy reports every array buffer to ``tracemalloc``, so the real peak is measurable in-process;
 the estimate must be within 8% of it on configs big enough (MBs to a few hundred MB) that
 Python's fixed overheads do not matter. Measured: 0.956 (one block, T = 1024, float32) to 1.071
@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 import tfmcli
 from tfmcli.cli import options
 from tfmcli.cli import app
-from tfmcli.engine.config import Config, memory_estimate, param_count
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import memory_estimate, param_count
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ import pytest
 import tfmcli
 from helpers import random_params, assert_scaled_close
 from tfmcli.engine import masks, ops, positional
-from tfmcli.engine.config import activation_shapes, param_shapes
+from tfmcli.engine.sizes import activation_shapes, param_shapes
 from tfmcli.engine.model import first_nonfinite
 
 MASKS = {

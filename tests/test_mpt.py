@@ -12,7 +12,7 @@ import pytest
 import tfmcli
 from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved, ok,
                      rewrite_config, run, unpatched_logits_off)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import mpt
 
 SMALL = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=4, max_seq_len=64)   # d_head 4

@@ -13,7 +13,7 @@ import pytest
 
 import tfmcli
 from helpers import (assert_folder_matches_hf, error_line, hf_saved, rewrite_config, run)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import opt, tensorfile
 
 SMALL = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

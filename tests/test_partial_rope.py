@@ -19,7 +19,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      neox_from, ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows,
                      assert_scaled_close)
 from tfmcli.engine import ops, positional
-from tfmcli.engine.config import memory_estimate
+from tfmcli.engine.sizes import memory_estimate
 
 
 def partial_cfg(**fields):

@@ -14,7 +14,7 @@ import pytest
 import tfmcli
 from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
                      error_line, hf_saved, run)
-from tfmcli.engine.config import param_count, param_shapes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import llama, phi3, tensorfile
 
 PHI3 = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False)

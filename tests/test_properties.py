@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 import tfmcli
 from tfmcli.engine import ops
 from tfmcli.cli import app
-from tfmcli.engine.config import Config, activation_shapes, divisors, param_shapes
+from tfmcli.engine.config import Config, divisors
+from tfmcli.engine.sizes import activation_shapes, param_shapes
 from tfmcli.io import run_arrays, save_npz
 from tfmcli.engine.masks import combined_mask
 from tfmcli.engine.model import first_nonfinite

@@ -19,7 +19,7 @@ from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
                      error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
                      tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
 from tfmcli.engine import ops
-from tfmcli.engine.config import activation_shapes, memory_estimate, param_count, param_shapes
+from tfmcli.engine.sizes import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import llama, qwen3
 
 QWEN3 = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False,
@@ -42,7 +42,7 @@ def test_each_block_has_a_norm_for_queries_and_one_for_keys():
         "blocks.0.attn.q_norm.gamma": (6,), "blocks.0.attn.k_norm.gamma": (6,)}
     layer_norm = param_shapes(qwen3_cfg(rms_norm=False))   # with layer norm, a beta each too
     assert layer_norm["blocks.0.attn.k_norm.beta"] == (6,)
-    assert tfmcli.engine.config.param_groups(qwen3_cfg())["attn"] == (
+    assert tfmcli.engine.sizes.param_groups(qwen3_cfg())["attn"] == (
         16 * 24 + 2 * 16 * 12 + 24 * 16 + 2 * 6) * 1
     acts = list(activation_shapes(qwen3_cfg()))
     at = acts.index("blocks.0.attn.v")

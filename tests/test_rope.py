@@ -15,7 +15,7 @@ from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_li
                      neox_from, ok, random_params, run, tfm_grads_matching_hf,
                      torch_reference_rows, assert_scaled_close)
 from tfmcli.engine import ops
-from tfmcli.engine.config import activation_shapes, memory_estimate
+from tfmcli.engine.sizes import activation_shapes, memory_estimate
 from tfmcli.engine.positional import rope_angles, rope_tables
 
 

@@ -18,7 +18,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      torch_reference_rows,
                      assert_scaled_close)
 from tfmcli.explain import block, feedforward, layernorm
-from tfmcli.engine.config import activation_shapes, param_shapes
+from tfmcli.engine.sizes import activation_shapes, param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 

@@ -85,7 +85,7 @@ def test_mistral_7b_has_its_parameter_count():
     """mistralai/Mistral-7B-v0.1's sizes (its config.json): 7,241,732,096 parameters."""
     cfg = tfmcli.Config(d_model=4096, heads=32, kv_heads=8, layers=32, d_ff=14336, vocab=32000,
                         sliding_window=4096, **MISTRAL)
-    assert tfmcli.engine.config.param_count(cfg) == 7_241_732_096
+    assert tfmcli.engine.sizes.param_count(cfg) == 7_241_732_096
 
 
 @pytest.mark.parametrize("fields", [

@@ -16,7 +16,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
                      decoded_like_the_forward, error_line, ok, random_params, run,
                      torch_reference_rows, assert_scaled_close)
 from tfmcli.engine import ops
-from tfmcli.engine.config import memory_estimate
+from tfmcli.engine.sizes import memory_estimate
 
 
 def capped_cfg(**fields):

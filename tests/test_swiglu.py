@@ -17,7 +17,7 @@ from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, asse
                      decoded_like_the_forward, float64_rotary, ok, random_params,
                      tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
 from tfmcli.engine import ops
-from tfmcli.engine.config import activation_shapes, flops, memory_estimate, param_shapes
+from tfmcli.engine.sizes import activation_shapes, flops, memory_estimate, param_shapes
 from tfmcli.check.gradcheck import central_differences
 
 

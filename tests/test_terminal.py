@@ -153,7 +153,8 @@ def test_every_attention_tensor_marks_its_hidden_cells_the_same_way(command, nam
 
 def test_gradcheck_says_how_many_entries_of_how_many_it_checked():
     from math import prod
-    from tfmcli.engine.config import Config, param_shapes
+    from tfmcli.engine.config import Config
+    from tfmcli.engine.sizes import param_shapes
     shapes = param_shapes(Config(d_model=32))
     entries = sum(prod(s) for s in shapes.values())
     checked = sum(min(32, prod(s)) for s in shapes.values())   # 32 sampled per tensor

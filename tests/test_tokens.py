@@ -102,7 +102,7 @@ def test_forward_refuses_params_that_do_not_fit_the_config(changed, reason):
 
 
 def test_param_misfit_is_the_first_misfit_with_a_count_of_the_others_of_its_kind():
-    from tfmcli.engine.config import param_misfit
+    from tfmcli.engine.sizes import param_misfit
 
     cfg = tfmcli.Config()
     params = tfmcli.init_params(cfg)

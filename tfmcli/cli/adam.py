@@ -31,7 +31,7 @@ def adam(
     Example: tfm adam --param blocks.0.attn.W_Q --lr 0.01
     """
     from tfmcli.explain.adam import explain
-    from tfmcli.engine.config import param_count, param_shapes
+    from tfmcli.engine.sizes import param_count, param_shapes
     from tfmcli.io import run_arrays
 
     check_rate(opts, lr)

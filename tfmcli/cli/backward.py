@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.text import Text
 
 import tfmcli
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 import tfmcli
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
 from tfmcli.errors import TfmError

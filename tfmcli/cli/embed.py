@@ -6,7 +6,7 @@ import numpy as np
 import typer
 from rich.text import Text
 
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (MAX_ROWS, WHOLE, Position, Precision, Row, check_indices,

@@ -7,7 +7,7 @@ import typer
 from rich.cells import cell_len
 from rich.text import Text
 
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, describe, emit,

@@ -18,7 +18,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from tfmcli.engine.config import Config, memory_estimate
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import memory_estimate
 from tfmcli.errors import ConfigError
 
 

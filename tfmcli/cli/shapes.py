@@ -2,7 +2,7 @@
 
 import json
 
-from tfmcli.engine import config as sizes
+from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, rows_limit

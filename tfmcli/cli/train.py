@@ -61,7 +61,7 @@ def train(
     check_rate(opts, lr)
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
     if not opts.force:   # before any array: a step (or the held-out pass) and Adam's m and v
-        from tfmcli.engine.config import param_count
+        from tfmcli.engine.sizes import param_count
 
         adam = 2 * param_count(cfg) * cfg.np_dtype.itemsize
         check_memory(cfg.replace(batch=max(cfg.batch, HELD_OUT)), extra=adam,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.engine.config import Config, param_shapes
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import param_shapes
 
 
 def draw_weight(rng, scheme, shape):
@@ -26,7 +27,7 @@ def init_params(cfg: Config) -> dict[str, np.ndarray]:
     """Every parameter of the model, by name.
 
     Weights (every 2-D parameter, the embedding included) are drawn in the order of
-    ``config.param_shapes`` from ``np.random.default_rng(cfg.seed)``; biases and betas are 0,
+    ``sizes.param_shapes`` from ``np.random.default_rng(cfg.seed)``; biases and betas are 0,
     gammas are 1. Every array has ``cfg.dtype``.
     """
     rng = np.random.default_rng(cfg.seed)

@@ -13,7 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.engine import ops
-from tfmcli.engine.config import Config, ffn_products, flops
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
 from tfmcli.engine.model import alibi_for, head_logits, normalise, positions, rope_for
 

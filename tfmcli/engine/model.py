@@ -1,7 +1,7 @@
 """The stack: embed -> blocks -> head -> loss, and its hand-written backward.
 
 ``forward`` records every intermediate under a dotted name (the names and shapes of
-``config.activation_shapes``, in that order) and keeps the caches the backward needs;
+``sizes.activation_shapes``, in that order) and keeps the caches the backward needs;
 ``backward`` walks the same path in reverse and returns every parameter's gradient, with the
 gradient of every named activation alongside.
 """
@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from tfmcli.engine import ops, parallel, positional
-from tfmcli.engine.config import ADDED_PES, Config, param_misfit
+from tfmcli.engine.config import ADDED_PES, Config
+from tfmcli.engine.sizes import param_misfit
 from tfmcli.errors import InputsError
 from tfmcli.engine.inputs import (   # noqa: F401 (also re-exported: tfmcli.engine.model.IGNORE as before)
     IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs)
@@ -26,7 +27,7 @@ from tfmcli.engine.positional import sinusoidal
 
 def check_params(params: dict, cfg: Config) -> None:
     """Raise ``InputsError`` unless ``params`` are exactly the parameters of ``cfg``'s model
-    (``config.param_misfit``). A vocab or d_ff changed in the Config but not in the weights
+    (``sizes.param_misfit``). A vocab or d_ff changed in the Config but not in the weights
     would otherwise run on the old sizes, and float64 weights under dtype float32 in float64."""
     misfit = param_misfit(params, cfg)
     if misfit is None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.engine.config import Config, param_shapes
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import param_shapes
 from tfmcli.sources import llama, tensorfile
 
 

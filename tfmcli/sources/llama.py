@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmcli.engine.config import Config, LinearRopeScaling, RopeScaling, param_shapes
+from tfmcli.engine.config import Config, LinearRopeScaling, RopeScaling
+from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import tensorfile
 from tfmcli.sources.folder import model_type, need, read_json
@@ -438,7 +439,7 @@ def _gemma3_rope(path, config: dict):
 
 def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, bool]]:
     """(Hugging Face key, tfm parameter, transposed) for every weight, in tfm's order: each
-    key that maps to a parameter these fields' Config has (``config.param_shapes`` decides
+    key that maps to a parameter these fields' Config has (``sizes.param_shapes`` decides
     which biases there are, and whether the head is its own). ``fused``: Phi-3's layout, one
     ``qkv_proj`` and one ``gate_up_proj`` a layer, whose tfm parameter is a tuple of names,
     stacked along the output axis in that order (the rows of the stored ``(d_out, d_in)``)."""

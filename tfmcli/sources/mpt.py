@@ -28,7 +28,8 @@ import json
 
 import numpy as np
 
-from tfmcli.engine.config import Config, param_shapes
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import fused, gpt_neox, llama
 from tfmcli.sources.folder import need, read_json

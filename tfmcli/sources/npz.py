@@ -8,7 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.engine.config import GATED, Config, param_misfit
+from tfmcli.engine.config import GATED, Config
+from tfmcli.engine.sizes import param_misfit
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.engine.inputs import IGNORE, Inputs, first_outside
 

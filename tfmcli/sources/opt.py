@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfmcli.engine.config import Config, param_shapes
+from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import gpt_neox, llama, tensorfile
 from tfmcli.sources.folder import need, read_json
