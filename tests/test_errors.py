@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -244,3 +245,35 @@ def test_sizes_are_counted_in_python_integers():
     cfg = Config(d_model=2**30, heads=2**10, vocab=2**30, layers=8)
     assert param_count(cfg) > 2**63 and memory_estimate(cfg)["total"] > 2**63
     assert listed(list(range(1, 30))) == "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, ..., 29"
+
+
+def test_every_config_field_has_its_rule_in_the_configs_order():
+    """engine/config.py's RULES: one line per field (lengths and rope_scaling are parsed)."""
+    from dataclasses import fields
+
+    from tfmcli.engine.config import OPTIONAL, RULES
+    names = [f.name for f in fields(tfmcli.Config)]
+    assert list(RULES) == [n for n in names if n not in ("lengths", "rope_scaling")]
+    assert OPTIONAL == {f.name for f in fields(tfmcli.Config) if f.default is None} - {
+        "lengths", "rope_scaling"}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("eps", True, "eps must be a positive finite number, got True"),
+    ("rope_theta", float("inf"), "rope_theta must be a positive finite number, got inf"),
+    ("seed", -1, "seed must be a non-negative integer, got -1"),
+    ("pe", "rotary", "pe='rotary' is not one of sinusoidal, learned, none, rope, alibi"),
+    ("qk_norm", 1, "qk_norm must be true or false, got 1"),
+    ("sliding_layers", (0, 1.5), "sliding_layers must be block numbers, got (0, 1.5)"),
+])
+def test_a_field_outside_its_rule_is_named_with_what_it_must_be(field, value, message):
+    with pytest.raises(tfmcli.ConfigError) as error:
+        tfmcli.Config(**{field: value})
+    assert (error.value.field, str(error.value)) == (field, message)
+
+
+def test_the_rules_keep_the_types_the_engine_reads():
+    cfg = tfmcli.Config(batch=np.int64(3), rotary_dim=np.int32(2), pe="rope", attn_softcap=50,
+                        sliding_window=2, sliding_layers=[np.int64(0)])
+    assert [type(v) for v in (cfg.batch, cfg.rotary_dim, cfg.attn_softcap)] == [int, int, float]
+    assert cfg.sliding_layers == (0,) and type(cfg.sliding_layers[0]) is int

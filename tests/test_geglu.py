@@ -120,10 +120,11 @@ def test_ffn_matches_hugging_face_gemma_mlp():
     theirs = mlp(tx)
     theirs.backward(torch.tensor(dout))
 
-    from tfmcli.engine.model import _ffn_backward, _ffn_forward
-    acts, caches, grads, dacts = {}, {"fast": False}, {}, {}
-    out = _ffn_forward(x, params, "blocks.0.", cfg, acts, caches)
-    dx = _ffn_backward(dout, "blocks.0.", cfg, caches, grads, dacts)
+    from tfmcli.engine.blocks import Tape, ffn, ffn_backward
+    tape = Tape(params, cfg, {"fast": False})
+    out = ffn(tape, x, "blocks.0.")
+    dx = ffn_backward(tape, dout, "blocks.0.")
+    grads, acts = tape.grads, tape.acts
     assert (acts[p + "gate"] < -0.75).any() and (acts[p + "gate"] > 0).any()
     assert_scaled_close(out, theirs.detach().numpy(), floor=1e-13)
     assert_scaled_close(dx, tx.grad.numpy(), floor=1e-13)

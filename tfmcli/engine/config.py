@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -102,6 +102,68 @@ class LinearRopeScaling(NamedTuple):
     def to_dict(self) -> dict:
         """As ``config.json`` writes it: ``{"rope_type": "linear", "factor": ...}``."""
         return {"rope_type": "linear", "factor": self.factor}
+
+
+# ------------------------------------------------------------------ what each field may be
+
+def _whole(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+            and bool(np.isfinite(value)))
+
+
+class Rule(NamedTuple):
+    """What one field's value must be: ``holds(value)``, said as ``must`` in the error (or, for
+    a choice, the values allowed), and the type the Config keeps it as (``convert``)."""
+    holds: Callable[[object], bool]
+    must: str
+    convert: Callable | None = None
+
+    def message(self, name: str, value) -> str:
+        if self.must.startswith("one of"):
+            return f"{name}={value!r} is not {self.must}"
+        return f"{name} must be {self.must}, got {value!r}"
+
+
+POSITIVE_INT = Rule(lambda v: _whole(v) and v >= 1, "a positive integer", int)
+NON_NEGATIVE_INT = Rule(lambda v: _whole(v) and v >= 0, "a non-negative integer")
+POSITIVE = Rule(lambda v: _finite(v) and v > 0, "a positive finite number")
+POSITIVE_FLOAT = Rule(POSITIVE.holds, POSITIVE.must, float)   # kept as a Python float
+SWITCH = Rule(lambda v: isinstance(v, (bool, np.bool_)), "true or false")
+
+
+def one_of(choices: tuple[str, ...]) -> Rule:
+    return Rule(lambda v: v in choices, "one of " + ", ".join(choices))
+
+
+def block_numbers(value) -> bool:
+    return isinstance(value, tuple) and all(map(_whole, value))
+
+
+# Each field's rule, in the Config's order; the rules between fields are Config._check_relations.
+RULES = {
+    "batch": POSITIVE_INT, "seq_len": POSITIVE_INT, "d_model": POSITIVE_INT,
+    "heads": POSITIVE_INT, "d_ff": POSITIVE_INT, "vocab": POSITIVE_INT, "layers": POSITIVE_INT,
+    "norm": one_of(NORMS), "activation": one_of(ACTIVATIONS), "causal": SWITCH,
+    "pe": one_of(PES), "init": one_of(INITS), "dtype": one_of(DTYPES), "eps": POSITIVE,
+    "seed": NON_NEGATIVE_INT, "n_ctx": POSITIVE_INT, "tied_head": SWITCH, "head_bias": SWITCH,
+    "rms_norm": SWITCH, "kv_heads": POSITIVE_INT, "rope_theta": POSITIVE, "bias": SWITCH,
+    "qkv_bias": SWITCH, "sliding_window": POSITIVE_INT, "head_dim": POSITIVE_INT,
+    "qk_norm": SWITCH, "embed_scale": SWITCH, "attn_softcap": POSITIVE_FLOAT,
+    "logit_softcap": POSITIVE_FLOAT, "attn_scale": POSITIVE_FLOAT,
+    "sandwich_norm": SWITCH,
+    "sliding_layers": Rule(block_numbers, "block numbers", lambda v: tuple(map(int, v))),
+    "rope_local_theta": POSITIVE_FLOAT, "rotary_dim": POSITIVE_INT,
+    "parallel_residual": SWITCH, "shared_norm": SWITCH, "ffn_bias": SWITCH,
+    "embed_norm": SWITCH, "norm_bias": SWITCH,
+}
+# the fields that may be None (the Config's defaults say what None means)
+OPTIONAL = {"d_ff", "n_ctx", "kv_heads", "sliding_window", "head_dim", "attn_softcap",
+            "logit_softcap", "attn_scale", "sliding_layers", "rope_local_theta", "rotary_dim"}
+
 
 
 @dataclass(frozen=True)
@@ -318,40 +380,36 @@ class Config:
             object.__setattr__(self, "rope_scaling", RopeScaling.parse(self.rope_scaling))
         if isinstance(self.sliding_layers, (list, np.ndarray)):
             object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))
-        for name in ("batch", "seq_len", "d_model", "heads", "vocab", "layers"):
+        for name, rule in RULES.items():   # each field alone
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(name, f"{name} must be a positive integer, got {value!r}")
+            if value is None and name in OPTIONAL:
+                continue
+            if not rule.holds(value):
+                raise ConfigError(name, rule.message(name, value))
+            if rule.convert is not None:
+                object.__setattr__(self, name, rule.convert(value))
+        self._check_relations()
+        self._check_sliding_layers()
+        self._check_rope_local_theta()
+        self._check_rotary_dim()
+
+    def _check_relations(self):
+        """The rules between fields: what one field's value asks of another's."""
         if self.layers > MAX_LAYERS:
             raise ConfigError("layers", f"layers={self.layers} is more than tfm shows; "
                                         f"allowed: 1..{MAX_LAYERS}")
-        for name in ("d_ff", "n_ctx", "kv_heads", "sliding_window", "head_dim", "rotary_dim"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-                                      or value < 1):
-                raise ConfigError(name, f"{name} must be a positive integer, got {value!r}")
         if self.head_dim is None and self.d_model % self.heads:
-            raise ConfigError(
-                "heads",
-                f"d_model={self.d_model} is not divisible by heads={self.heads}; "
-                f"allowed heads: {listed(divisors(self.d_model))}",
-            )
+            raise ConfigError("heads", f"d_model={self.d_model} is not divisible by "
+                                       f"heads={self.heads}; allowed heads: "
+                                       f"{listed(divisors(self.d_model))}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ConfigError(
-                "kv_heads",
-                f"kv_heads={self.kv_heads} does not divide heads={self.heads}; "
-                f"allowed kv_heads: {listed(divisors(self.heads))}",
-            )
-        for name, choices in (("norm", NORMS), ("activation", ACTIVATIONS), ("pe", PES),
-                              ("init", INITS), ("dtype", DTYPES)):
-            if getattr(self, name) not in choices:
-                raise ConfigError(
-                    name, f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+            raise ConfigError("kv_heads", f"kv_heads={self.kv_heads} does not divide "
+                                          f"heads={self.heads}; allowed kv_heads: "
+                                          f"{listed(divisors(self.heads))}")
         if self.lengths is not None:
             if len(self.lengths) != self.batch:
-                raise ConfigError(
-                    "lengths",
-                    f"lengths has {len(self.lengths)} values but batch={self.batch}; give one per row")
+                raise ConfigError("lengths", f"lengths has {len(self.lengths)} values but "
+                                             f"batch={self.batch}; give one per row")
             bad = [n for n in self.lengths if not 1 <= n <= self.seq_len]
             if bad:
                 raise ConfigError(
@@ -362,20 +420,9 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        for name in ("tied_head", "head_bias", "rms_norm", "bias", "qkv_bias", "qk_norm",
-                     "embed_scale", "sandwich_norm", "parallel_residual", "shared_norm",
-                     "ffn_bias", "embed_norm", "norm_bias"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ConfigError(name, f"{name} must be true or false, got {getattr(self, name)!r}")
-        if not (isinstance(self.eps, (int, float)) and np.isfinite(self.eps) and self.eps > 0):
-            raise ConfigError("eps", f"eps must be a positive finite number, got {self.eps!r}")
         if self.eps > float(np.finfo(self.dtype).max):   # as a float: no overflowing cast
             raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.dtype}'s range "
                                      f"(at most {np.finfo(self.dtype).max:.3g})")
-        if (isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float))
-                or not np.isfinite(self.rope_theta) or self.rope_theta <= 0):
-            raise ConfigError("rope_theta", f"rope_theta must be a positive finite number, "
-                                            f"got {self.rope_theta!r}")
         if self.sandwich_norm and self.norm != "pre":
             raise ConfigError("sandwich_norm", "a sandwich norm normalises each sublayer's "
                                                "input and output, so the norms must be Pre-LN "
@@ -396,29 +443,11 @@ class Config:
             raise ConfigError("shared_norm", "a shared norm feeds attention and the FFN side by "
                                              "side, so the block must be parallel "
                                              "(parallel_residual)")
-        self._check_sliding_layers()
-        self._check_rope_local_theta()
-        self._check_rotary_dim()
-        for name in ("attn_softcap", "logit_softcap", "attn_scale"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, float, np.number))
-                                      or not np.isfinite(value) or value <= 0):
-                raise ConfigError(name, f"{name} must be a positive finite number, got {value!r}")
-            if value is not None:
-                object.__setattr__(self, name, float(value))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ConfigError("seed", f"seed must be a non-negative integer, got {self.seed!r}")
 
     def _check_sliding_layers(self):
         layers = self.sliding_layers
         if layers is None:
             return
-        if not isinstance(layers, tuple) or not all(
-                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers):
-            raise ConfigError("sliding_layers", f"sliding_layers must be block numbers, got "
-                                                f"{layers!r}")
-        object.__setattr__(self, "sliding_layers", tuple(int(i) for i in layers))
         if self.sliding_window is None:
             raise ConfigError("sliding_layers", "sliding_layers names the blocks whose "
                                                 "attention slides, and there is no "
@@ -435,11 +464,6 @@ class Config:
         theta = self.rope_local_theta
         if theta is None:
             return
-        if (isinstance(theta, bool) or not isinstance(theta, (int, float, np.number))
-                or not np.isfinite(theta) or theta <= 0):
-            raise ConfigError("rope_local_theta", f"rope_local_theta must be a positive finite "
-                                                  f"number, got {theta!r}")
-        object.__setattr__(self, "rope_local_theta", float(theta))
         if self.pe != "rope":
             raise ConfigError("rope_local_theta", f"rope_local_theta is RoPE's base in the "
                                                   f"sliding blocks, and pe is {self.pe!r}, not "
@@ -453,7 +477,6 @@ class Config:
         n = self.rotary_dim
         if n is None:
             return
-        object.__setattr__(self, "rotary_dim", int(n))
         if self.pe != "rope":
             raise ConfigError("rotary_dim", f"rotary_dim is how many of a head's dimensions "
                                             f"RoPE turns, and pe is {self.pe!r}, not 'rope'")

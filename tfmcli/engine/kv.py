@@ -16,7 +16,8 @@ from tfmcli.engine import ops
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.engine.model import alibi_for, head_logits, normalise, positions, rope_for
+from tfmcli.engine.blocks import alibi_for, normalise, rope_for
+from tfmcli.engine.model import head_logits, positions
 
 
 class KVStep(NamedTuple):
@@ -89,7 +90,7 @@ def _mha_step(x, P, p, cfg, K, V, t, rope, start, alibi=None):
     serves. The cache has C slots (``K.shape[1]``) and position t goes in slot t mod C: with a
     sliding window of W, C is W (a rolling buffer), and position t overwrites t - W, which no
     query from t on sees. ``start`` is the first position the query sees (``window_start``).
-    ``alibi``: ALiBi's slopes and distances (``model.alibi_for``), or None."""
+    ``alibi``: ALiBi's slopes and distances (``blocks.alibi_for``), or None."""
     H, dh = cfg.heads, cfg.d_head
     q = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))[0].reshape(H, dh)
     k = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))[0].reshape(cfg.h_kv, dh)

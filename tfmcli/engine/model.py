@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tfmcli.engine import ops, parallel, positional
+from tfmcli.engine import blocks, ops, parallel
 from tfmcli.engine.config import ADDED_PES, Config
 from tfmcli.engine.sizes import param_misfit
 from tfmcli.errors import InputsError
@@ -97,145 +97,6 @@ def arrays_repr(named: dict) -> str:
     return "{" + f"{len(names)} array{'s' if len(names) > 1 else ''}: {shown}" + "}"
 
 
-# ---------------------------------------------------------------- sublayers
-
-
-def _mha_forward(x, P, i, cfg, mask, acts, caches):
-    H, p = cfg.heads, f"blocks.{i}."
-    q, cq = ops.linear_forward(x, P[p + "attn.W_Q"], P.get(p + "attn.b_Q"))   # (B, T, d)
-    k, ck = ops.linear_forward(x, P[p + "attn.W_K"], P.get(p + "attn.b_K"))
-    v, cv = ops.linear_forward(x, P[p + "attn.W_V"], P.get(p + "attn.b_V"))
-    q = ops.split_heads(q, H)                                           # (B, H, T, d_head)
-    k, v = ops.split_heads(k, cfg.h_kv), ops.split_heads(v, cfg.h_kv)   # (B, H_kv, T, d_head)
-    acts.update({p + "attn.q": q, p + "attn.k": k, p + "attn.v": v})
-    if cfg.qk_norm:   # each head's queries and keys normalised over their d_head entries
-        q = _ln_forward(q, P, p + "attn.q_norm", cfg, acts, caches)
-        k = _ln_forward(k, P, p + "attn.k_norm", cfg, acts, caches)
-    if cfg.pe == "rope":   # each query and key turned by its position's angles
-        cos, sin = rope_for(cfg, q.shape[2], i)                           # (T, rope_width)
-        q, k = ops.rope_forward(q, cos, sin), ops.rope_forward(k, cos, sin)
-        acts.update({p + "attn.q_rot": q, p + "attn.k_rot": k})
-    if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
-        k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
-    scale = cfg.score_scale   # 1 / sqrt(d_head) unless attn_scale says otherwise
-    T = q.shape[2]
-    if caches["fast"]:   # mask: an ops.AttentionMask; ALiBi's slopes and distances, or None
-        context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap,
-                                                         alibi_for(cfg, T))
-    else:   # ALiBi's (H, T, T) bias, or None
-        bias = positional.alibi_bias(T, H, cfg.dtype) if cfg.pe == "alibi" else None
-        context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
-                                                    cfg.attn_softcap, bias)
-    context = ops.merge_heads(context)                                  # (B, T, d)
-    out, co = ops.linear_forward(context, P[p + "attn.W_O"], P.get(p + "attn.b_O"))
-    acts.update({p + "attn.scores": scores, p + "attn.pattern": ca.pattern,
-                 p + "attn.context": context, p + "attn.out": out})
-    caches[p + "attn"] = (cq, ck, cv, ca, co)
-    return out
-
-
-def _mha_backward(dout, i, cfg, caches, grads, dacts):
-    p = f"blocks.{i}."
-    cq, ck, cv, ca, co = caches[p + "attn"]
-    dcontext = _linear_backward(dout, co, grads, p + "attn.", "O")
-    attention_backward = ops.attention_backward_fast if caches["fast"] else ops.attention_backward
-    dq, dk, dv, dpattern, dscores = attention_backward(ops.split_heads(dcontext, cfg.heads), ca)
-    dacts.update({p + "attn.out": dout, p + "attn.context": dcontext, p + "attn.pattern": dpattern,
-                  p + "attn.scores": dscores})
-    if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
-        dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
-    if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
-        cos, sin = rope_for(cfg, dq.shape[2], i)
-        dacts.update({p + "attn.q_rot": dq, p + "attn.k_rot": dk})
-        dq, dk = ops.rope_backward(dq, cos, sin), ops.rope_backward(dk, cos, sin)
-    if cfg.qk_norm:   # back through each head's norms
-        dq = _ln_backward(dq, p + "attn.q_norm", cfg, caches, grads, dacts)
-        dk = _ln_backward(dk, p + "attn.k_norm", cfg, caches, grads, dacts)
-    dacts.update({p + "attn.q": dq, p + "attn.k": dk, p + "attn.v": dv})
-    # x feeds q, k and v: its gradient is the sum of the three
-    dx_parts = [_linear_backward(ops.merge_heads(dh), cache, grads, p + "attn.", name)
-                for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv))]
-    dx = dx_parts[0] + dx_parts[1]
-    dx += dx_parts[2]
-    return dx
-
-
-def _linear_backward(dout, cache, grads, layer, w):
-    """dx of the linear layer ``layer`` (``"blocks.0.ffn."``) whose weight is ``W_{w}``; its
-    weight's gradient, and its bias's when it has one (``Config.bias``), go into ``grads``."""
-    dx, grads[layer + f"W_{w}"], db = ops.linear_backward(dout, cache)
-    if db is not None:
-        grads[layer + f"b_{w}"] = db
-    return dx
-
-
-def _ffn_forward(x, P, p, cfg, acts, caches):
-    cgate = None
-    if cfg.gated:   # act = silu(x W_gate + b_gate) * pre, or gelu(...) * pre
-        gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))
-        acts[p + "ffn.gate"] = gate
-    pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))  # (B, T, d_ff)
-    if cgate is None:
-        activation = ops.ACTIVATIONS[cfg.activation][0]
-        if caches["fast"]:
-            activation = ops.FAST_FORWARDS.get(cfg.activation, activation)
-        hidden, cact = activation(pre)
-    else:
-        hidden, cact = ops.GATES[cfg.activation][0](gate, pre)
-    out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))  # (B, T, d)
-    acts.update({p + "ffn.pre": pre, p + "ffn.act": hidden, p + "ffn.out": out})
-    caches[p + "ffn"] = (cgate, c1, cact, c2)
-    return out
-
-
-def _ffn_backward(dout, p, cfg, caches, grads, dacts):
-    cgate, c1, cact, c2 = caches[p + "ffn"]
-    dhidden = _linear_backward(dout, c2, grads, p + "ffn.", "2")
-    dacts.update({p + "ffn.out": dout, p + "ffn.act": dhidden})
-    if cgate is None:
-        dpre = ops.ACTIVATIONS[cfg.activation][1](dhidden, cact)
-    else:
-        dgate, dpre = ops.GATES[cfg.activation][1](dhidden, cact)
-    dx = _linear_backward(dpre, c1, grads, p + "ffn.", "1")
-    dacts[p + "ffn.pre"] = dpre
-    if cgate is not None:   # x feeds the gate too: its gradient is the sum of the two
-        dx_gate = _linear_backward(dgate, cgate, grads, p + "ffn.", "gate")
-        dacts[p + "ffn.gate"] = dgate
-        dx += dx_gate
-    return dx
-
-
-def normalise(x, P, name, cfg):
-    """The output of norm ``name`` ('blocks.0.ln1', ..., 'ln_f') on x, by the reference
-    functions, no cache kept: layer norm (without beta when ``cfg.norm_bias`` is false), or
-    RMSNorm with ``cfg.rms_norm``."""
-    if cfg.rms_norm:
-        return ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)[0]
-    return ops.layer_norm_forward(x, P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)[0]
-
-
-def _ln_forward(x, P, name, cfg, acts, caches):
-    if cfg.rms_norm:   # one implementation on both paths
-        out, caches[name] = ops.rms_norm_forward(x, P[name + ".gamma"], cfg.eps)
-    else:
-        layer_norm = ops.layer_norm_forward_fast if caches["fast"] else ops.layer_norm_forward
-        out, caches[name] = layer_norm(x, P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)
-    acts[name + ".out"] = out
-    return out
-
-
-def _ln_backward(dout, name, cfg, caches, grads, dacts):
-    if cfg.rms_norm:
-        dx, grads[name + ".gamma"] = ops.rms_norm_backward(dout, caches[name])
-    else:
-        layer_norm = ops.layer_norm_backward_fast if caches["fast"] else ops.layer_norm_backward
-        dx, grads[name + ".gamma"], dbeta = layer_norm(dout, caches[name])
-        if cfg.norm_biased:
-            grads[name + ".beta"] = dbeta
-    dacts[name + ".out"] = dout
-    return dx
-
-
 # ---------------------------------------------------------------- positions and head
 
 
@@ -258,44 +119,6 @@ def _sinusoidal_table(T: int, d: int, dtype: str):
     table = sinusoidal(T, d, np.dtype(dtype))
     table.flags.writeable = False
     return table
-
-
-def rope_for(cfg: Config, T: int, block: int = 0):
-    """RoPE's (cos, sin) tables, (T, ``Config.rope_width``), for T positions at block
-    ``block``'s base and scaling (``Config.rope``), or None when the model does not turn its
-    queries and keys. Narrower than a head (``rotary_dim``), they turn its first dimensions."""
-    if cfg.pe != "rope":
-        return None
-    return rope_tables(T, cfg.rope_width, cfg.dtype, *cfg.rope(block))
-
-
-@functools.lru_cache(maxsize=8)
-def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=None):
-    """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size,
-    base and scaling for every forward and backward after it (read-only: shared)."""
-    tables = positional.rope_tables(T, d_head, np.dtype(dtype), base, scaling)
-    for table in tables:
-        table.flags.writeable = False
-    return tables
-
-
-def alibi_for(cfg: Config, T: int):
-    """ALiBi's slopes (H,) and distances (T, T) in the model's dtype (an ``ops.Alibi``): head
-    h adds ``-slopes[h] * distances`` to its scaled scores. None when the model does not add
-    ALiBi (``pe`` other than "alibi")."""
-    if cfg.pe != "alibi":
-        return None
-    return _alibi(T, cfg.heads, cfg.dtype)
-
-
-@functools.lru_cache(maxsize=8)
-def _alibi(T: int, heads: int, dtype: str):
-    """Made once per size for every forward after it (read-only: shared)."""
-    alibi = ops.Alibi(positional.alibi_slopes(heads).astype(dtype),
-                      positional.alibi_distances(T, np.dtype(dtype)))
-    for table in alibi:
-        table.flags.writeable = False
-    return alibi
 
 
 def block_masks(cfg: Config, lengths, T: int, row: int) -> dict:
@@ -350,72 +173,6 @@ def head_logits(x: np.ndarray, params: dict, cfg: Config) -> np.ndarray:
     return logits if cfg.logit_softcap is None else ops.softcap_forward(logits, cfg.logit_softcap)
 
 
-# ---------------------------------------------------------------- blocks
-
-
-def _block_forward(x, P, i, cfg, mask, acts, caches):
-    p = f"blocks.{i}."
-    acts[p + "in"] = x
-    if cfg.norm == "pre":   # y = x + MHA(LN1(x)); z = y + FFN(LN2(y))
-        h = _ln_forward(x, P, p + "ln1", cfg, acts, caches)
-        out = _mha_forward(h, P, i, cfg, mask, acts, caches)
-        if cfg.sandwich_norm:   # y = x + LN1_post(MHA(LN1(x)))
-            out = _ln_forward(out, P, p + "ln1_post", cfg, acts, caches)
-        y = x + out
-        acts[p + "resid1"] = y
-        # parallel: z = y + FFN(LN2(x)), the FFN reading the block's input as attention did;
-        # with a shared norm z = y + FFN(LN1(x)), reading ln1's output h
-        if not cfg.shared_norm:
-            h = _ln_forward(x if cfg.parallel_residual else y, P, p + "ln2", cfg, acts, caches)
-        out = _ffn_forward(h, P, p, cfg, acts, caches)
-        if cfg.sandwich_norm:   # z = y + LN2_post(FFN(LN2(y)))
-            out = _ln_forward(out, P, p + "ln2_post", cfg, acts, caches)
-        z = y + out
-        acts[p + "resid2"] = z
-    else:                   # y = LN1(x + MHA(x)); z = LN2(y + FFN(y))
-        r = x + _mha_forward(x, P, i, cfg, mask, acts, caches)
-        acts[p + "resid1"] = r
-        y = _ln_forward(r, P, p + "ln1", cfg, acts, caches)
-        r = y + _ffn_forward(y, P, p, cfg, acts, caches)
-        acts[p + "resid2"] = r
-        z = _ln_forward(r, P, p + "ln2", cfg, acts, caches)
-    acts[p + "out"] = z
-    return z
-
-
-def _block_backward(dz, i, cfg, caches, grads, dacts):
-    p = f"blocks.{i}."
-    dacts[p + "out"] = dz
-    if cfg.norm == "pre":
-        dacts[p + "resid2"] = dz
-        dout = dz
-        if cfg.sandwich_norm:   # back through the norm of the FFN's output first
-            dout = _ln_backward(dz, p + "ln2_post", cfg, caches, grads, dacts)
-        dffn = _ffn_backward(dout, p, cfg, caches, grads, dacts)
-        if not cfg.shared_norm:   # shared: dffn joins attention's gradient at ln1's output
-            dffn = _ln_backward(dffn, p + "ln2", cfg, caches, grads, dacts)
-        dy = dz if cfg.parallel_residual else dz + dffn   # parallel: LN2's input is x
-        dacts[p + "resid1"] = dy
-        dout = dy
-        if cfg.sandwich_norm:
-            dout = _ln_backward(dy, p + "ln1_post", cfg, caches, grads, dacts)
-        dh = _mha_backward(dout, i, cfg, caches, grads, dacts)
-        if cfg.shared_norm:
-            dh += dffn
-        dx = dy + _ln_backward(dh, p + "ln1", cfg, caches, grads, dacts)
-        if cfg.parallel_residual and not cfg.shared_norm:   # shared: dffn came in through dh
-            dx = dx + dffn
-    else:
-        dr = _ln_backward(dz, p + "ln2", cfg, caches, grads, dacts)
-        dacts[p + "resid2"] = dr
-        dy = dr + _ffn_backward(dr, p, cfg, caches, grads, dacts)
-        dr = _ln_backward(dy, p + "ln1", cfg, caches, grads, dacts)
-        dacts[p + "resid1"] = dr
-        dx = dr + _mha_backward(dr, i, cfg, caches, grads, dacts)
-    dacts[p + "in"] = dx
-    return dx
-
-
 def check_within(caller: str | None, **bounds: tuple[int, int]) -> None:
     """A ``ValueError`` for the first index outside its range, each given as ``what=(value,
     upper)`` for ``0..upper - 1``: the views' explainers name the row, position, block or head
@@ -433,9 +190,9 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
     rows' lengths, for the padding mask; ``params`` need hold only that block's parameters;
     ``fast=False`` takes the clear reference path, as ``forward`` does."""
     B, T = x.shape[:2]
-    mask = _block_masks(cfg, lengths, T, fast, [block])[block]
+    tape = blocks.Tape(params, cfg, {"fast": fast}, _block_masks(cfg, lengths, T, fast, [block]))
     with _engine(fast, cfg, B, T):
-        return _block_forward(x, params, block, cfg, mask, OrderedDict(), {"fast": fast})
+        return blocks.block(tape, x, block)
 
 
 # ---------------------------------------------------------------- the model
@@ -505,35 +262,35 @@ def threaded(cfg: Config, B: int, T: int) -> bool:
                                      and largest_product(cfg, B, T) >= THREADED_WORK)
 
 
-def _embed_forward(params: dict, inputs: Inputs, cfg: Config, acts, caches) -> np.ndarray:
+def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
     """The first block's input: the tokens' rows of W_E (times sqrt(d) with ``embed_scale``),
     plus the positions' rows when they are added, normalised with ``embed_norm``."""
-    x, caches["embed"] = ops.embedding_forward(inputs.tokens, params["embed.W_E"])  # (B, T, d)
+    cfg = t.cfg
+    x, t.caches["embed"] = ops.embedding_forward(inputs.tokens, t.P["embed.W_E"])  # (B, T, d)
     if cfg.embed_scale:   # sqrt(d_model) W_E[tokens] (a copy of the rows: scaled in place)
         x *= cfg.embed_factor
-    acts["embed"] = x
-    pe = positions(params, cfg, inputs.tokens.shape[1])                            # (T, d)
+    t.keep("embed", x)
+    pe = positions(t.P, cfg, inputs.tokens.shape[1])                               # (T, d)
     if pe is not None:
-        acts["pe"] = pe
-        x = x + pe
+        x = x + t.keep("pe", pe)
     if cfg.embed_norm:   # BLOOM's: the embedding normalised before the first block
-        x = _ln_forward(x, params, "ln_embed", cfg, acts, caches)
+        x = blocks.norm(t, x, "ln_embed")
     return x
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
              x: np.ndarray | None = None) -> Forward:
     B, T = inputs.tokens.shape
-    acts: OrderedDict[str, np.ndarray] = OrderedDict()
-    caches: dict = {"fast": fast, "cfg": cfg}
+    run = range(start, cfg.layers)
+    t = blocks.Tape(params, cfg, {"fast": fast, "cfg": cfg},
+                    _block_masks(cfg, inputs.lengths, T, fast, run))
+    caches, acts = t.caches, t.acts
     if start == 0:
-        x = _embed_forward(params, inputs, cfg, acts, caches)
-    blocks = range(start, cfg.layers)
-    masks = _block_masks(cfg, inputs.lengths, T, fast, blocks)
-    for i in blocks:
-        x = _block_forward(x, params, i, cfg, masks[i], acts, caches)
+        x = _embed_forward(t, inputs)
+    for i in run:
+        x = blocks.block(t, x, i)
     if cfg.norm == "pre":
-        x = _ln_forward(x, params, "ln_f", cfg, acts, caches)
+        x = blocks.norm(t, x, "ln_f")
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
     if cfg.logit_softcap is not None:   # c tanh(z / c): no logit reaches c
         logits = caches["capped logits"] = ops.softcap_forward(logits, cfg.logit_softcap)
@@ -560,16 +317,15 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
 
 
 def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
-    caches = fwd.caches
-    grads: dict[str, np.ndarray] = {}
-    dacts: dict[str, np.ndarray] = {}
+    t = blocks.Tape(params, cfg, fwd.caches)
+    caches, grads, dacts = t.caches, t.grads, t.dacts
     # The weight gradients are made on another core while the chain of input gradients goes
     # on (parallel.deferred); every one is made by the scope's end, before the embedding's
     # rows are added to the tied head's.
     with parallel.deferred():
-        dx, dW_U = _head_and_blocks_backward(caches, cfg, grads, dacts)
+        dx, dW_U = _head_and_blocks_backward(t)
         if cfg.embed_norm:
-            dx = _ln_backward(dx, "ln_embed", cfg, caches, grads, dacts)
+            dx = blocks.norm_backward(t, dx, "ln_embed")
     dacts["embed"] = dx
     if cfg.pe in ADDED_PES:
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
@@ -588,8 +344,9 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     return Gradients(ordered_grads, ordered_dacts)
 
 
-def _head_and_blocks_backward(caches, cfg, grads, dacts):
+def _head_and_blocks_backward(t: blocks.Tape):
     """From the loss down to the embedding's output: its gradient, and the head's dW_U."""
+    caches, cfg, grads, dacts = t.caches, t.cfg, t.grads, t.dacts
     dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
     dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
     dacts["logits"] = dlogits
@@ -603,9 +360,9 @@ def _head_and_blocks_backward(caches, cfg, grads, dacts):
     if cfg.head_bias:
         grads["head.b_U"] = db_U
     if cfg.norm == "pre":
-        dx = _ln_backward(dx, "ln_f", cfg, caches, grads, dacts)
+        dx = blocks.norm_backward(t, dx, "ln_f")
     for i in reversed(range(cfg.layers)):
-        dx = _block_backward(dx, i, cfg, caches, grads, dacts)
+        dx = blocks.block_backward(t, dx, i)
     return dx, dW_U
 
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
-from tfmcli.engine.model import Forward, head_logits, normalise
+from tfmcli.engine.blocks import normalise
+from tfmcli.engine.model import Forward, head_logits
 
 
 class LensRow(NamedTuple):

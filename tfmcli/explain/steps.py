@@ -14,7 +14,8 @@ import numpy as np
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
 from tfmcli.check.gradcheck import central_differences
-from tfmcli.engine.model import Forward, check_within, mask_for, normalise, rope_for
+from tfmcli.engine.blocks import normalise, rope_for
+from tfmcli.engine.model import Forward, check_within, mask_for
 from tfmcli.engine.positional import alibi_distances, alibi_slopes, slope_name
 
 
