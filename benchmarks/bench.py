@@ -42,9 +42,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import tfmcli  # noqa: E402
-from tfmcli.engine.config import Config
-from tfmcli.engine.sizes import flops  # noqa: E402
+from tfmcli.engine.config import Config  # noqa: E402
 from tfmcli.engine.memory import keep_freed_memory  # noqa: E402
+from tfmcli.engine.sizes import flops  # noqa: E402
 
 PAUSE = 0.2   # seconds between two timed calls: BLAS threads go back to sleep
 PASSES, ROUNDS = 3, 11   # the block timed in 3 passes minutes apart, 11 rounds each
@@ -185,7 +185,11 @@ def torch_step(params, inputs, cfg):
             context = (pattern @ v).transpose(1, 2).reshape(B, T, d)
             x = x + context @ P[p + "attn.W_O"] + P[p + "attn.b_O"]
             h = F.layer_norm(x, (d,), P[p + "ln2.gamma"], P[p + "ln2.beta"], cfg.eps)
-            x = x + act(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]) @ P[p + "ffn.W_2"] + P[p + "ffn.b_2"]
+            x = (
+                x
+                + act(h @ P[p + "ffn.W_1"] + P[p + "ffn.b_1"]) @ P[p + "ffn.W_2"]
+                + P[p + "ffn.b_2"]
+            )
         x = F.layer_norm(x, (d,), P["ln_f.gamma"], P["ln_f.beta"], cfg.eps)
         logits = x @ P["head.W_U"] + P["head.b_U"]
         loss = F.cross_entropy(logits.view(B * T, -1), targets.view(-1), ignore_index=-100)
@@ -552,7 +556,9 @@ def main():
     kept = keep_freed_memory()   # as the commands that run the model do
     console = make_console()
     console.print(f"BLAS: {blas_kernel()}")
-    console.print(f"freed memory kept in the heap (tfmcli.engine.memory): {'yes' if kept else 'no'}")
+    console.print(
+        f"freed memory kept in the heap (tfmcli.engine.memory): {'yes' if kept else 'no'}"
+    )
     if args.where:
         print_table(console, "where a step's time goes (forward + backward of the block)",
                     ("what", "dtype", "ms", "of the step"), where_rows(fields, repeats),

@@ -31,7 +31,9 @@ def differ(label, ours, note, why, digits=8):
     if _short(ours, digits) == _short(note, digits):
         raise AssertionError(f"{label}: marked {DIFFER}, but tfm and the note both show "
                              f"{_short(ours, digits)}")
-    print(f"  {DIFFER} {label}\n      tfm  {_short(ours, digits)}\n      note {_short(note, digits)}")
+    print(
+        f"  {DIFFER} {label}\n      tfm  {_short(ours, digits)}\n      note {_short(note, digits)}"
+    )
     print(textwrap.fill(why, width=88, initial_indent="      ", subsequent_indent="      "))
 
 

@@ -7,8 +7,8 @@ underflow the note warns about, with tfm's ops beside the numbers the note print
 import math
 
 import numpy as np
-
 from notes import agree, differ, heading
+
 from tfmcli.engine import ops
 
 # default_rng(1000) in the note's order: X (4, 6), gamma1, beta1, then W_k1, W_q1, W_v1,

@@ -6,8 +6,8 @@ formulas written out, against tfm's ops, and against central differences.
 """
 
 import numpy as np
-
 from notes import agree, differ, heading
+
 from tfmcli.engine import ops
 
 B, T, d_model, V = 2, 4, 6, 20
@@ -41,7 +41,9 @@ N = int(valid.sum())
 Y = np.eye(V)[targets]
 dZ_note = (P - Y) / N * valid[..., None]                       # the note's dZ = (P - Y) / N
 dZ = ops.cross_entropy_backward(ce)
-agree("dZ = (P - Y) / N at [0, 0, :4]", dZ[0, 0, :4], dZ_note[0, 0, :4], atol=1e-15, theirs="formula")
+agree(
+    "dZ = (P - Y) / N at [0, 0, :4]", dZ[0, 0, :4], dZ_note[0, 0, :4], atol=1e-15, theirs="formula"
+)
 agree("dZ is 0 at the padded token", np.abs(dZ[1, 3]).max(), 0.0, atol=0, theirs="formula")
 dh, dW, db = ops.linear_backward(dZ, cache)
 agree("dW = sum_(b,t) h_bt^T dZ_bt, row 0", dW[0, :4],

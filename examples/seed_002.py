@@ -8,8 +8,8 @@ and the positional-encoding matrix.
 import math
 
 import numpy as np
-
 from notes import agree, differ, heading
+
 from tfmcli.engine import ops
 from tfmcli.engine.positional import sinusoidal
 from tfmcli.explain.steps import ILLUSTRATED
@@ -49,8 +49,13 @@ print("  lower T: sharper, towards argmax; higher T: flatter, towards uniform, a
 
 heading("Positional encoding: p_t = [sin(w_k t), cos(w_k t), ...], w_k = 1/10000^(2k/d)")
 pe = sinusoidal(4, 4)
-agree("PE[1] for d = 4 (k = 0, 1)", pe[1], [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
-      atol=1e-15, theirs="formula")
+agree(
+    "PE[1] for d = 4 (k = 0, 1)",
+    pe[1],
+    [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+    atol=1e-15,
+    theirs="formula",
+)
 one_based = [math.sin(0.01), math.cos(0.01), math.sin(1e-4), math.cos(1e-4)]
 differ("the same row with k counted from 1, as the note's vector writes w_1 .. w_(d/2)",
        pe[1], one_based,

@@ -11,8 +11,8 @@ with FFN(x) = relu(x W_expand + b_expand) W_shrink + b_shrink.
 import math
 
 import numpy as np
-
 from notes import agree, differ, heading
+
 from tfmcli.engine import ops
 from tfmcli.engine.masks import causal_mask
 
@@ -103,7 +103,11 @@ differ("dg[0, 1, :3], layer norm's backward on the note's own dghat (In [60]-[64
        "the factor is 1 / (d sqrt(var + eps)), not 1 / (d (sigma^2 + eps)); and the last sum "
        "must be sum(dghat * ghat), not sum(dghat). tfm's dg agrees with central differences "
        "(below); the note's is off by up to 7.")
-agree("the note's dg reproduced, as printed", note_dg[0, 1, :3], [-4.18273278, -1.40989492, -7.14950445])
+agree(
+    "the note's dg reproduced, as printed",
+    note_dg[0, 1, :3],
+    [-4.18273278, -1.40989492, -7.14950445],
+)
 
 step = 1e-6
 numeric = np.zeros(3)

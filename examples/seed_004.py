@@ -7,11 +7,11 @@ sums it prints, and its positional-encoding loop.
 import math
 
 import numpy as np
-
 from notes import agree, differ, heading
+
 from tfmcli.engine import masks, ops
-from tfmcli.train.optim import warmup_lr
 from tfmcli.engine.positional import sinusoidal
+from tfmcli.train.optim import warmup_lr
 
 heading("The combined mask of lengths 4, 2, 6 at length 7 (trg_pad_mask & nopeak_mask)")
 combined = masks.combined_mask([4, 2, 6], 7, causal=True)                  # (3, 7, 7)

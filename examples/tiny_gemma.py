@@ -16,8 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from tiny_llama import make_tokenizer, train  # the same six sentences, trained the same way
+
 from tfmcli.sources import gemma, tensorfile
-from tiny_llama import make_tokenizer, train   # the same six sentences, trained the same way
 
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
              num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64)

@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import tfmcli
-from tfmcli.train.optim import Adam, adam_step, warmup_lr
 from tfmcli.sources.gpt2 import from_tfm
+from tfmcli.train.optim import Adam, adam_step, warmup_lr
 
 TEXT = ["The cat sat on the mat.", "The dog sat on the log.", "The cat saw the dog.",
         "The dog saw the cat.", "A bird sat on the cat.", "The mat was red."]

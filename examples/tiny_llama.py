@@ -16,11 +16,12 @@ import json
 import sys
 from pathlib import Path
 
+from tiny_gpt2 import TEXT, fit  # the same six sentences, trained the same way
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 import tfmcli
 from tfmcli.sources import llama, tensorfile
-from tiny_gpt2 import TEXT, fit   # the same six sentences, trained the same way
+
 SPECIAL = ["<unk>", "<s>", "</s>"]   # ids 0, 1, 2, then the 256 bytes, as LLaMA 2 lays them out
 SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
              intermediate_size=64, max_position_embeddings=64)

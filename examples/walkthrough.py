@@ -63,12 +63,14 @@ print(f"{param_count(big):,} parameters, {forward_flops / 1e9:.1f} GFLOP forward
 # %% 8. One position by hand, every intermediate: tfm embed, ln, ffn, block, loss, attn --query
 embed = tfmcli.explain.embedding.explain(params, fwd, grads, cfg, 0, 2)
 block = tfmcli.explain.block.explain(params, fwd, grads, cfg, 0, 0, 2)
-ln = tfmcli.explain.layernorm.explain(params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1",
-                              0, 2)
+ln = tfmcli.explain.layernorm.explain(
+    params, fwd, grads.acts["blocks.0.ln1.out"], cfg, "blocks.0.ln1", 0, 2
+)
 ffn = tfmcli.explain.feedforward.explain(params, fwd, grads.acts["blocks.0.ffn.out"], cfg, 0, 0, 2)
 head = tfmcli.explain.loss.explain(params, fwd, cfg, 0, 2)
-query = tfmcli.explain.steps.explain_query_backward(fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0,
-                                            0, 2)
+query = tfmcli.explain.steps.explain_query_backward(
+    fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 0, 0, 2
+)
 for name, analytic, numeric in (("embed dW_E", embed.dw_e[embed.checked], embed.numeric_dw_e),
                                 ("ln1 dx", ln.dx, ln.numeric_dx),
                                 ("ffn dx", ffn.dx, ffn.numeric_dx),

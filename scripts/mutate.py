@@ -3,8 +3,8 @@ how many bugs they catch.
 
     python scripts/mutate.py              # 40 mutants drawn with seed 0 (about 10 minutes)
     python scripts/mutate.py --sample 0   # every mutant (hours on two cores)
-    python scripts/mutate.py --sample 0 --target tfmcli/engine/parallel.py   # every mutant of one file
-    python scripts/mutate.py --sample 0 --target tfmcli/engine/kv.py         # a module beyond the engine
+    python scripts/mutate.py --sample 0 --target tfmcli/engine/parallel.py   # one file's mutants
+    python scripts/mutate.py --sample 0 --target tfmcli/engine/kv.py         # beyond the engine
     python scripts/mutate.py --sample 60 --target tfmcli/render/heatmap.py   # a view
     python scripts/mutate.py --sample 0 --target tfmcli/cli/options.py       # a command's options
 
@@ -35,12 +35,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ["tfmcli/engine/ops.py", "tfmcli/engine/model.py", "tfmcli/train/optim.py", "tfmcli/check/gradcheck.py",
-          "tfmcli/engine/masks.py", "tfmcli/engine/positional.py", "tfmcli/engine/init.py", "tfmcli/engine/parallel.py"]
+ENGINE = [
+    "tfmcli/engine/ops.py",
+    "tfmcli/engine/model.py",
+    "tfmcli/train/optim.py",
+    "tfmcli/check/gradcheck.py",
+    "tfmcli/engine/masks.py",
+    "tfmcli/engine/positional.py",
+    "tfmcli/engine/init.py",
+    "tfmcli/engine/parallel.py",
+]
 ENGINE_TESTS = ["tests/test_ops.py", "tests/test_model.py", "tests/test_torch.py",
                 "tests/test_train.py", "tests/test_kv.py", "tests/test_seeds.py",
                 "tests/test_fast.py", "tests/test_parallel.py"]
-TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests that cover it
+TESTS = {path: ENGINE_TESTS for path in ENGINE} | {  # each file, and the tests that cover it
     "tfmcli/engine/inputs.py": ["tests/test_tokens.py", "tests/test_model.py", "tests/test_io.py"],
     "tfmcli/engine/kv.py": ["tests/test_kv.py"],
     "tfmcli/explain/layernorm.py": ["tests/test_layernorm.py"],
@@ -52,27 +60,71 @@ TESTS = {path: ENGINE_TESTS for path in ENGINE} | {   # each file, and the tests
     "tfmcli/explain/lens.py": ["tests/test_gpt2.py", "tests/test_properties.py"],
     "tfmcli/train/tasks.py": ["tests/test_train.py"],
     "tfmcli/train/loop.py": ["tests/test_train.py"],
-    "tfmcli/engine/config.py": ["tests/test_errors.py", "tests/test_kv.py", "tests/test_memory.py",
-                         "tests/test_io.py", "tests/test_cli.py", "tests/test_tokens.py",
-                         "tests/test_model.py", "tests/test_gpt2.py"],
+    "tfmcli/engine/config.py": [
+        "tests/test_errors.py",
+        "tests/test_kv.py",
+        "tests/test_memory.py",
+        "tests/test_io.py",
+        "tests/test_cli.py",
+        "tests/test_tokens.py",
+        "tests/test_model.py",
+        "tests/test_gpt2.py",
+    ],
     "tfmcli/explain/summary.py": ["tests/test_render.py", "tests/test_terminal.py"],
     "tfmcli/explain/compare.py": ["tests/test_compare.py"],
-    "tfmcli/explain/steps.py": ["tests/test_attn_backward.py", "tests/test_cli.py", "tests/test_tokens.py",
-                        "tests/test_seeds.py"],
+    "tfmcli/explain/steps.py": [
+        "tests/test_attn_backward.py",
+        "tests/test_cli.py",
+        "tests/test_tokens.py",
+        "tests/test_seeds.py",
+    ],
     "tfmcli/sources/npz.py": ["tests/test_io.py", "tests/test_tokens.py"],
     "tfmcli/sources/gpt2.py": ["tests/test_gpt2.py"],
 }
 RENDER = ["tfmcli/render/numbers.py", "tfmcli/render/colours.py", "tfmcli/render/heatmap.py",
           "tfmcli/render/maps.py", "tfmcli/render/masks.py", "tfmcli/render/tables.py",
           "tfmcli/render/plot.py", "tfmcli/render/lens.py", "tfmcli/render/tokens.py"]
-RENDER_TESTS = ["tests/test_render.py", "tests/test_heatmap.py", "tests/test_seeds.py",   # quick first
-                "tests/test_compare.py", "tests/test_kv.py", "tests/test_examples.py",
-                "tests/test_tokens.py", "tests/test_cli.py", "tests/test_terminal.py",
-                "tests/test_train.py", "tests/test_gpt2.py"]
+RENDER_TESTS = [
+    "tests/test_render.py",
+    "tests/test_heatmap.py",
+    "tests/test_seeds.py",  # quick first
+    "tests/test_compare.py",
+    "tests/test_kv.py",
+    "tests/test_examples.py",
+    "tests/test_tokens.py",
+    "tests/test_cli.py",
+    "tests/test_terminal.py",
+    "tests/test_train.py",
+    "tests/test_gpt2.py",
+]
 TESTS |= {path: RENDER_TESTS for path in RENDER}   # the views: what a user reads, drawn
-CLI = [f"tfmcli/cli/{name}.py" for name in (
-    "adam", "app", "attn", "backward", "block", "check", "checks", "common", "compare", "embed",
-    "forward", "gradcheck", "ffn", "kv", "lens", "ln", "loss", "mask", "options", "pe", "shapes", "train")]
+CLI = [
+    f"tfmcli/cli/{name}.py"
+    for name in (
+        "adam",
+        "app",
+        "attn",
+        "backward",
+        "block",
+        "check",
+        "checks",
+        "common",
+        "compare",
+        "embed",
+        "forward",
+        "gradcheck",
+        "ffn",
+        "kv",
+        "lens",
+        "ln",
+        "loss",
+        "mask",
+        "options",
+        "pe",
+        "shapes",
+        "train",
+    )
+]
 CLI_TESTS = ["tests/test_errors.py", "tests/test_compare.py", "tests/test_kv.py",   # quick first
              "tests/test_layernorm.py", "tests/test_feedforward.py", "tests/test_loss.py",
              "tests/test_embed.py", "tests/test_block.py", "tests/test_adam.py",

@@ -258,7 +258,8 @@ def assert_gradcheck_passes(cfg, seed: int = 4):
 
 
 def decoded_like_the_forward(cfg, seed: int, tokens) -> tuple:
-    """``tfmcli.engine.kv.decode`` of ``tokens`` at random parameters (``seed``): every step's logits
+    """``tfmcli.engine.kv.decode`` of ``tokens`` at random parameters (``seed``): every step's
+    logits
     equal the full causal forward's at its position, to 1e-12. Returns (params, steps, fwd)."""
     import tfmcli
 
@@ -479,7 +480,10 @@ def float64_gemma(model, cfg):
     norms = [m for m in model.modules()
              if type(m).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")]
     # Gemma 2's and 3's four a layer, Gemma 3's q_norm and k_norm
-    assert len(norms) == (4 if cfg.sandwich_norm else 2) * cfg.layers + 1 + 2 * cfg.qk_norm * cfg.layers
+    assert (
+        len(norms)
+        == (4 if cfg.sandwich_norm else 2) * cfg.layers + 1 + 2 * cfg.qk_norm * cfg.layers
+    )
     for module in norms:
         module.forward = float64_norm(module)
     if hasattr(model.model.rotary_emb, "layer_types"):   # Gemma 3's: a RoPE a layer type

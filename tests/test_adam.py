@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, random_params, run
 from tfmcli.explain import adam
 from tfmcli.train.optim import Adam, adam_step, warmup_lr
 

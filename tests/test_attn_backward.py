@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, random_params, run
 from tfmcli.engine import ops
 from tfmcli.engine.masks import combined_mask
 from tfmcli.explain.steps import explain_query_backward, model_head_backward_steps

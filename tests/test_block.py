@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, random_params, run
 from tfmcli.explain import block
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -208,7 +208,7 @@ def test_the_views_chain_from_the_loss_to_the_embedding():
 
 
 def test_cli_block_checks_fewer_entries_of_a_costly_block(monkeypatch):
-    from tfmcli.cli import block as command   # here, not at the top: commands register lazily
+    from tfmcli.cli import block as command  # here, not at the top: commands register lazily
     monkeypatch.setattr(command, "CHEAP", 4 * 6 * 6)   # the toy's T d^2: not more, so all 6
     assert len(json.loads(ok("block", "--json").stdout)["checked"]) == 6
     monkeypatch.setattr(command, "CHEAP", 4 * 6 * 6 - 1)

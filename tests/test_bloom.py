@@ -12,10 +12,17 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
-                     rewrite_config, run, unpatched_logits_off)
-from tfmcli.engine.sizes import param_count, param_shapes
+from helpers import (
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    hf_saved,
+    rewrite_config,
+    run,
+    unpatched_logits_off,
+)
 from tfmcli.engine.positional import alibi_slopes
+from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import bloom
 
 SMALL = dict(vocab_size=40, hidden_size=16, n_layer=2, n_head=4, bos_token_id=1,

@@ -281,7 +281,9 @@ def test_backward_show_dlogits_is_p_minus_y_over_n():
 def test_backward_show_a_parameter_gradient():
     _, _, _, _, grads = api_run()
     data = ok_json("backward", "--show", "blocks.0.ffn.b_2")
-    np.testing.assert_array_equal(data["show"]["dblocks.0.ffn.b_2"]["values"], grads["blocks.0.ffn.b_2"])
+    np.testing.assert_array_equal(
+        data["show"]["dblocks.0.ffn.b_2"]["values"], grads["blocks.0.ffn.b_2"]
+    )
 
 
 @pytest.mark.parametrize("head", [None, 0, 1])
@@ -298,7 +300,9 @@ def test_backward_show_cuts_a_gradient_at_head_0_unless_told(head):
 def test_backward_unknown_layer_lists_the_choices():
     result = run("backward", "--layer", "mlp")
     assert result.exit_code == 2
-    assert "'--layer'" in result.stderr and "'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'" in result.stderr
+    assert "'--layer'" in result.stderr
+    assert ("'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', "
+            "'head', 'all'") in result.stderr
 
 
 # ---------------------------------------------------------------- gradcheck
@@ -491,7 +495,9 @@ def test_attn_model_steps_agree_with_the_models_own_tensors():
     data = ok_json("attn", "--head", 1, "--row", 1, "--lengths", "4,3")
     steps = {s["name"]: s["value"] for s in data["steps"]}
     np.testing.assert_allclose(steps["Q"], fwd.acts["blocks.0.attn.q"][1, 1], atol=1e-14)
-    np.testing.assert_allclose(steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14)
+    np.testing.assert_allclose(
+        steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14
+    )
     assert steps["masked scores"][0][3] is None
     out = ok("attn", "--head", 1, "--row", 1, "--lengths", "4,3").stdout
     # causal 6 + the padded key 3 seen by query 3, and once in the step's formula
@@ -556,7 +562,8 @@ def test_version():
     assert ok("--version").stdout.strip() == f"tfm {tfmcli.__version__}"
 
 
-@pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe"])
+@pytest.mark.parametrize(
+    "command", ["forward", "backward", "gradcheck", "shapes", "attn", "mask", "pe"])
 def test_every_command_has_help_with_an_example(command):
     assert "Example: tfm " in ok(command, "--help").stdout
 
@@ -580,7 +587,11 @@ def test_colour_when_forced():
 
 @pytest.mark.parametrize("command", ["forward", "backward", "gradcheck", "shapes"])
 def test_long_tables_are_elided_unless_full(command):
-    args = [command, "-L", "6", "-d", "4", "--max-entries", "1"] if command == "gradcheck" else [command, "-L", "6", "-d", "4"]
+    args = (
+        [command, "-L", "6", "-d", "4", "--max-entries", "1"]
+        if command == "gradcheck"
+        else [command, "-L", "6", "-d", "4"]
+    )
     middle = "blocks.3.ffn.pre" if command == "forward" else "blocks.3.ffn.b_1"
     out = ok(*args).stdout
     assert "--full shows all" in out and "… " in out
@@ -603,7 +614,8 @@ def test_pe_too_wide_for_the_terminal_splits_sines_from_cosines():
 
 
 @pytest.mark.parametrize("columns, split", [(80, False), (79, True)])
-def test_pe_draws_one_map_when_two_columns_a_dimension_and_its_labels_fit(monkeypatch, columns, split):
+def test_pe_draws_one_map_when_two_columns_a_dimension_and_its_labels_fit(
+        monkeypatch, columns, split):
     """36 dimensions take 2 x 36 + 8 = 80 columns: whole at 80, sines apart from cosines at 79."""
     monkeypatch.setenv("COLUMNS", str(columns))
     out = ok("pe", "--len", 8, "--d-model", 36).stdout
@@ -631,7 +643,9 @@ def test_backward_json_rows_have_exactly_their_keys_and_values():
         g = grads[name]
         assert row["shape"] == list(g.shape)
         assert row["l2"] == pytest.approx(np.linalg.norm(g), rel=1e-12)
-        assert row["max_abs"] == np.abs(g).max() and row["mean"] == pytest.approx(g.mean(), abs=1e-17)
+        assert row["max_abs"] == np.abs(g).max() and row["mean"] == pytest.approx(
+            g.mean(), abs=1e-17
+        )
     checked = json.loads(ok("backward", "--json", "--layer", "head", "--check").stdout)
     assert set(checked["gradients"][0]) == {"name", "shape", "l2", "max_abs", "mean", "rel_err",
                                             "passed"}

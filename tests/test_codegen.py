@@ -11,8 +11,16 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line,
-                     gptj_in_float64, gptj_scores_in_float64, hf_saved, rewrite_config, run)
+from helpers import (
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    gptj_in_float64,
+    gptj_scores_in_float64,
+    hf_saved,
+    rewrite_config,
+    run,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import codegen, gptj, tensorfile
 

@@ -26,9 +26,15 @@ def test_compare_equals_separate_backward_runs():
         assert data["loss"][norm] == fwd.loss
         for i, row in enumerate(data[norm]):
             p = f"blocks.{i}."
-            ffn = np.sqrt(sum((grads[p + f"ffn.{w}"] ** 2).sum() for w in ("W_1", "b_1", "W_2", "b_2")))
-            attn = np.sqrt(sum((grads[p + f"attn.{w}_{x}"] ** 2).sum() for w in "Wb" for x in "QKVO"))
-            ln = np.sqrt(sum((grads[p + f"ln{j}.{w}"] ** 2).sum() for j in "12" for w in ("gamma", "beta")))
+            ffn = np.sqrt(
+                sum((grads[p + f"ffn.{w}"] ** 2).sum() for w in ("W_1", "b_1", "W_2", "b_2"))
+            )
+            attn = np.sqrt(
+                sum((grads[p + f"attn.{w}_{x}"] ** 2).sum() for w in "Wb" for x in "QKVO")
+            )
+            ln = np.sqrt(
+                sum((grads[p + f"ln{j}.{w}"] ** 2).sum() for j in "12" for w in ("gamma", "beta"))
+            )
             assert row["ffn"] == pytest.approx(ffn, rel=1e-12)
             assert row["attn"] == pytest.approx(attn, rel=1e-12)
             assert row["ln"] == pytest.approx(ln, rel=1e-12)
@@ -81,4 +87,6 @@ def test_gradient_norms_groups_every_parameter_of_a_block():
     rows = gradient_norms(grads, 2)
     block = [n for n in grads if n.startswith("blocks.1.")]
     total = np.sqrt(sum((grads[n] ** 2).sum() for n in block))
-    assert np.sqrt(rows[1]["attn"] ** 2 + rows[1]["ln"] ** 2 + rows[1]["ffn"] ** 2) == pytest.approx(total, rel=1e-12)
+    assert np.sqrt(
+        rows[1]["attn"] ** 2 + rows[1]["ln"] ** 2 + rows[1]["ffn"] ** 2
+    ) == pytest.approx(total, rel=1e-12)

@@ -52,7 +52,9 @@ def test_every_link_to_a_heading_finds_it():
             where = (page.parent / target).resolve() if target else page.resolve()
             assert where.exists(), f"{page.relative_to(ROOT)} links to {target}"
             if anchor:
-                assert anchor in anchors[where], f"{page.relative_to(ROOT)} links to {target}#{anchor}"
+                assert anchor in anchors[where], (
+                    f"{page.relative_to(ROOT)} links to {target}#{anchor}"
+                )
             links += 1
     assert links >= 200
     assert {"rotary-positions---pe-rope", "sliding-window-attention---sliding-window"} <= \

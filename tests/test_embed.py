@@ -222,7 +222,7 @@ def test_cli_embed_shows_rows_whole_up_to_d_32(monkeypatch):
 
 
 def test_cli_embed_checks_fewer_entries_on_a_large_model(monkeypatch):
-    from tfmcli.cli import embed   # here, not at the top: the commands register lazily
+    from tfmcli.cli import embed  # here, not at the top: the commands register lazily
     monkeypatch.setattr(embed, "LARGE", 8448)   # the toy's forward FLOPs: not more, so all 6
     assert len(json.loads(ok("embed", "--json").stdout)["checked"]) == 6
     monkeypatch.setattr(embed, "LARGE", 8447)

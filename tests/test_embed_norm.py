@@ -12,9 +12,17 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, decoded_like_the_forward,
-                     error_line, ok, random_params, run, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    ok,
+    random_params,
+    run,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
@@ -42,7 +50,9 @@ def test_the_first_block_reads_the_normalised_embedding():
         fwd = tfmcli.forward(params, tfmcli.inputs_from_tokens(TOKENS), cfg, fast=fast)
         rows = params["embed.W_E"][fwd.inputs.tokens]
         mean, var = rows.mean(-1, keepdims=True), rows.var(-1, keepdims=True)
-        x0 = (rows - mean) / np.sqrt(var + cfg.eps) * params["ln_embed.gamma"] + params["ln_embed.beta"]
+        x0 = (rows - mean) / np.sqrt(var + cfg.eps) * params["ln_embed.gamma"] + params[
+            "ln_embed.beta"
+        ]
         assert_scaled_close(fwd.acts["blocks.0.in"], x0, floor=1e-13)
         assert fwd.acts["ln_embed.out"] is fwd.acts["blocks.0.in"]
         np.testing.assert_array_equal(fwd.acts["embed"], rows)

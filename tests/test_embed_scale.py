@@ -13,9 +13,15 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, ok, random_params, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    ok,
+    random_params,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import memory_estimate
 
 

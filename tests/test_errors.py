@@ -1,4 +1,5 @@
-"""Every usage error: exit 2, one line on stderr naming the option, the value and what is allowed."""
+"""Every usage error: exit 2, one line on stderr naming the option, the value and what is
+allowed."""
 
 import os
 import subprocess
@@ -10,8 +11,8 @@ from typer.testing import CliRunner
 
 import tfmcli
 from helpers import error_line, ok, run
-from tfmcli.engine import positional
 from tfmcli.cli import app
+from tfmcli.engine import positional
 from tfmcli.errors import TfmError
 
 runner = CliRunner()
@@ -33,24 +34,45 @@ USAGE_ERRORS = [
     (["forward", "-L", "0"], ["'--layers'", "0 is not allowed"]),
     (["forward", "--d-ff", "0"], ["'--d-ff'", "0 is not allowed"]),
     (["forward", "--seed", "-1"], ["'--seed'", "-1", "0 or more"]),
-    (["forward", "-d", "7", "-H", "2"], ["'--heads'", "d_model=7 is not divisible by heads=2", "allowed heads: 1, 7"]),
-    (["forward", "-d", "36", "-H", "5"], ["'--heads'", "allowed heads: 1, 2, 3, 4, 6, 9, 12, 18, 36"]),
+    (
+        ["forward", "-d", "7", "-H", "2"],
+        ["'--heads'", "d_model=7 is not divisible by heads=2", "allowed heads: 1, 7"],
+    ),
+    (
+        ["forward", "-d", "36", "-H", "5"],
+        ["'--heads'", "allowed heads: 1, 2, 3, 4, 6, 9, 12, 18, 36"],
+    ),
     (["backward", "--lengths", "9"], ["'--lengths'", "1 values but batch=2"]),
     (["forward", "--lengths", "4,9"], ["'--lengths'", "9 is outside 1..4"]),
     (["forward", "--lengths", "0,1"], ["'--lengths'", "0 is outside 1..4"]),
-    (["forward", "--lengths", "a,b"], ["'--lengths'", "'a,b' is not a comma-separated list of integers"]),
+    (
+        ["forward", "--lengths", "a,b"],
+        ["'--lengths'", "'a,b' is not a comma-separated list of integers"],
+    ),
     (["forward", "--lengths", ""], ["'--lengths'", "is not a comma-separated list"]),
     (["forward", "--norm", "mid"], ["'--norm'", "'mid'", "'pre', 'post'"]),
     (["forward", "--activation", "tanh"], ["'--activation'", "'tanh'", "'relu', 'gelu'"]),
-    (["forward", "--init", "zeros"], ["'--init'", "'zeros'", "'normal', 'uniform', 'xavier', 'kaiming'"]),
+    (
+        ["forward", "--init", "zeros"],
+        ["'--init'", "'zeros'", "'normal', 'uniform', 'xavier', 'kaiming'"],
+    ),
     (["forward", "--dtype", "float16"], ["'--dtype'", "'float16'", "'float64', 'float32'"]),
-    (["forward", "--pe", "t5"], ["'--pe'", "'t5'", "'sinusoidal', 'learned', 'none', 'rope', 'alibi'"]),
+    (
+        ["forward", "--pe", "t5"],
+        ["'--pe'", "'t5'", "'sinusoidal', 'learned', 'none', 'rope', 'alibi'"],
+    ),
     (["forward", "--eps", "0"], ["'--eps'", "got 0.0"]),
-    (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'", "'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', 'ffn', 'ln2_post', 'ln_f', 'head', 'all'"]),
+    (["backward", "--layer", "mlp"], ["'--layer'", "'mlp'",
+                                      "'embed', 'ln_embed', 'attn', 'ln1', 'ln1_post', 'ln2', "
+                                      "'ffn', 'ln2_post', 'ln_f', 'head', 'all'"]),
     (["backward", "--norm", "post", "--layer", "ln_f"], ["'--layer'", "Post-LN has no ln_f"]),
-    (["forward", "--show", "blocks.0.attn.patern"], ["'--show'", "'blocks.0.attn.patern'", "did you mean blocks.0.attn.pattern"]),
+    (
+        ["forward", "--show", "blocks.0.attn.patern"],
+        ["'--show'", "'blocks.0.attn.patern'", "did you mean blocks.0.attn.pattern"],
+    ),
     (["backward", "--show", "dlogitz"], ["'--show'", "did you mean"]),
-    (["forward", "--show", "zzzz"], ["no tensor named 'zzzz'; names are like embed, head.b_U"]),   # first, last
+    # the first name and the last
+    (["forward", "--show", "zzzz"], ["no tensor named 'zzzz'; names are like embed, head.b_U"]),
     # nothing close enough (a looser cutoff than difflib's 0.6, 0.5, but not 0.25: "logits")
     (["forward", "--show", "weights"], ["no tensor named 'weights'; names are like embed"]),
     # at most four names, those that begin with it before difflib's closest (blocks.0.in)
@@ -64,7 +86,8 @@ USAGE_ERRORS = [
     (["forward", "--show", "attn.sc"], ["did you mean blocks.0.attn.scores?"]),
     (["forward", "--show", "w_q"], ["did you mean blocks.0.attn.W_Q?"]),
     (["forward", "-L", "2", "--show", "gamma"],
-     ["did you mean blocks.0.ln1.gamma, blocks.0.ln2.gamma, blocks.1.ln1.gamma, blocks.1.ln2.gamma?"]),
+     ["did you mean blocks.0.ln1.gamma, blocks.0.ln2.gamma, blocks.1.ln1.gamma, "
+      "blocks.1.ln2.gamma?"]),
     (["backward", "--show", "dscores"], ["did you mean blocks.0.attn.scores?"]),
     # under three letters, only difflib's: 'ou' begins 'out' but suggests nothing
     (["forward", "--show", "ou"], ["no tensor named 'ou'; names are like embed"]),
@@ -96,7 +119,10 @@ USAGE_ERRORS = [
     (["mask", "--len", "4", "--lengths", "5"], ["'--lengths'", "5 is outside 1..4"]),
     (["mask", "--lengths", "x"], ["'--lengths'", "'x' is not a comma-separated list"]),
     (["pe", "--d-model", "0"], ["'--d-model'", "0 is not allowed"]),
-    (["pe", "--len", "100000", "--d-model", "1000"], ["'--len' / '--d-model'", "100000 x 1000 is 100,000,000 values; at most 20,000,000"]),
+    (
+        ["pe", "--len", "100000", "--d-model", "1000"],
+        ["'--len' / '--d-model'", "100000 x 1000 is 100,000,000 values; at most 20,000,000"],
+    ),
     (["forward", "-T", "100000"], ["GiB", "more than", "--force"]),
     (["forward", "--nope"], ["No such option: --nope"]),
     (["shapes", "--save", "x.npz"], ["No such option: --save"]),   # it computes nothing to save
@@ -131,7 +157,9 @@ def test_odd_d_model_is_supported_with_sinusoidal_encoding():
 @pytest.mark.parametrize("args", [
     ["forward", "--row", "9"], ["forward", "--show", "nope"], ["forward", "--show", "dlogits"],
     ["backward", "--block", "4"], ["backward", "--norm", "post", "--layer", "ln_f"],
-    ["backward", "--show", "dnope"], ["attn", "--head", "7"], ["gradcheck", "--json", "--svg", "x.svg"],
+    ["backward", "--show", "dnope"],
+    ["attn", "--head", "7"],
+    ["gradcheck", "--json", "--svg", "x.svg"],
 ])
 def test_options_are_checked_before_anything_is_computed(args, monkeypatch):
     def no_forward(*a, **k):
@@ -196,7 +224,9 @@ def test_save_and_svg_are_written_both_or_neither(tmp_path):
     kept = tmp_path / "kept.npz"
     kept.write_bytes(b"the file before")
     result = run("forward", "--save", kept, "--svg", FULL)
-    assert error_line(result, 1) == f"tfm forward: error: cannot write {FULL}: No space left on device"
+    assert (
+        error_line(result, 1) == f"tfm forward: error: cannot write {FULL}: No space left on device"
+    )
     assert kept.read_bytes() == b"the file before"
     picture = tmp_path / "picture.svg"
     error_line(run("forward", "--save", FULL, "--svg", picture), 1)

@@ -25,7 +25,8 @@ def test_walkthrough_runs_and_its_checks_hold(capsys):
 def test_import_tfmcli_alone_gives_the_submodules_the_api_page_uses():
     import subprocess
     import sys
-    code = "import tfmcli; tfmcli.io.save_npz; tfmcli.engine.ops.layer_norm_forward; tfmcli.engine.sizes.flops"
+    code = ("import tfmcli; tfmcli.io.save_npz; tfmcli.engine.ops.layer_norm_forward; "
+            "tfmcli.engine.sizes.flops")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -7,11 +7,12 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tfmcli
+from helpers import assert_scaled_close, random_params
 from tfmcli.engine import ops
-from helpers import random_params, assert_scaled_close
 
 TOL = 1e-12
 
@@ -52,7 +53,8 @@ def assert_paths_agree(cfg, params, inputs):
 @given(B=st.integers(1, 3), T=st.integers(1, 7), H=st.sampled_from([1, 2, 3]),
        norm=st.sampled_from(["pre", "post"]),
        activation=st.sampled_from(["relu", "gelu", "swiglu", "geglu"]),
-       causal=st.booleans(), pad=st.booleans(), pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
+       causal=st.booleans(), pad=st.booleans(),
+       pe=st.sampled_from(["sinusoidal", "learned", "none", "rope"]),
        tied=st.booleans(), layers=st.integers(1, 2), seed=st.integers(0, 10_000),
        block=st.sampled_from([1, 2, 3, 128]), rms=st.booleans(), grouped=st.booleans(),
        window=st.sampled_from([None, 1, 2, 3]), head_dim=st.sampled_from([None, 3]),

@@ -12,9 +12,16 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, error_line, ok,
-                     random_params, run, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    error_line,
+    ok,
+    random_params,
+    run,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import param_shapes
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded

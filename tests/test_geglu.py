@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, random_params, run
 from tfmcli.engine import ops
 from tfmcli.engine.sizes import activation_shapes, flops, memory_estimate, param_shapes
 

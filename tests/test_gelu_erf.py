@@ -15,9 +15,16 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, neox_from, ok,
-                     random_params, tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    neox_from,
+    ok,
+    random_params,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import erf_series, ops
 
 

@@ -15,9 +15,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_gemma_weights_read_to_the_bit,
-                     assert_grads_match, error_line, float64_gemma, gemma_holding, hf_logits,
-                     hf_saved, llama_grads, ok, random_params, run, tfm_grads_matching_hf)
+from helpers import (
+    assert_folder_matches_hf,
+    assert_gemma_weights_read_to_the_bit,
+    assert_grads_match,
+    error_line,
+    float64_gemma,
+    gemma_holding,
+    hf_logits,
+    hf_saved,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gemma
 

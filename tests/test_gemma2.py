@@ -17,12 +17,27 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
-                     assert_gemma_weights_read_to_the_bit, assert_gradcheck_passes,
-                     assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
-                     gemma_holding, hf_logits, hf_saved, ok, random_params, run,
-                     sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
-                     torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_folder_matches_hf,
+    assert_gemma_weights_read_to_the_bit,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    float64_gemma,
+    gemma_holding,
+    hf_logits,
+    hf_saved,
+    ok,
+    random_params,
+    run,
+    sandwich_config_kwargs,
+    sandwich_grads,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import gemma2, llama
 

@@ -17,12 +17,27 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
-                     assert_gemma_weights_read_to_the_bit, assert_gradcheck_passes,
-                     assert_grads_match, decoded_like_the_forward, error_line, float64_gemma,
-                     gemma_holding, hf_logits, hf_saved, ok, random_params, run,
-                     sandwich_config_kwargs, sandwich_grads, tfm_grads_matching_hf,
-                     torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_folder_matches_hf,
+    assert_gemma_weights_read_to_the_bit,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    float64_gemma,
+    gemma_holding,
+    hf_logits,
+    hf_saved,
+    ok,
+    random_params,
+    run,
+    sandwich_config_kwargs,
+    sandwich_grads,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import ops, positional
 from tfmcli.engine.config import LinearRopeScaling, RopeScaling
 from tfmcli.engine.sizes import memory_estimate, param_count
@@ -146,7 +161,9 @@ def test_kv_cache_turns_each_block_by_its_own_angles():
     cfg = local_cfg(batch=1, seq_len=8, lengths=None)
     params, steps, _ = decoded_like_the_forward(cfg, 7, [3, 1, 4, 1, 5, 2, 6, 5])
     # and turned alike, the cache would not give the forward's logits
-    alike = tfmcli.engine.kv.decode(params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rope_local_theta=1e4))
+    alike = tfmcli.engine.kv.decode(
+        params, [3, 1, 4, 1, 5, 2, 6, 5], cfg.replace(rope_local_theta=1e4)
+    )
     assert np.abs(alike[-1].logits - steps[-1].logits).max() > 1e-3
 
 

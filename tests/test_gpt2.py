@@ -93,7 +93,9 @@ def test_names_map_as_the_readme_says(checkpoint):
     np.testing.assert_array_equal(params["blocks.1.attn.W_K"], c_attn[:, d:2 * d])
     np.testing.assert_array_equal(params["blocks.1.attn.b_V"],
                                   raw["transformer.h.1.attn.c_attn.bias"][2 * d:])
-    np.testing.assert_array_equal(params["blocks.0.ffn.W_2"], raw["transformer.h.0.mlp.c_proj.weight"])
+    np.testing.assert_array_equal(
+        params["blocks.0.ffn.W_2"], raw["transformer.h.0.mlp.c_proj.weight"]
+    )
     np.testing.assert_array_equal(params["blocks.0.ln2.gamma"], raw["transformer.h.0.ln_2.weight"])
     np.testing.assert_array_equal(params["ln_f.beta"], raw["transformer.ln_f.bias"])
     assert params["embed.W_E"].dtype == np.float64
@@ -112,7 +114,10 @@ def test_load_dir_runs_the_checkpoint_as_the_api_does(checkpoint, tmp_path):
     with np.load(tmp_path / "run.npz") as saved:
         assert "param/embed.W_pos" in saved.files and "param/head.W_U" not in saved.files
         assert "grad/embed.W_E" in saved.files
-    assert json.loads(ok("forward", "--load", tmp_path / "run.npz", "--json").stdout)["loss"] == fwd.loss
+    assert (
+        json.loads(ok("forward", "--load", tmp_path / "run.npz", "--json").stdout)["loss"]
+        == fwd.loss
+    )
 
 
 def test_float32_weights_and_a_bare_key_layout_load_exactly(tmp_path):
@@ -373,7 +378,9 @@ def test_vocab_and_merges_instead_of_tokenizer_json(tmp_path):
     (["--text", "The cat", "--tokens", "1,2"], "not both"),
 ])
 def test_text_needs_a_tokenizer(checkpoint, args, needle):
-    line = error_line(run("forward", *(["--load", checkpoint] if "--tokens" in args else []), *args), 2)
+    line = error_line(
+        run("forward", *(["--load", checkpoint] if "--tokens" in args else []), *args), 2
+    )
     assert "'--text'" in line and needle in line
 
 
@@ -631,7 +638,9 @@ def test_a_bfloat16_folder_reads_as_the_llama_family_does(tmp_path):
     model.save_pretrained(tmp_path)
     _, params = gpt2.load_checkpoint(tmp_path, np.float64)
     state = {k: v.float().double().numpy() for k, v in model.state_dict().items()}
-    np.testing.assert_array_equal(params["blocks.1.ffn.W_1"], state["transformer.h.1.mlp.c_fc.weight"])
+    np.testing.assert_array_equal(
+        params["blocks.1.ffn.W_1"], state["transformer.h.1.mlp.c_fc.weight"]
+    )
     np.testing.assert_array_equal(params["embed.W_E"], state["transformer.wte.weight"])
     assert tfmcli.load(tmp_path, tokens=[1, 2, 3]).cfg.activation == "gelu"
 

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved,
-                     rewrite_config, run)
+from helpers import (
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    hf_saved,
+    rewrite_config,
+    run,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gpt_bigcode
 

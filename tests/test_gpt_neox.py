@@ -11,8 +11,16 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
-                     error_line, float64_rotary, hf_saved, rewrite_config, run)
+from helpers import (
+    assert_bad_weight_named,
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    float64_rotary,
+    hf_saved,
+    rewrite_config,
+    run,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gpt_neox
 
@@ -50,7 +58,8 @@ def neox_grads(model) -> dict:
             if attn.query_key_value.bias is not None:   # attention_bias false: none
                 qkv_b = attn.query_key_value.bias.grad.reshape(H, 3, -1)
                 theirs[p + f"attn.b_{w}"] = qkv_b[:, j].reshape(-1)
-        for ours, module in (("ln1", layer.input_layernorm), ("ln2", layer.post_attention_layernorm)):
+        for ours, module in (("ln1", layer.input_layernorm),
+                             ("ln2", layer.post_attention_layernorm)):
             theirs[p + ours + ".gamma"], theirs[p + ours + ".beta"] = (module.weight.grad,
                                                                        module.bias.grad)
         for ours, module in (("attn.W_O", attn.dense), ("ffn.W_1", mlp.dense_h_to_4h),

@@ -12,9 +12,18 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
-                     error_line, gptj_in_float64, gptj_scores_in_float64, hf_logits, hf_saved,
-                     rewrite_config, run)
+from helpers import (
+    assert_bad_weight_named,
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    gptj_in_float64,
+    gptj_scores_in_float64,
+    hf_logits,
+    hf_saved,
+    rewrite_config,
+    run,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import gptj
 

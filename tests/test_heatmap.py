@@ -17,7 +17,6 @@ from tfmcli.engine.masks import causal_mask
 from tfmcli.render import colour_legend, heatmap
 from tfmcli.render.heatmap import _block_mean
 
-
 # ---------------------------------------------------------------- heatmap
 
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli import io
 from helpers import error_line, random_params, run
+from tfmcli import io
 from tfmcli.cli import app  # noqa: F401
 
 runner = CliRunner()
@@ -227,15 +227,39 @@ def test_flag_that_contradicts_the_file_is_a_usage_error(tmp_path):
 
 @pytest.mark.parametrize("change, needle", [
     (lambda a: a.pop("param/blocks.0.attn.W_Q"), "missing key 'param/blocks.0.attn.W_Q'"),
-    (lambda a: a.update({"param/blocks.0.attn.W_X": np.zeros((6, 6))}), "unknown key 'param/blocks.0.attn.W_X'"),
+    (
+        lambda a: a.update({"param/blocks.0.attn.W_X": np.zeros((6, 6))}),
+        "unknown key 'param/blocks.0.attn.W_X'",
+    ),
     (lambda a: a.update({"extra": np.zeros(3)}), "unknown key 'extra'"),
-    (lambda a: a.update({"param/head.W_U": np.zeros((6, 9))}), "param/head.W_U has shape (6, 9), expected (6, 8)"),
-    (lambda a: a.update({"param/head.b_U": np.zeros(8, dtype=np.int64)}), "param/head.b_U has dtype int64, expected float64"),
-    (lambda a: a.update({"param/head.b_U": np.full(8, np.nan)}), "param/head.b_U contains NaN or Inf"),
-    (lambda a: a.update({"param/embed.W_E": np.full((8, 6), np.inf)}), "param/embed.W_E contains NaN or Inf"),
-    (lambda a: a.update({"input/tokens": a["input/tokens"] + 100}), "input/tokens has values outside 0..7"),
-    (lambda a: a.update({"input/tokens": np.zeros((2, 5), dtype=np.int64)}), "input/tokens has shape (2, 5), expected (2, 4)"),
-    (lambda a: a.update({"input/lengths": np.array([0, 4])}), "input/lengths has values outside 1..4"),
+    (
+        lambda a: a.update({"param/head.W_U": np.zeros((6, 9))}),
+        "param/head.W_U has shape (6, 9), expected (6, 8)",
+    ),
+    (
+        lambda a: a.update({"param/head.b_U": np.zeros(8, dtype=np.int64)}),
+        "param/head.b_U has dtype int64, expected float64",
+    ),
+    (
+        lambda a: a.update({"param/head.b_U": np.full(8, np.nan)}),
+        "param/head.b_U contains NaN or Inf",
+    ),
+    (
+        lambda a: a.update({"param/embed.W_E": np.full((8, 6), np.inf)}),
+        "param/embed.W_E contains NaN or Inf",
+    ),
+    (
+        lambda a: a.update({"input/tokens": a["input/tokens"] + 100}),
+        "input/tokens has values outside 0..7",
+    ),
+    (
+        lambda a: a.update({"input/tokens": np.zeros((2, 5), dtype=np.int64)}),
+        "input/tokens has shape (2, 5), expected (2, 4)",
+    ),
+    (
+        lambda a: a.update({"input/lengths": np.array([0, 4])}),
+        "input/lengths has values outside 1..4",
+    ),
     (lambda a: a.pop("input/targets"), "has 'input/tokens' but is missing key 'input/targets'"),
     (lambda a: a.update({"act/": np.zeros(3)}), "unknown key 'act/'"),
     (lambda a: a.update({"config": np.array("{not json")}), "key 'config' is not a JSON object"),
@@ -286,7 +310,10 @@ def test_written_files_follow_the_umask(tmp_path):
     """--save and --svg files are 0644 under umask 022, like any other program's (not 0600)."""
     old = os.umask(0o022)
     try:
-        assert run("forward", "--save", tmp_path / "run.npz", "--svg", tmp_path / "run.svg").exit_code == 0
+        assert (
+            run("forward", "--save", tmp_path / "run.npz", "--svg", tmp_path / "run.svg").exit_code
+            == 0
+        )
     finally:
         os.umask(old)
     assert (tmp_path / "run.npz").stat().st_mode & 0o777 == 0o644
@@ -350,9 +377,9 @@ def test_every_config_field_survives_json_and_a_save_load_round_trip(tmp_path):
     ("--embed-norm", None, False)])
 def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, value, default):
     """--rope-theta, --rope-scaling (LLaMA 3.1's and linear), --rope-local-theta, --rotary-dim,
-    --sliding-window, --sliding-layers, --sandwich-norm and --parallel-residual are kept by --save and --load (the
-    loss they give comes back), and each changes the loss: a dropped one would reload at its
-    default."""
+    --sliding-window, --sliding-layers, --sandwich-norm and --parallel-residual are kept by
+    --save and --load (the loss they give comes back), and each changes the loss: a dropped one
+    would reload at its default."""
     import json
 
     flags = ["-T", 6, "-d", 8, "-H", 2, "-L", 2, "--pe", "rope", flag, value]

@@ -8,8 +8,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.engine.sizes import flops
 from tfmcli.engine.kv import decode, step_flops
+from tfmcli.engine.sizes import flops
 
 
 @pytest.fixture(autouse=True)

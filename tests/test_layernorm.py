@@ -8,8 +8,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.explain import layernorm
 from tfmcli.engine import ops
+from tfmcli.explain import layernorm
 
 
 @pytest.fixture(autouse=True)

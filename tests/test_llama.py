@@ -13,10 +13,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import positional
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.errors import ConfigError

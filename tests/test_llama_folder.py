@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_grads_match, error_line, in_float64, llama_grads, ok, run,
-                     tfm_grads_matching_hf)
+from helpers import (
+    assert_grads_match,
+    error_line,
+    in_float64,
+    llama_grads,
+    ok,
+    run,
+    tfm_grads_matching_hf,
+)
 from tfmcli.sources import llama, tensorfile
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "tiny-llama"
@@ -238,8 +245,9 @@ def rewrite_weights(folder, change):
      "model.safetensors", "not a safetensors file (its header is not JSON"),
     (lambda f: (f / "model.safetensors").unlink(), "ll",
      "no model.safetensors (or model.safetensors.index.json) there"),
-], ids=["yarn-scaling", "llama3-incomplete", "llama3-bands-crossed", "gelu", "attention-biases-alone",
-        "mlp-bias-text", "head-dim", "kv-heads", "a-string", "missing-key", "missing-weight",
+], ids=["yarn-scaling", "llama3-incomplete", "llama3-bands-crossed", "gelu",
+        "attention-biases-alone", "mlp-bias-text", "head-dim", "kv-heads", "a-string",
+        "missing-key", "missing-weight",
         "wrong-shape", "unknown-key", "truncated", "not-json", "no-weights"])
 def test_each_bad_folder_is_one_line_naming_file_and_key(tmp_path, what, file, reason):
     folder = good_folder(tmp_path)

@@ -9,8 +9,8 @@ import pytest
 
 import tfmcli
 from helpers import error_line, ok, random_params, run
-from tfmcli.explain import loss
 from tfmcli.engine import ops
+from tfmcli.explain import loss
 from tfmcli.explain.loss import shown_ids
 
 

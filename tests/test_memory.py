@@ -4,8 +4,9 @@
 NumPy reports every array buffer to ``tracemalloc``, so the real peak is measurable in-process;
 the estimate must be within 8% of it on configs big enough (MBs to a few hundred MB) that
 Python's fixed overheads do not matter. Measured: 0.956 (one block, T = 1024, float32) to 1.071
-(GELU at d 256 and B T 256, grouped or not: an over-estimate, on the safe side) of it. (The bound was 25%, under which a vocabulary's worth of activation gradient, counted
-three times instead of twice, passed.)
+(GELU at d 256 and B T 256, grouped or not: an over-estimate, on the safe side) of it. (The
+bound was 25%, under which a vocabulary's worth of activation gradient, counted three times
+instead of twice, passed.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli.cli import options
-from tfmcli.cli import app
+from tfmcli.cli import app, options
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import memory_estimate, param_count
 
@@ -192,7 +192,9 @@ def test_memory_estimate_is_within_8_percent_of_the_measured_peak(fields):
     assert estimate["grads"] == sum(g.nbytes for g in grads.values())
     assert estimate["activations"] == distinct_bytes(fwd.acts.values(), exclude=params.values())
     # the gradient of each, the embedding's (the stream's at the bottom) included
-    assert estimate["activation grads"] == distinct_bytes(grads.acts.values(), exclude=params.values())
+    assert estimate["activation grads"] == distinct_bytes(
+        grads.acts.values(), exclude=params.values()
+    )
     assert estimate["total"] == sum(v for k, v in estimate.items() if k != "total")
     ratio = estimate["total"] / peak
     assert abs(ratio - 1) <= TOLERANCE, (

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import random_params, assert_scaled_close
+from helpers import assert_scaled_close, random_params
 from tfmcli.engine import masks, ops, positional
-from tfmcli.engine.sizes import activation_shapes, param_shapes
 from tfmcli.engine.model import first_nonfinite
+from tfmcli.engine.sizes import activation_shapes, param_shapes
 
 MASKS = {
     "causal": dict(causal=True, lengths=None),
@@ -70,7 +70,8 @@ def test_tied_head_gradient_is_the_sum_of_embedding_and_head_parts():
 
 
 def test_learned_positions_need_seq_len_within_n_ctx():
-    with pytest.raises(tfmcli.ConfigError, match="seq_len=5 is longer than the 4 learned positions"):
+    with pytest.raises(tfmcli.ConfigError,
+                       match="seq_len=5 is longer than the 4 learned positions"):
         tfmcli.Config(pe="learned", seq_len=5, n_ctx=4)
     assert tfmcli.init_params(tfmcli.Config(pe="learned", n_ctx=9))["embed.W_pos"].shape == (9, 6)
 
@@ -386,7 +387,9 @@ def test_dprobs_is_minus_inf_exactly_where_a_target_probability_underflows():
     valid = np.arange(cfg.seq_len)[None, :] < np.array(cfg.lengths)[:, None]
     underflow = (picked == 0) & valid
     assert underflow.any()
-    assert np.all(np.isneginf(np.take_along_axis(dprobs, inputs.targets[..., None], -1)[..., 0][underflow]))
+    assert np.all(
+        np.isneginf(np.take_along_axis(dprobs, inputs.targets[..., None], -1)[..., 0][underflow])
+    )
     assert np.isfinite(dprobs[~underflow]).all()
     assert first_nonfinite(grads.acts) is None
     assert first_nonfinite(grads) is None
@@ -659,7 +662,8 @@ def test_config_bounds_allow_their_edge_and_refuse_past_it():
     from tfmcli.engine.config import MAX_LAYERS
 
     assert tfmcli.Config(layers=MAX_LAYERS).layers == 1000
-    with pytest.raises(tfmcli.ConfigError, match="layers=1001 is more than tfm shows; allowed: 1..1000"):
+    with pytest.raises(tfmcli.ConfigError,
+                       match="layers=1001 is more than tfm shows; allowed: 1..1000"):
         tfmcli.Config(layers=MAX_LAYERS + 1)
     largest = float(np.finfo(np.float32).max)
     assert tfmcli.Config(dtype="float32", eps=largest).eps == largest

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_written_back, error_line, hf_saved, ok,
-                     rewrite_config, run, unpatched_logits_off)
+from helpers import (
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    hf_saved,
+    ok,
+    rewrite_config,
+    run,
+    unpatched_logits_off,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import mpt
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from helpers import assert_scaled_close
-
 from tfmcli import IGNORE
 from tfmcli.engine import ops
 from tfmcli.engine.masks import combined_mask

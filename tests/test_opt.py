@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, error_line, hf_saved, rewrite_config, run)
+from helpers import assert_folder_matches_hf, error_line, hf_saved, rewrite_config, run
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import opt, tensorfile
 

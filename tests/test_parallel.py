@@ -1,8 +1,8 @@
-"""tfmcli.engine.parallel: work cut into parts that cover it once, run at once in threads with BLAS held
-to one thread and restored after, errors and np.errstate carried across; and the operations
-that use it give the numbers they give in one piece: exactly where the parts are heads or rows
-of element-wise work, to rounding where BLAS products are cut (BLAS tiles a part as it likes,
-as it does for its own thread count)."""
+"""tfmcli.engine.parallel: work cut into parts that cover it once, run at once in threads with BLAS
+held to one thread and restored after, errors and np.errstate carried across; and the operations
+that use it give the numbers they give in one piece: exactly where the parts are heads or rows of
+element-wise work, to rounding where BLAS products are cut (BLAS tiles a part as it likes, as it
+does for its own thread count)."""
 
 import os
 import signal
@@ -11,11 +11,11 @@ import threading
 
 import numpy as np
 import pytest
+from test_fast import TOL, rel
 
 import tfmcli
+from helpers import assert_scaled_close, random_params
 from tfmcli.engine import model, ops, parallel
-from helpers import random_params, assert_scaled_close
-from test_fast import TOL, rel
 
 
 class FakeBlas:

@@ -14,10 +14,20 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_grads_match, assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, error_line, neox_from, ok, random_params, run,
-                     tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    neox_from,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.explain import block, layernorm
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded

@@ -14,10 +14,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
-                     assert_gradcheck_passes, decoded_like_the_forward, error_line, hf_saved,
-                     neox_from, ok, random_params, run, tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_folder_matches_hf,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    hf_saved,
+    neox_from,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import ops, positional
 from tfmcli.engine.sizes import memory_estimate
 

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_bad_weight_named, assert_folder_matches_hf, assert_written_back,
-                     error_line, hf_saved, run)
+from helpers import (
+    assert_bad_weight_named,
+    assert_folder_matches_hf,
+    assert_written_back,
+    error_line,
+    hf_saved,
+    run,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import llama, phi3, tensorfile
 

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import tfmcli
-from tfmcli.engine import ops
 from tfmcli.cli import app
+from tfmcli.engine import ops
 from tfmcli.engine.config import Config, divisors
-from tfmcli.engine.sizes import activation_shapes, param_shapes
-from tfmcli.io import run_arrays, save_npz
 from tfmcli.engine.masks import combined_mask
 from tfmcli.engine.model import first_nonfinite
+from tfmcli.engine.sizes import activation_shapes, param_shapes
+from tfmcli.io import run_arrays, save_npz
 
 runner = CliRunner()
 
@@ -67,18 +67,28 @@ def configs(draw, max_layers=8, dtypes=("float64", "float32")):
     H = draw(st.sampled_from(divisors(d)))
     norm = draw(st.sampled_from(["pre", "post"]))
     return Config(
-        batch=B, seq_len=T, d_model=d, heads=H, kv_heads=draw(st.none() | st.sampled_from(divisors(H))),
-        d_ff=draw(st.none() | st.integers(1, 16)), vocab=draw(st.integers(1, 10)),
-        layers=draw(st.integers(1, max_layers)), norm=norm,
-        activation=draw(st.sampled_from(["relu", "gelu", "swiglu", "geglu"])), causal=draw(st.booleans()),
-        lengths=lengths, pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
+        batch=B,
+        seq_len=T,
+        d_model=d,
+        heads=H,
+        kv_heads=draw(st.none() | st.sampled_from(divisors(H))),
+        d_ff=draw(st.none() | st.integers(1, 16)),
+        vocab=draw(st.integers(1, 10)),
+        layers=draw(st.integers(1, max_layers)),
+        norm=norm,
+        activation=draw(st.sampled_from(["relu", "gelu", "swiglu", "geglu"])),
+        causal=draw(st.booleans()),
+        lengths=lengths,
+        pe=draw(st.sampled_from(["sinusoidal", "none", "rope"])),
         init=draw(st.sampled_from(["normal", "uniform", "xavier", "kaiming"])),
-        dtype=draw(st.sampled_from(dtypes)), seed=draw(st.integers(0, 2**32 - 1)),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**32 - 1)),
         rms_norm=draw(st.booleans()),
         attn_softcap=draw(st.none() | st.sampled_from([0.5, 50.0])),
         logit_softcap=draw(st.none() | st.sampled_from([1.0, 30.0])),
         attn_scale=draw(st.none() | st.sampled_from([0.2, 3.0])),
-        sandwich_norm=norm == "pre" and draw(st.booleans()))
+        sandwich_norm=norm == "pre" and draw(st.booleans()),
+    )
 
 
 def check_run(cfg, inputs, fwd, grads):
@@ -127,8 +137,8 @@ def test_the_loss_terms_and_each_layer_norm_by_hand_agree_with_the_run(cfg):
     """tfm forward --loss and tfm ln on any small config: the terms' mean is the loss to the
     last bit; each layer norm recomputed at every position is the model's output, its dx
     central differences', and its dgamma parts sum to the backward's."""
-    from tfmcli.explain import layernorm
     from tfmcli.engine import ops
+    from tfmcli.explain import layernorm
 
     params, inputs, fwd, grads = run(cfg)
     cache = fwd.caches["loss"]

@@ -12,9 +12,20 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_folder_matches_hf, assert_gradcheck_passes, assert_grads_match,
-                     error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
-                     tfm_grads_matching_hf, torch_reference_rows)
+from helpers import (
+    assert_folder_matches_hf,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    error_line,
+    hf_saved,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import param_count, param_shapes
 from tfmcli.sources import llama, qwen2
 

@@ -14,10 +14,23 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
-                     assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
-                     error_line, hf_saved, llama_from, llama_grads, ok, random_params, run,
-                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_folder_matches_hf,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    hf_saved,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import ops
 from tfmcli.engine.sizes import activation_shapes, memory_estimate, param_count, param_shapes
 from tfmcli.sources import llama, qwen3

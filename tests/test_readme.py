@@ -5,10 +5,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-from helpers import assert_scaled_close
 from typer.testing import CliRunner
 
+from helpers import assert_scaled_close
 from tfmcli.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent

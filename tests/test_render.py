@@ -14,13 +14,19 @@ from rich.cells import cell_len
 from rich.console import Console
 
 import tfmcli
-from helpers import (grid_rows, plain_environment, random_params, render,  # noqa: F401 (a fixture)
-                     render_colour)
+from helpers import grid_rows, plain_environment, random_params, render, render_colour  # noqa: F401 (a fixture)
 from tfmcli.check.gradcheck import ParamCheck
 from tfmcli.engine.masks import additive, causal_mask
-from tfmcli.render import (mask_overview, config_panel, fmt, grad_table, mask_grid,
-                           mask_legend, shape_trace, tensor_table)
-
+from tfmcli.render import (
+    config_panel,
+    fmt,
+    grad_table,
+    mask_grid,
+    mask_legend,
+    mask_overview,
+    shape_trace,
+    tensor_table,
+)
 
 # ---------------------------------------------------------------- fmt
 
@@ -155,7 +161,9 @@ def test_a_tables_row_labels_are_measured_in_columns_of_the_screen(full, width):
 
 def test_a_full_table_in_blocks_puts_its_caption_once_under_the_last_block():
     array = np.full((3, 20), 1.0)
-    lines = render(tensor_table(array, full=True, width=80, caption="a note"), width=80).splitlines()
+    lines = render(
+        tensor_table(array, full=True, width=80, caption="a note"), width=80
+    ).splitlines()
     assert [line.strip() for line in lines if "a note" in line or "columns" in line] == [
         "columns 0..6 of 20", "columns 7..13 of 20", "columns 14..19 of 20", "a note"]
     assert lines[-1].strip() == "a note"
@@ -423,7 +431,10 @@ def test_stats_of_a_masked_array_over_many_chunks_are_the_finite_entries_exactly
         out = summary.stats(values.astype(dtype).reshape(3, -1))
         assert (out["min"], out["max"]) == (float(finite.astype(dtype).min()),
                                             float(finite.astype(dtype).max()))
-        assert out["masked"] == int(np.isneginf(values).sum()) and (out["inf"], out["nan"]) == (2, 1)
+        assert out["masked"] == int(np.isneginf(values).sum()) and (out["inf"], out["nan"]) == (
+            2,
+            1,
+        )
         if dtype is np.float64:
             assert out["mean"] == pytest.approx(mean, rel=1e-15)
             assert out["std"] == pytest.approx(std, rel=1e-14)

@@ -12,12 +12,22 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, llama_from, llama_grads, ok, random_params,
-                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
+from tfmcli.check.gradcheck import central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.sizes import activation_shapes, memory_estimate, param_shapes
-from tfmcli.check.gradcheck import central_differences
 
 
 def rms_cfg(**fields):

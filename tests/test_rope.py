@@ -11,12 +11,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_gradcheck_passes, decoded_like_the_forward, error_line,
-                     neox_from, ok, random_params, run, tfm_grads_matching_hf,
-                     torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    neox_from,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import ops
-from tfmcli.engine.sizes import activation_shapes, memory_estimate
 from tfmcli.engine.positional import rope_angles, rope_tables
+from tfmcli.engine.sizes import activation_shapes, memory_estimate
 
 
 def rope_cfg(**fields):
@@ -264,7 +273,9 @@ def test_attn_steps_turn_q_and_k_and_match_the_model():
     steps = {s.name: s.value for s in model_head_steps(params, fwd, cfg, 0, 1, 1)}
     assert list(steps)[3:6] == ["V", "Q_rot", "K_rot"]
     np.testing.assert_allclose(steps["Q_rot"], fwd.acts["blocks.0.attn.q_rot"][1, 1], atol=1e-14)
-    np.testing.assert_allclose(steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14)
+    np.testing.assert_allclose(
+        steps["softmax"], fwd.acts["blocks.0.attn.pattern"][1, 1], atol=1e-14
+    )
     back = {s.name: s.value for s in model_head_backward_steps(
         fwd, grads.acts["blocks.0.attn.context"], cfg, 0, 1, 1)}
     assert list(back)[-4:] == ["dQ_rot", "dK_rot", "dQ", "dK"]

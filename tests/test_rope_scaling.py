@@ -13,10 +13,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, error_line, llama_from, llama_grads, ok,
-                     random_params, run, tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine import positional
 from tfmcli.engine.config import RopeScaling
 from tfmcli.errors import ConfigError
@@ -51,8 +62,11 @@ def test_each_pairs_scale_by_hand():
 
 
 @pytest.mark.parametrize("d_head, base, scaling", [
-    (8, 100.0, SCALING), (64, 500000.0, (32.0, 1.0, 4.0, 8192)), (128, 500000.0, (8.0, 1.0, 4.0, 8192)),
-    (6, 10000.0, (2.5, 0.5, 3.0, 300))], ids=["test", "llama-3.2-1b", "llama-3.1-8b", "odd-factors"])
+    (8, 100.0, SCALING),
+    (64, 500000.0, (32.0, 1.0, 4.0, 8192)),
+    (128, 500000.0, (8.0, 1.0, 4.0, 8192)),
+    (6, 10000.0, (2.5, 0.5, 3.0, 300)),
+], ids=["test", "llama-3.2-1b", "llama-3.1-8b", "odd-factors"])
 def test_the_frequencies_equal_hugging_faces(d_head, base, scaling):
     """transformers' own llama3 frequencies (made in float32) are tfm's to float32's rounding."""
     pytest.importorskip("torch")

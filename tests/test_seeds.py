@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from helpers import assert_scaled_close
-
 from tfmcli.engine import masks, ops
 
 ATOL8 = 1e-8

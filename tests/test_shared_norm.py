@@ -13,12 +13,19 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes,
-                     decoded_like_the_forward, error_line, ok, random_params, run,
-                     torch_reference_rows,
-                     assert_scaled_close)
-from tfmcli.explain import block, feedforward, layernorm
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    ok,
+    random_params,
+    run,
+    torch_reference_rows,
+)
 from tfmcli.engine.sizes import activation_shapes, param_shapes
+from tfmcli.explain import block, feedforward, layernorm
 
 TOKENS = [[3, 1, 4, 1, 5], [9, 2, 6]]   # row 1 padded
 

@@ -13,13 +13,26 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_folder_matches_hf,
-                     assert_gradcheck_passes, assert_grads_match, decoded_like_the_forward,
-                     error_line, grid_rows, hf_saved, llama_from, llama_grads, ok, random_params,
-                     run, tfm_grads_matching_hf, torch_reference_rows,
-                     assert_scaled_close)
-from tfmcli.errors import ConfigError
+from helpers import (
+    assert_fast_equals_reference,
+    assert_folder_matches_hf,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    error_line,
+    grid_rows,
+    hf_saved,
+    llama_from,
+    llama_grads,
+    ok,
+    random_params,
+    run,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
 from tfmcli.engine.masks import combined_mask, sliding_window_mask
+from tfmcli.errors import ConfigError
 from tfmcli.sources import llama, mistral
 
 MISTRAL = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False)

@@ -6,9 +6,9 @@ import inspect
 import json
 import os
 import subprocess
+import sys
 
 import pytest
-import sys
 
 from tfmcli.cli import app
 from tfmcli.cli.app import COMMANDS

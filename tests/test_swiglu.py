@@ -13,13 +13,21 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import (assert_fast_equals_reference, assert_gradcheck_passes, assert_grads_match,
-                     decoded_like_the_forward, float64_rotary, ok, random_params,
-                     tfm_grads_matching_hf, torch_reference_rows, assert_scaled_close)
+from helpers import (
+    assert_fast_equals_reference,
+    assert_gradcheck_passes,
+    assert_grads_match,
+    assert_scaled_close,
+    decoded_like_the_forward,
+    float64_rotary,
+    ok,
+    random_params,
+    tfm_grads_matching_hf,
+    torch_reference_rows,
+)
+from tfmcli.check.gradcheck import central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.sizes import activation_shapes, flops, memory_estimate, param_shapes
-from tfmcli.check.gradcheck import central_differences
-
 
 GATED = ["swiglu", "geglu", "geglu_erf"]   # the gated FFNs: the tests below run for each
 
@@ -214,14 +222,18 @@ def stablelm_from(params, cfg):
              "model.norm.weight": t["ln_f.gamma"], "model.norm.bias": t["ln_f.beta"]}
     for i in range(cfg.layers):
         p, n = f"blocks.{i}.", f"model.layers.{i}."
-        state.update({
-            n + "input_layernorm.weight": t[p + "ln1.gamma"], n + "input_layernorm.bias": t[p + "ln1.beta"],
-            n + "post_attention_layernorm.weight": t[p + "ln2.gamma"],
-            n + "post_attention_layernorm.bias": t[p + "ln2.beta"],
-            n + "self_attn.o_proj.weight": t[p + "attn.W_O"].T,
-            n + "mlp.gate_proj.weight": t[p + "ffn.W_gate"].T,
-            n + "mlp.up_proj.weight": t[p + "ffn.W_1"].T,
-            n + "mlp.down_proj.weight": t[p + "ffn.W_2"].T})
+        state.update(
+            {
+                n + "input_layernorm.weight": t[p + "ln1.gamma"],
+                n + "input_layernorm.bias": t[p + "ln1.beta"],
+                n + "post_attention_layernorm.weight": t[p + "ln2.gamma"],
+                n + "post_attention_layernorm.bias": t[p + "ln2.beta"],
+                n + "self_attn.o_proj.weight": t[p + "attn.W_O"].T,
+                n + "mlp.gate_proj.weight": t[p + "ffn.W_gate"].T,
+                n + "mlp.up_proj.weight": t[p + "ffn.W_1"].T,
+                n + "mlp.down_proj.weight": t[p + "ffn.W_2"].T,
+            }
+        )
         for w, name in zip("QKV", ("q_proj", "k_proj", "v_proj")):
             state[n + f"self_attn.{name}.weight"] = t[p + f"attn.W_{w}"].T
             state[n + f"self_attn.{name}.bias"] = t[p + f"attn.b_{w}"]

@@ -10,19 +10,34 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import error_line, grid_rows, ok, render, render_colour, run
 from tfmcli.cli import app
-from helpers import error_line, ok, run
-from helpers import grid_rows, render, render_colour
-from tfmcli.render.colours import Legend
 from tfmcli.cli.options import PE, Activation, DType, Init, Norm
 from tfmcli.render import grad_table, shape_trace, tensor_table
+from tfmcli.render.colours import Legend
 
 # One quick run of every command (and of the help), each writing more than one line.
 EVERY_COMMAND = [
-    ["forward"], ["backward"], ["gradcheck", "--max-entries", "2"], ["shapes"], ["attn"],
-    ["mask", "--len", "9"], ["pe"], ["train", "--steps", "5"], ["adam"], ["kv"], ["lens"], ["embed"], ["block"], ["ln"], ["ffn"],
+    ["forward"],
+    ["backward"],
+    ["gradcheck", "--max-entries", "2"],
+    ["shapes"],
+    ["attn"],
+    ["mask", "--len", "9"],
+    ["pe"],
+    ["train", "--steps", "5"],
+    ["adam"],
+    ["kv"],
+    ["lens"],
+    ["embed"],
+    ["block"],
+    ["ln"],
+    ["ffn"],
     ["loss"],
-    ["check"], ["compare"], ["forward", "--json"], ["attn", "--query", "2", "--backward"],
+    ["check"],
+    ["compare"],
+    ["forward", "--json"],
+    ["attn", "--query", "2", "--backward"],
     ["--help"],
     ["forward", "--help"],
 ]
@@ -153,6 +168,7 @@ def test_every_attention_tensor_marks_its_hidden_cells_the_same_way(command, nam
 
 def test_gradcheck_says_how_many_entries_of_how_many_it_checked():
     from math import prod
+
     from tfmcli.engine.config import Config
     from tfmcli.engine.sizes import param_shapes
     shapes = param_shapes(Config(d_model=32))
@@ -304,8 +320,8 @@ def test_pe_labels_its_columns_readably_and_red_means_negative_everywhere(monkey
 def test_statistics_are_computed_once_and_only_for_what_is_shown(monkeypatch):
     """A deep model's trace shows 40 of its rows: 40 statistics, none for the JSON payload
     that is not printed; --json computes each activation's once and draws nothing."""
-    import tfmcli.render.tables as tables
     import tfmcli.explain.summary as summary
+    import tfmcli.render.tables as tables
     from tfmcli.explain.summary import activation_stats
     calls = {"table": 0, "json": 0}
 
@@ -339,7 +355,11 @@ def test_the_api_names_are_what_they_were_whatever_was_imported_first():
 
 @pytest.mark.parametrize("width, command, kept", [
     (80, ["ln", "-t", "2"], "y = gamma * (x - mean) / sqrt(var + eps) + beta"),
-    (80, ["embed", "-t", "1"], "PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d))"),
+    (
+        80,
+        ["embed", "-t", "1"],
+        "PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d))",
+    ),
     (120, ["adam"], "step = lr m_hat / (sqrt(v_hat) + eps),  p = p - step"),
     (80, ["attn"], "· = hidden (exactly 0)"),
     (80, ["kv"], "4.1 K with the cache, 10.3 K recomputing each prefix (2.5x)"),

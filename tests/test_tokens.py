@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, random_params, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, random_params, run
 from tfmcli.engine.inputs import IGNORE
 
 
@@ -110,8 +110,20 @@ def test_param_misfit_is_the_first_misfit_with_a_count_of_the_others_of_its_kind
     assert param_misfit(params, cfg.replace(vocab=6)) == ("shape", "embed.W_E", (8, 6), (6, 6), 0)
     assert param_misfit(params, cfg.replace(dtype="float32")) == (
         "dtype", "embed.W_E", np.dtype("float64"), "float32", 0)
-    assert param_misfit(params, cfg.replace(layers=2)) == ("missing", "blocks.1.ln1.gamma", None, None, 15)
-    assert param_misfit(params, cfg.replace(norm="post")) == ("unknown", "ln_f.gamma", None, None, 1)
+    assert param_misfit(params, cfg.replace(layers=2)) == (
+        "missing",
+        "blocks.1.ln1.gamma",
+        None,
+        None,
+        15,
+    )
+    assert param_misfit(params, cfg.replace(norm="post")) == (
+        "unknown",
+        "ln_f.gamma",
+        None,
+        None,
+        1,
+    )
 
 
 def test_forward_refuses_more_positions_than_the_learned_table():
@@ -234,8 +246,16 @@ def test_the_panel_says_the_weights_came_from_the_file_not_the_seed(tmp_path, mo
     (["--tokens", "3,-1,2"], "'--tokens'", "id -1 is outside 0..7"),
     (["--tokens", "3,x"], "'--tokens'", "is not a comma-separated list of token ids"),
     (["--tokens", "3", "--tokens", "4"], "'--tokens'", "no position has a next token"),
-    (["--tokens", "1,2,3", "-T", "4"], "'--seq-len'", "seq_len=4 contradicts --tokens, whose longest row has 3 tokens"),
-    (["--tokens", "1,2,3", "-B", "2"], "'--batch'", "batch=2 contradicts --tokens, which gives 1 row"),
+    (
+        ["--tokens", "1,2,3", "-T", "4"],
+        "'--seq-len'",
+        "seq_len=4 contradicts --tokens, whose longest row has 3 tokens",
+    ),
+    (
+        ["--tokens", "1,2,3", "-B", "2"],
+        "'--batch'",
+        "batch=2 contradicts --tokens, which gives 1 row",
+    ),
     (["--tokens", "1,2,3", "--tokens", "1,2", "--lengths", "3,3"], "'--lengths'",
      "lengths=3,3 contradicts --tokens, whose rows have lengths 3,2"),
 ])

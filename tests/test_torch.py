@@ -19,9 +19,9 @@ import tfmcli
 
 torch = pytest.importorskip("torch")
 
+from helpers import random_params  # noqa: E402
 from tfmcli.check import reference  # noqa: E402  (after the skip: it needs torch to run)
 from tfmcli.check.reference import torch_sinusoidal  # noqa: E402
-from helpers import random_params  # noqa: E402
 
 TOL = 1e-9
 

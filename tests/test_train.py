@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, ok, run, assert_scaled_close
+from helpers import assert_scaled_close, error_line, ok, run
 from tfmcli.engine.inputs import IGNORE
+from tfmcli.train.loop import train
 from tfmcli.train.optim import Adam, adam_step, warmup_lr
 from tfmcli.train.tasks import answer, make_batch
-from tfmcli.train.loop import train
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,9 @@ def test_adam_equals_torch_on_the_same_gradients():
     state = Adam.like(params)
     for step in range(1, 8):
         lr = warmup_lr(step, 16, 3)
-        grads = {n: rng.normal(size=p.shape) * 10.0 ** rng.integers(-3, 2) for n, p in params.items()}
+        grads = {
+            n: rng.normal(size=p.shape) * 10.0 ** rng.integers(-3, 2) for n, p in params.items()
+        }
         adam_step(params, grads, state, lr)
         for group in reference.param_groups:
             group["lr"] = lr
@@ -231,7 +233,9 @@ def test_saved_training_run_reloads_to_the_same_numbers(tmp_path):
     with np.load(path) as saved:
         cfg = tfmcli.Config.from_json(str(saved["config"][()]))
         params = {k[6:]: saved[k] for k in saved.files if k.startswith("param/")}
-        inputs = tfmcli.Inputs(saved["input/tokens"], saved["input/targets"], saved["input/lengths"])
+        inputs = tfmcli.Inputs(
+            saved["input/tokens"], saved["input/targets"], saved["input/lengths"]
+        )
         assert float(saved["loss"]) == tfmcli.forward(params, inputs, cfg).loss
     assert cfg.batch == 4 and cfg.seq_len == 16 and cfg.vocab == 11 and cfg.d_model == 32
     again = json.loads(ok("forward", "--load", path, "--json").stdout)
@@ -287,7 +291,7 @@ def test_train_warms_up_over_a_single_step():
     """d^-0.5 min(t^-0.5, t warmup^-1.5) with warmup 1: 32^-0.5, then 32^-0.5 2^-0.5."""
     data = json.loads(ok("train", "--steps", 2, "--warmup", 1, "--json").stdout)
     assert data["config"]["d_model"] == 32
-    assert data["lr"] == [[1, pytest.approx(32 ** -0.5)], [2, pytest.approx(32 ** -0.5 * 2 ** -0.5)]]
+    assert data["lr"] == [[1, pytest.approx(32**-0.5)], [2, pytest.approx(32**-0.5 * 2**-0.5)]]
 
 
 def test_train_reports_the_seconds_its_steps_took():

@@ -36,7 +36,8 @@ _LAZY = {
 }
 _SUBMODULES = {"engine", "explain", "check", "train", "sources", "render", "io", "errors"}
 # Modules that lived at the top before the layout of 2026-11-28 (CHANGELOG.md): `tfmcli.ops` and
-# the like still resolve, with a DeprecationWarning naming the new path. `import tfmcli.ops` does not.
+# the like still resolve, with a DeprecationWarning naming the new path. `import tfmcli.ops` does
+# not.
 _MOVED = {
     **{m: f"engine.{m}" for m in ("config", "presets", "ops", "model", "positional", "masks",
                                   "init", "inputs", "kv", "memory", "erf_series", "parallel")},

@@ -1,4 +1,5 @@
-"""Runs out: the ``.npz`` layout, atomic saving, and JSON-ready values (``sources`` reads them back).
+"""Runs out: the ``.npz`` layout, atomic saving, and JSON-ready values (``sources`` reads them
+back).
 
 The ``.npz`` layout (NumPy's own format, readable with ``allow_pickle=False``)::
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from tfmcli.engine.config import Config
 from tfmcli.errors import TfmError
+
 if TYPE_CHECKING:   # (imported for the annotations only: saving needs no model code)
     from tfmcli.engine.inputs import Inputs
     from tfmcli.engine.model import Forward, Gradients
@@ -65,7 +67,7 @@ def atomic_write(path: str | os.PathLike):
     An interrupted or failed write leaves no file behind, and an existing ``path`` untouched. A
     device or a pipe is written in place (``output_target``).
     """
-    import tempfile   # here: only a run that saves pays for importing it
+    import tempfile  # here: only a run that saves pays for importing it
 
     named = path
     path, is_file = output_target(path)

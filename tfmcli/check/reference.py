@@ -54,10 +54,10 @@ def torch_rope(x, base=10000.0, scaling=None, rotary_dim=None):
     / n)`` (``base``: ``rope_theta``) over the n = 2 (d_head // 2) rotated dimensions, each
     angle repeated for the two halves, ``x cos + rotate_half(x) sin``; an odd d_head's last
     dimension passes as it is. With ``rotary_dim`` n is that: the first n dimensions turn and
-    the rest pass, as Hugging Face's StableLM and Phi-3 apply ``partial_rotary_factor``. ``scaling`` (factor, low_freq_factor, high_freq_factor, original
-    context) rescales the frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does; a
-    linear one (factor) divides them by the factor, as ``_compute_linear_scaling_rope_parameters``
-    does."""
+    the rest pass, as Hugging Face's StableLM and Phi-3 apply ``partial_rotary_factor``.
+    ``scaling`` (factor, low_freq_factor, high_freq_factor, original context) rescales the
+    frequencies as LLaMA 3.1's ``_compute_llama3_parameters`` does; a linear one (factor)
+    divides them by the factor, as ``_compute_linear_scaling_rope_parameters`` does."""
     torch = import_torch()
     T, dh = x.shape[-2], x.shape[-1]
     n = 2 * (dh // 2) if rotary_dim is None else rotary_dim
@@ -113,7 +113,8 @@ def torch_run(params, inputs, cfg) -> TorchRun:
     if cfg.causal:
         full = full & torch.tril(torch.ones(T, T, dtype=torch.bool))
     sliding = full
-    if cfg.sliding_window is not None:   # hides keys W or more behind (a padded query: its row's last)
+    # hides keys W or more behind (a padded query: its row's last)
+    if cfg.sliding_window is not None:
         query = torch.minimum(torch.arange(T)[None, :], lengths[:, None] - 1)   # (B, T)
         near = torch.arange(T)[None, None, :] > query[:, :, None] - cfg.sliding_window
         sliding = full & near[:, None]                                        # (B, 1, T, T)
@@ -143,8 +144,11 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale
-        if cfg.pe == "alibi":   # BLOOM's form, m_h j: tfm's -m_h (i - j) plus m_h i, a row's constant
-            scores = scores + torch_alibi_slopes(H)[:, None, None] * torch.arange(T, dtype=torch.float64)
+        # BLOOM's form, m_h j: tfm's -m_h (i - j) plus m_h i, a row's constant
+        if cfg.pe == "alibi":
+            scores = scores + torch_alibi_slopes(H)[:, None, None] * torch.arange(
+                T, dtype=torch.float64
+            )
         if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -222,7 +226,9 @@ FLOOR = {"float64": 1e-6, "float32": 1e-3}
 def compare(fwd, grads, reference: TorchRun, cfg, tolerance=None) -> list[Difference]:
     """Loss, logits, every pattern and every parameter gradient of tfm against torch's."""
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
-    floor = FLOOR[cfg.dtype] * max(float(leaf.grad.abs().max()) for leaf in reference.leaves.values())
+    floor = FLOOR[cfg.dtype] * max(
+        float(leaf.grad.abs().max()) for leaf in reference.leaves.values()
+    )
     rows = []
 
     def add(name, ours, theirs, size_floor=0.0):

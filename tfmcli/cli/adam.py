@@ -8,30 +8,41 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Precision, Rate, Warmup, check_rate, describe, emit, execute,
-                               width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_memory, check_name, with_options)
+from tfmcli.cli.common import Precision, Rate, Warmup, check_rate, describe, emit, execute, width
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_memory,
+    check_name,
+    with_options,
+)
 from tfmcli.errors import TfmError
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def adam(
-    param: Annotated[str, typer.Option("--param", metavar="NAME", help="The parameter whose entries are followed.")] = "blocks.0.ffn.W_1",
-    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 10), help="Updates on the run's batch (1..10).")] = 3,
-    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 8), help="Entries: the largest gradients (1..8).")] = 4,
+    param: Annotated[str, typer.Option(
+        "--param", metavar="NAME",
+        help="The parameter whose entries are followed.")] = "blocks.0.ffn.W_1",
+    steps: Annotated[int, typer.Option(
+        "--steps", callback=bounded(1, 10), help="Updates on the run's batch (1..10).")] = 3,
+    top: Annotated[int, typer.Option(
+        "-k", "--top", callback=bounded(1, 8), help="Entries: the largest gradients (1..8).")] = 4,
     warmup: Warmup = 100,
     lr: Rate = None,
     precision: Precision = 4,
     opts: Options = None,
 ):
-    """Adam by hand: a few entries of one parameter through a few updates, m, v, their corrections and the step.
+    """Adam by hand: a few entries through a few updates, m, v, their corrections and the step.
 
     Example: tfm adam --param blocks.0.attn.W_Q --lr 0.01
     """
-    from tfmcli.explain.adam import explain
     from tfmcli.engine.sizes import param_count, param_shapes
+    from tfmcli.explain.adam import explain
     from tfmcli.io import run_arrays
 
     check_rate(opts, lr)

@@ -147,7 +147,7 @@ class OneLineErrors(TyperGroup):
         return super().format_help(ctx, formatter)
 
     def invoke(self, ctx):
-        import numpy as np   # here, once a command runs: the help and --version never load it
+        import numpy as np  # here, once a command runs: the help and --version never load it
 
         with np.errstate(all="ignore"):  # statistics of huge values must not print warnings
             try:
@@ -160,24 +160,43 @@ class OneLineErrors(TyperGroup):
 # the help lists; tests/test_startup.py holds the two equal). Command NAME lives in
 # tfmcli/cli/NAME.py, whose @app.command() registers it when the module is imported.
 COMMANDS = {
-    "forward": "Run the forward pass: config, shape trace of every activation, attention maps, loss.",
+    "forward": (
+        "Run the forward pass: config, shape trace of every activation, attention maps, loss."),
     "backward": "Forward + hand-written backward: a gradient table per parameter (and --check).",
-    "gradcheck": "Check every parameter's gradient against central differences; exit 1 if any fails.",
-    "shapes": "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything.",
-    "embed": "The embedding at one position, number by number: the token's row of W_E plus the position's; then its gradient, summed over every use of the token.",
-    "attn": "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context.",
-    "ln": "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to dx.",
-    "ffn": "One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.",
-    "block": "One block's residual stream at one position: x, each sublayer's output and each sum; then dz back to dx, path by path.",
-    "loss": "The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.",
+    "gradcheck": (
+        "Check every parameter's gradient against central differences; exit 1 if any fails."),
+    "shapes": (
+        "Every tensor's shape, parameter counts, FLOPs and memory, without allocating anything."),
+    "embed": (
+        "One position's embedding, number by number: W_E's row plus the position's; then its "
+        "gradient."),
+    "attn": (
+        "One attention head step by step: X, Q, K, V, scores, scaled, masked, softmax, context."),
+    "ln": (
+        "One layer norm at one position, number by number: x, mean, variance, xhat, y; then dy to"
+        " dx."),
+    "ffn": "One feed-forward sublayer at one position: pre, activation, out; then dout to dx.",
+    "block": (
+        "One block's residual stream at one position: each sum, then dz back to dx, path by path."),
+    "loss": (
+        "The head and the loss at one position: logits, softmax, -log p; then (p - y) / N to dh."),
     "mask": "The causal grid, the padding rows and each row's combined mask (True = may attend).",
-    "pe": "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + wavelength.",
-    "train": "Train a small model with Adam and the hand-written backward, then show what it learned.",
-    "adam": "Adam by hand: a few entries of one parameter through a few updates, m, v, their corrections and the step.",
-    "kv": "Decode batch row --row one token at a time with a KV cache; each step against the full pass.",
+    "pe": (
+        "The sinusoidal positional-encoding matrix as a heatmap, each column sin/cos + "
+        "wavelength."),
+    "train": (
+        "Train a small model with Adam and the hand-written backward, then show what it learned."),
+    "adam": (
+        "Adam by hand: a few entries through a few updates, m, v, their corrections and the step."),
+    "kv": (
+        "Decode batch row --row one token at a time with a KV cache; each step against the full "
+        "pass."),
     "lens": "The logit lens: after each block, the next tokens the model would predict there.",
-    "check": "Proof on demand: run the model in PyTorch autograd and compare every number; exit 1 if any differs.",
-    "compare": "Pre-LN against Post-LN: the same seed and sizes, gradient norms per block, side by side.",
+    "check": (
+        "Proof on demand: the run in PyTorch autograd, every number compared; exit 1 if any "
+        "differs."),
+    "compare": (
+        "Pre-LN against Post-LN: the same seed and sizes, gradient norms per block, side by side."),
 }
 
 
@@ -221,12 +240,14 @@ def version_callback(value: bool):
 
 @app.callback()
 def root(version: Annotated[Optional[bool], typer.Option(
-        "--version", callback=version_callback, is_eager=True, help="Print the version and exit.")] = None):
+        "--version", callback=version_callback, is_eager=True,
+        help="Print the version and exit.")] = None):
     """See, number by number, what a transformer does forward and backward.
 
     Try: tfm forward --seed 1000;  tfm backward --layer ffn;  tfm mask --len 7
 
-    A family's block at toy size: --arch llama, gemma2, ... (tfm shapes --arch list). Docs: docs/index.md
+    A family's block at toy size: --arch llama, gemma2, ... (--arch list).
+    Docs: docs/index.md
     """
 
 

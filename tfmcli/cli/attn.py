@@ -1,30 +1,48 @@
 """tfm attn: one attention head step by step, from the model or seed 002's worked example."""
 
 import math
-
-import numpy as np
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Precision, Row, check_indices, describe, emit, execute,
-                               position_labels, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_range, with_options)
+from tfmcli.cli.common import (
+    Precision,
+    Row,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    position_labels,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_range,
+    with_options,
+)
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def attn(
-    example: Annotated[Optional[str], typer.Option("--example", help="'illustrated': seed 002's integer example.")] = None,
-    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the head.")] = 0,
+    example: Annotated[Optional[str], typer.Option(
+        "--example", help="'illustrated': seed 002's integer example.")] = None,
+    block: Annotated[int, typer.Option(
+        "--block", callback=bounded(0), help="Block of the head.")] = 0,
     head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head to follow.")] = 0,
     row: Row = 0,
-    query: Annotated[Optional[int], typer.Option("--query", "-q", callback=bounded(0), help="This query's row, number by number.")] = None,
-    backward: Annotated[bool, typer.Option("--backward", help="The backward too, down to dQ, dK, dV.")] = False,
+    query: Annotated[Optional[int], typer.Option(
+        "--query", "-q", callback=bounded(0), help="This query's row, number by number.")] = None,
+    backward: Annotated[bool, typer.Option(
+        "--backward", help="The backward too, down to dQ, dK, dV.")] = False,
     precision: Precision = 4,
     opts: Options = None,
 ):
@@ -34,8 +52,13 @@ def attn(
 
     Example: tfm attn --example illustrated
     """
+    from tfmcli.explain.steps import (
+        illustrated_steps,
+        model_head_backward_steps,
+        model_head_steps,
+        sharing,
+    )
     from tfmcli.io import jsonable, run_arrays
-    from tfmcli.explain.steps import illustrated_steps, model_head_backward_steps, model_head_steps, sharing
 
     if example not in (None, "illustrated"):
         raise typer.BadParameter(f"{example!r} is not a known example; the one there is: "
@@ -156,10 +179,16 @@ def render_steps(steps, precision, queries=None, keys=None, start=1):
 def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
-    from tfmcli.io import run_arrays
     from tfmcli.engine.positional import slope_name
-    from tfmcli.explain.steps import (explain_query, explain_query_backward, head_slope, scale_name,
-                              scored, sharing)
+    from tfmcli.explain.steps import (
+        explain_query,
+        explain_query_backward,
+        head_slope,
+        scale_name,
+        scored,
+        sharing,
+    )
+    from tfmcli.io import run_arrays
 
     cfg = run.cfg
     rope = cfg.pe == "rope"   # q and k are the turned ones
@@ -180,7 +209,8 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     cap = cfg.attn_softcap
     alibi = x.bias is not None   # ALiBi's -m (t - j) added to the scaled scores
 
-    def cell(values, s):   # a hidden key's numbers: its row of K is never shown, so neither are they
+    # a hidden key's numbers: its row of K is never shown, so neither are they
+    def cell(values, s):
         return float(values[s]) if x.visible[s] else "·"
 
     score_rows = [[keys[s], cell(x.scores, s), cell(x.scaled, s),

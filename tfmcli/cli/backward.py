@@ -7,12 +7,31 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Full, Precision, Row, Show, check_indices, check_show, describe,
-                               emit, execute, rows_limit, show_tensors)
-from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.common import (
+    Full,
+    Precision,
+    Row,
+    Show,
+    check_indices,
+    check_show,
+    describe,
+    emit,
+    execute,
+    rows_limit,
+    show_tensors,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    choice,
+    with_options,
+)
+from tfmcli.engine import sizes
 from tfmcli.errors import TfmError
 from tfmcli.explain.summary import l2_norm, max_abs, mean
 
@@ -30,12 +49,16 @@ def layer_of(name: str) -> str:
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def backward(
-    layer: Annotated[Layer, choice("--layer", choices=Layer, help="Only this layer's parameters.")] = Layer.all,
-    block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's parameters.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Add the central-difference error of each parameter.")] = False,
+    layer: Annotated[Layer, choice(
+        "--layer", choices=Layer, help="Only this layer's parameters.")] = Layer.all,
+    block: Annotated[Optional[int], typer.Option(
+        "--block", callback=bounded(0), help="Only this block's parameters.")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Add the central-difference error of each parameter.")] = False,
     show: Show = None,
     row: Row = 0,
-    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head of a 4-D --show tensor.")] = 0,
+    head: Annotated[int, typer.Option(
+        "--head", callback=bounded(0), help="Head of a 4-D --show tensor.")] = 0,
     precision: Precision = 4,
     full: Full = False,
     opts: Options = None,

@@ -1,4 +1,5 @@
-"""tfm block: one block's residual stream at one position, forward and backward, number by number."""
+"""tfm block: one block's residual stream at one position, forward and backward, number by
+number."""
 
 from typing import Annotated
 
@@ -8,10 +9,27 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (WHOLE, Position, Precision, Row, WideRows, check_indices,
-                               describe, emit, execute, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_range, with_options)
+from tfmcli.cli.common import (
+    WHOLE,
+    Position,
+    Precision,
+    Row,
+    WideRows,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_range,
+    with_options,
+)
 
 # central differences run the block twice per entry of x: 32 entries when T d^2 (its cost on
 # one row) is at most CHEAP, else 4 (GPT-2 small's block on 512 tokens: 0.12 s a run)
@@ -47,7 +65,7 @@ def block(
     full: WideRows = False,
     opts: Options = None,
 ):
-    """One block's residual stream at one position: x, each sublayer's output and each sum; then dz back to dx, path by path.
+    """One block's residual stream at one position: each sum, then dz back to dx, path by path.
 
     Example: tfm block --position 2
     """

@@ -1,4 +1,5 @@
-"""tfm check --against torch: the same run in an independent PyTorch model, every number compared."""
+"""tfm check --against torch: the same run in an independent PyTorch model, every number
+compared."""
 
 from enum import Enum
 from typing import Annotated, Optional
@@ -9,7 +10,14 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
-from tfmcli.cli.options import choice, MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, with_options
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    choice,
+    with_options,
+)
 from tfmcli.errors import TfmError
 
 Against = Enum("Against", {"torch": "torch"}, type=str)
@@ -18,18 +26,29 @@ Against = Enum("Against", {"torch": "torch"}, type=str)
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def check(
-    against: Annotated[Against, choice("--against", choices=Against, help="The independent implementation to compare with.")] = Against.torch,
-    tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative difference that passes (default 1e-9 for float64, 1e-4 for float32).")] = None,
+    against: Annotated[Against, choice(
+        "--against", choices=Against,
+        help="The independent implementation to compare with.")] = Against.torch,
+    tol: Annotated[Optional[float], typer.Option(
+        "--tol",
+        help="Largest relative difference that passes (default 1e-9 for float64, 1e-4 for "
+             "float32).")] = None,
     full: Full = False,
     opts: Options = None,
 ):
-    """Proof on demand: run the model in PyTorch autograd and compare every number; exit 1 if any differs.
+    """Proof on demand: the run in PyTorch autograd, every number compared; exit 1 if any differs.
 
     Example: tfm check --against torch --norm post --tokens 3,1,4,1,5
     """
+    from tfmcli.check.reference import (
+        FLOOR,
+        TOLERANCE,
+        MissingTorch,
+        compare,
+        import_torch,
+        torch_run,
+    )
     from tfmcli.io import run_arrays
-    from tfmcli.check.reference import (FLOOR, TOLERANCE, MissingTorch, compare, import_torch,
-                                  torch_run)
 
     if tol is not None and not tol > 0:
         raise typer.BadParameter(f"{tol} is not allowed (allowed: a positive number)",

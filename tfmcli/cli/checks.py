@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.text import Text
 
 import tfmcli
-from tfmcli.engine import sizes
 from tfmcli import render
+from tfmcli.engine import sizes
 
 
 def default_max_entries(cfg) -> Optional[int]:

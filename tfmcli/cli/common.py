@@ -11,21 +11,31 @@ import typer
 from rich.console import Console
 
 import tfmcli
-from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
+from tfmcli.engine import sizes
 from tfmcli.errors import TfmError
 
-Precision = Annotated[int, typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12).")]
+Precision = Annotated[
+    int,
+    typer.Option("--precision", callback=bounded(0, 12), help="Digits after the point (0..12)."),
+]
 Row = Annotated[int, typer.Option("--row", callback=bounded(0), help="Batch row to show.")]
 WHOLE = 32   # the by-hand views (ln, ffn, loss) show a row up to this many columns whole, wrapped
-Position = Annotated[int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")]
-Show = Annotated[Optional[List[str]], typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable).")]
+Position = Annotated[
+    int, typer.Option("--position", "-t", callback=bounded(0), help="Position (token) of the row.")
+]
+Show = Annotated[
+    Optional[List[str]],
+    typer.Option("--show", metavar="NAME", help="Print this tensor in full (repeatable)."),
+]
 Full = Annotated[bool, typer.Option("--full", help="Every row, none elided.")]
 WideRows = Annotated[bool, typer.Option("--full", help="Every column (else up to 32).")]
 MAX_ROWS = 40  # table rows shown without --full: one screenful
 # Adam's learning rate, for tfm train and tfm adam: seed 004's warm-up schedule, or a constant
-Warmup = Annotated[int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule.")]
+Warmup = Annotated[
+    int, typer.Option("--warmup", callback=bounded(1), help="Warm-up steps of the schedule.")
+]
 Rate = Annotated[Optional[float], typer.Option("--lr", help="A constant rate, not the schedule.")]
 
 
@@ -77,7 +87,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
     npz = opts.values.get("save") if arrays is not None else None
     console = make_console()
     if opts.json:   # through the console: a closed pipe then ends the run like any output
-        import json   # here, not at the top: a command without --json starts sooner
+        import json  # here, not at the top: a command without --json starts sooner
 
         payload = payload() if callable(payload) else payload
         if opts.made is not None and isinstance(payload, dict) and "inputs" not in payload:
@@ -87,7 +97,7 @@ def emit(opts: Options, renderables, payload, arrays=None):
         return
     if callable(renderables):
         renderables = renderables()
-    from tfmcli.render.wrap import wrapped   # prose and formulas break between clauses
+    from tfmcli.render.wrap import wrapped  # prose and formulas break between clauses
 
     renderables = [wrapped(item) for item in renderables]
     for item in renderables:
@@ -327,8 +337,8 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
     labels queries and keys and shows the cells its mask hides as ``·``. With ``gradient``,
     ``tensors`` are gradients, shown and keyed as 'd' + name.
     """
-    from tfmcli.io import jsonable
     from tfmcli.engine.model import block_masks
+    from tfmcli.io import jsonable
 
     prefix = "d" if gradient else ""
     cfg = run.cfg

@@ -1,4 +1,5 @@
-"""tfm embed: the embedding and the positions at one position, forward and backward, number by number."""
+"""tfm embed: the embedding and the positions at one position, forward and backward, number by
+number."""
 
 from typing import Annotated
 
@@ -6,13 +7,29 @@ import numpy as np
 import typer
 from rich.text import Text
 
-from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (MAX_ROWS, WHOLE, Position, Precision, Row, check_indices,
-                               describe, emit, execute, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, check_range,
-                                with_options)
+from tfmcli.cli.common import (
+    MAX_ROWS,
+    WHOLE,
+    Position,
+    Precision,
+    Row,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    check_range,
+    with_options,
+)
+from tfmcli.engine import sizes
 
 # entries checked by central differences, each running the whole model twice: 8, or 1 when a
 # forward pass takes over LARGE floating-point operations (GPT-2 small on 32 tokens: 7.9e9)
@@ -35,16 +52,19 @@ def embed(
     row: Row = 0,
     position: Position = 0,
     precision: Precision = 4,
-    full: Annotated[bool, typer.Option("--full", help="Every column and every position of the token (without it, up to 32 columns and 40 positions).")] = False,
+    full: Annotated[bool, typer.Option(
+        "--full",
+        help="Every column and every position of the token (without it, up to 32 columns and 40 "
+             "positions).")] = False,
     opts: Options = None,
 ):
-    """The embedding at one position, number by number: the token's row of W_E plus the position's; then its gradient, summed over every use of the token.
+    """One position's embedding, number by number: W_E's row plus the position's; then its gradient.
 
     Example: tfm embed --position 2
     """
     from tfmcli.explain.embedding import explain
-    from tfmcli.io import run_arrays
     from tfmcli.explain.loss import input_name as head_input
+    from tfmcli.io import run_arrays
 
     def validate(cfg):
         check_indices(cfg, row)

@@ -8,10 +8,27 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (WHOLE, Position, Precision, Row, WideRows, check_indices,
-                               describe, emit, execute, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_range, with_options)
+from tfmcli.cli.common import (
+    WHOLE,
+    Position,
+    Precision,
+    Row,
+    WideRows,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_range,
+    with_options,
+)
 
 FORMULAS = {
     "relu": ("relu(pre) = max(pre, 0)",
@@ -38,16 +55,18 @@ FORMULAS = {
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ffn(
-    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the feed-forward sublayer.")] = 0,
+    block: Annotated[int, typer.Option(
+        "--block", callback=bounded(0), help="Block of the feed-forward sublayer.")] = 0,
     row: Row = 0,
     position: Position = 0,
     precision: Precision = 4,
     full: WideRows = False,
     opts: Options = None,
 ):
-    """One feed-forward sublayer at one position, number by number: pre, activation, out; then dout to dx.
+    """One feed-forward sublayer at one position: pre, activation, out; then dout to dx.
 
-    With --activation swiglu, the gate as well: silu(gate) * pre, and dgate beside dpre (geglu: gelu(gate) * pre).
+    With --activation swiglu, the gate too: silu(gate) * pre, dgate beside dpre
+    (geglu: gelu(gate) * pre).
 
     Example: tfm ffn --position 2 --activation gelu
     """

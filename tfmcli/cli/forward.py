@@ -7,13 +7,32 @@ import typer
 from rich.cells import cell_len
 from rich.text import Text
 
-from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Precision, Row, Show, check_indices, check_show, describe, emit,
-                               execute, position_labels, rows_limit, show_tensors,
-                               height, width)
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.common import (
+    Precision,
+    Row,
+    Show,
+    check_indices,
+    check_show,
+    describe,
+    emit,
+    execute,
+    height,
+    position_labels,
+    rows_limit,
+    show_tensors,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    with_options,
+)
+from tfmcli.engine import sizes
 
 
 @app.command()
@@ -21,20 +40,26 @@ from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Optio
 def forward(
     show: Show = None,
     row: Row = 0,
-    head: Annotated[Optional[int], typer.Option("--head", callback=bounded(0), help="Only this head's heatmap (and --show slice).")] = None,
-    block: Annotated[Optional[int], typer.Option("--block", callback=bounded(0), help="Only this block's heatmaps.")] = None,
+    head: Annotated[Optional[int], typer.Option(
+        "--head", callback=bounded(0), help="Only this head's heatmap (and --show slice).")] = None,
+    block: Annotated[Optional[int], typer.Option(
+        "--block", callback=bounded(0), help="Only this block's heatmaps.")] = None,
     precision: Precision = 4,
-    full: Annotated[bool, typer.Option("--full", help="Every attention map and trace row, none elided.")] = False,
-    loss: Annotated[bool, typer.Option("--loss", help="The loss term by term: each scored position's target, its probability and -log p, and their mean.")] = False,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Every attention map and trace row, none elided.")] = False,
+    loss: Annotated[bool, typer.Option(
+        "--loss",
+        help="The loss term by term: each scored position's target, its probability and -log p, "
+             "and their mean.")] = False,
     opts: Options = None,
 ):
     """Run the forward pass: config, shape trace of every activation, attention maps, loss.
 
     Example: tfm forward --seed 1000 --show blocks.0.attn.pattern --row 1
     """
-    from tfmcli.io import run_arrays
     from tfmcli.engine.model import block_masks
     from tfmcli.explain.summary import activation_stats
+    from tfmcli.io import run_arrays
 
     def validate(cfg):
         check_indices(cfg, row, head, block)

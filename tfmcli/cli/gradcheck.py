@@ -9,18 +9,34 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    with_options,
+)
 from tfmcli.errors import TfmError
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def gradcheck(
-    max_entries: Annotated[Optional[int], typer.Option("--max-entries", callback=bounded(1), help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 parameters, else 32).")] = None,
-    directions: Annotated[Optional[int], typer.Option("--directions", callback=bounded(1, 10_000), help="Check each tensor along N random directions, every entry at once (1..10000).")] = None,
+    max_entries: Annotated[Optional[int], typer.Option(
+        "--max-entries", callback=bounded(1),
+        help="Check at most N sampled entries per tensor (default: all when the model has <= 5,000 "
+             "parameters, else 32).")] = None,
+    directions: Annotated[Optional[int], typer.Option(
+        "--directions", callback=bounded(1, 10_000),
+        help="Check each tensor along N random directions, every entry at once "
+             "(1..10000).")] = None,
     step: Annotated[float, typer.Option("--step", help="Finite-difference step h.")] = 1e-5,
     full: Full = False,
-    tol: Annotated[Optional[float], typer.Option("--tol", help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for float32).")] = None,
+    tol: Annotated[Optional[float], typer.Option(
+        "--tol",
+        help="Largest relative error that passes (default 1e-6 for float64, 1e-3 for "
+             "float32).")] = None,
     opts: Options = None,
 ):
     """Check every parameter's gradient against central differences; exit 1 if any fails.
@@ -56,13 +72,29 @@ def gradcheck(
                               rope=cfg.pe == "rope"),
              Text(f"{rule}\nF = {report.floor:.6g}: {report.floor_rule}", style="dim"),
              verdict(report, directions)]
-    payload = {"passed": report.passed, "tolerance": report.tolerance, "step": report.step,
-               "dtype": report.dtype, "floor": report.floor, "failed": report.failed, "checked": report.checked,
-               "entries": report.entries, "directions": directions,
-               "params": [{"name": c.name, "shape": list(c.shape), "checked": c.checked,
-                           "entries": math.prod(c.shape),
-                           "max_abs_err": c.max_abs_err, "rel_err": c.rel_err,
-                           "passed": c.passed} for c in report.params]}
+    payload = {
+        "passed": report.passed,
+        "tolerance": report.tolerance,
+        "step": report.step,
+        "dtype": report.dtype,
+        "floor": report.floor,
+        "failed": report.failed,
+        "checked": report.checked,
+        "entries": report.entries,
+        "directions": directions,
+        "params": [
+            {
+                "name": c.name,
+                "shape": list(c.shape),
+                "checked": c.checked,
+                "entries": math.prod(c.shape),
+                "max_abs_err": c.max_abs_err,
+                "rel_err": c.rel_err,
+                "passed": c.passed,
+            }
+            for c in report.params
+        ],
+    }
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
     if not report.passed:
         raise TfmError(f"gradcheck failed for {', '.join(report.failed)}")

@@ -8,10 +8,26 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (Full, Precision, Row, check_indices, describe, emit, execute,
-                               rows_limit, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, binary_size,
-                                bounded, with_options)
+from tfmcli.cli.common import (
+    Full,
+    Precision,
+    Row,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    rows_limit,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    binary_size,
+    bounded,
+    with_options,
+)
 from tfmcli.cli.shapes import human
 
 
@@ -19,9 +35,14 @@ from tfmcli.cli.shapes import human
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def kv(
     row: Row = 0,
-    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block whose attention rows are drawn.")] = 0,
-    head: Annotated[int, typer.Option("--head", callback=bounded(0), help="Head whose attention rows are drawn.")] = 0,
-    generate: Annotated[int, typer.Option("--generate", callback=bounded(0, 1000), help="Then generate N tokens more, each the most likely next one (greedy), with the same cache.")] = 0,
+    block: Annotated[int, typer.Option(
+        "--block", callback=bounded(0), help="Block whose attention rows are drawn.")] = 0,
+    head: Annotated[int, typer.Option(
+        "--head", callback=bounded(0), help="Head whose attention rows are drawn.")] = 0,
+    generate: Annotated[int, typer.Option(
+        "--generate", callback=bounded(0, 1000),
+        help="Then generate N tokens more, each the most likely next one (greedy), with the same "
+             "cache.")] = 0,
     precision: Precision = 2,
     full: Full = False,
     opts: Options = None,
@@ -31,9 +52,9 @@ def kv(
     Example: tfm kv --tokens 3,1,4,1,5,9,2,6 -L 2
     """
     import tfmcli
-    from tfmcli.io import run_arrays
     from tfmcli.engine.kv import cache_slots, chosen_probabilities, decode
     from tfmcli.engine.masks import causal_mask, sliding_window_mask
+    from tfmcli.io import run_arrays
 
     def validate(cfg):
         check_indices(cfg, row, head, block)

@@ -8,14 +8,22 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Row, check_indices, describe, emit, execute, width
-from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded, with_options
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    with_options,
+)
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def lens(
     row: Row = 0,
-    top: Annotated[int, typer.Option("--top", "-k", callback=bounded(1, 20), help="Tokens shown per position (1..20).")] = 3,
+    top: Annotated[int, typer.Option(
+        "--top", "-k", callback=bounded(1, 20), help="Tokens shown per position (1..20).")] = 3,
     full: Annotated[bool, typer.Option("--full", help="Every position, however wide.")] = False,
     opts: Options = None,
 ):
@@ -23,8 +31,8 @@ def lens(
 
     Example: tfm lens --tokens 3,1,4,1,5 -L 3
     """
-    from tfmcli.io import run_arrays
     from tfmcli.explain.lens import logit_lens
+    from tfmcli.io import run_arrays
 
     run, fwd, _ = execute(opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row))
     cfg = run.cfg

@@ -9,10 +9,27 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
-                               execute, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_range, choice, with_options)
+from tfmcli.cli.common import (
+    WHOLE,
+    Position,
+    Precision,
+    Row,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_range,
+    choice,
+    with_options,
+)
 
 Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_post", "ln_f",
                                                "ln_embed")}, type=str)
@@ -21,8 +38,11 @@ Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_po
 @app.command()
 @with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def ln(
-    layer: Annotated[Which, choice("--layer", choices=Which, metavar="NAME", show_default=False, help="ln1 (default), ln2, ln_f, ln1_post, ln2_post, ln_embed")] = Which.ln1,
-    block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
+    layer: Annotated[Which, choice(
+        "--layer", choices=Which, metavar="NAME", show_default=False,
+        help="ln1 (default), ln2, ln_f, ln1_post, ln2_post, ln_embed")] = Which.ln1,
+    block: Annotated[int, typer.Option(
+        "--block", callback=bounded(0), help="Block of the layer norm.")] = 0,
     row: Row = 0,
     position: Position = 0,
     precision: Precision = 4,
@@ -35,8 +55,8 @@ def ln(
 
     Example: tfm ln --layer ln2 --position 3
     """
-    from tfmcli.io import run_arrays
     from tfmcli.explain.layernorm import explain
+    from tfmcli.io import run_arrays
 
     top = layer in (Which.ln_f, Which.ln_embed)   # one of the model's, not a block's
     name = layer.value if top else f"blocks.{block}.{layer.value}"

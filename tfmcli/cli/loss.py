@@ -8,10 +8,26 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (WHOLE, Position, Precision, Row, check_indices, describe, emit,
-                               execute, width)
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_range, with_options)
+from tfmcli.cli.common import (
+    WHOLE,
+    Position,
+    Precision,
+    Row,
+    check_indices,
+    describe,
+    emit,
+    execute,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_range,
+    with_options,
+)
 
 
 @app.command()
@@ -19,16 +35,19 @@ from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Opti
 def loss(
     row: Row = 0,
     position: Position = 0,
-    top: Annotated[int, typer.Option("-k", "--top", callback=bounded(1, 32), help="With more than 32 tokens in the vocabulary: how many of the likeliest to show beside the target.")] = 8,
+    top: Annotated[int, typer.Option(
+        "-k", "--top", callback=bounded(1, 32),
+        help="With more than 32 tokens in the vocabulary: how many of the likeliest to show beside "
+             "the target.")] = 8,
     precision: Precision = 4,
     opts: Options = None,
 ):
-    """The LM head and the loss at one position, number by number: logits, softmax, -log p; then (p - y) / N to dh.
+    """The head and the loss at one position: logits, softmax, -log p; then (p - y) / N to dh.
 
     Example: tfm loss --position 2
     """
-    from tfmcli.io import run_arrays
     from tfmcli.explain.loss import explain, input_name, shown_ids
+    from tfmcli.io import run_arrays
 
     def validate(cfg):
         check_indices(cfg, row)

@@ -134,7 +134,7 @@ def writable(path: Optional[Path]):
         return None
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a folder; give a file name")
-    from tfmcli.io import output_target   # here: --help and the parsing of other options skip it
+    from tfmcli.io import output_target  # here: --help and the parsing of other options skip it
 
     target, is_file = output_target(path)
     if not is_file:
@@ -429,7 +429,11 @@ class Options:
         Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
         has available, unless --force.
         """
-        from tfmcli.sources import MissingExtra, parse_tokens, resolve   # (at run time: --help skips it)
+        from tfmcli.sources import (  # (at run time: --help skips it)
+            MissingExtra,
+            parse_tokens,
+            resolve,
+        )
 
         explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
         if self.values.get("arch") and self.values.get("load") is not None:
@@ -462,7 +466,8 @@ def bad(field: str, message: str) -> typer.BadParameter:
 
 
 def check_range(value: int, upper: int, flag: str, what: str):
-    """A --row/--head/--block index must lie in 0..upper-1; ``what`` says whose, e.g. 'batch rows'."""
+    """A --row/--head/--block index must lie in 0..upper-1; ``what`` says whose, e.g. 'batch
+    rows'."""
     if not 0 <= value < upper:
         raise typer.BadParameter(f"{value} is out of range: there are {upper} {what}, so "
                                  f"0..{upper - 1}", param_hint=f"'{flag}'")
@@ -479,11 +484,18 @@ def check_name(name: str, known, flag: str = "--show", gradient: bool = False) -
         return name
     if gradient and name.startswith("d") and name[1:] in known:
         return name[1:]
-    close = [*tails_beginning(name, known), *difflib.get_close_matches(name, known, n=4, cutoff=0.5)]
+    close = [
+        *tails_beginning(name, known),
+        *difflib.get_close_matches(name, known, n=4, cutoff=0.5),
+    ]
     if gradient and name.startswith("d"):
         close = [*tails_beginning(name[1:], known), *close]
     close = list(dict.fromkeys(close))[:4]
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; names are like {known[0]}, {known[-1]}"
+    hint = (
+        f"; did you mean {', '.join(close)}?"
+        if close
+        else f"; names are like {known[0]}, {known[-1]}"
+    )
     raise typer.BadParameter(f"no tensor named {name!r}{hint}", param_hint=f"'{flag}'")
 
 

@@ -16,14 +16,34 @@ from tfmcli.cli.options import OUTPUT_OPTIONS, Options, bounded, with_options
 @app.command()
 @with_options([spec for spec in OUTPUT_OPTIONS])
 def pe(
-    length: Annotated[int, typer.Option("--len", "-T", callback=bounded(1, 100_000), help="Positions N.")] = 16,
-    d_model: Annotated[int, typer.Option("--d-model", "-d", callback=bounded(1, 100_000), help="Width d (odd allowed: the last column is a sine); with --rope a head's width d_head.")] = 16,
-    rope: Annotated[bool, typer.Option("--rope", help="RoPE instead: each pair's angle at each position, and the score of one vector against itself turned, which depends on the offset only.")] = False,
-    rope_theta: Annotated[float, typer.Option("--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
-    rope_scaling: Annotated[Optional[str], typer.Option("--rope-scaling", metavar="32,1,4,8192", help="Scaled RoPE, with --rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); or one number, linear scaling's factor (Gemma 3 4B+: 8).")] = None,
-    alibi: Annotated[bool, typer.Option("--alibi", help="ALiBi instead: each head's slope m and the bias -m (i - j) it adds to its score of query i at key j (BLOOM, MPT).")] = False,
-    heads: Annotated[int, typer.Option("--heads", "-H", callback=bounded(1, 4096), help="Heads, with --alibi: each takes its own slope (1..4096).")] = 8,
-    rotary_dim: Annotated[Optional[int], typer.Option("--rotary-dim", help="RoPE on the first N of the head's dimensions only, with --rope (Pythia: a quarter; Phi-2: 32 of 80); even, 2..d_head.")] = None,
+    length: Annotated[int, typer.Option(
+        "--len", "-T", callback=bounded(1, 100_000), help="Positions N.")] = 16,
+    d_model: Annotated[int, typer.Option(
+        "--d-model", "-d", callback=bounded(1, 100_000),
+        help="Width d (odd allowed: the last column is a sine); with --rope a head's width "
+             "d_head.")] = 16,
+    rope: Annotated[bool, typer.Option(
+        "--rope",
+        help="RoPE instead: each pair's angle at each position, and the score of one vector "
+             "against itself turned, which depends on the offset only.")] = False,
+    rope_theta: Annotated[float, typer.Option(
+        "--rope-theta", help="RoPE's base, with --rope (LLaMA 3: 500000) (> 0).")] = 10000.0,
+    rope_scaling: Annotated[Optional[str], typer.Option(
+        "--rope-scaling", metavar="32,1,4,8192",
+        help="Scaled RoPE, with --rope: the four numbers of LLaMA 3.1's llama3 rope_scaling, "
+             "factor, low and high freq factors, original context (LLaMA 3.2: 32,1,4,8192); "
+             "or one number, linear scaling's factor (Gemma 3 4B+: 8).")] = None,
+    alibi: Annotated[bool, typer.Option(
+        "--alibi",
+        help="ALiBi instead: each head's slope m and the bias -m (i - j) it adds to its score of "
+             "query i at key j (BLOOM, MPT).")] = False,
+    heads: Annotated[int, typer.Option(
+        "--heads", "-H", callback=bounded(1, 4096),
+        help="Heads, with --alibi: each takes its own slope (1..4096).")] = 8,
+    rotary_dim: Annotated[Optional[int], typer.Option(
+        "--rotary-dim",
+        help="RoPE on the first N of the head's dimensions only, with --rope (Pythia: a quarter; "
+             "Phi-2: 32 of 80); even, 2..d_head.")] = None,
     precision: Precision = 3,
     opts: Options = None,
 ):
@@ -31,8 +51,8 @@ def pe(
 
     Example: tfm pe --len 16 --d-model 8
     """
-    from tfmcli.io import jsonable
     from tfmcli.engine.positional import sinusoidal, wavelengths
+    from tfmcli.io import jsonable
 
     if length * d_model > 20_000_000:
         raise typer.BadParameter(f"{length} x {d_model} is {length * d_model:,} values; at most "
@@ -95,8 +115,16 @@ def pe(
         matrix, row_labels=rows, col_labels=[str(j) for j in range(d_model)], width=width(),
         precision=precision, diverging=True)
     if length * d_model <= 256 and not in_cells:   # the numbers, unless the map wrote them
-        parts.append(render.tensor_table(matrix, title="values", precision=precision, row_labels=rows,
-                                         col_labels=col_labels, width=width()))
+        parts.append(
+            render.tensor_table(
+                matrix,
+                title="values",
+                precision=precision,
+                row_labels=rows,
+                col_labels=col_labels,
+                width=width(),
+            )
+        )
     emit(opts, parts, {"pe": jsonable(matrix)}, {"pe": matrix})
 
 
@@ -124,8 +152,14 @@ def rope_view(opts, length, d_head, precision, base=10000.0, scaling=None, rotar
     pairs of the first ``rotary_dim`` dimensions, the rest left as they are."""
     import numpy as np
 
+    from tfmcli.engine.positional import (
+        rope_angles,
+        rope_scale,
+        rope_scores,
+        rope_tables,
+        wavelengths,
+    )
     from tfmcli.io import jsonable
-    from tfmcli.engine.positional import rope_angles, rope_scale, rope_scores, rope_tables, wavelengths
 
     if d_head < 2:
         raise typer.BadParameter(f"{d_head} is a head of one dimension, which RoPE leaves "
@@ -212,8 +246,8 @@ def alibi_view(opts, length, heads, precision):
     gentlest head add to their causal scores (keys ahead, which the mask hides, as "·")."""
     import numpy as np
 
-    from tfmcli.io import jsonable
     from tfmcli.engine.positional import alibi_bias, alibi_slopes, slope_name
+    from tfmcli.io import jsonable
 
     slopes = alibi_slopes(heads)
     bias = alibi_bias(length, heads)                                      # (H, T, T)

@@ -2,11 +2,11 @@
 
 import json
 
-from tfmcli.engine import sizes
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, rows_limit
 from tfmcli.cli.options import MODEL_OPTIONS, OUTPUT_OPTIONS, Options, binary_size, with_options
+from tfmcli.engine import sizes
 
 
 def human(n: float, unit: str = "") -> str:
@@ -35,9 +35,11 @@ def shapes(full: Full = False, opts: Options = None):
                      f"attention included)",
             "memory": f"{binary_size(memory['total'])} peak forward + backward (activations "
                       f"{binary_size(memory['activations'])})"}
-    parts = [render.config_panel({**describe(cfg, arch=opts.arch), **rows}, title="tfm shapes"),
-             render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
-             render.shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full))]
+    parts = [
+        render.config_panel({**describe(cfg, arch=opts.arch), **rows}, title="tfm shapes"),
+        render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
+        render.shape_list(ashapes, title="activations (forward order)", max_rows=rows_limit(full)),
+    ]
     payload = {"config": json.loads(cfg.to_json()),
                "params": {n: list(s) for n, s in pshapes.items()},
                "activations": {n: list(s) for n, s in ashapes.items()},

@@ -15,9 +15,26 @@ from rich.text import Text
 import tfmcli
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Rate, Warmup, check_rate, describe, emit, height, position_labels, width
-from tfmcli.cli.options import (MODEL_OPTIONS, OUTPUT_OPTIONS, RUN_OPTIONS, Options, bounded,
-                                check_memory, choice, with_options)
+from tfmcli.cli.common import (
+    Rate,
+    Warmup,
+    check_rate,
+    describe,
+    emit,
+    height,
+    position_labels,
+    width,
+)
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    bounded,
+    check_memory,
+    choice,
+    with_options,
+)
 from tfmcli.errors import ConfigError
 from tfmcli.train.tasks import TASKS, make_batch
 
@@ -39,22 +56,29 @@ TOKENS = [spec for spec in RUN_OPTIONS if spec[0] in ("tokens", "score_all", "fo
 @app.command()
 @with_options(TRAIN_MODEL_OPTIONS, TOKENS, OUTPUT_OPTIONS)
 def train(
-    task: Annotated[Task, choice("--task", choices=Task, help="What to do with the symbols before the separator.")] = Task.copy,
-    steps: Annotated[int, typer.Option("--steps", callback=bounded(1, 1_000_000), help="Training steps (1..1000000).")] = 600,
+    task: Annotated[Task, choice(
+        "--task", choices=Task,
+        help="What to do with the symbols before the separator.")] = Task.copy,
+    steps: Annotated[int, typer.Option(
+        "--steps", callback=bounded(1, 1_000_000), help="Training steps (1..1000000).")] = 600,
     warmup: Warmup = 100,
     lr: Rate = None,
-    length: Annotated[int, typer.Option("--len", "-n", callback=bounded(1, 256), help="Symbols per example before the separator (1..256); T = 2 n.")] = 8,
-    symbols: Annotated[int, typer.Option("--symbols", callback=bounded(2, 10_000), help="Distinct symbols (2..10000); the separator is the next id, V = symbols + 1.")] = 10,
+    length: Annotated[int, typer.Option(
+        "--len", "-n", callback=bounded(1, 256),
+        help="Symbols per example before the separator (1..256); T = 2 n.")] = 8,
+    symbols: Annotated[int, typer.Option(
+        "--symbols", callback=bounded(2, 10_000),
+        help="Distinct symbols (2..10000); the separator is the next id, V = symbols + 1.")] = 10,
     opts: Options = None,
 ):
     """Train a small model with Adam and the hand-written backward, then show what it learned.
 
     Example: tfm train --task reverse --save reverse.npz
     """
-    from tfmcli.io import run_arrays
-    from tfmcli.engine.model import block_masks
-    from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.engine.inputs import IGNORE
+    from tfmcli.engine.memory import keep_freed_memory
+    from tfmcli.engine.model import block_masks
+    from tfmcli.io import run_arrays
     from tfmcli.sources import Run, parse_tokens
     from tfmcli.train.loop import evaluate
 
@@ -82,7 +106,9 @@ def train(
     history = run_training(params, cfg, task.value, steps, length, symbols, warmup, lr, opts.json)
     seconds = time.perf_counter() - started
 
-    held_out = make_batch(task.value, np.random.default_rng([cfg.seed, 2]), HELD_OUT, length, symbols)
+    held_out = make_batch(
+        task.value, np.random.default_rng([cfg.seed, 2]), HELD_OUT, length, symbols
+    )
     accuracy, fwd_all = evaluate(params, cfg, held_out)
     task_info = {"task": task.value, "n": length, "symbols": symbols}
     if shown_tokens is not None:   # scored as training scores them, or every position
@@ -93,8 +119,11 @@ def train(
     else:
         shown = tfmcli.Inputs(*(a[:SHOWN] for a in held_out))
     B, T = shown.tokens.shape
-    shown_cfg = cfg.replace(batch=B, seq_len=T,
-                            lengths=None if np.all(shown.lengths == T) else tuple(shown.lengths.tolist()))
+    shown_cfg = cfg.replace(
+        batch=B,
+        seq_len=T,
+        lengths=None if np.all(shown.lengths == T) else tuple(shown.lengths.tolist()),
+    )
     fwd = tfmcli.forward(params, shown, shown_cfg)
     trained = f"trained on {task.value}, {render.counted(steps, 'step')} (seed {cfg.seed})"
     run = Run(shown_cfg, params, shown, trained,
@@ -143,7 +172,13 @@ def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
         return train_model(params, cfg, task, rng, **kwargs)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
     columns = [TextColumn("training"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.0%}"),
                TimeRemainingColumn()]

@@ -74,7 +74,9 @@ def pre_ln_block(t: Tape, x, i):
     """y = x + MHA(LN1(x)); z = y + FFN(LN2(y)). With ``sandwich_norm`` each sublayer's output
     is normed before it joins: y = x + LN1_post(MHA(LN1(x))), z = y + LN2_post(FFN(LN2(y)))."""
     p = f"blocks.{i}."
-    y = t.keep(p + "resid1", x + sandwich(t, attention(t, norm(t, x, p + "ln1"), i), p + "ln1_post"))
+    y = t.keep(
+        p + "resid1", x + sandwich(t, attention(t, norm(t, x, p + "ln1"), i), p + "ln1_post")
+    )
     return t.keep(p + "resid2", y + sandwich(t, ffn(t, norm(t, y, p + "ln2"), p), p + "ln2_post"))
 
 

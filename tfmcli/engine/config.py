@@ -16,7 +16,11 @@ from tfmcli.errors import ConfigError
 
 NORMS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu", "gelu_erf", "geglu_erf")
-GATED = ("swiglu", "geglu", "geglu_erf")   # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
+GATED = (
+    "swiglu",
+    "geglu",
+    "geglu_erf",
+)  # act = f(x W_gate + b_gate) * (x W_1 + b_1): silu or GELU as f
 PES = ("sinusoidal", "learned", "none", "rope", "alibi")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
@@ -589,7 +593,7 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
-        import json   # here, not at the top: a command that writes no JSON starts sooner
+        import json  # here, not at the top: a command that writes no JSON starts sooner
 
         fields = dataclasses.asdict(self)
         if fields["lengths"] is not None:

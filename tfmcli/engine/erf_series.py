@@ -108,7 +108,7 @@ def _tail_series() -> np.ndarray:
 
 
 def _erfc_scaled(a: float) -> float:
-    from fractions import Fraction   # here: only the first call of the series needs it
+    from fractions import Fraction  # here: only the first call of the series needs it
 
     square = a * a
     left_out = float(Fraction(a) ** 2 - Fraction(square))

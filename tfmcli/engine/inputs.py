@@ -10,7 +10,6 @@ import numpy as np
 from tfmcli.engine.config import Config
 from tfmcli.errors import InputsError
 
-
 IGNORE = -100  # a target left out of the loss and of N (PyTorch's and Hugging Face's ignore_index)
 
 
@@ -21,7 +20,8 @@ class Inputs(NamedTuple):
 
 
 def make_inputs(cfg: Config) -> Inputs:
-    """Draw ``T + 1`` ids per row from ``default_rng(seed)``; input is ``[:, :-1]``, target ``[:, 1:]``."""
+    """Draw ``T + 1`` ids per row from ``default_rng(seed)``; input is ``[:, :-1]``, target ``[:,
+    1:]``."""
     rng = np.random.default_rng(cfg.seed)
     ids = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.seq_len + 1))
     return Inputs(ids[:, :-1].copy(), ids[:, 1:].copy(), cfg.lengths_array())

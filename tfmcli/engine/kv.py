@@ -13,11 +13,11 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.engine import ops
+from tfmcli.engine.blocks import alibi_for, normalise, rope_for
 from tfmcli.engine.config import Config
+from tfmcli.engine.model import head_logits, positions
 from tfmcli.engine.sizes import ffn_products, flops
 from tfmcli.errors import ConfigError, InputsError
-from tfmcli.engine.blocks import alibi_for, normalise, rope_for
-from tfmcli.engine.model import head_logits, positions
 
 
 class KVStep(NamedTuple):
@@ -166,7 +166,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0) -> list[KVStep]
     tokens = list(tokens.astype(np.int64))
     pe = positions(P, cfg, T)                                     # (T, d) or None
     rope = [rope_for(cfg, T, i) for i in range(cfg.layers)]       # each block's (cos, sin) or None
-    alibi = alibi_for(cfg, T)                                     # ALiBi's slopes, distances or None
+    alibi = alibi_for(cfg, T)  # ALiBi's slopes, distances or None
     slots = [cache_slots(cfg, T, i) for i in range(cfg.layers)]   # each block's cache
     K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]

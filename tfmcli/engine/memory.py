@@ -10,7 +10,8 @@ after the first step.
 
 The price is that the process keeps its peak memory until it exits, which suits a command that
 runs one job and ends. The commands that run the model call ``keep_freed_memory`` first; a
-notebook may call it too (``tfmcli.engine.memory.keep_freed_memory()``). Without glibc it does nothing.
+notebook may call it too (``tfmcli.engine.memory.keep_freed_memory()``). Without glibc it does
+nothing.
 """
 
 from __future__ import annotations

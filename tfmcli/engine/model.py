@@ -17,12 +17,11 @@ import numpy as np
 
 from tfmcli.engine import blocks, ops, parallel
 from tfmcli.engine.config import ADDED_PES, Config
-from tfmcli.engine.sizes import param_misfit
-from tfmcli.errors import InputsError
-from tfmcli.engine.inputs import (   # noqa: F401 (also re-exported: tfmcli.engine.model.IGNORE as before)
-    IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs)
+from tfmcli.engine.inputs import IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs  # noqa: F401 (also re-exported: tfmcli.engine.model.IGNORE as before)
 from tfmcli.engine.masks import combined_mask, padding_mask
 from tfmcli.engine.positional import sinusoidal
+from tfmcli.engine.sizes import param_misfit
+from tfmcli.errors import InputsError
 
 
 def check_params(params: dict, cfg: Config) -> None:

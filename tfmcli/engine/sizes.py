@@ -209,12 +209,14 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     A run keeps every parameter and its gradient, every activation and the gradient of each
     (counted once per array: a block's ``out`` is the next block's ``in``, and in Pre-LN also
     its ``resid2``), and what the backward caches besides (layer-norm ``xhat`` and ``rstd``,
-    GELU's and GeGLU's tanh, exact GELU's Phi(x), SwiGLU's sigmoid, the boolean mask, RoPE's two tables, ALiBi's distances, grouped
+    GELU's and GeGLU's tanh, exact GELU's Phi(x), SwiGLU's sigmoid, the boolean mask, RoPE's two
+    tables, ALiBi's distances, grouped
     attention's keys and values repeated to every head, the q and k norms' ``xhat`` and
     ``rstd``). On top of that comes one transient: the forward's largest temporary (a
     (B, H, T, T) or (B, T, V) array, at the end of the forward), or GELU's backward, which
     briefly holds about three (B, T, d_ff) arrays (exact GELU's and a gated FFN's one: the
-    slope, made before dgate; grouped attention's dk and dv at every head, two (B, T, H d_head); capped scores'
+    slope, made before dgate; grouped attention's dk and dv at every head, two (B, T, H d_head);
+    capped scores'
     gradient before the cap, one (B, H, T, T); capped logits', one (B, T, V)).
     ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
@@ -245,11 +247,28 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
             + (1 + embed_norm) * btd + sinusoidal * T * d + positions * btd + pre * btd + 2 * btv)
     # their gradients: 4 x BTd, dq and dcontext, dk and dv a block (a sum shares its terms'
     # gradient), and the embedding's
-    dacts = (L * ((4 + 2 * sandwich - parallel - shared) * btd + (2 + rope + qk) * btq + (2 + rope + qk) * btk
-                  + 2 * bhtt + (2 + gated) * btf)
-             + (1 + embed_norm) * btd + pre * btd + positions * T * d + 2 * btv)
-    caches = ((2 * L + 2 * sandwich * L - shared * L + pre + embed_norm) * (btd + B * T) + (gelu + gated) * L * btf
-              + tables * 2 * T * cfg.rope_width + alibi * (T * T + H) + grouped * L * 2 * btq + qk * L * (btq + btk + B * T * (H + cfg.h_kv)))
+    dacts = (
+        L
+        * (
+            (4 + 2 * sandwich - parallel - shared) * btd
+            + (2 + rope + qk) * btq
+            + (2 + rope + qk) * btk
+            + 2 * bhtt
+            + (2 + gated) * btf
+        )
+        + (1 + embed_norm) * btd
+        + pre * btd
+        + positions * T * d
+        + 2 * btv
+    )
+    caches = (
+        (2 * L + 2 * sandwich * L - shared * L + pre + embed_norm) * (btd + B * T)
+        + (gelu + gated) * L * btf
+        + tables * 2 * T * cfg.rope_width
+        + alibi * (T * T + H)
+        + grouped * L * 2 * btq
+        + qk * L * (btq + btk + B * T * (H + cfg.h_kv))
+    )
     forward_transient = max(bhtt, btv)
     activation_transient = {"gelu": 3, "gelu_erf": 1, "geglu": 1, "swiglu": 1,
                             "geglu_erf": 1}.get(

@@ -23,11 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.explain import layernorm
+from tfmcli.check.gradcheck import central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
-from tfmcli.check.gradcheck import central_differences
 from tfmcli.engine.model import Forward, Gradients, block_forward, check_within
+from tfmcli.explain import layernorm
 
 
 class Row(NamedTuple):

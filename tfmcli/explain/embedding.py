@@ -20,12 +20,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli.check.gradcheck import central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
-from tfmcli.check.gradcheck import central_differences
-from tfmcli.explain.loss import input_name as head_input
 from tfmcli.engine.model import Forward, Gradients, check_within, unchecked_forward
 from tfmcli.engine.positional import angles, sinusoidal
+from tfmcli.explain.loss import input_name as head_input
 
 
 class EmbedExplained(NamedTuple):

@@ -17,13 +17,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli.check.gradcheck import batched_central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
-from tfmcli.check.gradcheck import batched_central_differences
 from tfmcli.engine.model import Forward, check_within
 
 GELU_C = math.sqrt(2.0 / math.pi)
-GATE_UNITS = {"swiglu": "silu", "geglu": "gelu", "geglu_erf": "gelu_erf"}   # what turns a gated FFN's gate into weights
+GATE_UNITS = {
+    "swiglu": "silu",
+    "geglu": "gelu",
+    "geglu_erf": "gelu_erf",
+}  # what turns a gated FFN's gate into weights
 
 
 def input_name(cfg: Config, block: int) -> str:

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.engine.config import Config
 from tfmcli.check.gradcheck import central_differences
+from tfmcli.engine.config import Config
 from tfmcli.engine.model import Forward, check_within
 
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.engine import ops
-from tfmcli.engine.config import Config
 from tfmcli.engine.blocks import normalise
+from tfmcli.engine.config import Config
 from tfmcli.engine.model import Forward, head_logits
 
 

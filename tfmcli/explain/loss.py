@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tfmcli.check.gradcheck import batched_central_differences
 from tfmcli.engine import ops
 from tfmcli.engine.config import Config
-from tfmcli.check.gradcheck import batched_central_differences
 from tfmcli.engine.model import Forward, check_within, head_weights
 
 

@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.engine import ops
-from tfmcli.engine.config import Config
 from tfmcli.check.gradcheck import central_differences
+from tfmcli.engine import ops
 from tfmcli.engine.blocks import normalise, rope_for
+from tfmcli.engine.config import Config
 from tfmcli.engine.model import Forward, check_within, mask_for
 from tfmcli.engine.positional import alibi_distances, alibi_slopes, slope_name
 
@@ -370,7 +370,9 @@ def explain_query_backward(fwd: Forward, dcontext_all: np.ndarray, cfg: Config, 
 
     numeric = central_differences(contracted, q, step)
     dq = dq_parts.sum(axis=0)
-    rope = rope_for(cfg, len(k), block)   # under RoPE q is the turned one: turned back, its own gradient
+    rope = rope_for(
+        cfg, len(k), block
+    )  # under RoPE q is the turned one: turned back, its own gradient
     turned_back = None if rope is None else ops.rope_backward(dq, rope[0][t], rope[1][t])
     return QueryBackward(dcontext, dproducts, dweights, weighted_sum, dweights_centred, dscaled,
                          dscores, dq_parts, dq, dscores[:, None] * q[None, :],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 CHUNK = 1 << 20   # entries per pass of the sum of squares: an 8 MiB float64 buffer, reused
 
 

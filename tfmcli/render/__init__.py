@@ -12,16 +12,30 @@ import importlib
 # render.heatmap to the module; imported here, the function wins.
 from tfmcli.render.heatmap import heatmap  # noqa: E402
 
-_WHERE = {   # name -> the module that defines it; each is imported on first use (PEP 562)
-    "colour_legend": "colours", "lens_table": "lens",
-    "attention_maps": "maps", "maps_layout": "maps", "maps_that_fit": "maps", "grids_side_by_side": "masks",
-    "mask_grid": "masks", "mask_grid_width": "masks", "mask_legend": "masks",
-    "mask_overview": "masks", "fmt": "numbers",
+_WHERE = {  # name -> the module that defines it; each is imported on first use (PEP 562)
+    "colour_legend": "colours",
+    "lens_table": "lens",
+    "attention_maps": "maps",
+    "maps_layout": "maps",
+    "maps_that_fit": "maps",
+    "grids_side_by_side": "masks",
+    "mask_grid": "masks",
+    "mask_grid_width": "masks",
+    "mask_legend": "masks",
+    "mask_overview": "masks",
+    "fmt": "numbers",
     "counted": "numbers",
-    "curve": "plot", "token_line": "tokens", "config_panel": "tables", "grad_table": "tables",
-    "l2_norm": "tables", "record_table": "tables", "row_notations": "tables",
+    "curve": "plot",
+    "token_line": "tokens",
+    "config_panel": "tables",
+    "grad_table": "tables",
+    "l2_norm": "tables",
+    "record_table": "tables",
+    "row_notations": "tables",
     "shape_list": "tables",
-    "shape_trace": "tables", "side_by_side": "tables", "tensor_table": "tables",
+    "shape_trace": "tables",
+    "side_by_side": "tables",
+    "tensor_table": "tables",
 }
 
 
@@ -34,7 +48,28 @@ def __getattr__(name):
 
 
 __all__ = [
-    "attention_maps", "colour_legend", "config_panel", "counted", "curve", "fmt", "grad_table", "grids_side_by_side", "heatmap", "l2_norm", "lens_table",
-    "maps_layout", "maps_that_fit", "mask_grid", "mask_grid_width", "mask_legend", "mask_overview", "record_table", "row_notations", "shape_list", "shape_trace", "side_by_side",
-    "tensor_table", "token_line",
+    "attention_maps",
+    "colour_legend",
+    "config_panel",
+    "counted",
+    "curve",
+    "fmt",
+    "grad_table",
+    "grids_side_by_side",
+    "heatmap",
+    "l2_norm",
+    "lens_table",
+    "maps_layout",
+    "maps_that_fit",
+    "mask_grid",
+    "mask_grid_width",
+    "mask_legend",
+    "mask_overview",
+    "record_table",
+    "row_notations",
+    "shape_list",
+    "shape_trace",
+    "side_by_side",
+    "tensor_table",
+    "token_line",
 ]

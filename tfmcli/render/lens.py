@@ -20,8 +20,14 @@ def lens_table(layers, tokens, targets, grid, *, width: int = 80, full: bool = F
     """
     T = len(tokens)
     headers = [f"{t}:{tok}\n→{target}" for t, (tok, target) in enumerate(zip(tokens, targets))]
-    widths = [max(len(line) for cell in ([headers[t].split("\n")] + [_cell_lines(g[t]) for g in grid])
-                  for line in cell) for t in range(T)]
+    widths = [
+        max(
+            len(line)
+            for cell in ([headers[t].split("\n")] + [_cell_lines(g[t]) for g in grid])
+            for line in cell
+        )
+        for t in range(T)
+    ]
     label_width = max(len(name) for name in layers)
     budget = T
     if not full:

@@ -10,8 +10,15 @@ from rich.columns import Columns
 from rich.text import Text
 
 from tfmcli.render.colours import Legend
-from tfmcli.render.heatmap import (SHADE_WIDTH, _beyond, _blocks, _values_fit, downsampled_caption,
-                                   heatmap, shows_values)
+from tfmcli.render.heatmap import (
+    SHADE_WIDTH,
+    _beyond,
+    _blocks,
+    _values_fit,
+    downsampled_caption,
+    heatmap,
+    shows_values,
+)
 
 GAP = 3          # columns between two maps of a grid
 TITLE = len("block 0 head 0")   # a map is at least as wide as its title

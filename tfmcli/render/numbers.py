@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-
 FIXED_RANGE = (1e-3, 1e5)   # |v| written in fixed point; outside it, scientific
 NOISE = 32                  # a value within NOISE ulps of a column's scale is zero (see below)
 

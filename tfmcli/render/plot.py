@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 from rich.console import Group
 from rich.text import Text

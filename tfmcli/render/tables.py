@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from math import prod
 
 import numpy as np
@@ -15,9 +14,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tfmcli.explain.summary import activation_stats, l2_norm, max_abs, mean
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
 from tfmcli.render.text import Printable
-from tfmcli.explain.summary import activation_stats, l2_norm, max_abs, mean, stats
 
 ELLIPSIS = "…"
 MISSING = "—"

@@ -16,15 +16,21 @@ from typing import Callable
 import numpy as np
 
 from tfmcli.engine.config import Config
-from tfmcli.errors import ConfigError, TfmError
 from tfmcli.engine.init import init_params
 from tfmcli.engine.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
 from tfmcli.engine.model import arrays_repr
+from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import gpt2
 from tfmcli.sources.folder import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
-from tfmcli.sources.npz import (check_inputs, check_params, infer_activation, infer_heads,
-                                infer_norm, load_npz)
+from tfmcli.sources.npz import (
+    check_inputs,
+    check_params,
+    infer_activation,
+    infer_heads,
+    infer_norm,
+    load_npz,
+)
 from tfmcli.sources.text import find_tokenizer
 
 INPUT_FIELDS = ("batch", "seq_len", "lengths")  # Config fields the tokens decide
@@ -122,7 +128,12 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
             token_text = tokenizer.label
     elif load is not None:
         loaded = load_npz(load)
-        fields, params, inputs, task = dict(loaded.fields), loaded.params, loaded.inputs, loaded.task
+        fields, params, inputs, task = (
+            dict(loaded.fields),
+            loaded.params,
+            loaded.inputs,
+            loaded.task,
+        )
         if not loaded.has_config:   # heads of their own width, grouped keys: for the heads given
             fields.update(infer_heads(params, {**flags, **fields}))
             fields.update(infer_activation(params, {**flags, **fields}))   # a gate: which one

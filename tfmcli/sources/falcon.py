@@ -22,7 +22,8 @@ architecture's), or a head each. The names (a contract, in the README):
     transformer.ln_f -> ln_f (.gamma, .beta)
 
 ``query_key_value``'s output is one piece per key head, each the queries of the heads it
-serves, then its key, then its value (``fused.grouped_rows``, GPT-NeoX's layout too). Refused: ALiBi (``alibi``, Falcon-RW's
+serves, then its key, then its value (``fused.grouped_rows``, GPT-NeoX's layout too). Refused: ALiBi
+(``alibi``, Falcon-RW's
 positions), and the new architecture with one norm but not side by side, which Hugging Face's
 own model does not run.
 """

@@ -54,9 +54,27 @@ def checkpoint_module(folder):
     ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``, ``gpt_neox``, ``phi``, ``gptj``,
     ``codegen``, ``opt``, ``falcon``, ``gpt_bigcode``, ``bloom`` or ``mpt``): its ``NAME``, and
     ``read_config(folder)`` and ``load_params(folder, fields, dtype)``."""
-    from tfmcli.sources import (bloom, codegen, falcon, gemma, gemma2, gemma3, gpt2, gpt_bigcode,
-                                gpt_neox, gptj, llama, mistral, mpt, opt, phi, phi3, qwen2,
-                                qwen3, stablelm)
+    from tfmcli.sources import (
+        bloom,
+        codegen,
+        falcon,
+        gemma,
+        gemma2,
+        gemma3,
+        gpt2,
+        gpt_bigcode,
+        gpt_neox,
+        gptj,
+        llama,
+        mistral,
+        mpt,
+        opt,
+        phi,
+        phi3,
+        qwen2,
+        qwen3,
+        stablelm,
+    )
 
     return {"gpt2": gpt2, "llama": llama, "mistral": mistral, "qwen2": qwen2,
             "qwen3": qwen3, "gemma": gemma, "gemma2": gemma2,

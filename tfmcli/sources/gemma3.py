@@ -1,6 +1,7 @@
 """Gemma 3 checkpoint folders: ``"model_type": "gemma3_text"`` (Gemma 3 270M and 1B, the
 text-only ones), and the language model of ``"gemma3"`` (4B, 12B, 27B, which read images
-too: its ``text_config``, its weights under ``language_model.``). Gemma 2's block and names (``sources.gemma2``: a norm before and after each
+too: its ``text_config``, its weights under ``language_model.``). Gemma 2's block and names
+(``sources.gemma2``: a norm before and after each
 sublayer, GeGLU, the embedding times sqrt(hidden_size), a tied head, each RMSNorm's gamma
 ``1 + weight``, the score scale ``query_pre_attn_scalar ** -0.5``), with four differences:
 

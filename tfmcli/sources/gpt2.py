@@ -184,14 +184,24 @@ def from_tfm(params: dict, layers: int) -> dict[str, np.ndarray]:
                "ln_f.weight": params["ln_f.gamma"], "ln_f.bias": params["ln_f.beta"]}
     for i in range(layers):
         h, p = f"h.{i}.", f"blocks.{i}."
-        tensors.update({
-            h + "ln_1.weight": params[p + "ln1.gamma"], h + "ln_1.bias": params[p + "ln1.beta"],
-            h + "attn.c_attn.weight": np.concatenate([params[p + f"attn.W_{w}"] for w in "QKV"], 1),
-            h + "attn.c_attn.bias": np.concatenate([params[p + f"attn.b_{w}"] for w in "QKV"]),
-            h + "attn.c_proj.weight": params[p + "attn.W_O"], h + "attn.c_proj.bias": params[p + "attn.b_O"],
-            h + "ln_2.weight": params[p + "ln2.gamma"], h + "ln_2.bias": params[p + "ln2.beta"],
-            h + "mlp.c_fc.weight": params[p + "ffn.W_1"], h + "mlp.c_fc.bias": params[p + "ffn.b_1"],
-            h + "mlp.c_proj.weight": params[p + "ffn.W_2"], h + "mlp.c_proj.bias": params[p + "ffn.b_2"]})
+        tensors.update(
+            {
+                h + "ln_1.weight": params[p + "ln1.gamma"],
+                h + "ln_1.bias": params[p + "ln1.beta"],
+                h + "attn.c_attn.weight": np.concatenate(
+                    [params[p + f"attn.W_{w}"] for w in "QKV"], 1
+                ),
+                h + "attn.c_attn.bias": np.concatenate([params[p + f"attn.b_{w}"] for w in "QKV"]),
+                h + "attn.c_proj.weight": params[p + "attn.W_O"],
+                h + "attn.c_proj.bias": params[p + "attn.b_O"],
+                h + "ln_2.weight": params[p + "ln2.gamma"],
+                h + "ln_2.bias": params[p + "ln2.beta"],
+                h + "mlp.c_fc.weight": params[p + "ffn.W_1"],
+                h + "mlp.c_fc.bias": params[p + "ffn.b_1"],
+                h + "mlp.c_proj.weight": params[p + "ffn.W_2"],
+                h + "mlp.c_proj.bias": params[p + "ffn.b_2"],
+            }
+        )
     if "head.W_U" in params:
         tensors["lm_head.weight"] = params["head.W_U"].T
     return {name: np.ascontiguousarray(value) for name, value in tensors.items()}

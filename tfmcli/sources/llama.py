@@ -367,7 +367,8 @@ def _rotary_dim(path, config: dict, d_head: int,
     (``Config.rotary_dim``): ``partial_rotary_factor`` times ``d_head`` (Phi-4-mini: 0.75;
     StableLM: 0.25 when left out, ``DEFAULTS``), from ``rope_scaling``, ``rope_parameters`` or
     the top level (``top``: GPT-NeoX's first configs call it ``rotary_pct``), where
-    Phi3Config looks for it in that order; None for the whole head. A factor that leaves an odd number (RoPE turns pairs) is refused."""
+    Phi3Config looks for it in that order; None for the whole head. A factor that leaves an odd
+    number (RoPE turns pairs) is refused."""
     for where in ("rope_scaling", "rope_parameters"):
         holder = config.get(where)
         if isinstance(holder, dict) and "partial_rotary_factor" in holder:

@@ -9,9 +9,9 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.engine.config import GATED, Config
+from tfmcli.engine.inputs import IGNORE, Inputs, first_outside
 from tfmcli.engine.sizes import param_misfit
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.engine.inputs import IGNORE, Inputs, first_outside
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
@@ -38,7 +38,9 @@ def read_npz(path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as npz:
             return {key: npz[key] for key in npz.files}
     except ValueError as e:
-        raise TfmError(f"--load {path}: an array needs pickle, which tfm never loads ({e})") from None
+        raise TfmError(
+            f"--load {path}: an array needs pickle, which tfm never loads ({e})"
+        ) from None
     except (OSError, zipfile.BadZipFile, EOFError) as e:
         raise TfmError(f"--load {path}: cannot read the archive ({e})") from None
 
@@ -47,7 +49,9 @@ def _infer_fields(path, arrays: dict) -> dict:
     """Sizes a file without a ``config`` key fixes through its shapes."""
     W_E = arrays.get("param/embed.W_E")
     if W_E is None or W_E.ndim != 2:
-        raise TfmError(f"--load {path}: missing key 'param/embed.W_E' (needed to learn vocab, d_model)")
+        raise TfmError(
+            f"--load {path}: missing key 'param/embed.W_E' (needed to learn vocab, d_model)"
+        )
     fields = {"vocab": int(W_E.shape[0]), "d_model": int(W_E.shape[1]), "dtype": str(W_E.dtype)}
     blocks = {key.split(".")[1] for key in arrays if key.startswith("param/blocks.")}
     fields["layers"] = len(blocks)
@@ -128,7 +132,9 @@ def load_npz(path) -> LoadedRun:
     else:
         fields = _infer_fields(path, arrays)
         has_config = False
-    params = {key[len("param/"):]: value for key, value in arrays.items() if key.startswith("param/")}
+    params = {
+        key[len("param/") :]: value for key, value in arrays.items() if key.startswith("param/")
+    }
     inputs = None
     present = [key for key in INPUT_KEYS if key in arrays]
     if present:
@@ -171,8 +177,10 @@ def _check_keys(path, arrays):
         if key in ("config", "loss", "task") or key in INPUT_KEYS:
             continue
         if not any(key.startswith(s) and len(key) > len(s) for s in SECTIONS):
-            raise TfmError(f"--load {path}: unknown key {key!r} (allowed: param/, grad/, act/, "
-                           f"actgrad/, input/tokens, input/targets, input/lengths, loss, config, task)")
+            raise TfmError(
+                f"--load {path}: unknown key {key!r} (allowed: param/, grad/, act/, "
+                f"actgrad/, input/tokens, input/targets, input/lengths, loss, config, task)"
+            )
 
 
 def check_params(path, params: dict, cfg: Config) -> dict:

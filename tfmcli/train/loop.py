@@ -15,9 +15,9 @@ import numpy as np
 
 from tfmcli.engine import parallel
 from tfmcli.engine.config import Config
-from tfmcli.errors import TfmError
 from tfmcli.engine.inputs import IGNORE, Inputs
 from tfmcli.engine.model import backward, forward, largest_product, unchecked_forward
+from tfmcli.errors import TfmError
 from tfmcli.train.optim import Adam, adam_step, warmup_lr
 from tfmcli.train.tasks import make_batch
 
