@@ -58,3 +58,33 @@ def test_a_forbidden_import_is_caught(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from tfmcli.render import fmt\n")
     assert imported(module) == {"tfmcli.render"}
+
+
+def test_each_config_field_is_one_option_documented_once_per_place():
+    """The option table (cli/options.py's MODEL_OPTIONS) against the Config: each field one
+    option, its flag FLAGS', its bound the field's rule (RULES), named in the Config's
+    docstring, and each architecture flag a row of docs/architectures.md's table."""
+    import dataclasses
+    import re
+
+    from tfmcli.cli import options
+    from tfmcli.engine.config import RULES, Config
+
+    fields = [f.name for f in dataclasses.fields(Config)]
+    declared = [name for name, _, _ in options.MODEL_OPTIONS if name != "arch"]
+    assert sorted(declared) == sorted(fields) and len(set(declared)) == len(declared)
+    documented = re.findall(r"^    ([a-z_, ]+) : ", Config.__doc__, flags=re.M)
+    assert sorted(n.strip() for line in documented for n in line.split(",")) == sorted(fields)
+    page = (ROOT / "docs" / "architectures.md").read_text()
+    table = page.split("## The flags")[1].split("\n## ")[0]
+    missing = []
+    for name, annotation, _ in options.MODEL_OPTIONS:
+        option = annotation.__metadata__[0]
+        if option.rich_help_panel == options.ARCH:
+            flags = [flag for decl in (option.default, *option.param_decls)
+                     for flag in str(decl).split("/") if flag.startswith("--")]
+            missing.extend([] if any(f"`{flag}" in table for flag in flags) else flags[:1])
+        if option.callback is not None and name in RULES and RULES[name].convert is int:
+            with pytest.raises(Exception, match="0 is not allowed"):
+                option.callback(0)   # a size's least value is the rule's, 1
+    assert missing == []

@@ -320,7 +320,7 @@ def test_a_config_without_num_key_value_heads_takes_the_familys_default(tmp_path
     (MistralConfig 8, Gemma2Config 4, Qwen2Config 32, LlamaConfig: the heads)."""
     import json
 
-    from tfmcli.sources import llama as reader
+    from tfmcli.sources.families import checkpoint_module
 
     config = {"model_type": kind, "hidden_size": 8 * heads, "num_attention_heads": heads,
               "num_hidden_layers": 1, "vocab_size": 16, "intermediate_size": 16}
@@ -329,9 +329,9 @@ def test_a_config_without_num_key_value_heads_takes_the_familys_default(tmp_path
         with pytest.raises(tfmcli.TfmError, match="key 'num_key_value_heads' is missing, and "
                                                   "Hugging Face's default for mistral, 8, does "
                                                   "not divide the 4 heads"):
-            reader.read_config(tmp_path)
+            checkpoint_module(tmp_path).read_config(tmp_path)
         return
-    assert reader.read_config(tmp_path)["kv_heads"] == expect
+    assert checkpoint_module(tmp_path).read_config(tmp_path)["kv_heads"] == expect
     transformers = pytest.importorskip("transformers")
     Config = {"mistral": transformers.MistralConfig, "gemma2": transformers.Gemma2Config,
               "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[kind]

@@ -98,7 +98,7 @@ def test_a_config_without_rms_norm_eps_takes_phi3s_default(tmp_path):
     del config["rms_norm_eps"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert phi3.read_config(tmp_path)["eps"] == transformers.Phi3Config().rms_norm_eps == 1e-5
-    assert llama.read_config(tmp_path)["eps"] == 1e-5   # and not LLaMA's 1e-6
+    assert transformers.LlamaConfig().rms_norm_eps == 1e-6   # Phi-3's own default, not LLaMA's
 
 
 def test_attention_bias_adds_no_biases_as_in_hugging_faces_phi3(tmp_path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tfmcli.cli import app
 from tfmcli.engine.config import Config
 from tfmcli.engine.presets import NAMES, PRESETS, SLIDING_WINDOW, preset_fields
-from tfmcli.sources.folder import checkpoint_module
+from tfmcli.sources.families import checkpoint_module
 
 # what the sizes decide, not the architecture
 SIZES = {"batch", "seq_len", "d_model", "heads", "d_ff", "vocab", "layers", "lengths", "n_ctx",

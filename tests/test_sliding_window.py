@@ -33,7 +33,7 @@ from helpers import (
 )
 from tfmcli.engine.masks import combined_mask, sliding_window_mask
 from tfmcli.errors import ConfigError
-from tfmcli.sources import llama, mistral
+from tfmcli.sources import llama, mistral, qwen2
 
 MISTRAL = dict(pe="rope", activation="swiglu", rms_norm=True, head_bias=False, bias=False)
 
@@ -328,8 +328,8 @@ def test_qwen2_without_use_sliding_window_has_none(tmp_path):
     config = {k: v for k, v in config.items() if k != "layer_types"}
     (tmp_path / "config.json").write_text(json.dumps(
         {**config, "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21}))
-    assert llama.read_config(tmp_path)["sliding_window"] is None
+    assert qwen2.read_config(tmp_path)["sliding_window"] is None
     # Qwen2Config drops the window without use_sliding_window, whatever layer_types says
     (tmp_path / "config.json").write_text(json.dumps(
         {**config, "sliding_window": 2, "layer_types": ["sliding_attention"] * 2}))
-    assert llama.read_config(tmp_path)["sliding_window"] is None
+    assert qwen2.read_config(tmp_path)["sliding_window"] is None

@@ -18,7 +18,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from tfmcli.engine.config import Config
+from tfmcli.engine.config import NON_NEGATIVE_INT, POSITIVE_INT, RULES, Config
 from tfmcli.engine.sizes import memory_estimate
 from tfmcli.errors import ConfigError
 
@@ -171,8 +171,15 @@ def _arch(*names, **kwargs):
     return _opt(*names, panel=ARCH, **kwargs)
 
 
+def within_rule(flag: str):
+    """The callback of a whole-number option: the least value its Config field's rule allows
+    (``engine.config.RULES``: 1 for a size, 0 for the seed), said once, there."""
+    field = flag.removeprefix("--").replace("-", "_")
+    return bounded({POSITIVE_INT: 1, NON_NEGATIVE_INT: 0}[RULES[field]])
+
+
 def _size(*names, **kwargs):
-    return _opt(*names, panel=SIZES, callback=bounded(1), **kwargs)
+    return _opt(*names, panel=SIZES, callback=within_rule(names[0]), **kwargs)
 
 
 def _named(*names, choices, help, **kwargs):
@@ -231,7 +238,7 @@ MODEL_OPTIONS = [
         "--arch", panel=INPUT, metavar="NAME", callback=check_arch,
         help="A family's block at toy size (--arch list).")], None),
     ("seed", Annotated[I, _opt(
-        "--seed", panel=INPUT, callback=bounded(0),
+        "--seed", panel=INPUT, callback=within_rule("--seed"),
         help="Seed of the weights and tokens.")], D.seed),
     ("batch", Annotated[I, _size("--batch", "-B", help="Batch rows B.")], D.batch),
     ("seq_len", Annotated[I, _size("--seq-len", "-T", help="Sequence length T.")], D.seq_len),
@@ -258,7 +265,7 @@ MODEL_OPTIONS = [
     ("causal", Annotated[B, _arch("--causal/--no-causal", help="Hide future keys (on).")],
      D.causal),
     ("sliding_window", Annotated[OptI, _arch(
-        "--sliding-window", metavar="W", callback=bounded(1),
+        "--sliding-window", metavar="W", callback=within_rule("--sliding-window"),
         help="Each query sees the last W keys.")], D.sliding_window),
     ("sliding_layers", Annotated[OptS, _arch(
         "--sliding-layers", metavar="0,2", help="Only these blocks slide.")], None),
@@ -273,7 +280,7 @@ MODEL_OPTIONS = [
         "--rope-local-theta", metavar="X", help="RoPE's base in sliding blocks.")],
      D.rope_local_theta),
     ("rotary_dim", Annotated[OptI, _arch(
-        "--rotary-dim", metavar="N", callback=bounded(1),
+        "--rotary-dim", metavar="N", callback=within_rule("--rotary-dim"),
         help="RoPE turns a head's first N dims.")], D.rotary_dim),
     ("init", Annotated[Init, _named(
         "--init", choices=Init, help="xavier, normal, uniform, kaiming.")], Init(D.init)),

@@ -23,8 +23,8 @@ in the last bit, as it already does when BLAS itself runs on another number of t
 The parts are one (the caller's thread, plain NumPy) when the work is small or a product thin,
 when BLAS is held to one thread already (by the user, with threadpoolctl or
 ``OPENBLAS_NUM_THREADS=1``), inside ``one_piece()`` (the reference path, and the fast path of a
-step too small for parts to pay: ``model.threaded``), and when NumPy's BLAS is not an OpenBLAS
-whose threads tfm can hold.
+step too small for parts to pay: ``model.threaded``), and when threadpoolctl finds no BLAS
+whose threads it can hold (``blas_threads``).
 """
 
 from __future__ import annotations
@@ -55,29 +55,17 @@ BUFFER_FREE_SUMS = np.lib.NumpyVersion(np.__version__) >= "2.3.0"
 
 @functools.lru_cache(maxsize=1)
 def blas_threads():
-    """(get, set) for the thread count of NumPy's own OpenBLAS, or None when there is none.
+    """(get, set) for the thread count of NumPy's BLAS (OpenBLAS, MKL or BLIS, through
+    threadpoolctl), or None when threadpoolctl finds none. With several BLAS libraries loaded
+    (torch brings its own), NumPy's is the one in NumPy's own folders (its wheels bundle it in
+    ``numpy.libs`` or ``numpy/.dylibs``), else the first."""
+    from threadpoolctl import ThreadpoolController  # here, not at import: start-up counts
 
-    NumPy's wheels bundle it in ``numpy.libs`` (Linux, Windows) or ``numpy/.dylibs`` (macOS);
-    only a library NumPy has already loaded is taken (RTLD_NOLOAD), never a second copy.
-    """
-    import ctypes  # here, not at import: what tfm loads at start-up counts (issue 11)
-    import glob
-
-    root = os.path.dirname(np.__file__)
-    paths = glob.glob(os.path.join(root, os.pardir, "numpy.libs", "*openblas*"))
-    paths += glob.glob(os.path.join(root, ".dylibs", "*openblas*"))
-    mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0)
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path, mode=mode)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", "")):
-            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
-            if get is not None and set_ is not None:
-                return get, set_
-    return None
+    libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+    home = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(np.__file__))), "numpy")
+    numpys = [lib for lib in libraries if os.path.realpath(lib.filepath).startswith(home)]
+    chosen = (numpys or libraries)[:1]
+    return (chosen[0].get_num_threads, chosen[0].set_num_threads) if chosen else None
 
 
 _one_piece = contextvars.ContextVar("tfm_one_piece", default=False)

@@ -1,5 +1,5 @@
 """Where a run comes from: the weights from a seed, an ``.npz`` or a checkpoint folder (any of
-the 19 families ``sources.folder.MODEL_TYPES`` names, each read by its own module), the tokens
+the 19 families ``sources.families.MODEL_TYPES`` names, each read by its own module), the tokens
 from a seed, a file, ``--tokens`` or ``--text``. Every source becomes the same
 :class:`Run`, so each command asks here once.
 
@@ -21,7 +21,7 @@ from tfmcli.engine.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
 from tfmcli.engine.model import arrays_repr
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import gpt2
-from tfmcli.sources.folder import checkpoint_module
+from tfmcli.sources.families import checkpoint_module
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import (
     check_inputs,
@@ -95,7 +95,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
         error, never silently overridden.
     load : path, optional
         An ``.npz`` in tfm's layout (its parameters, and its inputs unless tokens are given),
-        or a checkpoint folder of any family ``sources.folder.MODEL_TYPES`` names
+        or a checkpoint folder of any family ``sources.families.MODEL_TYPES`` names
         (its parameters; its tokenizer for ``text``).
     tokens : list of list of int, optional
         The input ids, one list per batch row (see ``model.inputs_from_tokens``).

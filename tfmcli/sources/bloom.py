@@ -72,7 +72,7 @@ def name_map(fields: dict, prefix: str = PREFIX) -> list[tuple[str, str | tuple,
     rows += [(prefix + "ln_f.weight", "ln_f.gamma", False),
              (prefix + "ln_f.bias", "ln_f.beta", False),
              ("lm_head.weight", "head.W_U", True)]
-    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+    return [row for row in rows if all(n in shapes for n in llama.weight_names(row[1]))]
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:

@@ -68,7 +68,7 @@ def read_config(folder) -> dict:
     else:
         kv = 1 if config.get("multi_query", True) else H
         shared = parallel
-    theta, scaling = llama._rope(path, config)
+    theta, scaling = llama.read_rope(path, config)
     ffn = config.get("ffn_hidden_size")
     fields = {"d_model": d, "heads": H, "kv_heads": None if kv == H else kv,
               "layers": need(path, config, "num_hidden_layers"),
@@ -115,7 +115,7 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
     rows += [("transformer.ln_f.weight", "ln_f.gamma", False),
              ("transformer.ln_f.bias", "ln_f.beta", False),
              ("lm_head.weight", "head.W_U", True)]
-    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+    return [row for row in rows if all(n in shapes for n in llama.weight_names(row[1]))]
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:

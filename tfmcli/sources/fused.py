@@ -60,7 +60,7 @@ def load_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_c
     params = {}
     for key, name, transposed in rows:
         value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)   # (d_in, d_out)
-        for n in llama._names(name):
+        for n in llama.weight_names(name):
             rows_of_n = _pick(n, picks)   # its stored rows: tfm's columns (a bias's entries)
             params[n] = value if rows_of_n is None else np.ascontiguousarray(value[..., rows_of_n])
     return {name: params[name] for name in shapes}
@@ -73,7 +73,7 @@ def from_tfm(params: dict, fields: dict, rows: list,
     picks = dict(zip("QKV", grouped_rows(fields))) if picks is None else picks
     tensors = {}
     for key, name, transposed in rows:
-        names = llama._names(name)
+        names = llama.weight_names(name)
         parts = [params[n].T if transposed else params[n] for n in names]
         chosen = [_pick(n, picks) for n in names]
         if chosen[0] is None:   # one parameter, stored as it is

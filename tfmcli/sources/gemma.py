@@ -21,10 +21,39 @@ from __future__ import annotations
 
 import numpy as np
 
+from tfmcli.errors import TfmError
 from tfmcli.sources import llama
 
 NAME = "Gemma"
-read_config = llama.read_config
+GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
+
+
+def read_config(folder) -> dict:
+    """Config fields from a Gemma folder's ``config.json`` (``read_fields``)."""
+    path, config = llama.config_of(folder, "gemma", NAME)
+    return llama.runnable(path, read_fields(path, config, NAME, kv_heads=16))
+
+
+def read_fields(path, config: dict, name: str, kv_heads: int, window: tuple = (None, None)):
+    """LLaMA's keys read as every Gemma's: GeGLU with GELU's tanh form (``hidden_act`` or
+    ``hidden_activation`` 'gelu', 'gelu_pytorch_tanh' or 'gelu_new'), heads 256 wide when
+    ``head_dim`` is left out, the embedding times sqrt(d), a head tied unless
+    ``tie_word_embeddings`` says false, no biases (``attention_bias`` refused), and causal
+    (``use_bidirectional_attention`` refused). ``kv_heads``: the family's default."""
+    for key in ("hidden_act", "hidden_activation"):
+        value = config.get(key)
+        if value is not None and value not in GELU_TANH:
+            raise TfmError(f"--load {path}: key {key!r} is {value!r}; tfm's Gemma FFN is GeGLU "
+                           f"with GELU's tanh form ('gelu_pytorch_tanh')")
+    if config.get("use_bidirectional_attention"):
+        raise TfmError(f"--load {path}: key 'use_bidirectional_attention' is "
+                       f"{config['use_bidirectional_attention']!r}; tfm reads Gemma as the "
+                       f"causal language model it is trained as")
+    fields = llama.read_fields(path, config, llama.no_attention_bias(path, config, name),
+                               kv_heads=kv_heads, head_dim=256, activation="geglu", tied=True,
+                               window=window)
+    return {**fields, "embed_scale": True}
+
 
 
 def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,

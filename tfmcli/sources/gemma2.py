@@ -17,12 +17,50 @@ A key config.json leaves out takes Gemma2Config's default.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from tfmcli.errors import TfmError
 from tfmcli.sources import gemma, llama
+from tfmcli.sources.folder import need
 
 NAME = "Gemma 2"
-read_config = llama.read_config
+DEFAULTS = {"sliding_window": 4096, "query_pre_attn_scalar": 256,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}   # Gemma2Config's
+
+
+def read_config(folder) -> dict:
+    """Config fields from a Gemma 2 folder's ``config.json``: Gemma's, 4 key/value heads when
+    ``num_key_value_heads`` is left out, the even layers sliding, and ``sandwich_fields``."""
+    path, config = llama.config_of(folder, "gemma2", NAME, defaults=DEFAULTS)
+    window = llama.sliding(path, config, config.get("sliding_window"),
+                           lambda layers: list(range(0, layers, 2)))
+    fields = gemma.read_fields(path, config, NAME, kv_heads=4, window=window)
+    return llama.runnable(path, {**fields, **sandwich_fields(path, config, d_head(fields))})
+
+
+def d_head(fields: dict) -> int:
+    return fields["head_dim"] or fields["d_model"] // fields["heads"]
+
+
+def sandwich_fields(path, config: dict, d_head: int) -> dict:
+    """Gemma 2's (and 3's) soft caps (``attn_logit_softcapping``, ``final_logit_softcapping``;
+    null: no cap), its score scale ``query_pre_attn_scalar ** -0.5`` as Hugging Face computes it
+    (None when that is tfm's own 1 / sqrt(d_head)), and its sandwich norms."""
+    fields = {"sandwich_norm": True}
+    for key, field in (("attn_logit_softcapping", "attn_softcap"),
+                       ("final_logit_softcapping", "logit_softcap")):
+        cap = config.get(key)
+        fields[field] = None if cap is None else need(path, config, key, (int, float))
+    scalar = need(path, config, "query_pre_attn_scalar", (int, float))
+    if scalar <= 0:
+        raise TfmError(f"--load {path}: key 'query_pre_attn_scalar' is {scalar!r}, not a "
+                       f"positive number")
+    scale = scalar ** -0.5
+    fields["attn_scale"] = None if scale == 1.0 / math.sqrt(d_head) else scale
+    return fields
+
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:

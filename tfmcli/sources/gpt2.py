@@ -23,7 +23,7 @@ import numpy as np
 
 from tfmcli.engine.config import Config
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.sources.folder import CONFIG, model_type, read_json
+from tfmcli.sources.folder import CONFIG, read_json
 from tfmcli.sources.folder import need as need_key
 
 NAME = "GPT-2"
@@ -50,8 +50,8 @@ def require_safetensors():
 def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and key at fault."""
     path, config = read_json(folder)
-    if model_type(folder, config) != "gpt2":
-        raise TfmError(f"--load {path}: key 'model_type' is {config['model_type']!r}, not a "
+    if config.get("model_type") != "gpt2":
+        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}, not a "
                        f"GPT-2 checkpoint's 'gpt2'")
 
     def need(key, kind=int):

@@ -51,7 +51,7 @@ def read_config(folder) -> dict:
               "tied_head": config.get("tie_word_embeddings", False), "causal": True,
               "parallel_residual": config.get("use_parallel_residual", True)}
     if d % H == 0:
-        fields["rotary_dim"] = llama._rotary_dim(path, factor_at, d // H, top="rotary_pct")
+        fields["rotary_dim"] = llama.read_rotary_dim(path, factor_at, d // H, top="rotary_pct")
     return llama.runnable(path, fields)
 
 
@@ -84,7 +84,7 @@ def _rope(path, config: dict):
     key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     if not isinstance(rope, dict):
         raise TfmError(f"--load {path}: key {key!r} is {rope!r}, not an object")
-    scaling = llama._scaling(path, key, rope)
+    scaling = llama.read_scaling(path, key, rope)
     theta = rope.get("rope_theta", config.get("rotary_emb_base", 10000.0))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise TfmError(f"--load {path}: RoPE's base (rope_theta or rotary_emb_base) is "
@@ -123,7 +123,7 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
     rows += [("gpt_neox.final_layer_norm.weight", "ln_f.gamma", False),
              ("gpt_neox.final_layer_norm.bias", "ln_f.beta", False),
              ("embed_out.weight", "head.W_U", True)]
-    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+    return [row for row in rows if all(n in shapes for n in llama.weight_names(row[1]))]
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:

@@ -109,7 +109,7 @@ def name_map(fields: dict, fused: bool = False) -> list[tuple[str, str | tuple, 
     rows += [("transformer.ln_f.weight", "ln_f.gamma", False),
              ("transformer.ln_f.bias", "ln_f.beta", False),
              ("lm_head.weight", "head.W_U", True), ("lm_head.bias", "head.b_U", False)]
-    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+    return [row for row in rows if all(n in shapes for n in llama.weight_names(row[1]))]
 
 
 def fused_rows(fields: dict, parts: int = 4) -> dict[str, np.ndarray]:

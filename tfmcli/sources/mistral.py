@@ -10,5 +10,15 @@ import functools
 from tfmcli.sources import llama
 
 NAME = "Mistral"
-read_config = llama.read_config
+
+
+def read_config(folder) -> dict:
+    """LLaMA's keys, 8 key/value heads when ``num_key_value_heads`` is left out (MistralConfig's
+    default), and the window of ``sliding_window`` in every layer."""
+    path, config = llama.config_of(folder, "mistral", NAME)
+    window = llama.sliding(path, config, config.get("sliding_window"), llama.every,
+                           every_layer=NAME)
+    return llama.runnable(path, llama.read_fields(path, config, llama.biases(path, config),
+                                                  kv_heads=8, window=window))
+
 load_params = functools.partial(llama.load_params, checkpoint=NAME)

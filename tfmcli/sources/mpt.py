@@ -109,7 +109,7 @@ def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
                  (m + "ffn.down_proj.weight", p + "ffn.W_2", True)]
     rows += [("transformer.norm_f.weight", "ln_f.gamma", False),
              ("lm_head.weight", "head.W_U", True)]
-    return [row for row in rows if all(n in shapes for n in llama._names(row[1]))]
+    return [row for row in rows if all(n in shapes for n in llama.weight_names(row[1]))]
 
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:

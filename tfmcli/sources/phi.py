@@ -42,7 +42,7 @@ def read_config(folder) -> dict:
     if config.get("head_dim") not in (None, d // H if d % H == 0 else None):
         raise TfmError(f"--load {path}: key 'head_dim' is {config['head_dim']!r}; tfm reads "
                        f"Phi's heads {d} / {H} wide")
-    theta, scaling = llama._rope(path, config)
+    theta, scaling = llama.read_rope(path, config)
     kv = config.get("num_key_value_heads")
     fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
@@ -54,7 +54,7 @@ def read_config(folder) -> dict:
               "parallel_residual": True, "shared_norm": True}
     if d % H == 0:
         share = {"partial_rotary_factor": ROTARY_FACTOR, **config}
-        fields["rotary_dim"] = llama._rotary_dim(path, share, d // H)
+        fields["rotary_dim"] = llama.read_rotary_dim(path, share, d // H)
     return llama.runnable(path, fields)
 
 

@@ -21,7 +21,20 @@ import functools
 from tfmcli.sources import llama
 
 NAME = "Phi-3"
-read_config = llama.read_config
+
+
+def read_config(folder) -> dict:
+    """LLaMA's keys, never biased, RMSNorm's epsilon 1e-5 when left out (Phi3Config's), the
+    window of ``sliding_window`` in every layer, and RoPE on part of each head when
+    ``partial_rotary_factor`` says (``Config.rotary_dim``)."""
+    path, config = llama.config_of(folder, "phi3", NAME, defaults={"rms_norm_eps": 1e-5})
+    window = llama.sliding(path, config, config.get("sliding_window"), llama.every,
+                           every_layer=NAME)
+    fields = llama.read_fields(path, config, (False, False, False), window=window)
+    d_head = fields["head_dim"] or fields["d_model"] // fields["heads"]
+    return llama.runnable(path, {**fields,
+                                 "rotary_dim": llama.read_rotary_dim(path, config, d_head)})
+
 load_params = functools.partial(llama.load_params, checkpoint=NAME, fused=True)
 name_map = functools.partial(llama.name_map, fused=True)
 from_tfm = functools.partial(llama.from_tfm, fused=True)

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import functools
 
-from tfmcli.sources import llama
+from tfmcli.sources import llama, qwen2
 
 NAME = "Qwen3"
-read_config = llama.read_config
+
+
+def read_config(folder) -> dict:
+    """Qwen2's keys and window, with no biases (``attention_bias`` refused), heads 128 wide when
+    ``head_dim`` is left out and each head's queries and keys normalised (``Config.qk_norm``)."""
+    path, config = llama.config_of(folder, "qwen3", NAME)
+    fields = llama.read_fields(path, config, llama.no_attention_bias(path, config, NAME),
+                               kv_heads=32, head_dim=128, window=qwen2.qwen_window(path, config))
+    return llama.runnable(path, {**fields, "qk_norm": True})
+
 load_params = functools.partial(llama.load_params, checkpoint=NAME)
