@@ -10,6 +10,7 @@ folder imports none.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from tfmcli.errors import TfmError
 from tfmcli.sources.folder import CONFIG, read_json
@@ -29,7 +30,6 @@ def model_type(folder, config: dict | None = None) -> str:
     if config is None:
         path, config = read_json(folder)
     else:
-        from pathlib import Path
         path = Path(folder) / CONFIG
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:

@@ -37,11 +37,7 @@ def read_config(folder) -> dict:
     window = llama.sliding(path, config, config.get("sliding_window"),
                            lambda layers: list(range(0, layers, 2)))
     fields = gemma.read_fields(path, config, NAME, kv_heads=4, window=window)
-    return llama.runnable(path, {**fields, **sandwich_fields(path, config, d_head(fields))})
-
-
-def d_head(fields: dict) -> int:
-    return fields["head_dim"] or fields["d_model"] // fields["heads"]
+    return llama.runnable(path, {**fields, **sandwich_fields(path, config, llama.d_head(fields))})
 
 
 def sandwich_fields(path, config: dict, d_head: int) -> dict:

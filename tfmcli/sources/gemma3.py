@@ -64,7 +64,7 @@ def read_config(folder) -> dict:
     window = llama.sliding(path, config, config["sliding_window"], all_but_each_pattern_th)
     fields = gemma.read_fields(path, config, NAME, kv_heads=4, window=window)
     theta, scaling, local_theta = rope(path, config)
-    fields.update(gemma2.sandwich_fields(path, config, gemma2.d_head(fields)), qk_norm=True,
+    fields.update(gemma2.sandwich_fields(path, config, llama.d_head(fields)), qk_norm=True,
                   rope_theta=theta, rope_scaling=scaling,
                   rope_local_theta=None if window[0] is None else local_theta)
     return llama.runnable(path, fields)

@@ -116,6 +116,11 @@ def read_fields(path, config: dict, biases: tuple[bool, bool, bool], kv_heads: i
             "rotary_dim": None}
 
 
+def d_head(fields: dict) -> int:
+    """A head's width in ``read_fields``' fields: ``head_dim``, else d / H."""
+    return fields["head_dim"] or fields["d_model"] // fields["heads"]
+
+
 def runnable(path, fields: dict) -> dict:
     """``fields`` when they make a Config; TfmError naming ``path`` otherwise: sizes tfm cannot
     run (heads that do not divide the width) are the file's fault."""

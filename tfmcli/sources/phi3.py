@@ -31,9 +31,8 @@ def read_config(folder) -> dict:
     window = llama.sliding(path, config, config.get("sliding_window"), llama.every,
                            every_layer=NAME)
     fields = llama.read_fields(path, config, (False, False, False), window=window)
-    d_head = fields["head_dim"] or fields["d_model"] // fields["heads"]
-    return llama.runnable(path, {**fields,
-                                 "rotary_dim": llama.read_rotary_dim(path, config, d_head)})
+    rotary_dim = llama.read_rotary_dim(path, config, llama.d_head(fields))
+    return llama.runnable(path, {**fields, "rotary_dim": rotary_dim})
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME, fused=True)
 name_map = functools.partial(llama.name_map, fused=True)
