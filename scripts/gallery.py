@@ -40,6 +40,7 @@ GALLERY = {
     "lens": 'tfm lens --load examples/tiny-gpt2 --text "The cat sat on the" -k 2',
     "check": "tfm check --against torch",
     "compare": "tfm compare",
+    "explore": 'tfm explore --tokens 3,1,4,1,5 --keys "down,down,right"',
 }
 NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",)}
 
@@ -52,8 +53,11 @@ def draw(name: str, path: Path) -> None:
 
     from tfmcli.cli import app
 
-    args = shlex.split(GALLERY[name])[1:] + ["--svg", str(path)]
-    env = {"COLUMNS": str(WIDTH), "LINES": "50", "NO_COLOR": None, "FORCE_COLOR": None}
+    args = shlex.split(GALLERY[name])[1:]
+    # tfm explore's picture is its screen after the keys, 100 x 30; the others print at WIDTH
+    args += ["--screenshot" if name == "explore" else "--svg", str(path)]
+    env = {"COLUMNS": "100" if name == "explore" else str(WIDTH),
+           "LINES": "30" if name == "explore" else "50", "NO_COLOR": None, "FORCE_COLOR": None}
     cwd = os.getcwd()
     os.chdir(ROOT)   # the commands' paths are the project's
     try:

@@ -17,8 +17,9 @@ MAY_IMPORT = {
     "explain": ("tfmcli.engine", "tfmcli.check", "tfmcli.train.optim"),
     "sources": ("tfmcli.engine", "tfmcli.train.tasks", "tfmcli.io"),
     "render": ("tfmcli.explain.summary",),
+    "tui": ("tfmcli.engine", "tfmcli.explain", "tfmcli.render"),
 }
-FOLDERS = ["engine", "check", "train", "explain", "sources", "render", "cli"]
+FOLDERS = ["engine", "check", "train", "explain", "sources", "render", "tui", "cli"]
 
 
 def imported(path: Path) -> set[str]:

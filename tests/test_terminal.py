@@ -40,6 +40,7 @@ EVERY_COMMAND = [
     ["attn", "--query", "2", "--backward"],
     ["--help"],
     ["forward", "--help"],
+    ["explore", "--help"],   # the app itself: tests/test_explore.py
 ]
 
 

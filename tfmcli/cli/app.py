@@ -197,6 +197,8 @@ COMMANDS = {
         "differs."),
     "compare": (
         "Pre-LN against Post-LN: the same seed and sizes, gradient norms per block, side by side."),
+    "explore": (
+        "Walk through every number of a run with the keyboard: tensors, cells, their formulas."),
 }
 
 

@@ -1,0 +1,136 @@
+"""tfm explore: the app driven headless by Textual's own harness (App.run_test and its Pilot),
+the numbers on screen against the API's, links followed, the headless --keys/--screenshot."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("textual")
+
+import tfmcli  # noqa: E402
+from helpers import error_line, ok, run  # noqa: E402
+from tfmcli.tui.app import ExploreApp  # noqa: E402
+from tfmcli.tui.state import Explorer, View  # noqa: E402
+
+
+def explorer(**fields):
+    cfg = tfmcli.Config(**{"seq_len": 5, **fields})
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    from tfmcli.sources import Run
+    source = Run(cfg, params, inputs, "seed", "seed")
+    return Explorer(source, fwd, grads, [])
+
+
+def drive(ex, keys, size=(120, 40)):
+    """The app after ``keys``: (its view, the explanation's text, the screen as SVG, whether
+    the screen is laid out narrow)."""
+    app = ExploreApp(ex, "test")
+
+    async def go():
+        async with app.run_test(size=size) as pilot:
+            for key in keys:
+                await pilot.press(key)
+            await pilot.pause()
+            explained = str(app.query_one("#explain").render())
+            return app.view, explained, app.export_screenshot(), app.screen.has_class("narrow")
+
+    return asyncio.run(go())
+
+
+def test_arrows_move_the_cell_and_the_screen_says_the_apis_number():
+    ex = explorer()
+    view, explained, svg, _ = drive(ex, ["down", "down", "right"])
+    assert view == View("blocks.0.attn.pattern", False, (2, 3), (0, 0, 2, 1))
+    value = ex.fwd.acts["blocks.0.attn.pattern"][0, 0, 2, 1]
+    assert explained.startswith(f"pattern[0, 0, q2, k1] = {value:.6g}")
+    scores = ex.fwd.acts["blocks.0.attn.scores"][0, 0, 2, :3]
+    exps = np.exp(scores - scores.max())
+    assert f"{exps[1]:.4f} / {exps.sum():.4f}" in explained    # the softmax, written out
+    assert f"{value:+.4f}" in svg.replace("&#160;", " ")
+
+
+def test_enter_follows_a_number_to_where_it_came_from_and_escape_comes_back():
+    ex = explorer()
+    view, explained, _, app = drive(ex, ["down", "down", "right", "enter"])
+    assert view == View("blocks.0.attn.scores", False, (2, 3), (0, 0, 2, 1))
+    q, k = ex.fwd.acts["blocks.0.attn.q"][0, 0, 2], ex.fwd.acts["blocks.0.attn.k"][0, 0, 1]
+    assert f"q . k = {q @ k:+.6f}" in explained
+    view, _, _, _ = drive(ex, ["down", "down", "right", "enter", "enter"])
+    assert (view.name, view.index[:3]) == ("blocks.0.attn.q", (0, 0, 2))   # the query's row
+    view, _, _, _ = drive(ex, ["down", "down", "right", "enter", "enter", "escape", "escape"])
+    assert view == View("blocks.0.attn.pattern", False, (2, 3), (0, 0, 2, 1))
+
+
+def test_the_keys_move_along_heads_rows_blocks_axes_and_to_the_gradient():
+    ex = explorer(layers=2, batch=2)
+    view, explained, _, _ = drive(ex, ["]", "r", "}", "d"])
+    assert view == View("blocks.1.attn.pattern", True, (2, 3), (1, 1, 0, 0))
+    grad = ex.grads.acts["blocks.1.attn.pattern"][1, 1, 0, 0]
+    assert explained.startswith(f"dpattern[1, 1, q0, k0] = {grad:.6g}")
+    view, _, _, _ = drive(ex, ["x", "right"])
+    assert view.shown == (3, 2) and view.index == (0, 0, 1, 0)
+
+
+def test_c_checks_a_parameters_gradient_entry_by_central_differences():
+    ex = explorer()
+    view = View("blocks.0.ffn.W_1", True, (0, 1), (2, 3))
+    ours, numeric = ex.central_difference(view)
+    assert ours == ex.grads["blocks.0.ffn.W_1"][2, 3]
+    assert abs(ours - numeric) <= 1e-8 * max(1.0, abs(ours))
+
+
+def test_the_overview_opens_the_map_chosen():
+    ex = explorer(layers=2)
+    view, _, svg, _ = drive(ex, ["g", "down", "right", "enter"])
+    assert (view.name, view.index[1]) == ("blocks.1.attn.pattern", 1)
+    _, _, svg, _ = drive(ex, ["g"])
+    assert "across" in svg and "head&#160;1" in svg
+
+
+def test_at_80_by_24_the_explanation_goes_under_the_tensor():
+    assert drive(explorer(), [], size=(80, 24))[3]
+    assert not drive(explorer(), [], size=(120, 40))[3]
+
+
+def test_each_views_command_runs_outside_the_explorer():
+    ex = explorer()
+    ex.argv = ["--seq-len", "5"]
+    for view in (View("blocks.0.attn.pattern", False, (2, 3), (0, 1, 3, 2)),
+                 View("blocks.0.ln1.out", False, (1, 2), (1, 2, 0)),
+                 View("blocks.0.ffn.act", False, (1, 2), (0, 4, 0)),
+                 View("blocks.0.attn.W_Q", True, (0, 1), (0, 0))):
+        words = ex.command(view).split()
+        assert words[0] == "tfm"
+        ok(*words[1:])
+
+
+def test_headless_keys_write_the_last_screen_as_svg(tmp_path):
+    out = tmp_path / "view.svg"
+    result = ok("explore", "--tokens", "3,1,4,1,5", "--keys", "down,enter,g", "--screenshot", out)
+    assert result.stdout == ""
+    svg = out.read_text()
+    assert svg.startswith("<svg") and "tfm explore" in svg.replace("&#160;", " ")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--keys", "down,hop"], ["'--keys'", "'hop' is not a key"]),
+    (["--screenshot", "x.svg"], ["'--screenshot'", "add --keys"]),
+])
+def test_bad_keys_are_usage_errors(args, words, tmp_path):
+    line = error_line(run("explore", *args), 2)
+    assert all(word in line for word in words), line
+
+
+def test_no_other_command_imports_textual():
+    code = ("import sys; from tfmcli.cli import main; sys.argv = ['tfm', 'forward', '--json']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps('textual' in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True,
+                          text=True)
+    assert json.loads(done.stderr.splitlines()[-1]) is False

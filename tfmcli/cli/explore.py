@@ -1,0 +1,124 @@
+"""tfm explore: the run's every number under the keyboard, in a full-screen terminal app."""
+
+import shlex
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfmcli.cli.app import app
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    with_options,
+    writable,
+)
+
+# what --keys takes: Textual's key names, and the characters a person types for some of them
+KEY_NAMES = {"]": "right_square_bracket", "[": "left_square_bracket",
+             "}": "right_curly_bracket", "{": "left_curly_bracket", "/": "slash",
+             "?": "question_mark", "esc": "escape"}
+NAMED_KEYS = ("up", "down", "left", "right", "enter", "escape", "tab", "backspace",
+              *KEY_NAMES.values())
+INSTALL = "tfm explore needs Textual: python -m pip install textual"
+
+
+def parse_keys(text: Optional[str]) -> list[str]:
+    """'down,down,enter,g' -> Textual's key names; an unknown name is a usage error."""
+    if text is None:
+        return []
+    keys = []
+    for key in text.split(","):
+        key = key.strip()
+        name = KEY_NAMES.get(key, key)
+        if not (name in NAMED_KEYS or (len(name) == 1 and name.isprintable())):
+            raise typer.BadParameter(f"{key!r} is not a key; keys are a character (g, x, ], ...) "
+                                     f"or one of {', '.join(NAMED_KEYS[:8])}",
+                                     param_hint="'--keys'")
+        keys.append(name)
+    return keys
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, [spec for spec in RUN_OPTIONS if spec[0] != "score_all"])
+def explore(
+    keys: Annotated[Optional[str], typer.Option(
+        "--keys", metavar="K,K,...",
+        help="Press these keys (down,enter,g,...) without a terminal, then exit.")] = None,
+    screenshot: Annotated[Optional[Path], typer.Option(
+        "--screenshot", metavar="FILE.svg", callback=writable,
+        help="With --keys: save the last screen as an SVG.")] = None,
+    opts: Options = None,
+):
+    """Walk through every number of a run with the keyboard: tensors, cells, their formulas.
+
+    Example: tfm explore --tokens 3,1,4,1,5 --keys "down,enter" --screenshot view.svg
+    """
+    pressed = parse_keys(keys)
+    if screenshot is not None and keys is None:
+        raise typer.BadParameter("a screenshot is of the screen --keys leaves; add --keys",
+                                 param_hint="'--screenshot'")
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter(INSTALL, param_hint="'explore'") from None
+    from tfmcli.cli.common import execute
+    from tfmcli.tui.app import ExploreApp
+    from tfmcli.tui.state import Explorer
+
+    run, fwd, grads = execute(opts, with_grads=True)
+    explorer = Explorer(run, fwd, grads, typed(opts))
+    application = ExploreApp(explorer, header(run))
+    if keys is None:
+        application.run()
+        return
+    import asyncio
+    import os
+
+    size = (int(os.environ.get("COLUMNS") or 120), int(os.environ.get("LINES") or 40))
+    svg = asyncio.run(drive(application, pressed, size))
+    if screenshot is not None:
+        from tfmcli.io import save_outputs
+        save_outputs(text_path=screenshot, text=svg)
+
+
+def header(run) -> str:
+    """The top line: the sizes, the tokens of row 0, where the weights came from."""
+    cfg = run.cfg
+    tokens = " ".join(run.token_labels(0)[:12]) + (" …" if cfg.seq_len > 12 else "")
+    return (f" tfm explore · B={cfg.batch} T={cfg.seq_len} d={cfg.d_model} H={cfg.heads} "
+            f"L={cfg.layers} · {tokens} · {run.weights_from}")
+
+
+async def drive(application, keys: list[str], size=(120, 40)) -> str:
+    """Press ``keys`` in the app, headless, on a screen of ``size`` (columns, lines: the
+    COLUMNS and LINES of the environment, else 120 x 40); the last screen as SVG."""
+    async with application.run_test(size=size) as pilot:
+        for key in keys:
+            await pilot.press(key)
+        await pilot.pause()
+        return application.export_screenshot()
+
+
+def typed(opts: Options) -> list[str]:
+    """The model and input options the user typed, as they would type them again."""
+    from tfmcli.cli.options import FLAGS
+
+    words = []
+    for name, annotation, _ in [*MODEL_OPTIONS, *RUN_OPTIONS]:
+        if name not in opts.values or not opts.explicit(name):
+            continue
+        value = opts.values[name]
+        decl = str(annotation.__metadata__[0].default)
+        flag = FLAGS.get(name, decl.split("/")[0])
+        if isinstance(value, bool):
+            on, _, off = decl.partition("/")
+            words.append(on if value else off or on)
+        elif isinstance(value, list):
+            for item in value:
+                words += [flag, shlex.quote(str(item))]
+        else:
+            words += [flag, shlex.quote(str(value.value if isinstance(value, Enum) else value))]
+    return words

@@ -1,0 +1,335 @@
+"""The explorer's screen (Textual): the run's tensors on the left, the selected one as a 2-D
+slice in the centre, the selected cell explained beside it (under it below 110 columns), and
+the ``tfm`` command that prints the view at the bottom. What is shown is ``state``'s; this
+module draws it and maps keys to moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Input, OptionList, Static
+from textual.widgets.option_list import OptionDoesNotExist
+
+from tfmcli.tui.state import Explorer, View
+
+CELL = 8   # a number's column: sign, digit, point, four digits, a space
+KEYS_HELP = ("arrows move · Tab pane · / filter · [ ] head · r R row · { } block · x swap · "
+             "d value/grad · v numbers/colours · Enter follow · Esc back · g overview · "
+             "c check · s screenshot · q quit")
+
+
+def colour(value: float, scale: float) -> str:
+    """Diverging, in five steps a side: red below 0, blue above (the CLI's legend)."""
+    if not np.isfinite(value) or scale == 0:
+        return ""
+    level = min(4, int(abs(value) / scale * 5))
+    reds = ("#3a1c1c", "#5c2323", "#7f2a2a", "#a33232", "#c83a3a")
+    blues = ("#1c263a", "#23355c", "#2a447f", "#3253a3", "#3a62c8")
+    return f"on {(blues if value > 0 else reds)[level]}"
+
+
+class TensorPane(Static, can_focus=True):
+    """The selected tensor's slice; arrows move its cursor."""
+
+    BINDINGS = [Binding("up", "move(-1, 0)", show=False), Binding("down", "move(1, 0)", show=False),
+                Binding("left", "move(0, -1)", show=False),
+                Binding("right", "move(0, 1)", show=False)]
+
+    def action_move(self, down: int, right: int) -> None:
+        self.app.move(down, right)
+
+
+class ExploreApp(App):
+    """``tfm explore``: every number of one run under the keyboard."""
+
+    TITLE = "tfm explore"
+    CSS = """
+    #top { height: 1; background: $primary-background; }
+    #body { height: 1fr; }
+    #left { width: 30; border-right: solid $primary; }
+    #filter { height: 3; display: none; }
+    #filter.shown { display: block; }
+    #tree { height: 1fr; border: none; }
+    #main { width: 1fr; }
+    #tensor { height: 1fr; width: 1fr; padding: 0 1; }
+    #explain { width: 40; padding: 0 1; border-left: solid $primary; }
+    #bottom { height: 2; background: $primary-background; }
+    .narrow #explain { width: 1fr; height: 7; border-left: none; border-top: solid $primary; }
+    .narrow #left { width: 22; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"), Binding("tab", "next_pane", show=False),
+        Binding("slash", "filter", show=False),
+        Binding("right_square_bracket", "step('H', 1)", show=False),
+        Binding("left_square_bracket", "step('H', -1)", show=False),
+        Binding("r", "step('B', 1)", show=False), Binding("R", "step('B', -1)", show=False),
+        Binding("right_curly_bracket", "block(1)", show=False),
+        Binding("left_curly_bracket", "block(-1)", show=False),
+        Binding("x", "swap", show=False), Binding("d", "flip", show=False),
+        Binding("v", "numbers", show=False), Binding("enter", "follow", show=False),
+        Binding("escape", "back", show=False), Binding("g", "overview", show=False),
+        Binding("c", "check", show=False), Binding("s", "screenshot", show=False),
+        Binding("question_mark", "keys", show=False),
+    ]
+
+    def __init__(self, explorer: Explorer, header: str):
+        super().__init__()
+        self.explorer, self.header = explorer, header
+        self.view = explorer.first_view(self.first_name())
+        self.stack: list[View] = []
+        self.numbers = True
+        self.note = ""
+        self.grid: tuple[int, int] | None = None   # the overview's (block, head), when open
+        self.names = explorer.names()
+
+    def first_name(self) -> str:
+        pattern = "blocks.0.attn.pattern"
+        return pattern if pattern in self.explorer.values else self.explorer.names()[0]
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.header, id="top")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield Input(placeholder="filter", id="filter")
+                yield OptionList(*self.tree_lines(""), id="tree")
+            with Horizontal(id="main"):
+                yield TensorPane(id="tensor")
+                yield Static(id="explain")
+        yield Static(id="bottom")
+
+    def on_mount(self) -> None:
+        tree = self.query_one("#tree", OptionList)
+        tree.highlighted = tree.get_option_index(self.view.name)
+        self.query_one("#tensor").focus()
+        self.on_resize()
+        self.draw()
+        self.call_after_refresh(self.draw)   # again, at the size the layout gave the pane
+
+    def on_resize(self, event=None) -> None:
+        narrow = self.size.width < 110
+        self.screen.set_class(narrow, "narrow")
+        main = self.query_one("#main", Horizontal)
+        main.styles.layout = "vertical" if narrow else "horizontal"
+        if event is not None:
+            self.call_after_refresh(self.draw)
+
+    # ------------------------------------------------------------ the tree
+
+    def tree_lines(self, text: str) -> list:
+        from textual.widgets.option_list import Option
+
+        lines = []
+        for name in self.names:
+            if text and text not in name:
+                continue
+            shape = "x".join(map(str, self.explorer.values[name].shape))
+            lines.append(Option(Text(f"{name} {shape}", no_wrap=True, overflow="ellipsis"),
+                                id=name))
+        return lines or [Option("(no tensor matches)", id="", disabled=True)]
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        name = event.option.id
+        if (self.focused is event.option_list and name in self.explorer.values
+                and name != self.view.name):
+            self.open(self.explorer.first_view(name, self.view.grad))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.query_one("#tensor").focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        tree = self.query_one("#tree", OptionList)
+        tree.clear_options()
+        tree.add_options(self.tree_lines(event.value))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one("#tree").focus()
+
+    # ------------------------------------------------------------ moving
+
+    def open(self, view: View, remember: bool = False) -> None:
+        if remember:
+            self.stack.append(self.view)
+        self.view, self.note, self.grid = view, "", None
+        self.draw()
+
+    def move(self, down: int, right: int) -> None:
+        if self.grid is not None:
+            layers, heads = self.explorer.cfg.layers, self.explorer.cfg.heads
+            self.grid = ((self.grid[0] + down) % layers, (self.grid[1] + right) % heads)
+            self.draw()
+            return
+        self.open(self.explorer.move(self.view, down, right))
+
+    def action_step(self, kind: str, step: int) -> None:
+        self.open(self.explorer.step(self.view, kind, step))
+
+    def action_block(self, step: int) -> None:
+        self.open(self.explorer.block(self.view, step))
+
+    def action_swap(self) -> None:
+        self.open(self.explorer.swap(self.view))
+
+    def action_flip(self) -> None:
+        self.open(self.explorer.flip(self.view))
+
+    def action_numbers(self) -> None:
+        self.numbers = not self.numbers
+        self.draw()
+
+    def action_follow(self) -> None:
+        if self.focused is self.query_one("#tree"):
+            self.query_one("#tensor").focus()
+            return
+        if self.grid is not None:
+            block, head = self.grid
+            name = f"blocks.{block}.attn.pattern"
+            view = self.explorer.first_view(name)
+            self.open(View(name, False, view.shown, (self.view.index[0] if self.view.index
+                                                     else 0, head, 0, 0)), remember=True)
+            return
+        target = self.explorer.follow(self.view)
+        if target is None:
+            self.note = "this cell has no one input to follow"
+            self.draw()
+        else:
+            self.open(target, remember=True)
+
+    def action_back(self) -> None:
+        if self.grid is not None:
+            self.grid = None
+            self.draw()
+        elif self.stack:
+            self.view = self.stack.pop()
+            self.draw()
+
+    def action_next_pane(self) -> None:
+        tree, tensor = self.query_one("#tree"), self.query_one("#tensor")
+        (tensor if self.focused is tree else tree).focus()
+
+    def action_filter(self) -> None:
+        field = self.query_one("#filter", Input)
+        field.add_class("shown")
+        field.focus()
+
+    def action_overview(self) -> None:
+        self.grid = (0, 0)
+        self.draw()
+
+    def action_check(self) -> None:
+        view = self.view
+        if not (view.grad and self.explorer.is_param(view.name)):
+            self.note = "c checks a parameter's gradient entry: d on a parameter first"
+        else:
+            ours, numeric = self.explorer.central_difference(view)
+            self.note = (f"backward {ours:+.9e}\ncentral difference {numeric:+.9e}\n"
+                         f"|difference| {abs(ours - numeric):.2e}")
+        self.draw()
+
+    def action_screenshot(self) -> None:
+        path = self.save_screenshot(filename="tfm-explore.svg", path=".")
+        self.note = f"saved {path}"
+        self.draw()
+
+    def action_keys(self) -> None:
+        self.note = KEYS_HELP
+        self.draw()
+
+    # ------------------------------------------------------------ drawing
+
+    def draw(self) -> None:
+        tensor, explain = self.query_one("#tensor", Static), self.query_one("#explain", Static)
+        bottom = self.query_one("#bottom", Static)
+        if self.grid is not None:
+            tensor.update(self.overview())
+            block, head = self.grid
+            explain.update(f"blocks.{block}.attn.pattern, head {head}\nEnter: open it\nEsc: back")
+            bottom.update(f"$ tfm forward {' '.join(self.explorer.argv)} --full".replace("  ", " ")
+                          + "\nEnter open · Esc back · q quit")
+            return
+        tree = self.query_one("#tree", OptionList)
+        if self.focused is not tree:
+            try:
+                tree.highlighted = tree.get_option_index(self.view.name)
+            except OptionDoesNotExist:   # filtered out of the list
+                pass
+        tensor.update(self.slice_table())
+        lines = self.explorer.explain(self.view)
+        explain.update("\n".join(lines + ([""] + self.note.split("\n") if self.note else [])))
+        bottom.update(f"$ {self.explorer.command(self.view)}\n"
+                      "Esc back · ? keys · s screenshot · q quit")
+
+    def slice_table(self):
+        ex, view = self.explorer, self.view
+        matrix = ex.matrix(view)
+        hidden = ex.hidden(view)
+        rows_axis, cols_axis = view.shown
+        one_d = ex.array(view).ndim == 1
+        row_labels = [""] if one_d else ex.labels(view, rows_axis)
+        col_labels = ex.labels(view, cols_axis if not one_d else 0)
+        at_row = 0 if one_d else view.index[rows_axis]
+        at_col = view.index[0] if one_d else view.index[cols_axis]
+        width = max(20, self.query_one("#tensor").size.width or 60)
+        label_width = min(12, max(map(len, row_labels)) + 1)
+        fit_cols = max(1, (width - label_width - 2) // CELL)
+        fit_rows = max(1, (self.query_one("#tensor").size.height or 12) - 5)
+        c0 = min(max(0, at_col - fit_cols // 2), max(0, len(col_labels) - fit_cols))
+        r0 = min(max(0, at_row - fit_rows // 2), max(0, len(row_labels) - fit_rows))
+        finite = matrix[np.isfinite(matrix)]
+        scale = float(np.abs(finite).max()) if finite.size else 0.0
+        axes = ex.axes(view.name)
+        fixed = [f"{axes[a]} {view.index[a]}" for a in range(len(axes))
+                 if a not in view.shown or one_d and a != 0]
+        title = (f"{'d' if view.grad else ''}{view.name} ({', '.join(axes)}) "
+                 f"{'x'.join(map(str, ex.array(view).shape))}"
+                 + (f"  · {' · '.join(fixed)}" if fixed else ""))
+        table = Table(title=title, title_justify="left", box=None, padding=(0, 0),
+                      show_edge=False, pad_edge=False)
+        table.add_column("", width=label_width, no_wrap=True)
+        for c in range(c0, min(len(col_labels), c0 + fit_cols)):
+            table.add_column(col_labels[c][:CELL - 1], width=CELL, justify="right", no_wrap=True)
+        for r in range(r0, min(len(row_labels), r0 + fit_rows)):
+            cells = []
+            for c in range(c0, min(len(col_labels), c0 + fit_cols)):
+                value = float(matrix[r, c])
+                if hidden is not None and hidden[r, c]:
+                    text = Text("·", style="dim")
+                else:
+                    shown = f"{value:+.4f}" if self.numbers else ""
+                    if abs(value) >= 100 and self.numbers:
+                        shown = f"{value:+.1e}"
+                    text = Text(shown, style=colour(value, scale))
+                if r == at_row and c == at_col:
+                    text.stylize("reverse")
+                cells.append(text)
+            table.add_row(row_labels[r][:label_width - 1], *cells)
+        legend = Text(f"red < 0 < blue, darkest at |x| = {scale:.3g}"
+                      + ("  · hidden by the mask" if hidden is not None else ""), style="dim")
+        from rich.console import Group
+        return Group(table, legend)
+
+    def overview(self):
+        """Every block's every head's attention pattern of the row, small, in a grid."""
+        ex, cfg = self.explorer, self.explorer.cfg
+        row = self.view.index[0] if ex.axes(self.view.name)[0] == "B" else 0
+        shades = " ░▒▓█"
+        grid = Table(title=f"attention patterns, row {row}: blocks down, heads across",
+                     title_justify="left", box=None, padding=(0, 1))
+        for head in range(cfg.heads):
+            grid.add_column(f"head {head}", no_wrap=True)
+        for block in range(cfg.layers):
+            pattern = ex.values[f"blocks.{block}.attn.pattern"][row]
+            cells = []
+            for head in range(cfg.heads):
+                p = pattern[head][:12, :12]
+                lines = ["".join(shades[min(4, int(v * 5))] * 1 for v in line) for line in p]
+                text = Text("\n".join(lines))
+                if self.grid == (block, head):
+                    text.stylize("reverse")
+                cells.append(text)
+            grid.add_row(*cells)
+        return grid

@@ -1,0 +1,339 @@
+"""What the explorer shows, without Textual: the run's tensors, a 2-D slice of one with named
+axes and token labels, the cell under the cursor explained, where a cell came from, and the
+``tfm`` command that prints the same view outside the explorer.
+
+``Explorer`` holds one computed run (forward and backward, once); a ``View`` is one screen of
+it (which tensor, value or gradient, which two axes are shown, the index on every other axis,
+the cursor). The app (``tui.app``) only draws views and moves between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+HEADS = re.compile(r"attn\.(q|k|v|q_rot|k_rot|q_norm\.out|k_norm\.out)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """One screen: tensor ``name`` (its gradient with ``grad``), the two axes shown (rows,
+    columns), the index on each axis (those shown: the cursor)."""
+
+    name: str
+    grad: bool
+    shown: tuple[int, int]
+    index: tuple[int, ...]
+
+    def moved(self, axis: int, step: int, size: int) -> "View":
+        index = list(self.index)
+        index[axis] = (index[axis] + step) % size
+        return dataclasses.replace(self, index=tuple(index))
+
+
+class Explorer:
+    """A run computed once: its activations, their gradients, the parameters and theirs."""
+
+    def __init__(self, run, fwd, grads, argv: list[str]):
+        self.run, self.fwd, self.grads, self.argv = run, fwd, grads, argv
+        self.cfg = run.cfg
+        self.values = {**fwd.acts, **run.params}
+        self.gradients = {**grads.acts, **{n: g for n, g in grads.items()}}
+
+    # ------------------------------------------------------------ the tree
+
+    def names(self) -> list[str]:
+        """Every tensor: the activations in forward order, then the parameters."""
+        return [*self.fwd.acts, *self.run.params]
+
+    def is_param(self, name: str) -> bool:
+        return name in self.run.params
+
+    def array(self, view: View) -> np.ndarray:
+        return (self.gradients if view.grad else self.values)[view.name]
+
+    def has_grad(self, name: str) -> bool:
+        return name in self.gradients
+
+    # ------------------------------------------------------------ axes
+
+    def axes(self, name: str) -> tuple[str, ...]:
+        """The name of each axis of tensor ``name``: B, H, T (Tq and Tk for a score), d, ..."""
+        shape = self.values[name].shape
+        if name.endswith(("attn.scores", "attn.pattern")):
+            return ("B", "H", "Tq", "Tk")
+        if HEADS.search(name):
+            return ("B", "H", "T", "d_head")
+        if len(shape) == 3:
+            last = {"logits": "V", "probs": "V"}.get(name)
+            if last is None:
+                last = "d_ff" if ".ffn." in name and not name.endswith("ffn.out") else (
+                    "d_q" if name.endswith("attn.context") else "d")
+            return ("B", "T", last)
+        if name == "pe":
+            return ("T", "d")
+        if name == "embed.W_E":
+            return ("V", "d")
+        if name == "embed.W_pos":
+            return ("T", "d")
+        if name == "head.W_U":
+            return ("d", "V")
+        if len(shape) == 2:
+            return ("in", "out")
+        return ("V",) if name == "head.b_U" else ("i",)
+
+    def first_view(self, name: str, grad: bool = False) -> View:
+        """Tensor ``name`` at its first entry, its last two axes shown."""
+        ndim = self.values[name].ndim
+        shown = (0, 0) if ndim == 1 else (ndim - 2, ndim - 1)
+        return View(name, grad and self.has_grad(name), shown, (0,) * ndim)
+
+    def labels(self, view: View, axis: int) -> list[str]:
+        """A label for each index of ``axis``: tokens on the token axes (q2:4, k1:␣cat), ids
+        on the vocabulary, numbers elsewhere."""
+        kind = self.axes(view.name)[axis]
+        size = self.values[view.name].shape[axis]
+        row = view.index[0] if self.axes(view.name)[0] == "B" else 0
+        if kind in ("T", "Tq", "Tk"):
+            tokens = self.run.token_labels(row)
+            prefix = {"Tq": "q", "Tk": "k"}.get(kind, "t")
+            return [f"{prefix}{t}:{tokens[t]}" if t < len(tokens) else f"{prefix}{t}"
+                    for t in range(size)]
+        if kind == "V" and size == self.cfg.vocab:
+            return [f"{v}:{self.run.token_text(v)}" for v in range(size)]
+        return [str(i) for i in range(size)]
+
+    def matrix(self, view: View) -> np.ndarray:
+        """The 2-D slice shown: rows along ``shown[0]``, columns along ``shown[1]`` (a 1-D
+        tensor is one row)."""
+        array = self.array(view)
+        if array.ndim == 1:
+            return array[None, :]
+        index = list(view.index)
+        a, b = view.shown
+        index[a], index[b] = slice(None), slice(None)
+        part = array[tuple(index)]
+        return part if a < b else part.T
+
+    def hidden(self, view: View) -> np.ndarray | None:
+        """True where a score or pattern cell is hidden by the mask (as the CLI's ·)."""
+        if not view.name.endswith(("attn.scores", "attn.pattern")) or set(view.shown) != {2, 3}:
+            return None
+        scores = self.fwd.acts[view.name.rsplit(".", 1)[0] + ".scores"]
+        hidden = np.isneginf(scores[view.index[0], view.index[1]])
+        return hidden if view.shown == (2, 3) else hidden.T
+
+    def cell(self, view: View) -> tuple[int, ...]:
+        return view.index
+
+    def where(self, view: View) -> str:
+        """``pattern[0, 1, q2, k1]``: the cell under the cursor, named."""
+        axes = self.axes(view.name)
+        parts = []
+        for axis, i in enumerate(view.index):
+            kind = axes[axis]
+            parts.append({"Tq": f"q{i}", "Tk": f"k{i}"}.get(kind, str(i)))
+        tail = view.name.rsplit(".", 1)[-1] if view.name.count(".") else view.name
+        return f"{'d' if view.grad else ''}{tail}[{', '.join(parts)}]"
+
+    # ------------------------------------------------------------ moving
+
+    def axis_named(self, view: View, kind: str) -> int | None:
+        axes = self.axes(view.name)
+        return axes.index(kind) if kind in axes else None
+
+    def step(self, view: View, kind: str, step: int) -> View:
+        """Move along axis ``kind`` (B: the row, H: the head) by ``step``, wrapping."""
+        axis = self.axis_named(view, kind)
+        if axis is None:
+            return view
+        return view.moved(axis, step, self.values[view.name].shape[axis])
+
+    def move(self, view: View, down: int, right: int) -> View:
+        """The cursor one cell down or right (within the shown slice)."""
+        shape = self.values[view.name].shape
+        if len(shape) == 1:
+            return view.moved(0, right or down, shape[0])
+        view = view.moved(view.shown[0], down, shape[view.shown[0]]) if down else view
+        return view.moved(view.shown[1], right, shape[view.shown[1]]) if right else view
+
+    def block(self, view: View, step: int) -> View:
+        """The same tensor of the next (previous) block, at the same place."""
+        match = re.match(r"blocks\.(\d+)\.(.*)", view.name)
+        if not match:
+            return view
+        name = f"blocks.{(int(match[1]) + step) % self.cfg.layers}.{match[2]}"
+        return dataclasses.replace(view, name=name) if name in self.values else view
+
+    def swap(self, view: View) -> View:
+        """Show the axes the other way round; with more than two, the next pair."""
+        ndim = self.values[view.name].ndim
+        a, b = view.shown
+        if ndim <= 2 or (a, b) == (ndim - 1, ndim - 2):
+            return dataclasses.replace(view, shown=(b, a)) if ndim > 1 else view
+        return dataclasses.replace(view, shown=(b, a))
+
+    def flip(self, view: View) -> View:
+        """The tensor <-> its gradient."""
+        return dataclasses.replace(view, grad=not view.grad) if self.has_grad(view.name) else view
+
+    # ------------------------------------------------------------ following a number
+
+    def follow(self, view: View) -> View | None:
+        """The tensor the cell came from, at the right place: a pattern cell's score, a score's
+        query row, a residual sum's sublayer output, a norm's input, the FFN's hidden layer, the
+        logits' final norm; None when it has no one input."""
+        name, index = view.name, view.index
+        if name.endswith("attn.pattern"):
+            return dataclasses.replace(view, name=name[:-len("pattern")] + "scores")
+        if name.endswith("attn.scores"):
+            query = name[:-len("scores")] + ("q_rot" if self.cfg.pe == "rope" else "q")
+            return View(query, view.grad, (2, 3), (index[0], index[1], index[2], 0))
+        table = {"resid1": "attn.out", "resid2": "ffn.out", "attn.out": "attn.context",
+                 "ffn.out": "ffn.act", "ffn.act": "ffn.pre"}
+        for tail, source in table.items():
+            if name.endswith("." + tail) and name.startswith("blocks."):
+                target = name[:-len(tail)] + source
+                if target in self.values and self.values[target].shape == self.values[name].shape:
+                    return dataclasses.replace(view, name=target)
+                if target in self.values:
+                    return self.first_view(target, view.grad)
+        if name in ("logits", "probs"):
+            source = "logits" if name == "probs" else ("ln_f.out" if "ln_f.out" in self.values
+                                                      else f"blocks.{self.cfg.layers - 1}.out")
+            if self.values[source].shape == self.values[name].shape:
+                return dataclasses.replace(view, name=source)
+            return View(source, view.grad, (1, 2), (index[0], index[1], 0))
+        return None
+
+    # ------------------------------------------------------------ the explanation
+
+    def explain(self, view: View) -> list[str]:
+        """The selected cell: its value, and for the parts whose formula is short, the formula
+        with its inputs."""
+        value = float(self.array(view)[view.index])
+        lines = [f"{self.where(view)} = {value:.6g}"]
+        name, index = view.name, view.index
+        if view.grad:
+            lines += ["d loss / d this entry: the sum over every path from it to the loss"]
+            if self.is_param(name):
+                lines.append("c: check it by central differences")
+            return lines
+        if name.endswith("attn.pattern"):
+            scores = self.fwd.acts[name[:-len("pattern")] + "scores"][index[:3]]
+            seen = np.isfinite(scores)
+            top = scores[seen].max()
+            exps = np.exp(scores[seen] - top)
+            lines += ["softmax of the query's row over the keys it sees:",
+                      "  p_j = exp(s_j - max) / sum_k exp(s_k - max)",
+                      "  s = " + " ".join(f"{s:+.4f}" for s in scores[seen]),
+                      f"  max = {top:+.4f}, sum = {exps.sum():.4f}"]
+            if seen[index[3]]:
+                lines.append(f"  {value:.4f} = {np.exp(scores[index[3]] - top):.4f} / "
+                             f"{exps.sum():.4f}")
+            else:
+                lines.append("  this key is hidden by the mask: p = 0")
+            lines.append("Enter: the scores row")
+        elif name.endswith("attn.scores"):
+            if not np.isfinite(value):
+                return lines + ["hidden by the mask: -inf before the softmax"]
+            q, k = self._qk(name, index)
+            plain = q @ k * self.cfg.score_scale
+            lines += [f"s = (q . k) x {self.cfg.score_scale:.4g}"
+                      + (" (then ALiBi, the cap)" if self.cfg.pe == "alibi"
+                         or self.cfg.attn_softcap else ""),
+                      f"  q . k = {q @ k:+.6f}", f"  (q . k) x scale = {plain:+.6f}",
+                      "Enter: the query"]
+        elif name.endswith(("resid1", "resid2")) and self.cfg.norm == "pre":
+            source = name[:-len("resid1")] + ("attn.out" if name.endswith("resid1") else "ffn.out")
+            before = self._before(name)
+            if source in self.values and not self.cfg.sandwich_norm:
+                a, b = self.values[before][index], self.values[source][index]
+                lines += [f"residual sum: {before.rsplit('.', 1)[-1]} + "
+                          f"{source.split('.', 2)[-1]}",
+                          f"  {a:+.6f} + {b:+.6f} = {a + b:+.6f}", "Enter: the sublayer's output"]
+        elif name.endswith(".out") and (name.endswith(("ln1.out", "ln2.out", "ln_f.out"))):
+            lines += self._norm(name, index)
+        elif name == "probs":
+            logits = self.fwd.acts["logits"][index[:2]]
+            lines += ["p_v = exp(z_v - max) / sum_w exp(z_w - max)",
+                      f"  z_v = {logits[index[2]]:+.6f}, max = {logits.max():+.6f}",
+                      "Enter: the logits"]
+        return lines
+
+    def _qk(self, name: str, index):
+        base = name[:-len("scores")]
+        q = self.values[base + ("q_rot" if self.cfg.pe == "rope" else "q")]
+        k = self.values[base + ("k_rot" if self.cfg.pe == "rope" else "k")]
+        head_k = index[1] // self.cfg.group
+        return q[index[0], index[1], index[2]], k[index[0], head_k, index[3]]
+
+    def _before(self, name: str) -> str:
+        """The residual stream a sum adds to: the block's input (resid1), or resid1 (resid2)."""
+        p = name.rsplit(".", 1)[0] + "."
+        return p + ("in" if name.endswith("resid1") else "resid1")
+
+    def _norm(self, name: str, index) -> list[str]:
+        inputs = {"ln1": "in", "ln2": "resid1", "ln_f": None}
+        part = name.rsplit(".", 2)[-2]
+        if part == "ln_f":
+            source = f"blocks.{self.cfg.layers - 1}.out"
+        else:
+            p = name.rsplit(".", 2)[0] + "."
+            source = p + ("in" if part == "ln1" or self.cfg.parallel_residual else inputs[part])
+        if self.cfg.norm != "pre" or source not in self.values:
+            return []
+        x = self.values[source][index[:-1]]
+        gamma = self.run.params[name[:-len(".out")] + ".gamma"][index[-1]]
+        if self.cfg.rms_norm:
+            rms = np.sqrt((x * x).mean() + self.cfg.eps)
+            return ["RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma",
+                    f"  x = {x[index[-1]]:+.6f}, rms = {rms:.6f}, gamma = {gamma:+.6f}"]
+        mean, var = x.mean(), x.var()
+        beta = self.run.params.get(name[:-len(".out")] + ".beta")
+        beta = 0.0 if beta is None else beta[index[-1]]
+        xhat = (x[index[-1]] - mean) / np.sqrt(var + self.cfg.eps)
+        return ["layer norm: y = gamma (x - mean) / sqrt(var + eps) + beta",
+                f"  x = {x[index[-1]]:+.6f}, mean = {mean:+.6f}, var = {var:.6f}",
+                f"  xhat = {xhat:+.6f}, gamma = {gamma:+.6f}, beta = {beta:+.6f}",
+                f"  y = {gamma * xhat + beta:+.6f}"]
+
+    # ------------------------------------------------------------ the check
+
+    def central_difference(self, view: View, h: float = 1e-6) -> tuple[float, float]:
+        """(the backward's gradient, the central difference) of the parameter entry under the
+        cursor: (L(theta + h) - L(theta - h)) / 2h, in float64."""
+        from tfmcli.engine.model import forward
+
+        params = dict(self.run.params)
+        entry = params[view.name].copy()
+        params[view.name] = entry
+        original = entry[view.index]
+        losses = []
+        for sign in (1, -1):
+            entry[view.index] = original + sign * h
+            losses.append(forward(params, self.run.inputs, self.cfg).loss)
+        entry[view.index] = original
+        return float(self.gradients[view.name][view.index]), (losses[0] - losses[1]) / (2 * h)
+
+    # ------------------------------------------------------------ outside the explorer
+
+    def command(self, view: View) -> str:
+        """The ``tfm`` command that prints this view outside the explorer."""
+        base = " ".join(self.argv)
+        m = re.match(r"blocks\.(\d+)\.(.*)", view.name)
+        axes = self.axes(view.name)
+        row = view.index[0] if axes[0] == "B" else 0
+        if m and m[2] == "attn.pattern" and not view.grad:
+            return (f"tfm attn {base} --block {m[1]} --head {view.index[1]} --row {row} "
+                    f"--query {view.index[2]}").replace("  ", " ")
+        if m and m[2].startswith(("ln1", "ln2")) and not view.grad:
+            return (f"tfm ln {base} --layer {m[2][:3]} --block {m[1]} --row {row} "
+                    f"-t {view.index[1]}").replace("  ", " ")
+        if m and m[2].startswith("ffn.") and not view.grad:
+            return (f"tfm ffn {base} --block {m[1]} --row {row} "
+                    f"-t {view.index[1]}").replace("  ", " ")
+        command = "backward" if view.grad else "forward"
+        return f"tfm {command} {base} --show {view.name} --row {row}".replace("  ", " ")
