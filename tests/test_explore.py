@@ -134,3 +134,50 @@ def test_no_other_command_imports_textual():
     done = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True,
                           text=True)
     assert json.loads(done.stderr.splitlines()[-1]) is False
+
+
+@pytest.mark.parametrize("arch, uncovered", [
+    (None, set()), ("gpt2", set()),
+    ("llama", {"attn.q", "attn.k"}),                  # RoPE's backward sits between
+    ("vaswani", {"in", "resid1", "resid2", "ln1.out", "ln2.out"}),   # Post-LN's streams
+])
+def test_a_gradient_entry_is_the_sum_of_its_paths(arch, uncovered):
+    from tfmcli.engine.presets import PRESETS
+    from tfmcli.tui.paths import gradient_paths
+
+    ex = explorer(layers=2, seed=7, **(PRESETS[arch].fields if arch else {}))
+    rng = np.random.default_rng(0)
+    missed = set()
+    for name in ex.names():
+        shape = ex.gradients[name].shape
+        for _ in range(3):
+            index = tuple(int(rng.integers(0, n)) for n in shape)
+            lines = gradient_paths(ex, View(name, True, (0, 0), index))
+            if lines is None:
+                missed.add(name.split(".", 2)[-1] if name.startswith("blocks.") else name)
+                continue
+            value = ex.gradients[name][index]
+            assert lines[-1].endswith(f"the backward's {value:+.6f}")
+            total = float(lines[-1].split("sum = ")[1].split(",")[0])
+            assert abs(total - value) <= 1e-6 + 1e-6 * abs(value)
+    assert missed == uncovered
+
+
+def test_a_weights_paths_are_its_input_times_its_outputs_gradient_at_each_position():
+    from tfmcli.tui.paths import gradient_paths
+
+    ex = explorer(batch=1)
+    lines = gradient_paths(ex, View("blocks.0.attn.W_O", True, (0, 1), (4, 1)))
+    x, dy = ex.fwd.acts["blocks.0.attn.context"][0], ex.grads.acts["blocks.0.attn.out"][0]
+    terms = x[:, 4] * dy[:, 1]
+    t = int(np.argmax(np.abs(terms)))
+    assert lines[0] == "dattn.W_O[4, 1] = sum over rows r, positions t of"
+    assert lines[3].split() == ["r0", f"t{t}:{ex.run.token_labels(0)[t]}", f"{terms[t]:+.6f}"]
+
+
+def test_a_gradient_with_no_rule_says_so_rather_than_a_wrong_sum():
+    from tfmcli.engine.presets import PRESETS
+
+    ex = explorer(**PRESETS["llama"].fields)
+    lines = ex.explain(View("blocks.0.attn.q", True, (2, 3), (0, 1, 2, 0)))
+    assert "no breakdown" in " ".join(lines)

@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from tfmcli.tui.paths import gradient_paths
+
 HEADS = re.compile(r"attn\.(q|k|v|q_rot|k_rot|q_norm\.out|k_norm\.out)$")
 
 
@@ -217,7 +219,9 @@ class Explorer:
         lines = [f"{self.where(view)} = {value:.6g}"]
         name, index = view.name, view.index
         if view.grad:
-            lines += ["d loss / d this entry: the sum over every path from it to the loss"]
+            paths = gradient_paths(self, view)
+            lines += paths or ["d loss / d this entry: the sum over every path from it to the "
+                               "loss (no breakdown of this tensor here)"]
             if self.is_param(name):
                 lines.append("c: check it by central differences")
             return lines
