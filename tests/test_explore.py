@@ -157,8 +157,9 @@ def test_a_gradient_entry_is_the_sum_of_its_paths(arch, uncovered):
                 missed.add(name.split(".", 2)[-1] if name.startswith("blocks.") else name)
                 continue
             value = ex.gradients[name][index]
-            assert lines[-1].endswith(f"the backward's {value:+.6f}")
-            total = float(lines[-1].split("sum = ")[1].split(",")[0])
+            assert max(map(len, lines)) <= 40, lines   # the pane is 40 columns wide
+            assert lines[-1].endswith(f"(backward {value:+.6f})")
+            total = float(lines[-1].split()[1])
             assert abs(total - value) <= 1e-6 + 1e-6 * abs(value)
     assert missed == uncovered
 
@@ -171,8 +172,9 @@ def test_a_weights_paths_are_its_input_times_its_outputs_gradient_at_each_positi
     x, dy = ex.fwd.acts["blocks.0.attn.context"][0], ex.grads.acts["blocks.0.attn.out"][0]
     terms = x[:, 4] * dy[:, 1]
     t = int(np.argmax(np.abs(terms)))
-    assert lines[0] == "dattn.W_O[4, 1] = sum over rows r, positions t of"
-    assert lines[3].split() == ["r0", f"t{t}:{ex.run.token_labels(0)[t]}", f"{terms[t]:+.6f}"]
+    assert lines[:3] == ["= sum over rows r, positions t of", "  attn.context[r, t, 4]",
+                         "  x dattn.out[r, t, 1]"]
+    assert lines[4].split() == ["r0", f"t{t}:{ex.run.token_labels(0)[t]}", f"{terms[t]:+.6f}"]
 
 
 def test_a_gradient_with_no_rule_says_so_rather_than_a_wrong_sum():
@@ -181,3 +183,23 @@ def test_a_gradient_with_no_rule_says_so_rather_than_a_wrong_sum():
     ex = explorer(**PRESETS["llama"].fields)
     lines = ex.explain(View("blocks.0.attn.q", True, (2, 3), (0, 1, 2, 0)))
     assert "no breakdown" in " ".join(lines)
+
+
+def test_enter_follows_each_kind_of_tensor_to_its_input():
+    ex = explorer(layers=2)
+    at = ex.follow
+    token = int(ex.run.inputs.tokens[1, 3])
+    assert at(View("embed", False, (1, 2), (1, 3, 4))) == View("embed.W_E", False, (0, 1),
+                                                              (token, 4))
+    assert at(View("blocks.1.in", False, (1, 2), (0, 2, 1))).name == "blocks.0.out"
+    assert at(View("blocks.0.in", True, (1, 2), (0, 2, 1))) == View("embed", True, (1, 2),
+                                                                    (0, 2, 1))
+    # column 4 of the context is head 1's (d_head 3) dimension 1: its pattern row
+    assert at(View("blocks.0.attn.context", False, (1, 2), (0, 2, 4))) == View(
+        "blocks.0.attn.pattern", False, (2, 3), (0, 1, 2, 0))
+    assert at(View("blocks.0.attn.v", False, (2, 3), (1, 1, 3, 2))) == View(
+        "blocks.0.attn.v".replace("attn.v", "ln1.out"), False, (1, 2), (1, 3, 5))
+    assert at(View("blocks.0.ln2.out", False, (1, 2), (0, 1, 1))).name == "blocks.0.resid1"
+    assert at(View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 9))) == View(
+        "blocks.0.ln2.out", False, (1, 2), (0, 1, 0))
+    assert at(View("blocks.0.attn.W_Q", False, (0, 1), (0, 0))) is None

@@ -54,12 +54,12 @@ class ExploreApp(App):
     #left { width: 30; border-right: solid $primary; }
     #filter { height: 3; display: none; }
     #filter.shown { display: block; }
-    #tree { height: 1fr; border: none; }
+    #tree { height: 1fr; border: none; text-wrap: nowrap; text-overflow: ellipsis; }
     #main { width: 1fr; }
     #tensor { height: 1fr; width: 1fr; padding: 0 1; }
     #explain { width: 40; padding: 0 1; border-left: solid $primary; }
     #bottom { height: 2; background: $primary-background; }
-    .narrow #explain { width: 1fr; height: 7; border-left: none; border-top: solid $primary; }
+    .narrow #explain { width: 1fr; height: 10; border-left: none; border-top: solid $primary; }
     .narrow #left { width: 22; }
     """
     BINDINGS = [
@@ -85,7 +85,6 @@ class ExploreApp(App):
         self.numbers = True
         self.note = ""
         self.grid: tuple[int, int] | None = None   # the overview's (block, head), when open
-        self.names = explorer.names()
 
     def first_name(self) -> str:
         pattern = "blocks.0.attn.pattern"
@@ -104,7 +103,7 @@ class ExploreApp(App):
 
     def on_mount(self) -> None:
         tree = self.query_one("#tree", OptionList)
-        tree.highlighted = tree.get_option_index(self.view.name)
+        tree.highlighted = tree.get_option_index(self.explorer.tree_id(self.view))
         self.query_one("#tensor").focus()
         self.on_resize()
         self.draw()
@@ -121,22 +120,29 @@ class ExploreApp(App):
     # ------------------------------------------------------------ the tree
 
     def tree_lines(self, text: str) -> list:
+        """The tree's lines as options: headings bold and not selectable, a guide for each
+        level (a visible one: an SVG drops leading spaces), shapes dim and lined up."""
         from textual.widgets.option_list import Option
 
-        lines = []
-        for name in self.names:
-            if text and text not in name:
+        lines = self.explorer.tree(text)
+        width = max((2 * depth + len(label) for depth, label, _, key in lines if key), default=0)
+        options = []
+        for depth, label, shape, key in lines:
+            line = Text("│ " * depth, style="dim", no_wrap=True, overflow="ellipsis")
+            if key is None:
+                line.append(label, style="bold")
+                options.append(Option(line, disabled=True))
                 continue
-            shape = "x".join(map(str, self.explorer.values[name].shape))
-            lines.append(Option(Text(f"{name} {shape}", no_wrap=True, overflow="ellipsis"),
-                                id=name))
-        return lines or [Option("(no tensor matches)", id="", disabled=True)]
+            line.append(label.ljust(width - 2 * depth + 1))
+            line.append(shape, style="dim")
+            options.append(Option(line, id=key))
+        return options or [Option("(no tensor matches)", disabled=True)]
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        name = event.option.id
-        if (self.focused is event.option_list and name in self.explorer.values
-                and name != self.view.name):
-            self.open(self.explorer.first_view(name, self.view.grad))
+        key = event.option.id
+        if self.focused is event.option_list and key and key != self.explorer.tree_id(self.view):
+            grad, name = key.startswith("g:"), key[2:]
+            self.open(self.explorer.first_view(name, grad))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.query_one("#tensor").focus()
@@ -254,7 +260,7 @@ class ExploreApp(App):
         tree = self.query_one("#tree", OptionList)
         if self.focused is not tree:
             try:
-                tree.highlighted = tree.get_option_index(self.view.name)
+                tree.highlighted = tree.get_option_index(self.explorer.tree_id(self.view))
             except OptionDoesNotExist:   # filtered out of the list
                 pass
         tensor.update(self.slice_table())
@@ -307,8 +313,8 @@ class ExploreApp(App):
                     text.stylize("reverse")
                 cells.append(text)
             table.add_row(row_labels[r][:label_width - 1], *cells)
-        legend = Text(f"red < 0 < blue, darkest at |x| = {scale:.3g}"
-                      + ("  · hidden by the mask" if hidden is not None else ""), style="dim")
+        legend = Text(f"red < 0 < blue, darkest at |x| {scale:.3g}"
+                      + (" · masked" if hidden is not None else ""), style="dim")
         from rich.console import Group
         return Group(table, legend)
 

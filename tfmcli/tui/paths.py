@@ -49,23 +49,25 @@ class Paths:
         return float(sum(terms.sum() for _, _, terms in self.groups))
 
     def lines(self, value: float) -> list[str]:
+        """The formula, each group's sum, the largest terms, the sum against ``value``; each
+        line within 38 columns."""
         lines = list(self.formula)
         count = sum(terms.size for _, _, terms in self.groups)
         if len(self.groups) > 1:
             for label, _, terms in self.groups:
-                lines.append(f"  {label:<16} {terms.sum():+.6f} ({terms.size} terms)")
+                size = f" ({terms.size})" if terms.size > 1 else ""
+                lines.append(f"  {label[:14]:<14} {terms.sum():+.6f}{size}")
         labels = [f"{group} {label}" if len(self.groups) > 1 else label
                   for group, names, _ in self.groups for label in names]
         terms = np.concatenate([terms for _, _, terms in self.groups])
         order = np.argsort(-np.abs(terms), kind="stable")
-        if count > 1:
+        if count > len(self.groups):
             lines.append("  largest terms:" if count > TOP else "  terms:")
             for k in order[:TOP]:
-                lines.append(f"    {labels[k]:<18} {terms[k]:+.6f}")
+                lines.append(f"    {labels[k][:16]:<16} {terms[k]:+.6f}")
             if count > TOP:
-                rest = terms[order[TOP:]].sum()
-                lines.append(f"    {f'{count - TOP} more':<18} {rest:+.6f}")
-        lines.append(f"  sum = {self.total():+.6f}, the backward's {value:+.6f}")
+                lines.append(f"    {f'{count - TOP} more':<16} {terms[order[TOP:]].sum():+.6f}")
+        lines.append(f"  sum {self.total():+.6f} (backward {value:+.6f})")
         return lines
 
 
@@ -164,16 +166,15 @@ def _linear_weight(ex, prefix, part, index) -> Paths | None:
 def _weight(ex, source, output, weight, index) -> Paths:
     i, j = index
     x, dy = _merged(ex.values[source]), _merged(ex.gradients[output])
-    paths = Paths([f"d{_tail(weight)}[{i}, {j}] = sum over rows r, positions t of",
-                   f"  {_tail(source)}[r, t, {i}] x d{_tail(output)}[r, t, {j}]"])
+    paths = Paths(["= sum over rows r, positions t of",
+                   f"  {_tail(source)}[r, t, {i}]", f"  x d{_tail(output)}[r, t, {j}]"])
     paths.add("", _positions(ex, x.shape[:2]), x[:, :, i] * dy[:, :, j])
     return paths
 
 
 def _bias(ex, output, index) -> Paths:
     dy = _merged(ex.gradients[output])
-    paths = Paths([f"a bias's gradient: sum over rows r, positions t of d{_tail(output)}"
-                   f"[r, t, {index[0]}]"])
+    paths = Paths(["= sum over rows r, positions t of", f"  d{_tail(output)}[r, t, {index[0]}]"])
     paths.add("", _positions(ex, dy.shape[:2]), dy[:, :, index[0]])
     return paths
 
@@ -202,13 +203,13 @@ def _norm_param(ex, prefix, part, index) -> Paths | None:
     dy, c = ex.gradients[out], index[0]
     labels = _positions(ex, dy.shape[:2])
     if kind == "beta":
-        paths = Paths([f"dbeta[{c}] = sum over rows r, positions t of d{norm}.out[r, t, {c}]"])
+        paths = Paths(["= sum over rows r, positions t of", f"  d{norm}.out[r, t, {c}]"])
         paths.add("", labels, dy[:, :, c])
         return paths
     for source in _norm_input(ex, prefix, norm):
         if source in ex.values:
             xhat = _xhat(ex, ex.values[source])
-            paths = Paths([f"dgamma[{c}] = sum over rows r, positions t of",
+            paths = Paths(["= sum over rows r, positions t of",
                            f"  xhat[r, t, {c}] x d{norm}.out[r, t, {c}]",
                            f"  (xhat: {_tail(source)} normalised)"])
             paths.add("", labels, xhat[:, :, c] * dy[:, :, c])
@@ -225,13 +226,13 @@ def _embedding(ex, index) -> Paths:
     lookup = ex.gradients["embed"][:, :, i] * factor
     labels = _positions(ex, tokens.shape)
     used = (tokens == v).ravel()
-    paths = Paths([f"dW_E[{v}, {i}] = sum over the positions whose token is {v} of "
-                   f"dembed[r, t, {i}]" + (f" x {factor:.4g}" if factor != 1.0 else "")])
+    paths = Paths([f"= sum over the positions of token {v}", f"  of dembed[r, t, {i}]"
+                   + (f" x {factor:.4g}" if factor != 1.0 else "")])
     paths.add("embedding", [label for label, u in zip(labels, used) if u], lookup.ravel()[used])
     if ex.cfg.tied_head:
         x, dz = ex.values[_final(ex)], ex.gradients["logits"]
-        paths.formula.append(f"  + (tied) sum of {_tail(_final(ex))}[r, t, {i}] x dlogits"
-                             f"[r, t, {v}]")
+        paths.formula += ["+ (tied head) sum over r, t of", f"  {_tail(_final(ex))}[r, t, {i}]"
+                          f" x dlogits[r, t, {v}]"]
         paths.add("head", labels, x[:, :, i] * dz[:, :, v])
     return paths
 
@@ -247,13 +248,12 @@ def _readers(ex, prefix, part, index) -> Paths:
     if not readers:   # the final norm's output (or the last block's), read by the head
         weight = ex.run.params["head.W_U"] if "head.W_U" in ex.run.params else \
             ex.run.params["embed.W_E"].T
-        paths = Paths([f"d{part}[{b}, t{t}, {i}] = sum over tokens v of W_U[{i}, v] x "
-                       f"dlogits[{b}, {t}, v]"])
+        paths = Paths(["= sum over tokens v of", f"  W_U[{i}, v] x dlogits[{b}, t{t}, v]"])
         paths.add("", [f"v {v}:{ex.run.token_text(v)}" for v in range(weight.shape[1])],
                   weight[i] * ex.gradients["logits"][b, t])
         return paths
-    paths = Paths([f"d{part}[{b}, t{t}, {i}] = sum over the numbers it feeds:",
-                   "  W[i, j] x dy[j], for each weight W that reads it"])
+    paths = Paths(["= sum over the numbers it feeds:", f"  W[{i}, j] x dy[j], for each W",
+                   "  that reads it"])
     for weight, output in readers:
         if prefix + weight not in ex.run.params or prefix + output not in ex.gradients:
             continue
@@ -283,14 +283,13 @@ def _residual(ex, prefix, part, index) -> Paths | None:
     block = int(prefix.split(".")[1])
     single = {"attn.out": "resid1", "ffn.out": "resid2", "resid2": "out"}
     if part in single:
-        paths = Paths([f"d{part} = d{single[part]}: it is added to the stream, and a sum passes "
-                       "its gradient on unchanged"])
+        paths = Paths([f"= d{single[part]}: a sum passes its", "  gradient on unchanged"])
         paths.add("", [f"d{single[part]}"], [ex.gradients[prefix + single[part]][index]])
         return paths
     if part == "out":
         if block + 1 < ex.cfg.layers:
             following = f"blocks.{block + 1}.in"
-            paths = Paths([f"dout = d{following}: the next block's input is this number"])
+            paths = Paths([f"= d{following}: the next", "  block's input is this number"])
             paths.add("", [f"d{following}"], [ex.gradients[following][index]])
             return paths
         skip, norm = None, "ln_f"
@@ -301,7 +300,7 @@ def _residual(ex, prefix, part, index) -> Paths | None:
     name = norm if norm == "ln_f" else prefix + norm
     x_row = ex.values[prefix + part][b, t]
     through = _norm_backward(ex, name, x_row, ex.gradients[name + ".out"][b, t])[i]
-    paths = Paths([f"d{part}[{b}, t{t}, {i}] = the skip + through {norm}"])
+    paths = Paths([f"= the skip + through {norm}"])
     if skip is not None:
         paths.add("skip", [f"d{skip}"], [ex.gradients[prefix + skip][index]])
     paths.add(f"through {norm}", [f"{norm}'s backward"], [through])
@@ -313,8 +312,8 @@ def _pattern(ex, prefix, index) -> Paths:
     dh, g = ex.cfg.d_head, h // ex.cfg.group
     dctx = ex.gradients[prefix + "attn.context"][b, q, h * dh:(h + 1) * dh]
     v = ex.values[prefix + "attn.v"][b, g, k]
-    paths = Paths([f"dpattern[{b}, {h}, q{q}, k{k}] = sum over j of",
-                   f"  dcontext[{b}, q{q}, head {h} j] x v[{b}, {g}, k{k}, j]"])
+    paths = Paths(["= sum over j of", f"  dcontext[{b}, q{q}, head {h}: j]",
+                   f"  x v[{b}, {g}, k{k}, j]"])
     paths.add("", [f"j {j}" for j in range(dh)], dctx * v)
     return paths
 
@@ -323,7 +322,8 @@ def _scores(ex, prefix, index) -> Paths:
     b, h, q, k = index
     p = ex.values[prefix + "attn.pattern"][b, h, q]
     dp = ex.gradients[prefix + "attn.pattern"][b, h, q]
-    paths = Paths([f"softmax's backward: ds_k = p_k (dp_k - sum_j p_j dp_j), k = {k}"])
+    paths = Paths(["softmax's backward, k = {k}:".format(k=k),
+                   "  ds_k = p_k (dp_k - sum_j p_j dp_j)"])
     paths.add("", ["p_k dp_k", "-p_k sum_j p_j dp_j"], [p[k] * dp[k], -p[k] * (p @ dp)])
     return paths
 
@@ -341,22 +341,22 @@ def _qkv(ex, prefix, part, index) -> Paths | None:
     T = q.shape[2]
     if part.startswith("attn.q"):
         g = h // cfg.group
-        paths = Paths([f"d{part[5:]}[{b}, {h}, t{t}, {j}] = scale x sum over keys k of",
-                       f"  dscores[{b}, {h}, q{t}, k] x k[{b}, {g}, k, {j}]"])
+        paths = Paths(["= scale x sum over keys k of", f"  dscores[{b}, {h}, q{t}, k]",
+                       f"  x k[{b}, {g}, k, {j}]"])
         paths.add("", [f"k{s}:{ex.run.token_labels(b)[s]}" for s in range(T)],
                   scale * np.nan_to_num(ds[b, h, t]) * k[b, g, :, j])
         return paths
     if part.startswith("attn.k"):
-        paths = Paths([f"d{part[5:]}[{b}, {h}, t{t}, {j}] = scale x sum over queries q "
-                       "(and the heads it serves) of", f"  dscores[., q, k{t}] x q[., q, {j}]"])
+        paths = Paths(["= scale x sum over queries q", "  (and the heads it serves) of",
+                       f"  dscores[., q, k{t}] x q[., q, {j}]"])
         for head in heads:
             paths.add(f"head {head}", [f"q{s}" for s in range(T)],
                       scale * np.nan_to_num(ds[b, head, :, t]) * q[b, head, :, j])
         return paths
     dh = cfg.d_head
     p, dctx = ex.values[base + "pattern"], ex.gradients[base + "context"]
-    paths = Paths([f"dv[{b}, {h}, t{t}, {j}] = sum over queries q (and the heads it serves) of",
-                   f"  pattern[., q, k{t}] x dcontext[{b}, q, head j {j}]"])
+    paths = Paths(["= sum over queries q", "  (and the heads it serves) of",
+                   f"  pattern[., q, k{t}]", f"  x dcontext[{b}, q, head: {j}]"])
     for head in heads:
         paths.add(f"head {head}", [f"q{s}" for s in range(T)],
                   p[b, head, :, t] * dctx[b, :, head * dh + j])
@@ -371,17 +371,17 @@ def _logits(ex, name, index) -> Paths:
     target = int(inputs.targets[b, t])
     n = int(valid.sum())
     if not valid[b, t]:
-        paths = Paths([f"position {t} of row {b} is not scored (padding, or no next token):",
-                       "  it does not reach the loss"])
+        paths = Paths([f"row {b} position {t} is not scored", "  (padding, or no next token)"])
         paths.add("", ["not scored"], [0.0])
         return paths
     p = float(ex.values["probs"][b, t, v])
     about = f"  target {target}:{ex.run.token_text(target)}, N = {n} scored positions"
     if name == "probs":
-        paths = Paths(["loss = -mean log p_target, so dp_v = -[v = target] / (N p_v)", about])
+        paths = Paths(["loss = -mean log p_target, so", "  dp_v = -[v = target] / (N p_v)",
+                       about])
         paths.add("", ["-[v = target] / (N p_v)"], [-float(v == target) / (n * p)])
         return paths
-    paths = Paths(["cross-entropy's backward: dz_v = (p_v - [v = target]) / N", about])
+    paths = Paths(["cross-entropy's backward:", "  dz_v = (p_v - [v = target]) / N", about])
     paths.add("", ["p_v / N", "-[v = target] / N"], [p / n, -float(v == target) / n])
     return paths
 
@@ -394,8 +394,8 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
     if not ex.cfg.gated:
         forward, backward = ops.ACTIVATIONS[act]
         slope = backward(np.ones_like(pre), forward(pre)[1])[i]
-        paths = Paths([f"dpre = {act}'(pre) x dact, at j = {i}:",
-                       f"  {act}'({pre[i]:+.6f}) = {slope:+.6f}, dact = {dact[i]:+.6f}"])
+        paths = Paths([f"= {act}'(pre) x dact:",
+                       f"  {act}'({pre[i]:+.6f}) = {slope:+.6f}", f"  dact = {dact[i]:+.6f}"])
         paths.add("", ["slope x dact"], [slope * dact[i]])
         return paths
     gate = ex.values[prefix + "ffn.gate"][b, t]
@@ -403,12 +403,12 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
     dgate, dpre = backward(np.ones_like(pre), forward(gate, pre)[1])
     f = "silu" if act == "swiglu" else "gelu"
     if part == "ffn.pre":
-        paths = Paths([f"act = {f}(gate) x pre, so dpre = {f}(gate) x dact, at j = {i}:",
-                       f"  {f}({gate[i]:+.6f}) = {dpre[i]:+.6f}, dact = {dact[i]:+.6f}"])
+        paths = Paths([f"act = {f}(gate) x pre, so", f"  dpre = {f}(gate) x dact:",
+                       f"  {f}({gate[i]:+.6f}) = {dpre[i]:+.6f}", f"  dact = {dact[i]:+.6f}"])
         paths.add("", [f"{f}(gate) x dact"], [dpre[i] * dact[i]])
     else:
-        paths = Paths([f"act = {f}(gate) x pre, so dgate = pre x {f}'(gate) x dact, at j = {i}:",
-                       f"  pre x {f}'(gate) = {dgate[i]:+.6f}, dact = {dact[i]:+.6f}"])
+        paths = Paths([f"act = {f}(gate) x pre, so", f"  dgate = pre x {f}'(gate) x dact:",
+                       f"  pre x {f}'(gate) = {dgate[i]:+.6f}", f"  dact = {dact[i]:+.6f}"])
         paths.add("", [f"pre {f}'(gate) dact"], [dgate[i] * dact[i]])
     return paths
 
@@ -418,15 +418,15 @@ def _embed_sum(ex, name, index) -> Paths:
     a position's vector is shared by the rows, so its gradient sums them."""
     grad_in = ex.gradients["blocks.0.in"]
     if name == "embed":
-        paths = Paths(["dembed = dblocks.0.in: the embedding is added into the stream"])
+        paths = Paths(["= dblocks.0.in: the embedding is", "  added into the stream"])
         paths.add("", ["dblocks.0.in"], [grad_in[index]])
         return paths
     t, i = index
     if t >= grad_in.shape[1]:
-        paths = Paths([f"position {t} is past this run's {grad_in.shape[1]} tokens: unused"])
+        paths = Paths([f"position {t} is past this run's", f"  {grad_in.shape[1]} tokens: unused"])
         paths.add("", ["unused"], [0.0])
         return paths
-    paths = Paths([f"d{name.split('.')[-1]}[{t}, {i}] = sum over rows r of dblocks.0.in"
-                   f"[r, {t}, {i}]: every row adds the same vector"])
+    paths = Paths(["= sum over rows r of", f"  dblocks.0.in[r, {t}, {i}]",
+                   "  (every row adds the same vector)"])
     paths.add("", [f"row {b}" for b in range(grad_in.shape[0])], grad_in[:, t, i])
     return paths

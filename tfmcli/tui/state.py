@@ -16,6 +16,11 @@ import numpy as np
 
 from tfmcli.tui.paths import gradient_paths
 
+# what a tensor of a block is made from (the one input Enter follows)
+SOURCES = {"resid1": "attn.out", "resid2": "ffn.out", "out": "resid2", "attn.out": "attn.context",
+           "ffn.out": "ffn.act", "ffn.act": "ffn.pre", "ffn.pre": "ln2.out", "ffn.gate": "ln2.out",
+           "attn.q": "ln1.out", "attn.k": "ln1.out", "attn.v": "ln1.out", "attn.q_rot": "attn.q",
+           "attn.k_rot": "attn.k", "ln1.out": "in", "ln2.out": "resid1"}
 HEADS = re.compile(r"attn\.(q|k|v|q_rot|k_rot|q_norm\.out|k_norm\.out)$")
 
 
@@ -49,6 +54,37 @@ class Explorer:
     def names(self) -> list[str]:
         """Every tensor: the activations in forward order, then the parameters."""
         return [*self.fwd.acts, *self.run.params]
+
+    def tree(self, text: str = "") -> list[tuple[int, str, str, str | None]]:
+        """The list on the left, as (depth, label, shape, id) lines: the activations, their
+        gradients, the parameters, theirs, each block's under its name; ``id`` (``v:NAME``, or
+        ``g:NAME`` for a gradient) is None on a heading. ``text`` keeps the names holding it."""
+        sections = [("activations", list(self.fwd.acts), "v"),
+                    ("activation gradients", [n for n in self.fwd.acts if self.has_grad(n)], "g"),
+                    ("parameters", list(self.run.params), "v"),
+                    ("parameter gradients", [n for n in self.run.params if self.has_grad(n)],
+                     "g")]
+        lines = []
+        for title, names, kind in sections:
+            names = [n for n in names if text.lower() in n.lower()]
+            if not names:
+                continue
+            lines.append((0, title, "", None))
+            block = None
+            for name in names:
+                shape = "x".join(map(str, self.values[name].shape))
+                m = re.match(r"(blocks\.\d+)\.(.*)", name)
+                if m and m[1] != block:
+                    block = m[1]
+                    lines.append((1, block, "", None))
+                elif not m:
+                    block = None
+                lines.append((2 if m else 1, m[2] if m else name, shape, f"{kind}:{name}"))
+        return lines
+
+    @staticmethod
+    def tree_id(view: View) -> str:
+        return f"{'g' if view.grad else 'v'}:{view.name}"
 
     def is_param(self, name: str) -> bool:
         return name in self.run.params
@@ -136,7 +172,7 @@ class Explorer:
         parts = []
         for axis, i in enumerate(view.index):
             kind = axes[axis]
-            parts.append({"Tq": f"q{i}", "Tk": f"k{i}"}.get(kind, str(i)))
+            parts.append({"Tq": f"q{i}", "Tk": f"k{i}", "T": f"t{i}"}.get(kind, str(i)))
         tail = view.name.rsplit(".", 1)[-1] if view.name.count(".") else view.name
         return f"{'d' if view.grad else ''}{tail}[{', '.join(parts)}]"
 
@@ -185,30 +221,56 @@ class Explorer:
 
     def follow(self, view: View) -> View | None:
         """The tensor the cell came from, at the right place: a pattern cell's score, a score's
-        query row, a residual sum's sublayer output, a norm's input, the FFN's hidden layer, the
-        logits' final norm; None when it has no one input."""
-        name, index = view.name, view.index
+        query row, a context column's pattern row, a residual sum's sublayer output, a norm's
+        input, a projection's input row, the FFN's hidden layer, a block's input the block
+        before it, an embedding its row of W_E, the logits' final norm; None when the cell
+        has no one input (a parameter)."""
+        name, index, cfg = view.name, view.index, self.cfg
         if name.endswith("attn.pattern"):
             return dataclasses.replace(view, name=name[:-len("pattern")] + "scores")
         if name.endswith("attn.scores"):
-            query = name[:-len("scores")] + ("q_rot" if self.cfg.pe == "rope" else "q")
+            query = name[:-len("scores")] + ("q_rot" if cfg.pe == "rope" else "q")
             return View(query, view.grad, (2, 3), (index[0], index[1], index[2], 0))
-        table = {"resid1": "attn.out", "resid2": "ffn.out", "attn.out": "attn.context",
-                 "ffn.out": "ffn.act", "ffn.act": "ffn.pre"}
-        for tail, source in table.items():
-            if name.endswith("." + tail) and name.startswith("blocks."):
-                target = name[:-len(tail)] + source
-                if target in self.values and self.values[target].shape == self.values[name].shape:
-                    return dataclasses.replace(view, name=target)
-                if target in self.values:
-                    return self.first_view(target, view.grad)
+        if name.endswith("attn.context"):
+            pattern = name[:-len("context")] + "pattern"
+            head = min(index[2] // cfg.d_head, cfg.heads - 1)
+            return View(pattern, view.grad, (2, 3), (index[0], head, index[1], 0))
+        if name == "embed":
+            token = int(self.run.inputs.tokens[index[0], index[1]])
+            return View("embed.W_E", view.grad, (0, 1), (token, index[2]))
         if name in ("logits", "probs"):
             source = "logits" if name == "probs" else ("ln_f.out" if "ln_f.out" in self.values
-                                                      else f"blocks.{self.cfg.layers - 1}.out")
-            if self.values[source].shape == self.values[name].shape:
-                return dataclasses.replace(view, name=source)
-            return View(source, view.grad, (1, 2), (index[0], index[1], 0))
-        return None
+                                                      else f"blocks.{cfg.layers - 1}.out")
+            return self._at(view, source)
+        if name == "ln_f.out":
+            return self._at(view, f"blocks.{cfg.layers - 1}.out")
+        m = re.match(r"(blocks\.(\d+)\.)(.*)", name)
+        if not m:
+            return None
+        prefix, block, part = m[1], int(m[2]), m[3]
+        if part == "in":
+            return self._at(view, f"blocks.{block - 1}.out" if block else "embed")
+        sources = dict(SOURCES)
+        if cfg.norm == "post":   # Post-LN's norms read the sums
+            sources.update({"ln1.out": "resid1", "ln2.out": "resid2", "out": "ln2.out"})
+        source = sources.get(part)
+        if source is None:
+            return None
+        if prefix + source not in self.values and source == "ln2.out":
+            source = "ln1.out"   # a parallel block's FFN reads the attention's norm
+        return self._at(view, prefix + source) if prefix + source in self.values else None
+
+    def _at(self, view: View, target: str) -> View:
+        """Tensor ``target`` at the same place as ``view`` as far as their axes agree: the
+        same cell when the shapes are equal, else the same row and position."""
+        shape, ours = self.values[target].shape, self.values[view.name].shape
+        if shape == ours:
+            return dataclasses.replace(view, name=target)
+        b, t = (view.index[0], view.index[2]) if len(ours) == 4 else view.index[:2]
+        column = 0
+        if len(ours) == 4 and shape[-1] == ours[1] * ours[3]:   # a head's slice, side by side
+            column = view.index[1] * ours[3] + view.index[3]
+        return View(target, view.grad, (1, 2), (b, t, column))
 
     # ------------------------------------------------------------ the explanation
 
