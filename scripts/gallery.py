@@ -54,10 +54,10 @@ def draw(name: str, path: Path) -> None:
     from tfmcli.cli import app
 
     args = shlex.split(GALLERY[name])[1:]
-    # tfm explore's picture is its screen after the keys, 100 x 30; the others print at WIDTH
+    # tfm explore's picture is its screen after the keys, 120 x 32; the others print at WIDTH
     args += ["--screenshot" if name == "explore" else "--svg", str(path)]
-    env = {"COLUMNS": "100" if name == "explore" else str(WIDTH),
-           "LINES": "30" if name == "explore" else "50", "NO_COLOR": None, "FORCE_COLOR": None}
+    env = {"COLUMNS": "120" if name == "explore" else str(WIDTH),
+           "LINES": "32" if name == "explore" else "50", "NO_COLOR": None, "FORCE_COLOR": None}
     cwd = os.getcwd()
     os.chdir(ROOT)   # the commands' paths are the project's
     try:

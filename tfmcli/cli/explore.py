@@ -1,6 +1,7 @@
 """tfm explore: the run's every number under the keyboard, in a full-screen terminal app."""
 
 import shlex
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -60,6 +61,10 @@ def explore(
     if screenshot is not None and keys is None:
         raise typer.BadParameter("a screenshot is of the screen --keys leaves; add --keys",
                                  param_hint="'--screenshot'")
+    if keys is None and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise typer.BadParameter("the explorer is full-screen and needs a terminal; without "
+                                 "one, press keys with --keys K,K,... (and --screenshot FILE.svg)",
+                                 param_hint="'explore'")
     try:
         import textual  # noqa: F401
     except ImportError:

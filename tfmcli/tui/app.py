@@ -253,7 +253,9 @@ class ExploreApp(App):
         if self.grid is not None:
             tensor.update(self.overview())
             block, head = self.grid
-            explain.update(f"blocks.{block}.attn.pattern, head {head}\nEnter: open it\nEsc: back")
+            explain.update(f"blocks.{block}.attn.pattern, head {head}\n"
+                           "brighter: more weight (a cell shows the\nlargest of the weights it "
+                           "covers)\nEnter: open it · Esc: back")
             bottom.update(f"$ tfm forward {' '.join(self.explorer.argv)} --full".replace("  ", " ")
                           + "\nEnter open · Esc back · q quit")
             return
@@ -270,23 +272,26 @@ class ExploreApp(App):
                       "Esc back · ? keys · s screenshot · q quit")
 
     def slice_table(self):
+        """The slice around the cursor, as many cells as the pane holds; the labels and
+        numbers of those cells only (a vocabulary axis has 50,257)."""
         ex, view = self.explorer, self.view
         matrix = ex.matrix(view)
         hidden = ex.hidden(view)
         rows_axis, cols_axis = view.shown
         one_d = ex.array(view).ndim == 1
-        row_labels = [""] if one_d else ex.labels(view, rows_axis)
-        col_labels = ex.labels(view, cols_axis if not one_d else 0)
+        n_rows, n_cols = matrix.shape
         at_row = 0 if one_d else view.index[rows_axis]
         at_col = view.index[0] if one_d else view.index[cols_axis]
-        width = max(20, self.query_one("#tensor").size.width or 60)
+        pane = self.query_one("#tensor")
+        width = max(20, pane.size.width or 60)
+        fit_rows = max(1, (pane.size.height or 12) - 5)
+        r0 = min(max(0, at_row - fit_rows // 2), max(0, n_rows - fit_rows))
+        row_labels = [""] if one_d else ex.labels(view, rows_axis, r0, r0 + fit_rows)
         label_width = min(12, max(map(len, row_labels)) + 1)
         fit_cols = max(1, (width - label_width - 2) // CELL)
-        fit_rows = max(1, (self.query_one("#tensor").size.height or 12) - 5)
-        c0 = min(max(0, at_col - fit_cols // 2), max(0, len(col_labels) - fit_cols))
-        r0 = min(max(0, at_row - fit_rows // 2), max(0, len(row_labels) - fit_rows))
-        finite = matrix[np.isfinite(matrix)]
-        scale = float(np.abs(finite).max()) if finite.size else 0.0
+        c0 = min(max(0, at_col - fit_cols // 2), max(0, n_cols - fit_cols))
+        col_labels = ex.labels(view, 0 if one_d else cols_axis, c0, c0 + fit_cols)
+        scale = ex.scale(view)
         axes = ex.axes(view.name)
         fixed = [f"{axes[a]} {view.index[a]}" for a in range(len(axes))
                  if a not in view.shown or one_d and a != 0]
@@ -296,11 +301,11 @@ class ExploreApp(App):
         table = Table(title=title, title_justify="left", box=None, padding=(0, 0),
                       show_edge=False, pad_edge=False)
         table.add_column("", width=label_width, no_wrap=True)
-        for c in range(c0, min(len(col_labels), c0 + fit_cols)):
-            table.add_column(col_labels[c][:CELL - 1], width=CELL, justify="right", no_wrap=True)
-        for r in range(r0, min(len(row_labels), r0 + fit_rows)):
+        for label in col_labels:
+            table.add_column(label[:CELL - 1], width=CELL, justify="right", no_wrap=True)
+        for r, label in enumerate(row_labels, start=r0):
             cells = []
-            for c in range(c0, min(len(col_labels), c0 + fit_cols)):
+            for c in range(c0, c0 + len(col_labels)):
                 value = float(matrix[r, c])
                 if hidden is not None and hidden[r, c]:
                     text = Text("·", style="dim")
@@ -312,30 +317,49 @@ class ExploreApp(App):
                 if r == at_row and c == at_col:
                     text.stylize("reverse")
                 cells.append(text)
-            table.add_row(row_labels[r][:label_width - 1], *cells)
+            table.add_row(label[:label_width - 1], *cells)
         legend = Text(f"red < 0 < blue, darkest at |x| {scale:.3g}"
                       + (" · masked" if hidden is not None else ""), style="dim")
         from rich.console import Group
         return Group(table, legend)
 
     def overview(self):
-        """Every block's every head's attention pattern of the row, small, in a grid."""
+        """Every block's every head's attention pattern of the row, small, in a grid: as many
+        as the pane holds around the one chosen, each map pooled to at most 8 x 8 (a cell
+        shows the largest weight it covers, so a sharp head stays sharp)."""
         ex, cfg = self.explorer, self.explorer.cfg
         row = self.view.index[0] if ex.axes(self.view.name)[0] == "B" else 0
-        shades = " ░▒▓█"
-        grid = Table(title=f"attention patterns, row {row}: blocks down, heads across",
-                     title_justify="left", box=None, padding=(0, 1))
-        for head in range(cfg.heads):
-            grid.add_column(f"head {head}", no_wrap=True)
-        for block in range(cfg.layers):
-            pattern = ex.values[f"blocks.{block}.attn.pattern"][row]
-            cells = []
-            for head in range(cfg.heads):
-                p = pattern[head][:12, :12]
-                lines = ["".join(shades[min(4, int(v * 5))] * 1 for v in line) for line in p]
-                text = Text("\n".join(lines))
-                if self.grid == (block, head):
-                    text.stylize("reverse")
-                cells.append(text)
+        pane = self.query_one("#tensor")
+        width, height = max(20, pane.size.width or 60), max(8, pane.size.height or 20)
+        T = ex.values["blocks.0.attn.pattern"].shape[-1]
+        size = min(T, 8)
+        across = max(1, min(cfg.heads, (width - 6) // (size + 1)))
+        down = max(1, min(cfg.layers, (height - 4) // (size + 1)))
+        block, head = self.grid
+        h0 = min(max(0, head - across // 2), cfg.heads - across)
+        b0 = min(max(0, block - down // 2), cfg.layers - down)
+        blues = ("#000000", "#1c263a", "#23355c", "#2a447f", "#3253a3", "#3a62c8")
+        chunks = np.array_split(np.arange(T), size)
+        grid = Table(title=f"attention, row {row}: blocks {b0}-{b0 + down - 1} of "
+                     f"{cfg.layers} down, heads {h0}-{h0 + across - 1} of {cfg.heads} across",
+                     title_justify="left", box=None,
+                     padding=(0, 1, 0, 0))
+        grid.add_column("", no_wrap=True)
+        for h in range(h0, h0 + across):
+            grid.add_column(Text(f">h{h}" if h == head else f"h{h}",
+                                 style="bold reverse" if h == head else ""), no_wrap=True)
+        for b in range(b0, b0 + down):
+            pattern = ex.values[f"blocks.{b}.attn.pattern"][row]
+            cells = [Text(f">b{b}" if b == block else f"b{b}",
+                          style="bold reverse" if b == block else "")]
+            for h in range(h0, h0 + across):
+                lines = []
+                for qs in chunks:
+                    line = Text()
+                    for ks in chunks:
+                        level = min(5, int(np.ceil(pattern[h][np.ix_(qs, ks)].max() * 5)))
+                        line.append("\u2588" if level == 5 else " ", style=f"on {blues[level]}")
+                    lines.append(line)
+                cells.append(Text("\n").join(lines))
             grid.add_row(*cells)
         return grid

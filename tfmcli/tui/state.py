@@ -48,6 +48,7 @@ class Explorer:
         self.cfg = run.cfg
         self.values = {**fwd.acts, **run.params}
         self.gradients = {**grads.acts, **{n: g for n, g in grads.items()}}
+        self._scales: dict = {}
 
     # ------------------------------------------------------------ the tree
 
@@ -128,20 +129,33 @@ class Explorer:
         shown = (0, 0) if ndim == 1 else (ndim - 2, ndim - 1)
         return View(name, grad and self.has_grad(name), shown, (0,) * ndim)
 
-    def labels(self, view: View, axis: int) -> list[str]:
-        """A label for each index of ``axis``: tokens on the token axes (q2:4, k1:␣cat), ids
-        on the vocabulary, numbers elsewhere."""
+    def labels(self, view: View, axis: int, start: int = 0, stop: int | None = None
+               ) -> list[str]:
+        """A label for each index ``start..stop`` of ``axis`` (all by default): tokens on the
+        token axes (q2:4, k1:␣cat), ids on the vocabulary, numbers elsewhere."""
         kind = self.axes(view.name)[axis]
         size = self.values[view.name].shape[axis]
+        span = range(start, size if stop is None else min(stop, size))
         row = view.index[0] if self.axes(view.name)[0] == "B" else 0
         if kind in ("T", "Tq", "Tk"):
             tokens = self.run.token_labels(row)
             prefix = {"Tq": "q", "Tk": "k"}.get(kind, "t")
             return [f"{prefix}{t}:{tokens[t]}" if t < len(tokens) else f"{prefix}{t}"
-                    for t in range(size)]
+                    for t in span]
         if kind == "V" and size == self.cfg.vocab:
-            return [f"{v}:{self.run.token_text(v)}" for v in range(size)]
-        return [str(i) for i in range(size)]
+            return [f"{v}:{self.run.token_text(v)}" for v in span]
+        return [str(i) for i in span]
+
+    def scale(self, view: View) -> float:
+        """The colour scale of the slice shown: its largest |value| (the masked left out),
+        worked out once per slice."""
+        key = (view.name, view.grad, view.shown,
+               tuple(i for a, i in enumerate(view.index) if a not in view.shown))
+        if key not in self._scales:
+            matrix = self.matrix(view)
+            finite = np.abs(matrix[np.isfinite(matrix)])
+            self._scales[key] = float(finite.max()) if finite.size else 0.0
+        return self._scales[key]
 
     def matrix(self, view: View) -> np.ndarray:
         """The 2-D slice shown: rows along ``shown[0]``, columns along ``shown[1]`` (a 1-D
@@ -292,8 +306,8 @@ class Explorer:
             seen = np.isfinite(scores)
             top = scores[seen].max()
             exps = np.exp(scores[seen] - top)
-            lines += ["softmax of the query's row over the keys it sees:",
-                      "  p_j = exp(s_j - max) / sum_k exp(s_k - max)",
+            lines += ["softmax over the keys the query sees:",
+                      "  p_j = e^(s_j - max) / sum e^(s - max)",
                       "  s = " + " ".join(f"{s:+.4f}" for s in scores[seen]),
                       f"  max = {top:+.4f}, sum = {exps.sum():.4f}"]
             if seen[index[3]]:
