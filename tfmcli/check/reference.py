@@ -94,8 +94,10 @@ def torch_alibi_slopes(heads):
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def torch_run(params, inputs, cfg) -> TorchRun:
-    """Forward and backward in float64 torch on tfm's parameters and inputs."""
+def torch_run(params, inputs, cfg, interventions=()) -> TorchRun:
+    """Forward and backward in float64 torch on tfm's parameters and inputs; ``interventions``
+    (``tfmcli.engine.interventions``) made as hooks at the named activations, autograd going
+    through the changed graph on its own."""
     torch = import_torch()
     F = torch.nn.functional
     P = {name: torch.tensor(np.asarray(value, dtype=np.float64), requires_grad=True)
@@ -119,28 +121,31 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         near = torch.arange(T)[None, None, :] > query[:, :, None] - cfg.sliding_window
         sliding = full & near[:, None]                                        # (B, 1, T, T)
     patterns = {}
+    hook = torch_hooks(torch, interventions, cfg, inputs)
 
     def bias(name):   # 0 for a layer without one (cfg.bias false)
         return P.get(name, 0.0)
 
     def norm(x, name, width=d):
         if cfg.rms_norm:
-            return F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps)
-        return F.layer_norm(x, (width,), P[name + ".gamma"], P.get(name + ".beta"), cfg.eps)
+            return hook(name + ".out", F.rms_norm(x, (width,), P[name + ".gamma"], cfg.eps))
+        return hook(name + ".out", F.layer_norm(x, (width,), P[name + ".gamma"],
+                                                P.get(name + ".beta"), cfg.eps))
 
     def attention(x, i, mask):
         p = f"blocks.{i}."
 
         def project(w, heads):
             y = x @ P[p + f"attn.W_{w}"] + bias(p + f"attn.b_{w}")
-            return y.view(B, T, heads, dh).transpose(1, 2)                    # (B, heads, T, dh)
+            return hook(p + f"attn.{w.lower()}",
+                        y.view(B, T, heads, dh).transpose(1, 2))             # (B, heads, T, dh)
 
         q, k, v = project("Q", H), project("K", cfg.h_kv), project("V", cfg.h_kv)
         if cfg.qk_norm:   # over each head's dh entries, one gamma (and beta) for every head
             q, k = norm(q, p + "attn.q_norm", dh), norm(k, p + "attn.k_norm", dh)
         if cfg.pe == "rope":   # at the block's own base (Gemma 3's sliding blocks: their own)
-            q = torch_rope(q, *cfg.rope(i), cfg.rotary_dim)
-            k = torch_rope(k, *cfg.rope(i), cfg.rotary_dim)
+            q = hook(p + "attn.q_rot", torch_rope(q, *cfg.rope(i), cfg.rotary_dim))
+            k = hook(p + "attn.k_rot", torch_rope(k, *cfg.rope(i), cfg.rotary_dim))
         k = k.repeat_interleave(cfg.group, dim=1)   # grouped: key head j serves query heads
         v = v.repeat_interleave(cfg.group, dim=1)   # j * group .. (j + 1) * group - 1
         scores = (q @ k.transpose(-1, -2)) * cfg.score_scale   # 1 / sqrt(dh) unless attn_scale
@@ -155,59 +160,111 @@ def torch_run(params, inputs, cfg) -> TorchRun:
         pattern = torch.softmax(scores, dim=-1)
         pattern.retain_grad()
         patterns[p] = pattern
-        context = (pattern @ v).transpose(1, 2).reshape(B, T, H * dh)
-        return context @ P[p + "attn.W_O"] + bias(p + "attn.b_O")
+        context = hook(p + "attn.context", (pattern @ v).transpose(1, 2).reshape(B, T, H * dh))
+        return hook(p + "attn.out", context @ P[p + "attn.W_O"] + bias(p + "attn.b_O"))
 
     def ffn(x, p):
-        h = x @ P[p + "ffn.W_1"] + bias(p + "ffn.b_1")
+        if cfg.gated:
+            gate = hook(p + "ffn.gate", x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate"))
+        h = hook(p + "ffn.pre", x @ P[p + "ffn.W_1"] + bias(p + "ffn.b_1"))
         if cfg.activation == "swiglu":   # as Hugging Face's LlamaMLP: silu(gate) * up
-            h = F.silu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
+            h = F.silu(gate) * h
         elif cfg.activation == "geglu":   # as Hugging Face's GemmaMLP: gelu_tanh(gate) * up
-            h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate"), approximate="tanh") * h
+            h = F.gelu(gate, approximate="tanh") * h
         elif cfg.activation == "geglu_erf":   # LlamaMLP with hidden_act "gelu": GELU itself
-            h = F.gelu(x @ P[p + "ffn.W_gate"] + bias(p + "ffn.b_gate")) * h
+            h = F.gelu(gate) * h
         elif cfg.activation == "gelu_erf":   # GELU itself, torch's default
             h = F.gelu(h)
         else:
             h = torch.relu(h) if cfg.activation == "relu" else F.gelu(h, approximate="tanh")
-        return h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2")
+        h = hook(p + "ffn.act", h)
+        return hook(p + "ffn.out", h @ P[p + "ffn.W_2"] + bias(p + "ffn.b_2"))
 
     x = P["embed.W_E"][tokens]
     if cfg.embed_scale:   # Vaswani's and Gemma's sqrt(d_model)
         x = x * math.sqrt(d)
+    x = hook("embed", x)
     if cfg.pe == "sinusoidal":
-        x = x + torch_sinusoidal(T, d)
+        x = x + hook("pe", torch_sinusoidal(T, d))
     elif cfg.pe == "learned":
-        x = x + P["embed.W_pos"][:T]
+        x = x + hook("pe", P["embed.W_pos"][:T])
     if cfg.embed_norm:   # BLOOM's word_embeddings_layernorm
         x = norm(x, "ln_embed")
     for i in range(cfg.layers):
         p = f"blocks.{i}."
+        x = hook(p + "in", x)
         mask = full if cfg.window(i) is None else sliding   # only some blocks may slide
         if cfg.sandwich_norm:   # Gemma 2's: each sublayer's output normalised too
-            x = x + norm(attention(norm(x, p + "ln1"), i, mask), p + "ln1_post")
-            x = x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post")
+            x = hook(p + "resid1",
+                     x + norm(attention(norm(x, p + "ln1"), i, mask), p + "ln1_post"))
+            x = hook(p + "resid2", x + norm(ffn(norm(x, p + "ln2"), p), p + "ln2_post"))
         elif cfg.shared_norm:   # Phi-2's: both sublayers read one norm of x
             h = norm(x, p + "ln1")
-            x = x + attention(h, i, mask) + ffn(h, p)
+            x = hook(p + "resid2", hook(p + "resid1", x + attention(h, i, mask)) + ffn(h, p))
         elif cfg.parallel_residual:   # GPT-NeoX's: both sublayers read x
-            x = x + attention(norm(x, p + "ln1"), i, mask) + ffn(norm(x, p + "ln2"), p)
+            y = hook(p + "resid1", x + attention(norm(x, p + "ln1"), i, mask))
+            x = hook(p + "resid2", y + ffn(norm(x, p + "ln2"), p))
         elif cfg.norm == "pre":
-            x = x + attention(norm(x, p + "ln1"), i, mask)
-            x = x + ffn(norm(x, p + "ln2"), p)
+            x = hook(p + "resid1", x + attention(norm(x, p + "ln1"), i, mask))
+            x = hook(p + "resid2", x + ffn(norm(x, p + "ln2"), p))
         else:
-            x = norm(x + attention(x, i, mask), p + "ln1")
-            x = norm(x + ffn(x, p), p + "ln2")
+            x = norm(hook(p + "resid1", x + attention(x, i, mask)), p + "ln1")
+            x = norm(hook(p + "resid2", x + ffn(x, p)), p + "ln2")
+        x = hook(p + "out", x)
     if cfg.norm == "pre":
         x = norm(x, "ln_f")
     W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
     logits = x @ W_U + (P["head.b_U"] if cfg.head_bias else 0.0)
     if cfg.logit_softcap is not None:
         logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+    logits = hook("logits", logits)
     logits.retain_grad()
     loss = F.cross_entropy(logits[valid], targets[valid], reduction="mean")
     loss.backward()
     return TorchRun(loss, logits, patterns, P)
+
+
+def torch_hooks(torch, interventions, cfg, inputs):
+    """``hook(name, x)``: activation ``name`` changed by the interventions on it, in order, the
+    way a forward hook does it (a changed clone; autograd sees the change): a set, ablated or
+    patched entry a constant, a scaled one scaled."""
+    if not interventions:
+        return lambda name, x: x
+    from tfmcli.engine.model import plan_for
+
+    plan = plan_for(interventions, cfg, inputs)   # the targets resolved: names and indices
+    lengths = torch.as_tensor(inputs.lengths)
+
+    def mean(x):   # each entry's mean over the real positions of every row, a constant
+        x = x.detach()
+        if x.dim() == 2:
+            return x[: int(lengths.max())].mean(0).expand_as(x)
+        axis = 2 if x.dim() == 4 else 1
+        real = torch.arange(x.shape[axis])[None, :] < lengths[:, None]
+        return x.movedim(axis, 1)[real].mean(0).unsqueeze(0).unsqueeze(axis).expand_as(x)
+
+    def hook(name, x):
+        steps = plan.steps.get(name)
+        if not steps:
+            return x
+        x = x.clone()
+        for intervention, base, index in steps:
+            region = x[base] if base else x
+            kind = type(intervention).__name__
+            if kind == "Scale":
+                region[index] = region[index] * intervention.factor
+            elif kind == "Set":
+                region[index] = intervention.value
+            elif kind == "Ablate":
+                region[index] = ((mean(x)[base] if base else mean(x))[index]
+                                 if intervention.using == "mean" else 0.0)
+            else:
+                source = getattr(intervention.source, "acts", intervention.source)[name]
+                values = torch.as_tensor(np.asarray(source, dtype=np.float64))
+                region[index] = (values[base] if base else values)[index]
+        return x
+
+    return hook
 
 
 class Difference(NamedTuple):

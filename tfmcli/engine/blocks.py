@@ -31,19 +31,28 @@ class Tape:
     def __init__(self, P: dict, cfg: Config, caches: dict, masks: dict | None = None):
         self.P, self.cfg, self.caches, self.masks = P, cfg, caches, masks
         self.fast = caches["fast"]
+        self.plan = caches.get("plan")   # the pass's interventions (engine.interventions)
         self.acts: OrderedDict[str, np.ndarray] = OrderedDict()
         self.grads: dict[str, np.ndarray] = {}
         self.dacts: dict[str, np.ndarray] = {}
 
     def keep(self, name: str, x: np.ndarray) -> np.ndarray:
-        """Record activation ``name``; returns it."""
+        """Record activation ``name``; returns it, changed by the pass's interventions on it:
+        what comes after reads the returned array."""
+        if self.plan:
+            x = self.plan.apply(name, x)
         self.acts[name] = x
         return x
 
     def keep_grad(self, name: str, dx: np.ndarray) -> np.ndarray:
-        """Record the gradient of activation ``name``; returns it."""
+        """Record the gradient of activation ``name``; returns the gradient of what made it
+        (the same, unless an intervention changed the activation: ``through``)."""
         self.dacts[name] = dx
-        return dx
+        return self.through(name, dx)
+
+    def through(self, name: str, dx: np.ndarray) -> np.ndarray:
+        """From the gradient of kept activation ``name`` to the gradient of what made it."""
+        return self.plan.through(name, dx) if self.plan else dx
 
 
 # ---------------------------------------------------------------- the kinds of block
@@ -52,14 +61,14 @@ class Tape:
 def block(t: Tape, x: np.ndarray, i: int) -> np.ndarray:
     """Block i on x (B, T, d): its output, its input and output kept as ``blocks.{i}.in/out``."""
     p = f"blocks.{i}."
-    t.keep(p + "in", x)
+    x = t.keep(p + "in", x)
     return t.keep(p + "out", KINDS[kind(t.cfg)][0](t, x, i))
 
 
 def block_backward(t: Tape, dz: np.ndarray, i: int) -> np.ndarray:
     """From block i's output gradient dz to its input's, every gradient in between kept."""
     p = f"blocks.{i}."
-    t.keep_grad(p + "out", dz)
+    dz = t.keep_grad(p + "out", dz)
     return t.keep_grad(p + "in", KINDS[kind(t.cfg)][1](t, dz, i))
 
 
@@ -83,7 +92,7 @@ def pre_ln_block(t: Tape, x, i):
 def pre_ln_block_backward(t: Tape, dz, i):
     """dy = dz + LN2'(FFN'(dz)); dx = dy + LN1'(MHA'(dy)) (and the sandwich norms' own ')."""
     p = f"blocks.{i}."
-    t.keep_grad(p + "resid2", dz)
+    dz = t.keep_grad(p + "resid2", dz)
     dffn = ffn_backward(t, sandwich_backward(t, dz, p + "ln2_post"), p)
     dy = t.keep_grad(p + "resid1", dz + norm_backward(t, dffn, p + "ln2"))
     dh = attention_backward(t, sandwich_backward(t, dy, p + "ln1_post"), i)
@@ -104,15 +113,15 @@ def parallel_block(t: Tape, x, i):
 def parallel_block_backward(t: Tape, dz, i):
     """dx = dz + LN1'(MHA'(dz)) + LN2'(FFN'(dz)); shared: dx = dz + LN1'(MHA'(dz) + FFN'(dz))."""
     p = f"blocks.{i}."
-    t.keep_grad(p + "resid2", dz)
-    t.keep_grad(p + "resid1", dz)   # z = y + FFN(LN2(x)): y's gradient is z's
+    dz = t.keep_grad(p + "resid2", dz)
+    dy = t.keep_grad(p + "resid1", dz)   # z = y + FFN(LN2(x)): y's gradient is z's
     dffn = ffn_backward(t, dz, p)
     if t.cfg.shared_norm:   # both sublayers read ln1's output: their gradients join there
-        dh = attention_backward(t, dz, i)
+        dh = attention_backward(t, dy, i)
         dh += dffn
-        return dz + norm_backward(t, dh, p + "ln1")
+        return dy + norm_backward(t, dh, p + "ln1")
     dffn = norm_backward(t, dffn, p + "ln2")
-    return dz + norm_backward(t, attention_backward(t, dz, i), p + "ln1") + dffn
+    return dy + norm_backward(t, attention_backward(t, dy, i), p + "ln1") + dffn
 
 
 def post_ln_block(t: Tape, x, i):
@@ -155,6 +164,7 @@ def norm(t: Tape, x, name):
 
 def norm_backward(t: Tape, dout, name):
     cfg = t.cfg
+    dout = t.keep_grad(name + ".out", dout)
     if cfg.rms_norm:
         dx, t.grads[name + ".gamma"] = ops.rms_norm_backward(dout, t.caches[name])
     else:
@@ -162,7 +172,6 @@ def norm_backward(t: Tape, dout, name):
         dx, t.grads[name + ".gamma"], dbeta = layer_norm(dout, t.caches[name])
         if cfg.norm_biased:
             t.grads[name + ".beta"] = dbeta
-    t.keep_grad(name + ".out", dout)
     return dx
 
 
@@ -225,7 +234,7 @@ def attention(t: Tape, x, i):
 def attention_backward(t: Tape, dout, i):
     cfg, p = t.cfg, f"blocks.{i}."
     cq, ck, cv, ca, co = t.caches[p + "attn"]
-    t.keep_grad(p + "attn.out", dout)
+    dout = t.keep_grad(p + "attn.out", dout)
     dcontext = t.keep_grad(p + "attn.context", linear_backward(t, dout, co, p + "attn.", "O"))
     backward_of = ops.attention_backward_fast if t.fast else ops.attention_backward
     dq, dk, dv, dpattern, dscores = backward_of(ops.split_heads(dcontext, cfg.heads), ca)
@@ -267,8 +276,9 @@ def ffn(t: Tape, x, p):
     P, cfg, cgate = t.P, t.cfg, None
     if cfg.gated:   # act = silu(x W_gate + b_gate) * pre, or gelu(...) * pre
         gate, cgate = ops.linear_forward(x, P[p + "ffn.W_gate"], P.get(p + "ffn.b_gate"))
-        t.keep(p + "ffn.gate", gate)
+        gate = t.keep(p + "ffn.gate", gate)
     pre, c1 = ops.linear_forward(x, P[p + "ffn.W_1"], P.get(p + "ffn.b_1"))  # (B, T, d_ff)
+    pre = t.keep(p + "ffn.pre", pre)
     if cgate is None:
         activation = ops.ACTIVATIONS[cfg.activation][0]
         if t.fast:
@@ -276,16 +286,15 @@ def ffn(t: Tape, x, p):
         hidden, cact = activation(pre)
     else:
         hidden, cact = ops.GATES[cfg.activation][0](gate, pre)
+    hidden = t.keep(p + "ffn.act", hidden)
     out, c2 = ops.linear_forward(hidden, P[p + "ffn.W_2"], P.get(p + "ffn.b_2"))  # (B, T, d)
-    t.keep(p + "ffn.pre", pre)
-    t.keep(p + "ffn.act", hidden)
     t.caches[p + "ffn"] = (cgate, c1, cact, c2)
     return t.keep(p + "ffn.out", out)
 
 
 def ffn_backward(t: Tape, dout, p):
     cgate, c1, cact, c2 = t.caches[p + "ffn"]
-    t.keep_grad(p + "ffn.out", dout)
+    dout = t.keep_grad(p + "ffn.out", dout)
     dhidden = t.keep_grad(p + "ffn.act", linear_backward(t, dout, c2, p + "ffn.", "2"))
     if cgate is None:
         dpre = ops.ACTIVATIONS[t.cfg.activation][1](dhidden, cact)

@@ -197,7 +197,8 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
 # ---------------------------------------------------------------- the model
 
 
-def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> Forward:
+def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
+            interventions=()) -> Forward:
     """Run the model on ``inputs``; returns the loss and every named activation.
 
     Parameters
@@ -210,13 +211,33 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True) -> For
         fewer passes and fresh arrays), and the heavy operations in parts on the machine's cores
         (``tfmcli.engine.parallel``), equal to the reference path (False: plain NumPy) to rounding.
         The backward follows the forward's choice.
+    interventions : sequence of ``Ablate``, ``Set``, ``Scale``, ``Patch``
+        (``tfmcli.engine.interventions``): numbers changed as the pass makes them, in order;
+        the backward goes through the changed graph. A target this model does not have, or
+        an index outside it, raises ``InterventionError``.
     """
     check_params(params, cfg)
-    return unchecked_forward(params, checked_inputs(inputs, cfg), cfg, fast)
+    inputs = checked_inputs(inputs, cfg)
+    return unchecked_forward(params, inputs, cfg, fast, plan=plan_for(interventions, cfg, inputs))
+
+
+def plan_for(interventions, cfg: Config, inputs: Inputs):
+    """The interventions checked against this model's activations at the inputs' B and T, as
+    the plan a pass applies; None when there are none."""
+    if not interventions:
+        return None
+    from dataclasses import replace
+
+    from tfmcli.engine.interventions import Plan
+    from tfmcli.engine.sizes import activation_shapes
+
+    B, T = inputs.tokens.shape
+    shapes = activation_shapes(replace(cfg, batch=B, seq_len=T))
+    return Plan(interventions, shapes, inputs.lengths)
 
 
 def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
-                      start: int = 0, x: np.ndarray | None = None) -> Forward:
+                      start: int = 0, x: np.ndarray | None = None, plan=None) -> Forward:
     """``forward`` without checking its arguments: for a loop over arguments that ``forward``
     has checked once (the gradient check's nudged copies of the parameters).
 
@@ -224,9 +245,10 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
     (``acts["blocks.{start}.in"]`` of a forward pass of the same parameters before it; with
     ``start = cfg.layers``, the last block's output), and what follows them: the same loss, bit
     for bit, when no parameter before block ``start`` changed. The returned acts begin there.
+    ``plan``: the interventions (``plan_for``), applied as the activations are made.
     """
     with _engine(fast, cfg, *inputs.tokens.shape):
-        return _forward(params, inputs, cfg, fast, start, x)
+        return _forward(params, inputs, cfg, fast, start, x, plan)
 
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
@@ -268,7 +290,7 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
     x, t.caches["embed"] = ops.embedding_forward(inputs.tokens, t.P["embed.W_E"])  # (B, T, d)
     if cfg.embed_scale:   # sqrt(d_model) W_E[tokens] (a copy of the rows: scaled in place)
         x *= cfg.embed_factor
-    t.keep("embed", x)
+    x = t.keep("embed", x)
     pe = positions(t.P, cfg, inputs.tokens.shape[1])                               # (T, d)
     if pe is not None:
         x = x + t.keep("pe", pe)
@@ -278,11 +300,11 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
-             x: np.ndarray | None = None) -> Forward:
+             x: np.ndarray | None = None, plan=None) -> Forward:
     B, T = inputs.tokens.shape
     run = range(start, cfg.layers)
-    t = blocks.Tape(params, cfg, {"fast": fast, "cfg": cfg},
-                    _block_masks(cfg, inputs.lengths, T, fast, run))
+    caches = {"fast": fast, "cfg": cfg, "plan": plan} if plan else {"fast": fast, "cfg": cfg}
+    t = blocks.Tape(params, cfg, caches, _block_masks(cfg, inputs.lengths, T, fast, run))
     caches, acts = t.caches, t.acts
     if start == 0:
         x = _embed_forward(t, inputs)
@@ -293,9 +315,9 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
     if cfg.logit_softcap is not None:   # c tanh(z / c): no logit reaches c
         logits = caches["capped logits"] = ops.softcap_forward(logits, cfg.logit_softcap)
+    logits = t.keep("logits", logits)
     valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
-    acts["logits"] = logits
     acts["probs"] = probs
     return Forward(loss, acts, inputs, caches)
 
@@ -330,7 +352,8 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
         dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
     if cfg.pe == "learned":   # rows past T were not used: their gradient is 0
         grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])
-        grads["embed.W_pos"][:dx.shape[1]] = dacts["pe"]
+        grads["embed.W_pos"][:dx.shape[1]] = t.through("pe", dacts["pe"])
+    dx = t.through("embed", dx)   # an intervention on the embedding: what reaches W_E
     embedding_backward = ops.embedding_backward_fast if caches["fast"] else ops.embedding_backward
     # Tied, W_E is used twice, as the embedding and as the head: both count. The embedding's
     # rows are added to the head's (V, d) gradient in place, with no second (V, d) array.
@@ -347,8 +370,7 @@ def _head_and_blocks_backward(t: blocks.Tape):
     """From the loss down to the embedding's output: its gradient, and the head's dW_U."""
     caches, cfg, grads, dacts = t.caches, t.cfg, t.grads, t.dacts
     dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
-    dlogits = ops.cross_entropy_backward(caches["loss"])                           # (B, T, V)
-    dacts["logits"] = dlogits
+    dlogits = t.keep_grad("logits", ops.cross_entropy_backward(caches["loss"]))   # (B, T, V)
     if cfg.logit_softcap is not None:   # back through the cap: times 1 - (logits / c)^2
         slope = ops.softcap_slope(caches["capped logits"], cfg.logit_softcap)    # (B, T, V)
         dlogits = np.multiply(dlogits, slope, out=slope)

@@ -1,0 +1,144 @@
+"""Interventions (issue 62): ablate, set, scale and patch by name, forward and backward.
+
+The oracle is PyTorch autograd on the independent torch model (``check/reference.py``), whose
+hooks change the same activations as clones: autograd goes through the changed graph on its
+own, so the hand-written backward's masks and scales are checked, not repeated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import assert_scaled_close, random_params
+from tfmcli.engine.interventions import Ablate, InterventionError, Patch, Scale, Set
+from tfmcli.engine.presets import PRESETS
+
+
+def model(seed=3, **fields):
+    cfg = tfmcli.Config(**{"seq_len": 5, "layers": 2, "batch": 2, **fields})
+    params = random_params(tfmcli.init_params(cfg), seed)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.seq_len))
+    inputs = tfmcli.inputs_from_tokens(tokens)
+    if cfg.batch > 1:   # the second row shorter: padding the mean must leave out
+        inputs = tfmcli.inputs_from_tokens([tokens[0], tokens[1][:3]])
+    return cfg, params, inputs
+
+
+def other_run(cfg, params, inputs):
+    """The same model on other tokens (the same shapes): a run to patch from."""
+    tokens = (inputs.tokens + 1) % cfg.vocab
+    rows = [tokens[b][:inputs.lengths[b]] for b in range(len(tokens))]
+    return tfmcli.forward(params, tfmcli.inputs_from_tokens(rows), cfg)
+
+
+def every_kind(cfg, source):
+    """One of each, on the places every architecture has."""
+    return [Ablate("blocks.0.attn.head1"), Ablate("blocks.1.ffn.act[:, 2:4]", "mean"),
+            Set("blocks.0.resid1[0, 1]", 0.5), Scale("blocks.1.ffn.pre[..., 3:7]", -1.5),
+            Patch("blocks.1.attn[:, 2]", source), Scale("blocks.0.attn.v[:, :, 1:3]", 2.0),
+            Ablate("embed[1, 0, 2]"), Scale("logits[:, :, 0]", 0.5), Ablate("blocks.0.in[0, 3]",
+                                                                            "mean")]
+
+
+ARCHS = [None, "gpt2", "llama", "mistral", "vaswani", "gpt_neox", "phi", "gemma2", "qwen3",
+         "bloom"]
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=[a or "default" for a in ARCHS])
+def test_loss_logits_and_every_gradient_equal_torch_through_the_changed_graph(arch):
+    pytest.importorskip("torch")
+    from tfmcli.check.reference import torch_run
+
+    cfg, params, inputs = model(**(PRESETS[arch].fields if arch else {}))
+    interventions = every_kind(cfg, other_run(cfg, params, inputs))
+    if cfg.pe == "rope":
+        interventions.append(Scale("blocks.1.attn.k_rot[:, 0]", 0.25))
+    fwd = tfmcli.forward(params, inputs, cfg, interventions=interventions)
+    grads = tfmcli.backward(params, fwd, cfg)
+    theirs = torch_run(params, inputs, cfg, interventions)
+    plain = tfmcli.forward(params, inputs, cfg)
+    assert abs(fwd.loss - plain.loss) > 1e-6          # the changes changed the run
+    assert abs(fwd.loss - theirs.loss.item()) <= 1e-12 * abs(fwd.loss)
+    assert_scaled_close(fwd.acts["logits"], theirs.logits.detach().numpy())
+    for name, leaf in theirs.leaves.items():
+        assert_scaled_close(grads[name], leaf.grad.numpy(), floor=1e-15)
+
+
+def test_no_intervention_is_the_plain_run_bit_for_bit():
+    cfg, params, inputs = model()
+    plain, empty = tfmcli.forward(params, inputs, cfg), tfmcli.forward(params, inputs, cfg,
+                                                                       interventions=[])
+    assert plain.loss == empty.loss
+    for name, g in tfmcli.backward(params, plain, cfg).items():
+        assert np.array_equal(g, tfmcli.backward(params, empty, cfg)[name])
+
+
+def test_an_ablated_head_is_zero_and_no_gradient_reaches_its_values():
+    cfg, params, inputs = model(layers=1)
+    fwd = tfmcli.forward(params, inputs, cfg, interventions=[Ablate("blocks.0.attn.head1")])
+    grads = tfmcli.backward(params, fwd, cfg)
+    dh = cfg.d_head
+    assert not fwd.acts["blocks.0.attn.context"][:, :, dh:2 * dh].any()
+    assert fwd.acts["blocks.0.attn.context"][:, :, :dh].any()
+    # head 1's values feed only its context: their weights learn nothing; head 0's do
+    assert not grads["blocks.0.attn.W_V"][:, dh:2 * dh].any()
+    assert grads["blocks.0.attn.W_V"][:, :dh].any()
+    # the context's own gradient is still the loss's with respect to it
+    assert grads.acts["blocks.0.attn.context"][:, :, dh:2 * dh].any()
+
+
+def test_mean_ablation_takes_the_mean_over_the_real_positions_of_every_row():
+    cfg, params, inputs = model(layers=1)
+    plain = tfmcli.forward(params, inputs, cfg).acts["blocks.0.ffn.act"]
+    fwd = tfmcli.forward(params, inputs, cfg,
+                         interventions=[Ablate("blocks.0.ffn.act[1, 0]", "mean")])
+    real = np.concatenate([plain[0, :inputs.lengths[0]], plain[1, :inputs.lengths[1]]])
+    assert inputs.lengths[1] < cfg.seq_len                       # a padded row
+    assert np.array_equal(fwd.acts["blocks.0.ffn.act"][1, 0], real.mean(axis=0))
+    assert np.array_equal(fwd.acts["blocks.0.ffn.act"][0], plain[0])
+
+
+def test_a_scaled_entrys_gradient_matches_central_differences():
+    cfg, params, inputs = model(layers=1, activation="gelu")
+    change = [Scale("blocks.0.ffn.pre[:, 1:3, 4]", 3.0), Set("blocks.0.resid1[0, 2, 1]", 0.2)]
+    grads = tfmcli.backward(params, tfmcli.forward(params, inputs, cfg, interventions=change),
+                            cfg)
+    h = 1e-6
+    for name, index in (("blocks.0.ffn.W_1", (2, 4)), ("blocks.0.attn.W_Q", (1, 0)),
+                        ("embed.W_E", (int(inputs.tokens[0, 1]), 3))):
+        losses = []
+        for sign in (1, -1):
+            nudged = {k: v.copy() for k, v in params.items()}
+            nudged[name][index] += sign * h
+            losses.append(tfmcli.forward(nudged, inputs, cfg, interventions=change).loss)
+        numeric = (losses[0] - losses[1]) / (2 * h)
+        assert abs(grads[name][index] - numeric) <= 1e-7 * max(1.0, abs(numeric)), name
+
+
+@pytest.mark.parametrize("target, words", [
+    ("blocks.0.ffn.actt", ["no activation 'blocks.0.ffn.actt'", "blocks.0.ffn.act"]),
+    ("blocks.7.ffn", ["no activation 'blocks.7.ffn.out'"]),
+    ("blocks.0.ffn.act[0, 9]", ["index 9 is out of bounds", "its shape is 2x5x24"]),
+    ("blocks.0.ffn.act[0, 1, 2, 3]", ["too many indices", "2x5x24"]),
+    ("blocks.0.ffn.act[0, x]", ["'x' is not an index"]),
+    ("blocks.0.attn.head2", ["block 0 has heads 0..1"]),
+    ("blocks.0.attn.head1[:, :, 3]", ["out of bounds", "its shape is 2x5x3"]),
+    ("blocks.0.attn.pattern", ["one fused step", "a head"]),
+    ("probs", ["change the logits"]),
+])
+def test_a_bad_target_says_what_is_wrong_with_it(target, words):
+    cfg, params, inputs = model(layers=1)
+    with pytest.raises(InterventionError) as caught:
+        tfmcli.forward(params, inputs, cfg, interventions=[Ablate(target)])
+    assert caught.value.target == target
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_a_patch_from_a_run_of_another_shape_names_both_shapes():
+    cfg, params, inputs = model(layers=1)
+    short = tfmcli.forward(params, tfmcli.inputs_from_tokens([[1, 2, 3], [3, 2]]), cfg)
+    with pytest.raises(InterventionError, match=r"2x5x6 in this run and 2x3x6 in the source"):
+        tfmcli.forward(params, inputs, cfg, interventions=[Patch("blocks.0.attn.out", short)])
