@@ -142,3 +142,87 @@ def test_a_patch_from_a_run_of_another_shape_names_both_shapes():
     short = tfmcli.forward(params, tfmcli.inputs_from_tokens([[1, 2, 3], [3, 2]]), cfg)
     with pytest.raises(InterventionError, match=r"2x5x6 in this run and 2x3x6 in the source"):
         tfmcli.forward(params, inputs, cfg, interventions=[Patch("blocks.0.attn.out", short)])
+
+
+# ------------------------------------------------------------------ the command line
+
+from helpers import error_line, ok, run  # noqa: E402
+
+TOKENS = ["--tokens", "3,1,4,1,5", "--tokens", "2,7,1"]
+
+
+def test_a_commands_json_and_npz_carry_the_interventions_and_the_changed_numbers(tmp_path):
+    import json
+
+    args = [*TOKENS, "--ablate", "blocks.0.attn.head1", "--scale", "blocks.0.ffn.act[:, 2]=2",
+            "--ablate", "blocks.0.ffn.pre[1]", "--ablate-with", "mean"]
+    out = tmp_path / "run.npz"
+    payload = json.loads(ok("backward", *args, "--json", "--save", out).stdout)
+    # --ablate-with is every --ablate's; the patches, ablations, sets and scales in that order
+    assert payload["interventions"] == ["ablate blocks.0.attn.head1 (mean)",
+                                        "ablate blocks.0.ffn.pre[1] (mean)",
+                                        "scale blocks.0.ffn.act[:, 2] x 2"]
+    from tfmcli.sources import parse_tokens, resolve   # the command's model, on these tokens
+
+    made = resolve({**tfmcli.Config().__dict__}, set(), None,
+                   parse_tokens(["3,1,4,1,5", "2,7,1"])).complete()
+    change = [Ablate("blocks.0.attn.head1", "mean"), Ablate("blocks.0.ffn.pre[1]", "mean"),
+              Scale("blocks.0.ffn.act[:, 2]", 2.0)]
+    fwd = tfmcli.forward(made.params, made.inputs, made.cfg, interventions=change)
+    grads = tfmcli.backward(made.params, fwd, made.cfg)
+    saved = np.load(out)
+    assert json.loads(str(saved["interventions"])) == payload["interventions"]
+    assert float(saved["loss"]) == fwd.loss
+    for name, g in grads.items():
+        assert np.array_equal(saved[f"grad/{name}"], g), name
+    assert np.array_equal(saved["act/blocks.0.attn.context"], fwd.acts["blocks.0.attn.context"])
+
+
+def test_the_panel_lists_the_interventions_in_the_order_applied():
+    text = ok("forward", *TOKENS, "--scale", "blocks.0.resid1=0.5", "--ablate",
+              "blocks.0.ffn").stdout
+    assert "interventions  ablate blocks.0.ffn; scale blocks.0.resid1 x 0.5" in text
+
+
+def test_a_patch_copies_from_the_run_on_the_other_tokens():
+    import json
+
+    plain = json.loads(ok("forward", "--tokens", "3,1,4,1,5", "--json", "--show",
+                          "blocks.0.attn.out").stdout)
+    other = json.loads(ok("forward", "--tokens", "1,2,3,4,5", "--json", "--show",
+                          "blocks.0.attn.out").stdout)
+    patched = json.loads(ok("forward", "--tokens", "3,1,4,1,5", "--json", "--show",
+                            "blocks.0.attn.out", "--patch", "blocks.0.attn.out[:, 1:3]",
+                            "--from-tokens", "1,2,3,4,5").stdout)
+    assert patched["loss"] != plain["loss"]
+    shown = {k: v for k, v in patched.items() if k not in ("loss", "interventions")}
+    assert shown != {k: v for k, v in plain.items() if k != "loss"}
+    assert other != plain
+
+
+def test_check_against_torch_and_gradcheck_take_the_interventions():
+    pytest.importorskip("torch")
+    change = ["--patch", "blocks.0.attn.head0", "--from-tokens", "1,2,3,4,5", "--from-tokens",
+              "6,1,2", "--ablate", "blocks.0.ffn.act[:, :, 3:9]", "--ablate-with", "mean",
+              "--scale", "blocks.0.resid1[0]=-1"]
+    assert "all 25 agree" in ok("check", "--against", "torch", *TOKENS, *change).stdout
+    assert "gradcheck passed" in ok("gradcheck", *TOKENS, *change).stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ablate", "blocks.0.ffn.actt"], ["'--ablate'", "no activation 'blocks.0.ffn.actt'"]),
+    (["--ablate", "blocks.0.ffn.act[0, 9]"], ["'--ablate'", "out of bounds", "2x5x24"]),
+    (["--set", "blocks.0.ffn.act"], ["'--set'", "TARGET=VALUE"]),
+    (["--scale", "blocks.0.ffn.act=inf"], ["'--scale'", "finite"]),
+    (["--scale", "blocks.0.ffn.acts=2"], ["'--scale'", "no activation"]),
+    (["--patch", "blocks.0.attn.out"], ["'--patch'", "--from-tokens"]),
+    (["--from-tokens", "1,2"], ["'--from-tokens'", "add --patch"]),
+    (["--patch", "blocks.0.ffn", "--from-tokens", "1,2,3"], ["'--patch'", "2x5x6 in this run",
+                                                              "1x3x6 in the source run"]),
+    (["--patch", "blocks.0.ffn", "--from-tokens", "1,x"], ["'--from-tokens'", "'1,x'"]),
+    (["--patch", "blocks.0.ffn", "--from-text", "hi"], ["'--from-text'", "--load DIR"]),
+    (["--ablate-with", "median", "--ablate", "embed"], ["'--ablate-with'", "median"]),
+])
+def test_a_bad_intervention_is_a_usage_error_naming_the_option(args, words):
+    line = error_line(run("forward", *TOKENS, *args), 2)
+    assert all(word in line for word in words), line

@@ -33,6 +33,8 @@ _LAZY = {
     "Forward": "tfmcli.engine.model", "Gradients": "tfmcli.engine.model",
     "backward": "tfmcli.engine.model", "forward": "tfmcli.engine.model",
     "gradcheck": "tfmcli.check.gradcheck", "GradcheckReport": "tfmcli.check.gradcheck",
+    **{name: "tfmcli.engine.interventions"
+       for name in ("Ablate", "Set", "Scale", "Patch", "InterventionError")},
 }
 _SUBMODULES = {"engine", "explain", "check", "train", "sources", "render", "io", "errors"}
 # Modules that lived at the top before the layout of 2026-11-28 (CHANGELOG.md): `tfmcli.ops` and

@@ -37,6 +37,11 @@ def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = 
     if fwd is not None:
         arrays.update({f"act/{name}": value for name, value in fwd.acts.items()})
         arrays["loss"] = np.array(fwd.loss, dtype=cfg.np_dtype)
+        plan = fwd.caches.get("plan")
+        if plan:   # what was changed, described, as JSON (docs/interventions.md)
+            import json
+
+            arrays["interventions"] = np.array(json.dumps(plan.described))
     if grads is not None:
         arrays.update({f"grad/{name}": value for name, value in grads.items()})
         arrays.update({f"actgrad/{name}": value for name, value in grads.acts.items()})

@@ -85,6 +85,7 @@ def gradcheck(
     max_entries: int | None = None,
     names: list[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    interventions=(),
 ) -> GradcheckReport:
     """Compare ``backward`` with central differences, parameter by parameter.
 
@@ -104,13 +105,15 @@ def gradcheck(
         Check only these parameters.
     progress : callable(done, total), optional
         Called after every entry, for a progress bar.
+    interventions : as ``forward``'s: every pass, nudged or not, makes the same changes (a
+        mean ablation's means those of the unnudged pass: constants, as in the backward).
     """
     import numpy as np
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
-    fwd = forward(params, inputs, cfg)   # checks params and inputs, for the loop below too
+    fwd = forward(params, inputs, cfg, interventions=interventions)   # checks the arguments
     analytic = backward(params, fwd, cfg)
     inputs = fwd.inputs
     scale = max(float(np.abs(g).max()) for g in analytic.values())
@@ -136,7 +139,8 @@ def gradcheck(
     # A parameter of block i changes nothing before it: each nudged pass starts there, from
     # the block's input in a pass of the parameters as they are (the same loss, bit for bit).
     # GPT-2 small: a pass for a parameter of block i runs 12 - i blocks, not 12.
-    acts = unchecked_forward(work, inputs, cfg64).acts
+    plan = fwd.caches.get("plan")
+    acts = unchecked_forward(work, inputs, cfg64, plan=plan).acts
     checks = []
     for name in names:
         flat = work[name].reshape(-1)  # a view: nudging it nudges the parameter
@@ -146,9 +150,9 @@ def gradcheck(
         for j, index in enumerate(picks[name]):
             original = flat[index]
             flat[index] = original + step
-            plus = unchecked_forward(work, inputs, cfg64, start=start, x=x).loss
+            plus = unchecked_forward(work, inputs, cfg64, start=start, x=x, plan=plan).loss
             flat[index] = original - step
-            minus = unchecked_forward(work, inputs, cfg64, start=start, x=x).loss
+            minus = unchecked_forward(work, inputs, cfg64, start=start, x=x, plan=plan).loss
             flat[index] = original
             numeric[j] = (plus - minus) / (2 * step)
             done += 1
@@ -175,6 +179,7 @@ def directional_check(
     tolerance: float | None = None,
     names: list[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    interventions=(),
 ) -> GradcheckReport:
     """Compare ``backward`` with central differences along random directions: for each
     parameter tensor, ``directions`` unit vectors v (drawn from ``default_rng(cfg.seed)``) and
@@ -194,7 +199,7 @@ def directional_check(
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
-    fwd = forward(params, inputs, cfg)
+    fwd = forward(params, inputs, cfg, interventions=interventions)
     analytic = backward(params, fwd, cfg)
     inputs = fwd.inputs
     typical = {name: float(np.linalg.norm(g.astype(np.float64))) / math.sqrt(max(g.size, 1))
@@ -205,7 +210,8 @@ def directional_check(
     work = {name: value.astype(np.float64) for name, value in params.items()}
     rng = np.random.default_rng(cfg.seed)
     names = list(params) if names is None else names
-    acts = unchecked_forward(work, inputs, cfg64).acts
+    plan = fwd.caches.get("plan")
+    acts = unchecked_forward(work, inputs, cfg64, plan=plan).acts
     total, done, checks = len(names) * directions, 0, []
     for name in names:
         start = first_block(name, cfg)
@@ -217,9 +223,9 @@ def directional_check(
             v = rng.standard_normal(original.shape)
             v /= np.linalg.norm(v)
             work[name] = original + step * v
-            plus = unchecked_forward(work, inputs, cfg64, start=start, x=x).loss
+            plus = unchecked_forward(work, inputs, cfg64, start=start, x=x, plan=plan).loss
             work[name] = original - step * v
-            minus = unchecked_forward(work, inputs, cfg64, start=start, x=x).loss
+            minus = unchecked_forward(work, inputs, cfg64, start=start, x=x, plan=plan).loss
             numeric = (plus - minus) / (2 * step)
             worst = max(worst, abs(float((g * v).sum()) - numeric))
             done += 1

@@ -23,6 +23,7 @@ from tfmcli.cli.common import (
     show_tensors,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -47,7 +48,7 @@ def layer_of(name: str) -> str:
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def backward(
     layer: Annotated[Layer, choice(
         "--layer", choices=Layer, help="Only this layer's parameters.")] = Layer.all,

@@ -22,6 +22,7 @@ from tfmcli.cli.common import (
     width,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -56,7 +57,7 @@ SHAPES = {
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def block(
     block: Annotated[int, typer.Option("--block", callback=bounded(0), help="Block to show.")] = 0,
     row: Row = 0,

@@ -11,6 +11,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -24,7 +25,7 @@ Against = Enum("Against", {"torch": "torch"}, type=str)
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def check(
     against: Annotated[Against, choice(
         "--against", choices=Against,
@@ -59,7 +60,9 @@ def check(
         raise typer.BadParameter(str(e), param_hint="'--against'") from None
     run, fwd, grads = execute(opts, with_grads=True)
     cfg = run.cfg
-    rows = compare(fwd, grads, torch_run(run.params, run.inputs, cfg), cfg, tol)
+    plan = fwd.caches.get("plan")
+    reference = torch_run(run.params, run.inputs, cfg, plan.interventions if plan else ())
+    rows = compare(fwd, grads, reference, cfg, tol)
     tolerance = TOLERANCE[cfg.dtype] if tol is None else tol
     failed = [r.name for r in rows if not r.passed]
     worst = max(rows, key=lambda r: r.rel)

@@ -38,7 +38,8 @@ def verdict(report, directions=None) -> Text:
                 f"{report.tolerance:g})\n{coverage(report, directions)}", style="bold red")
 
 
-def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, directions=None):
+def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, directions=None,
+                  interventions=()):
     """tfmcli.gradcheck (or, with ``directions``, ``gradcheck.directional_check``) with a
     progress bar on a terminal when there is much to do."""
     from tfmcli.check.gradcheck import directional_check
@@ -51,6 +52,8 @@ def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, dire
         kwargs["step"] = step
     if tolerance is not None:
         kwargs["tolerance"] = tolerance
+    if interventions:
+        kwargs["interventions"] = interventions
     console = Console(stderr=True)
     if not console.is_terminal:
         return check(params, inputs, cfg, **kwargs)

@@ -14,7 +14,7 @@ import tfmcli
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
 from tfmcli.engine import sizes
-from tfmcli.errors import TfmError
+from tfmcli.errors import ConfigError, TfmError
 
 Precision = Annotated[
     int,
@@ -92,6 +92,8 @@ def emit(opts: Options, renderables, payload, arrays=None):
         payload = payload() if callable(payload) else payload
         if opts.made is not None and isinstance(payload, dict) and "inputs" not in payload:
             payload = {**payload, "inputs": inputs_json(opts.made)}
+        if opts.made is not None and opts.made.interventions and isinstance(payload, dict):
+            payload = {**payload, "interventions": opts.made.interventions}
         console.out(json.dumps(payload), highlight=False)
         save_outputs(npz, arrays)
         return
@@ -255,6 +257,8 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         rows["tokens from"] = run.tokens_from
         if run.task is not None:   # a model tfm train saved: which positions the loss scores
             rows["scored"] = run.scored
+        if run.interventions:   # what was changed, in the order it was applied
+            rows["interventions"] = "; ".join(run.interventions)
         rows[f"row {row} tokens"] = render.token_line(run.token_labels(row))
         rows[f"row {row} targets"] = render.token_line(run.target_labels(row))
         if run.tokens_from == f"seed {cfg.seed}":   # make_inputs: T + 1 ids, shifted by one
@@ -283,7 +287,8 @@ def execute(opts: Options, with_grads: bool, validate=None):
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
-            fwd = tfmcli.forward(params, inputs, cfg)
+            changes = interventions(opts, run)
+            fwd = forward_changed(opts, params, inputs, cfg, changes)
             grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
     except FloatingPointError as e:
         hint = " or --dtype float64" if cfg.dtype == "float32" else ""
@@ -295,6 +300,96 @@ def execute(opts: Options, with_grads: bool, validate=None):
         raise TfmError(f"the run produced NaN or Inf (first in {bad or 'the loss'}); "
                        f"try smaller weights (--init normal) or --dtype float64")
     return run, fwd, grads
+
+
+def interventions(opts: Options, run) -> list[tuple[str, object]]:
+    """The interventions the options ask for, each with the option that asked: --patch's
+    (from the run on --from-tokens or --from-text), then --ablate's, --set's, --scale's, each
+    in the order typed. The run's panel and --json list them (``run.interventions``)."""
+    from tfmcli.engine.interventions import Ablate, Patch, Scale, Set
+
+    values = opts.values
+    patch, ablate = values.get("patch") or [], values.get("ablate") or []
+    source_given = values.get("from_tokens") or values.get("from_text")
+    if patch and not source_given:
+        raise typer.BadParameter("a patch copies from another run: add --from-tokens IDS or "
+                                 "--from-text TEXT", param_hint="'--patch'")
+    if source_given and not patch:
+        flag = "--from-tokens" if values.get("from_tokens") else "--from-text"
+        raise typer.BadParameter("it gives the run --patch copies from; add --patch TARGET",
+                                 param_hint=f"'{flag}'")
+    changes = []
+    if patch:
+        source = patch_source(opts, run)
+        changes += [("--patch", Patch(target, source)) for target in patch]
+    using = values.get("ablate_with")
+    using = getattr(using, "value", using) or "zero"
+    changes += [("--ablate", Ablate(target, using)) for target in ablate]
+    for flag, kind in (("--set", Set), ("--scale", Scale)):
+        for text in values.get(flag[2:]) or []:
+            target, _, number = text.rpartition("=")
+            try:
+                value = float(number)
+            except ValueError:
+                value = None
+            if not target.strip() or value is None or not math.isfinite(value):
+                what = "VALUE" if kind is Set else "FACTOR"
+                raise typer.BadParameter(f"{text!r} is not TARGET={what} with a finite number "
+                                         f"(like blocks.0.ffn.act[:, 3]=0.5)",
+                                         param_hint=f"'{flag}'")
+            changes.append((flag, kind(target.strip(), value)))
+    run.interventions = [change.describe() for _, change in changes]
+    return changes
+
+
+def patch_source(opts: Options, run):
+    """The run --patch copies from: the same model on --from-tokens or --from-text."""
+    from dataclasses import replace
+
+    from tfmcli.sources import parse_tokens
+
+    values = opts.values
+    if values.get("from_tokens") and values.get("from_text"):
+        raise typer.BadParameter("give the other run as --from-tokens or as --from-text, not "
+                                 "both", param_hint="'--from-text'")
+    if values.get("from_text"):
+        if run.encode is None:
+            raise typer.BadParameter("tfm cannot tokenize text here: it needs --load DIR, a "
+                                     "checkpoint folder with a tokenizer; --from-tokens takes "
+                                     "ids", param_hint="'--from-text'")
+        rows, flag = [run.encode(text) for text in values["from_text"]], "--from-text"
+    else:
+        try:
+            rows = parse_tokens(values["from_tokens"], "from_tokens")
+        except ConfigError as e:
+            raise typer.BadParameter(str(e), param_hint="'--from-tokens'") from None
+        flag = "--from-tokens"
+    if not all(rows):
+        raise typer.BadParameter("a row with no tokens", param_hint=f"'{flag}'")
+    inputs = tfmcli.inputs_from_tokens(rows)
+    B, T = inputs.tokens.shape
+    bad = inputs.tokens[(inputs.tokens < 0) | (inputs.tokens >= run.cfg.vocab)]
+    if bad.size:
+        raise typer.BadParameter(f"id {int(bad[0])} is outside 0..{run.cfg.vocab - 1}",
+                                 param_hint=f"'{flag}'")
+    try:
+        cfg = replace(run.cfg, batch=B, seq_len=T, lengths=None if all(
+            inputs.lengths == T) else tuple(int(n) for n in inputs.lengths))
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint=f"'{flag}'") from None
+    return tfmcli.forward(run.params, inputs, cfg)
+
+
+def forward_changed(opts: Options, params, inputs, cfg, changes):
+    """The forward pass with ``changes`` (``interventions``); a target that does not fit this
+    model is a usage error naming the option and the target."""
+    from tfmcli.engine.interventions import InterventionError
+
+    try:
+        return tfmcli.forward(params, inputs, cfg, interventions=[c for _, c in changes])
+    except InterventionError as e:
+        flag = next((flag for flag, c in changes if c.target == e.target), "--ablate")
+        raise typer.BadParameter(str(e), param_hint=f"'{flag}'") from None
 
 
 def position_labels(run, row: int, prefix: str = "") -> list[str]:

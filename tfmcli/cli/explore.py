@@ -10,6 +10,7 @@ import typer
 
 from tfmcli.cli.app import app
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     RUN_OPTIONS,
     Options,
@@ -43,7 +44,8 @@ def parse_keys(text: Optional[str]) -> list[str]:
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, [spec for spec in RUN_OPTIONS if spec[0] != "score_all"])
+@with_options(MODEL_OPTIONS, [spec for spec in RUN_OPTIONS if spec[0] != "score_all"],
+              INTERVENE_OPTIONS)
 def explore(
     keys: Annotated[Optional[str], typer.Option(
         "--keys", metavar="K,K,...",
@@ -104,7 +106,7 @@ async def drive(application, keys: list[str], size=(120, 40)) -> str:
         for key in keys:
             await pilot.press(key)
         await pilot.pause()
-        return application.export_screenshot()
+        return application.svg()
 
 
 def typed(opts: Options) -> list[str]:

@@ -21,6 +21,7 @@ from tfmcli.cli.common import (
     width,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -53,7 +54,7 @@ FORMULAS = {
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def ffn(
     block: Annotated[int, typer.Option(
         "--block", callback=bounded(0), help="Block of the feed-forward sublayer.")] = 0,

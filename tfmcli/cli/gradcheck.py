@@ -10,6 +10,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Full, describe, emit, execute, rows_limit
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -21,7 +22,7 @@ from tfmcli.errors import TfmError
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def gradcheck(
     max_entries: Annotated[Optional[int], typer.Option(
         "--max-entries", callback=bounded(1),
@@ -57,7 +58,9 @@ def gradcheck(
     run, fwd, grads = execute(opts, with_grads=True)
     cfg, params, inputs = run.cfg, run.params, run.inputs
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
-    report = run_gradcheck(params, inputs, cfg, None, entries, step, tol, directions)
+    plan = fwd.caches.get("plan")
+    report = run_gradcheck(params, inputs, cfg, None, entries, step, tol, directions,
+                           plan.interventions if plan else ())
     checks = {c.name: c for c in report.params}
     if directions is None:
         rule = (f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}\n"

@@ -9,6 +9,7 @@ from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import Row, check_indices, describe, emit, execute, width
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -19,7 +20,7 @@ from tfmcli.cli.options import (
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def lens(
     row: Row = 0,
     top: Annotated[int, typer.Option(

@@ -21,6 +21,7 @@ from tfmcli.cli.common import (
     width,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -36,7 +37,7 @@ Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_po
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def ln(
     layer: Annotated[Which, choice(
         "--layer", choices=Which, metavar="NAME", show_default=False,

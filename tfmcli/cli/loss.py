@@ -20,6 +20,7 @@ from tfmcli.cli.common import (
     width,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -31,7 +32,7 @@ from tfmcli.cli.options import (
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def loss(
     row: Row = 0,
     position: Position = 0,

@@ -102,7 +102,8 @@ INPUT = "Input"
 OUTPUT = "Output"
 SIZES = "Sizes"
 ARCH = "Architecture (every flag explained: docs/architectures.md)"
-PANELS = (INPUT, OUTPUT, SIZES, ARCH)
+INTERVENE = "Interventions (docs/interventions.md)"
+PANELS = (INPUT, OUTPUT, INTERVENE, SIZES, ARCH)
 
 
 LARGEST = 2**31 - 1   # every whole-number option's ceiling: past it, sizes no machine holds
@@ -345,6 +346,37 @@ RUN_OPTIONS = [
     ("force", Annotated[bool, _opt(
         "--force", panel=INPUT,
         help="Run even past the memory estimate.")], False),
+]
+class AblateWith(str, Enum):
+    zero = "zero"
+    mean = "mean"
+
+
+# change a number and run again (engine.interventions); made into interventions by
+# common.interventions, in this order: patches, ablations, sets, scales
+INTERVENE_OPTIONS = [
+    ("ablate", Annotated[Optional[List[str]], _opt(
+        "--ablate", panel=INTERVENE, metavar="TARGET",
+        help="Zero an activation: blocks.0.ffn.act[:, 3], blocks.0.attn.head1 (repeatable).")],
+     None),
+    ("ablate_with", Annotated[AblateWith, _opt(
+        "--ablate-with", panel=INTERVENE, case_sensitive=False,
+        help="zero, or each entry's mean over the run's real positions.")], AblateWith.zero),
+    ("set", Annotated[Optional[List[str]], _opt(
+        "--set", panel=INTERVENE, metavar="TARGET=VALUE",
+        help="Set an activation's entries to a number (repeatable).")], None),
+    ("scale", Annotated[Optional[List[str]], _opt(
+        "--scale", panel=INTERVENE, metavar="TARGET=FACTOR",
+        help="Multiply an activation's entries (repeatable).")], None),
+    ("patch", Annotated[Optional[List[str]], _opt(
+        "--patch", panel=INTERVENE, metavar="TARGET",
+        help="Copy an activation from the run on --from-tokens or --from-text.")], None),
+    ("from_tokens", Annotated[Optional[List[str]], _opt(
+        "--from-tokens", panel=INTERVENE, metavar="3,1,4,1,5",
+        help="The other run's token ids, one batch row each (repeatable).")], None),
+    ("from_text", Annotated[Optional[List[str]], _opt(
+        "--from-text", panel=INTERVENE, metavar="TEXT",
+        help="The other run's text, for --load DIR's tokenizer (repeatable).")], None),
 ]
 OUTPUT_OPTIONS = [
     ("json", Annotated[bool, _opt(

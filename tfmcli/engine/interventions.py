@@ -186,6 +186,7 @@ class Plan:
 
     def __init__(self, interventions, shapes: Mapping[str, tuple], lengths: np.ndarray):
         self.lengths = np.asarray(lengths)
+        self.interventions = list(interventions)
         self.steps: dict[str, list] = {}
         self.described = []
         for intervention in interventions:
@@ -199,6 +200,7 @@ class Plan:
             self.steps.setdefault(name, []).append((intervention, base, index))
             self.described.append(intervention.describe())
         self.passes: dict[str, np.ndarray] = {}   # name -> d(kept) / d(made), entry by entry
+        self.means: dict[str, np.ndarray] = {}    # a mean ablation's means, from the first pass
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -219,7 +221,9 @@ class Plan:
             if isinstance(intervention, Set):
                 region[index] = intervention.value
             elif isinstance(intervention, Ablate):
-                region[index] = self._mean(name, x)[base][index] if intervention.using == \
+                if intervention.using == "mean" and name not in self.means:
+                    self.means[name] = self._mean(name, x)
+                region[index] = self.means[name][base][index] if intervention.using == \
                     "mean" else 0.0
             else:
                 region[index] = self._patched(intervention, name, x)[base][index]

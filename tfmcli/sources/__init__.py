@@ -57,6 +57,8 @@ class Run:
     arch: str | None = None   # the --arch preset the Config's architecture came from
     task: dict | None = None  # what a model tfm train saved was trained on (its npz "task")
     scored: str = "every position"   # which positions the loss scores, said in the panel
+    encode: Callable[[str], list] | None = field(default=None, repr=False)   # text -> ids
+    interventions: list = field(default_factory=list)   # what the CLI changed, described
 
     def __repr__(self) -> str:
         params = None if self.params is None else arrays_repr(self.params)
@@ -204,7 +206,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
 
         inputs, scored = scored_as_trained(inputs, task, score_all)
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
-               tokens_from or seed, token_text, read_params, task=task, scored=scored)
+               tokens_from or seed, token_text, read_params, task=task, scored=scored,
+               encode=None if tokenizer is None else tokenizer.encode)
 
 
 def load(path, *, tokens=None, text=None, score_all=False, **fields) -> Run:

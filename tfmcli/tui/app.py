@@ -237,9 +237,17 @@ class ExploreApp(App):
         self.draw()
 
     def action_screenshot(self) -> None:
-        path = self.save_screenshot(filename="tfm-explore.svg", path=".")
-        self.note = f"saved {path}"
+        from tfmcli.io import save_outputs
+
+        save_outputs(text_path="tfm-explore.svg", text=self.svg())
+        self.note = "saved tfm-explore.svg"
         self.draw()
+
+    def svg(self) -> str:
+        """The screen as SVG, its spaces kept in every renderer (librsvg drops a line's
+        leading spaces without xml:space="preserve", as tfm's other pictures carry)."""
+        return self.export_screenshot().replace(
+            '<svg class="rich-terminal" ', '<svg class="rich-terminal" xml:space="preserve" ', 1)
 
     def action_keys(self) -> None:
         self.note = KEYS_HELP

@@ -307,9 +307,9 @@ class Explorer:
             top = scores[seen].max()
             exps = np.exp(scores[seen] - top)
             lines += ["softmax over the keys the query sees:",
-                      "  p_j = e^(s_j - max) / sum e^(s - max)",
+                      "  p_j = e^(s_j - m) / sum e^(s - m)",
                       "  s = " + " ".join(f"{s:+.4f}" for s in scores[seen]),
-                      f"  max = {top:+.4f}, sum = {exps.sum():.4f}"]
+                      f"  m = max s = {top:+.4f}, sum = {exps.sum():.4f}"]
             if seen[index[3]]:
                 lines.append(f"  {value:.4f} = {np.exp(scores[index[3]] - top):.4f} / "
                              f"{exps.sum():.4f}")
