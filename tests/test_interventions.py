@@ -162,7 +162,7 @@ def test_a_commands_json_and_npz_carry_the_interventions_and_the_changed_numbers
     assert payload["interventions"] == ["ablate blocks.0.attn.head1 (mean)",
                                         "ablate blocks.0.ffn.pre[1] (mean)",
                                         "scale blocks.0.ffn.act[:, 2] x 2"]
-    from tfmcli.sources import parse_tokens, resolve   # the command's model, on these tokens
+    from tfmcli.sources import parse_tokens, resolve  # the command's model, on these tokens
 
     made = resolve({**tfmcli.Config().__dict__}, set(), None,
                    parse_tokens(["3,1,4,1,5", "2,7,1"])).complete()
@@ -226,3 +226,20 @@ def test_check_against_torch_and_gradcheck_take_the_interventions():
 def test_a_bad_intervention_is_a_usage_error_naming_the_option(args, words):
     line = error_line(run("forward", *TOKENS, *args), 2)
     assert all(word in line for word in words), line
+
+
+def test_the_pages_python_block_runs_and_its_comments_hold():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "interventions.md").read_text()
+    block = re.search(r"^```python\n(.*?)^```", page, flags=re.S | re.M)[1]
+    names = {}
+    exec(compile(block, "docs/interventions.md", "exec"), names)
+    fwd, grads, cfg = names["fwd"], names["grads"], names["cfg"]
+    dh = cfg.d_head
+    assert not fwd.acts["blocks.0.attn.context"][:, :, dh:].any()      # head 1 zeroed
+    assert fwd.acts["blocks.0.resid1"][0, 2].tolist() == [0.5] * cfg.d_model
+    assert not grads["blocks.0.attn.W_V"][:, dh:].any()
+    other = names["other"].acts["blocks.0.attn.out"]
+    assert np.array_equal(fwd.acts["blocks.0.attn.out"][:, 1], other[:, 1])
