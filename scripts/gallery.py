@@ -41,8 +41,11 @@ GALLERY = {
     "check": "tfm check --against torch",
     "compare": "tfm compare",
     "explore": 'tfm explore --tokens 3,1,4,1,5 --keys "down,down,right"',
+    "patch": ('tfm patch --load examples/tiny-gpt2 --text "The cat sat on the mat." '
+              '--from-text "The dog sat on the mat." --over heads'),
 }
-NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",)}
+NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",),
+         "patch": ("safetensors", "tokenizers")}
 
 
 def draw(name: str, path: Path) -> None:

@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "explain": ("tfmcli.engine", "tfmcli.check", "tfmcli.train.optim"),
     "sources": ("tfmcli.engine", "tfmcli.train.tasks", "tfmcli.io"),
     "render": ("tfmcli.explain.summary",),
-    "tui": ("tfmcli.engine", "tfmcli.explain", "tfmcli.render"),
+    "tui": ("tfmcli.engine", "tfmcli.explain", "tfmcli.render", "tfmcli.io"),
 }
 FOLDERS = ["engine", "check", "train", "explain", "sources", "render", "tui", "cli"]
 

@@ -36,6 +36,7 @@ EVERY_COMMAND = [
     ["loss"],
     ["check"],
     ["compare"],
+    ["patch", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
     ["forward", "--json"],
     ["attn", "--query", "2", "--backward"],
     ["--help"],

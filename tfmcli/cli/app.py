@@ -199,6 +199,7 @@ COMMANDS = {
         "Pre-LN against Post-LN: the same seed and sizes, gradient norms per block, side by side."),
     "explore": (
         "Walk through every number of a run with the keyboard: tensors, cells, their formulas."),
+    "patch": "Activation patching, clean into corrupted, beside attribution patching's estimate.",
 }
 
 
@@ -249,6 +250,7 @@ def root(version: Annotated[Optional[bool], typer.Option(
     Try: tfm forward --seed 1000;  tfm backward --layer ffn;  tfm mask --len 7
 
     A family's block at toy size: --arch llama, gemma2, ... (--arch list).
+    Interventions: --ablate, --set, --scale, --patch (docs/interventions.md).
     Docs: docs/index.md
     """
 

@@ -309,6 +309,8 @@ def interventions(opts: Options, run) -> list[tuple[str, object]]:
     from tfmcli.engine.interventions import Ablate, Patch, Scale, Set
 
     values = opts.values
+    if "patch" not in values:   # a command without interventions (tfm patch: its own runs)
+        return []
     patch, ablate = values.get("patch") or [], values.get("ablate") or []
     source_given = values.get("from_tokens") or values.get("from_text")
     if patch and not source_given:

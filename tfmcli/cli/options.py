@@ -352,31 +352,40 @@ class AblateWith(str, Enum):
     mean = "mean"
 
 
+def _from_options(hidden: bool, panel: str = INTERVENE) -> list:
+    """--from-tokens and --from-text: the other run a patch copies from (tfm patch: its
+    corrupted run, shown in its --help)."""
+    return [
+        ("from_tokens", Annotated[Optional[List[str]], _opt(
+            "--from-tokens", panel=panel, hidden=hidden, metavar="3,1,4,1,5",
+            help="The other run's ids, a row each.")], None),
+        ("from_text", Annotated[Optional[List[str]], _opt(
+            "--from-text", panel=panel, hidden=hidden, metavar="TEXT",
+            help="The other run's text (--load DIR).")], None)]
+
+
 # change a number and run again (engine.interventions); made into interventions by
-# common.interventions, in this order: patches, ablations, sets, scales
+# common.interventions, in this order: patches, ablations, sets, scales. Hidden from each
+# command's --help, which fits 80 lines at 80 columns: tfm --help and docs/interventions.md
+# list them
 INTERVENE_OPTIONS = [
     ("ablate", Annotated[Optional[List[str]], _opt(
-        "--ablate", panel=INTERVENE, metavar="TARGET",
+        "--ablate", panel=INTERVENE, hidden=True, metavar="TARGET",
         help="Zero an activation: blocks.0.ffn.act[:, 3], blocks.0.attn.head1 (repeatable).")],
      None),
     ("ablate_with", Annotated[AblateWith, _opt(
-        "--ablate-with", panel=INTERVENE, case_sensitive=False,
+        "--ablate-with", panel=INTERVENE, hidden=True, case_sensitive=False,
         help="zero, or each entry's mean over the run's real positions.")], AblateWith.zero),
     ("set", Annotated[Optional[List[str]], _opt(
-        "--set", panel=INTERVENE, metavar="TARGET=VALUE",
+        "--set", panel=INTERVENE, hidden=True, metavar="TARGET=VALUE",
         help="Set an activation's entries to a number (repeatable).")], None),
     ("scale", Annotated[Optional[List[str]], _opt(
-        "--scale", panel=INTERVENE, metavar="TARGET=FACTOR",
+        "--scale", panel=INTERVENE, hidden=True, metavar="TARGET=FACTOR",
         help="Multiply an activation's entries (repeatable).")], None),
     ("patch", Annotated[Optional[List[str]], _opt(
-        "--patch", panel=INTERVENE, metavar="TARGET",
+        "--patch", panel=INTERVENE, hidden=True, metavar="TARGET",
         help="Copy an activation from the run on --from-tokens or --from-text.")], None),
-    ("from_tokens", Annotated[Optional[List[str]], _opt(
-        "--from-tokens", panel=INTERVENE, metavar="3,1,4,1,5",
-        help="The other run's token ids, one batch row each (repeatable).")], None),
-    ("from_text", Annotated[Optional[List[str]], _opt(
-        "--from-text", panel=INTERVENE, metavar="TEXT",
-        help="The other run's text, for --load DIR's tokenizer (repeatable).")], None),
+    *_from_options(hidden=True),
 ]
 OUTPUT_OPTIONS = [
     ("json", Annotated[bool, _opt(
@@ -591,7 +600,8 @@ def _help_place(spec) -> tuple:
     """Where --help lists an option: its panel (PANELS), then HELP_ORDER, then as declared."""
     name, annotation, _ = spec
     panel = annotation.__metadata__[0].rich_help_panel
-    return (PANELS.index(panel), HELP_ORDER.index(name) if name in HELP_ORDER else 99)
+    first = PANELS.index(panel) if panel in PANELS else -1   # a command's own: first
+    return (first, HELP_ORDER.index(name) if name in HELP_ORDER else 99)
 
 
 def with_options(*groups):

@@ -322,11 +322,14 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
     return Forward(loss, acts, inputs, caches)
 
 
-def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
+def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation.
 
     ``cfg`` must be the forward pass's: a backward of another model (GELU's derivative through
-    a ReLU forward) would run on and return wrong gradients."""
+    a ReLU forward) would run on and return wrong gradients. ``dlogits`` (B, T, V): the
+    gradients of another function of the logits instead, the one whose gradient with respect
+    to the logits it is (a logit difference's: +1 and -1 at two tokens); ``probs`` then has
+    no gradient (zeros)."""
     ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
@@ -334,17 +337,17 @@ def backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
                           f"{getattr(cfg, name)!r} here, {getattr(ran, name)!r} in the forward "
                           f"pass)")
     with _engine(fwd.caches["fast"], cfg, *fwd.inputs.tokens.shape):
-        return _backward(params, fwd, cfg)
+        return _backward(params, fwd, cfg, dlogits)
 
 
-def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
+def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None) -> Gradients:
     t = blocks.Tape(params, cfg, fwd.caches)
     caches, grads, dacts = t.caches, t.grads, t.dacts
     # The weight gradients are made on another core while the chain of input gradients goes
     # on (parallel.deferred); every one is made by the scope's end, before the embedding's
     # rows are added to the tied head's.
     with parallel.deferred():
-        dx, dW_U = _head_and_blocks_backward(t)
+        dx, dW_U = _head_and_blocks_backward(t, upstream)
         if cfg.embed_norm:
             dx = blocks.norm_backward(t, dx, "ln_embed")
     dacts["embed"] = dx
@@ -366,11 +369,15 @@ def _backward(params: dict, fwd: Forward, cfg: Config) -> Gradients:
     return Gradients(ordered_grads, ordered_dacts)
 
 
-def _head_and_blocks_backward(t: blocks.Tape):
+def _head_and_blocks_backward(t: blocks.Tape, upstream=None):
     """From the loss down to the embedding's output: its gradient, and the head's dW_U."""
     caches, cfg, grads, dacts = t.caches, t.cfg, t.grads, t.dacts
-    dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
-    dlogits = t.keep_grad("logits", ops.cross_entropy_backward(caches["loss"]))   # (B, T, V)
+    if upstream is None:
+        dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
+        dlogits = t.keep_grad("logits", ops.cross_entropy_backward(caches["loss"]))   # (B, T, V)
+    else:   # another function of the logits: its gradient given; the loss's probs unused
+        dacts["probs"] = np.zeros_like(caches["loss"].probs)
+        dlogits = t.keep_grad("logits", np.array(upstream, dtype=caches["loss"].probs.dtype))
     if cfg.logit_softcap is not None:   # back through the cap: times 1 - (logits / c)^2
         slope = ops.softcap_slope(caches["capped logits"], cfg.logit_softcap)    # (B, T, V)
         dlogits = np.multiply(dlogits, slope, out=slope)

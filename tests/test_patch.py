@@ -1,0 +1,126 @@
+"""tfm patch: activation patching's real effects, attribution patching's estimates (checked
+against central differences of a patch made a little at a time), the command and its errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tfmcli
+from helpers import error_line, ok, random_params, run
+from tfmcli.engine.interventions import Patch
+from tfmcli.explain.patching import components, metric_dlogits, metric_of, patching, spearman
+
+
+def runs(**fields):
+    cfg = tfmcli.Config(**{"seq_len": 5, "layers": 2, "batch": 2, "activation": "gelu",
+                           **fields})
+    params = random_params(tfmcli.init_params(cfg), 5)
+    clean = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5], [2, 7, 1, 6]])
+    corrupted = tfmcli.inputs_from_tokens([[1, 2, 3, 4, 5], [6, 1, 2, 3]])
+    return cfg, params, clean, corrupted
+
+
+@pytest.mark.parametrize("over", ["heads", "sublayers", "positions"])
+@pytest.mark.parametrize("metric", ["loss", "logit-diff"])
+def test_each_cell_is_its_patch_and_its_estimate_the_patchs_derivative(over, metric):
+    cfg, params, clean, corrupted = runs()
+    grid = patching(params, clean, corrupted, cfg, over, metric, 1, 2)
+    scored = tfmcli.Inputs(corrupted.tokens, clean.targets, clean.lengths)
+    base = tfmcli.forward(params, scored, cfg)
+    clean_fwd = tfmcli.forward(params, clean, cfg)
+    assert grid.corrupted == metric_of(base, metric, 1, 2)
+    assert grid.clean == metric_of(clean_fwd, metric, 1, 2)
+    rows, cols, targets = components(cfg, over)
+    assert grid.real.shape == (len(rows), len(cols)) and grid.targets == targets
+    h = 1e-5
+    for r, c in [(0, 0), (len(rows) - 1, len(cols) - 2)]:
+        target = targets[r][c]
+        patched = tfmcli.forward(params, scored, cfg, interventions=[Patch(target, clean_fwd)])
+        assert grid.real[r, c] == metric_of(patched, metric, 1, 2) - grid.corrupted
+        # the estimate is the derivative of the metric along clean - corrupted, as the
+        # component's values move from the corrupted run's toward the clean run's
+        name = target.split("[")[0] if "head" not in target else \
+            target.rsplit(".", 1)[0] + ".context"
+        ends = []
+        for step in (h, -h):
+            moved = {name: base.acts[name] + step * (clean_fwd.acts[name] - base.acts[name])}
+            ends.append(metric_of(tfmcli.forward(params, scored, cfg,
+                                                 interventions=[Patch(target, moved)]),
+                                  metric, 1, 2))
+        numeric = (ends[0] - ends[1]) / (2 * h)
+        assert abs(grid.estimate[r, c] - numeric) <= 1e-7 * max(1.0, abs(numeric)), target
+    assert abs(grid.rank_correlation) <= 1
+
+
+def test_a_logit_differences_gradients_equal_central_differences():
+    cfg, params, clean, _ = runs(layers=1)
+    fwd = tfmcli.forward(params, clean, cfg)
+    grads = tfmcli.backward(params, fwd, cfg, dlogits=metric_dlogits(fwd, "logit-diff", 3, 0))
+    assert not grads.acts["probs"].any()
+    h = 1e-6
+    for name, index in (("blocks.0.attn.W_Q", (1, 2)), ("blocks.0.ffn.W_2", (5, 3)),
+                        ("embed.W_E", (4, 1))):
+        ends = []
+        for sign in (1, -1):
+            nudged = {k: v.copy() for k, v in params.items()}
+            nudged[name][index] += sign * h
+            ends.append(metric_of(tfmcli.forward(nudged, clean, cfg), "logit-diff", 3, 0))
+        numeric = (ends[0] - ends[1]) / (2 * h)
+        assert abs(grads[name][index] - numeric) <= 1e-7 * max(1.0, abs(numeric)), name
+
+
+def test_spearman_ranks():
+    assert spearman(np.array([1.0, 2, 3]), np.array([10.0, 20, 30])) == pytest.approx(1)
+    assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1)
+    assert spearman(np.array([1.0, 2, 3, 4]), np.array([1.0, 1, 2, 2])) == pytest.approx(
+        0.894427191)
+    assert np.isnan(spearman(np.array([1.0, 2]), np.array([5.0, 5])))
+
+
+def test_a_position_with_no_target_changes_no_loss():
+    cfg, params, clean, corrupted = runs(batch=1)
+    clean = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5]])
+    corrupted = tfmcli.inputs_from_tokens([[1, 2, 3, 4, 5]])
+    grid = patching(params, clean, corrupted, cfg, "positions")
+    assert not grid.real[:, -1].any() and not grid.estimate[:, -1].any()
+    assert grid.real[:, 0].all()
+
+
+ARGS = ["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5", "-L", "2"]
+
+
+def test_the_json_gives_both_grids_as_the_api():
+    payload = json.loads(ok("patch", *ARGS, "--over", "sublayers", "--json").stdout)
+    assert payload["rows"] == ["block 0", "block 1"] and payload["cols"] == ["attn", "ffn"]
+    cfg = tfmcli.Config(seq_len=5, layers=2, batch=1)
+    params = tfmcli.init_params(cfg)
+    grid = patching(params, tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5]]),
+                    tfmcli.inputs_from_tokens([[1, 2, 3, 4, 5]]), cfg, "sublayers")
+    assert payload["real"] == grid.real.tolist()
+    assert payload["estimate"] == grid.estimate.tolist()
+    assert payload["clean"] == grid.clean and payload["corrupted"] == grid.corrupted
+
+
+def test_the_view_shows_both_grids_and_the_ranking():
+    text = ok("patch", *ARGS, "--metric", "logit-diff", "--answer", "1", "--wrong", "2").stdout
+    assert "real effect" in text and "estimate - real" in text
+    assert "logit[1] - logit[2]" in text and "Spearman" in text
+    assert max(map(len, text.splitlines())) <= 80
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tokens", "3,1,4"], ["'--from-tokens'", "corrupted run"]),
+    ([*ARGS, "--act", "blocks.0.resid1"], ["'--act'", "--over positions"]),
+    ([*ARGS, "--over", "positions", "--act", "blocks.0.attn.q"], ["'--act'", "(B, T, ...)"]),
+    ([*ARGS, "--over", "positions", "--act", "blocks.9.resid1"], ["'--act'", "no activation"]),
+    ([*ARGS, "--metric", "logit-diff"], ["'--metric'", "--answer and --wrong"]),
+    ([*ARGS, "--metric", "logit-diff", "--answer", "1", "--wrong", "99"], ["'--wrong'",
+                                                                          "outside 0..7"]),
+    ([*ARGS, "--metric", "logit-diff", "--answer", "cat", "--wrong", "1"], ["'--answer'",
+                                                                           "tokenizer"]),
+    (["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3"], ["'--from-tokens'", "lengths"]),
+])
+def test_bad_options_are_usage_errors(args, words):
+    line = error_line(run("patch", *args), 2)
+    assert all(word in line for word in words), line

@@ -1,0 +1,163 @@
+"""tfm patch: activation patching from a clean run into a corrupted one, beside attribution
+patching's first-order estimate."""
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from tfmcli import render
+from tfmcli.cli.app import app
+from tfmcli.cli.common import describe, emit, execute, patch_source, width
+from tfmcli.cli.options import (
+    MODEL_OPTIONS,
+    OUTPUT_OPTIONS,
+    RUN_OPTIONS,
+    Options,
+    _from_options,
+    with_options,
+)
+
+# the corrupted run: the command's own options (every other command hides them)
+FROM_OPTIONS = _from_options(hidden=False, panel=None)
+
+
+class Over(str, Enum):
+    heads = "heads"
+    sublayers = "sublayers"
+    positions = "positions"
+
+
+class Metric(str, Enum):
+    loss = "loss"
+    logit_diff = "logit-diff"
+
+
+@app.command()
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
+def patch(
+    over: Annotated[Over, typer.Option(
+        "--over", case_sensitive=False, metavar="KIND", show_default=False,
+        help="heads (the default), sublayers (attn, ffn) or positions.")
+    ] = Over.heads,
+    act: Annotated[Optional[str], typer.Option(
+        "--act", metavar="NAME",
+        help="--over positions: an activation (B, T, ...).")] = None,
+    metric: Annotated[Metric, typer.Option(
+        "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
+        help="loss (the default), or logit-diff: --answer's minus --wrong's.")
+    ] = Metric.loss,
+    answer: Annotated[Optional[str], typer.Option(
+        "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")] = None,
+    wrong: Annotated[Optional[str], typer.Option(
+        "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")] = None,
+    opts: Options = None,
+):
+    """Activation patching, clean into corrupted, beside attribution patching's estimate.
+
+    Example: tfm patch --tokens 3,1,4,1,5 --from-tokens 1,2,3,4,5 -L 2
+    """
+    from tfmcli.engine.interventions import InterventionError
+    from tfmcli.explain.patching import patching
+
+    if not (opts.values.get("from_tokens") or opts.values.get("from_text")):
+        raise typer.BadParameter("patching needs the corrupted run: add --from-tokens IDS or "
+                                 "--from-text TEXT", param_hint="'--from-tokens'")
+    if act is not None and over != Over.positions:
+        raise typer.BadParameter("it names the activation whose positions are patched; add "
+                                 "--over positions", param_hint="'--act'")
+    if metric == Metric.logit_diff and (answer is None or wrong is None):
+        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
+                                 "with --load DIR)", param_hint="'--metric'")
+    run, fwd, _ = execute(opts, with_grads=False)
+    cfg = run.cfg
+    corrupted = patch_source(opts, run).inputs
+    ids = [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
+                                                          (wrong, "--wrong"))]
+    if act is not None:
+        from tfmcli.engine.interventions import resolve
+        from tfmcli.engine.sizes import activation_shapes
+
+        try:
+            name = resolve(act, activation_shapes(cfg))[0]
+        except InterventionError as e:
+            raise typer.BadParameter(str(e), param_hint="'--act'") from None
+        if name != act.strip() or len(activation_shapes(cfg)[name]) != 3:
+            raise typer.BadParameter(f"{act!r}: --act takes an activation of shape (B, T, ...) "
+                                     f"by its name, such as blocks.0.resid1",
+                                     param_hint="'--act'")
+    try:
+        grid = patching(run.params, run.inputs, corrupted, cfg, over.value, metric.value, *ids,
+                        act=act, tokens=run.token_labels(0))
+    except InterventionError as e:
+        raise typer.BadParameter(str(e), param_hint="'--from-tokens'") from None
+    what = {"loss": "the loss (clean targets)",
+            "logit-diff": f"logit[{ids[0]}] - logit[{ids[1]}] at each row's last position"}
+    rows = {**describe(cfg, run),
+            "corrupted": render.token_line(corrupted_labels(run, corrupted)),
+            "metric": f"{what[metric.value]}: clean {grid.clean:.6f}, corrupted "
+                      f"{grid.corrupted:.6f}"}
+    import numpy as np
+
+    top = float(max(np.abs(grid.real).max(), np.abs(grid.estimate).max())) or 1.0
+
+    def drawn(values, title, legend=False):   # one scale, one legend: the colours compare
+        return render.heatmap(values, title=title, row_labels=grid.rows, col_labels=grid.cols,
+                              width=width(), precision=3, vmin=-top, vmax=top, diverging=True,
+                              legend=legend)
+
+    parts = [render.config_panel(rows, title="tfm patch"),
+             drawn(grid.real, "real effect: the metric patched - corrupted"),
+             drawn(grid.estimate, "estimate: gradient at corrupted . (clean - corrupted)"),
+             drawn(grid.difference, "estimate - real", legend=True),
+             Text(ranking_line(grid)), Text(
+                 "a cell: the metric's change when that component's clean values replace the "
+                 "corrupted run's", style="dim")]
+    payload = {"over": grid.over, "metric": grid.metric, "rows": grid.rows, "cols": grid.cols,
+               "targets": grid.targets, "clean": grid.clean, "corrupted": grid.corrupted,
+               "real": grid.real.tolist(), "estimate": grid.estimate.tolist(),
+               "rank_correlation": grid.rank_correlation}
+    arrays = {"patch/real": grid.real, "patch/estimate": grid.estimate}
+    emit(opts, parts, payload, arrays)
+
+
+def token_id(run, value, flag):
+    """--answer / --wrong: an id in the vocabulary, or text that is one token."""
+    if value is None:
+        return None
+    if value.lstrip("-").isdigit():
+        token = int(value)
+    elif run.encode is None:
+        raise typer.BadParameter(f"{value!r} is not a token id (text needs --load DIR's "
+                                 f"tokenizer)", param_hint=f"'{flag}'")
+    else:
+        ids = run.encode(value)
+        if len(ids) != 1:
+            raise typer.BadParameter(f"{value!r} is {len(ids)} tokens; give one token",
+                                     param_hint=f"'{flag}'")
+        token = ids[0]
+    if not 0 <= token < run.cfg.vocab:
+        raise typer.BadParameter(f"{token} is outside 0..{run.cfg.vocab - 1}",
+                                 param_hint=f"'{flag}'")
+    return token
+
+
+def corrupted_labels(run, inputs) -> list[str]:
+    return [run.token_text(int(t)) for t in inputs.tokens[0, :int(inputs.lengths[0])]]
+
+
+def ranking_line(grid) -> str:
+    """How well the estimate ranks the components: Spearman's, and the top three of each."""
+    import numpy as np
+
+    cells = [(r, c) for r in range(len(grid.rows)) for c in range(len(grid.cols))]
+
+    def top(values):
+        order = np.argsort(-np.abs(values.ravel()), kind="stable")[:3]
+        return ", ".join(f"{grid.rows[cells[k][0]]} {grid.cols[cells[k][1]]}" for k in order)
+
+    rho = grid.rank_correlation
+    shown = "undefined (a constant grid)" if rho != rho else f"{rho:+.3f}"
+    return (f"rank correlation of estimate and real (Spearman): {shown}\n"
+            f"largest |real|:     {top(grid.real)}\nlargest |estimate|: {top(grid.estimate)}")
