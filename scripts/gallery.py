@@ -43,9 +43,11 @@ GALLERY = {
     "explore": 'tfm explore --tokens 3,1,4,1,5 --keys "down,down,right"',
     "patch": ('tfm patch --load examples/tiny-gpt2 --text "The cat sat on the mat." '
               '--from-text "The dog sat on the mat." --over heads'),
+    "attribute": ('tfm attribute --load examples/tiny-gpt2 --text "The cat sat on the" -t 4 '
+                  '--target " mat"'),
 }
 NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",),
-         "patch": ("safetensors", "tokenizers")}
+         "patch": ("safetensors", "tokenizers"), "attribute": ("safetensors", "tokenizers")}
 
 
 def draw(name: str, path: Path) -> None:

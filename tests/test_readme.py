@@ -30,7 +30,7 @@ def test_the_readme_and_every_command_page_have_examples():
     pages = {page for page, _, _ in EXAMPLES}
     assert sum(page == "README.md" for page, _, _ in EXAMPLES) >= 6
     commands = {p.stem for p in (ROOT / "docs" / "commands").glob("*.md")} - {"index"}
-    assert len(commands) == 20
+    assert len(commands) == 21
     for command in commands:
         assert f"docs/commands/{command}.md" in pages, command
 
@@ -90,7 +90,9 @@ def test_inline_commands_on_every_page_run(monkeypatch):
         if args == ["explore"]:
             continue  # full-screen: needs a terminal (test_explore.py checks the refusal)
         result = CliRunner().invoke(app, args)
-        expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000") else 0
+        # the refusals the pages quote, and tfm patch named (it needs a corrupted run)
+        expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000",
+                                    "tfm patch") else 0
         assert result.exit_code == expected, (command, result.output)
 
 

@@ -200,6 +200,8 @@ COMMANDS = {
     "explore": (
         "Walk through every number of a run with the keyboard: tensors, cells, their formulas."),
     "patch": "Activation patching, clean into corrupted, beside attribution patching's estimate.",
+    "attribute": (
+        "Direct logit attribution: one logit as the sum of what each head, FFN and bias added."),
 }
 
 
