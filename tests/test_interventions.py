@@ -243,3 +243,102 @@ def test_the_pages_python_block_runs_and_its_comments_hold():
     assert not grads["blocks.0.attn.W_V"][:, dh:].any()
     other = names["other"].acts["blocks.0.attn.out"]
     assert np.array_equal(fwd.acts["blocks.0.attn.out"][:, 1], other[:, 1])
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_a_gpt2_checkpoint_with_hugging_faces_hooks_agrees(tmp_path, padding):
+    """The same changes made by forward hooks on Hugging Face's GPT2LMHeadModel (float64, O(1)
+    parameters), on a checkpoint folder tfm reads: loss, logits and every gradient to 1e-12."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tfmcli.sources import gpt2
+
+    config = transformers.GPT2Config(n_embd=12, n_head=3, n_layer=2, vocab_size=50,
+                                     n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(torch.float64)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            centre = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
+            p.copy_(centre + 0.3 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
+    model.save_pretrained(tmp_path / "hf")
+    model.config._attn_implementation = "eager"
+    model.eval()
+    rows = [[5, 9, 2, 7, 1, 3], [4, 8, 15, 16, 23, 42]]
+    lengths = [6, 3] if padding else [6, 6]
+    inputs = tfmcli.inputs_from_tokens([row[:n] for row, n in zip(rows, lengths)])
+    cfg = tfmcli.Config(**{**gpt2.read_config(tmp_path / "hf"), "batch": 2, "seq_len": 6,
+                           "lengths": (6, 3) if padding else None})
+    _, params = gpt2.load_checkpoint(tmp_path / "hf", np.float64)
+    other = tfmcli.forward(params, tfmcli.inputs_from_tokens(
+        [[1, 2, 3, 4, 5, 6], [7, 8, 9][:lengths[1]] + [10, 11, 12][:lengths[1] - 3]]), cfg)
+    change = [Patch("blocks.0.attn[:, 1]", other), Ablate("blocks.0.attn.head1"),
+              Ablate("blocks.0.ffn", "mean"), Set("blocks.1.in[0, 2]", 0.5),
+              Scale("blocks.1.ffn.act[:, 2]", 2.0)]
+    fwd = tfmcli.forward(params, inputs, cfg, interventions=change)
+    grads = tfmcli.backward(params, fwd, cfg)
+
+    dh, real = 4, torch.as_tensor(np.arange(6)[None, :] < np.array(lengths)[:, None])
+    h0, h1 = model.transformer.h
+    # hooks, in the order tfm applies them where two meet (the patch before the ablation)
+    def attn_out(module, args, out):            # blocks.0.attn.out: position 1 from the other
+        patched = out[0].clone()
+        patched[:, 1] = torch.as_tensor(other.acts["blocks.0.attn.out"])[:, 1]
+        return (patched, *out[1:])
+
+    def head1(module, args):                    # c_proj's input is the merged context
+        context = args[0].clone()
+        context[..., dh:2 * dh] = 0.0
+        return (context,)
+
+    def ffn_mean(module, args, out):            # the mean over the real positions, a constant
+        mean = out.detach()[real].mean(0)
+        return mean.expand_as(out).clone()
+
+    def block1_in(module, args, kwargs):
+        x = args[0].clone()
+        x[0, 2] = 0.5
+        return (x, *args[1:]), kwargs
+
+    def act2(module, args):                     # W_2's input is the FFN's activation
+        act = args[0].clone()
+        act[:, 2] = act[:, 2] * 2.0
+        return (act,)
+
+    handles = [h0.attn.c_proj.register_forward_pre_hook(head1),
+               h0.attn.register_forward_hook(attn_out),
+               h0.mlp.register_forward_hook(ffn_mean),
+               h1.register_forward_pre_hook(block1_in, with_kwargs=True),
+               h1.mlp.c_proj.register_forward_pre_hook(act2)]
+    ids = torch.as_tensor(inputs.tokens)
+    logits = model(input_ids=ids, attention_mask=real.long()).logits
+    for handle in handles:
+        handle.remove()
+    labels = ids.masked_fill(~real, -100)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50),
+                                             labels[:, 1:].reshape(-1), ignore_index=-100)
+    loss.backward()
+    assert abs(fwd.loss - loss.item()) <= 1e-12 * loss.item()
+    valid = real.numpy()
+    assert_scaled_close(fwd.acts["logits"][valid], logits[real].detach().numpy())
+    hf = dict(model.named_parameters())
+
+    def theirs(name):   # no path from the loss (a constant in between): no .grad at all
+        p = hf[name]
+        return np.zeros(tuple(p.shape)) if p.grad is None else p.grad.numpy()
+
+    for i in range(2):
+        h, p = f"transformer.h.{i}.", f"blocks.{i}."
+        assert_scaled_close(grads[p + "attn.W_O"], theirs(h + "attn.c_proj.weight"))
+        assert_scaled_close(grads[p + "ffn.W_1"], theirs(h + "mlp.c_fc.weight"))
+        assert_scaled_close(grads[p + "ffn.W_2"], theirs(h + "mlp.c_proj.weight"))
+        for w in "QV":
+            k = "QKV".index(w)
+            assert_scaled_close(grads[p + f"attn.W_{w}"],
+                                theirs(h + "attn.c_attn.weight")[:, k * 12:(k + 1) * 12])
+    assert_scaled_close(grads["embed.W_E"], theirs("transformer.wte.weight"))
+    assert_scaled_close(grads["embed.W_pos"], theirs("transformer.wpe.weight"))
+    # block 0's FFN is a constant: nothing reaches its weights
+    assert not grads["blocks.0.ffn.W_1"].any()
