@@ -156,8 +156,8 @@ def torch_run(params, inputs, cfg, interventions=()) -> TorchRun:
             )
         if cfg.attn_softcap is not None:   # Gemma 2's: cap * tanh(scores / cap), before the mask
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
-        scores = scores.masked_fill(~mask, float("-inf"))
-        pattern = torch.softmax(scores, dim=-1)
+        scores = hook(p + "attn.scores", scores.masked_fill(~mask, float("-inf")))
+        pattern = hook(p + "attn.pattern", torch.softmax(scores, dim=-1))
         pattern.retain_grad()
         patterns[p] = pattern
         context = hook(p + "attn.context", (pattern @ v).transpose(1, 2).reshape(B, T, H * dh))

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
 from tfmcli.engine import ops, positional
 from tfmcli.engine.config import Config
+from tfmcli.engine.masks import combined_mask
 
 
 class Tape:
@@ -216,15 +218,18 @@ def attention(t: Tape, x, i):
     if cfg.group > 1:   # grouped: each key and value head serves `group` query heads
         k, v = ops.repeat_kv(k, cfg.group), ops.repeat_kv(v, cfg.group)
     scale, T, mask = cfg.score_scale, q.shape[2], t.masks[i]   # 1 / sqrt(d_head) unless attn_scale
-    if t.fast:   # mask: an ops.AttentionMask; ALiBi's slopes and distances, or None
+    if t.plan and {p + "attn.scores", p + "attn.pattern"} & t.plan.steps.keys():
+        context, ca = attention_by_parts(t, q, k, v, i)
+    elif t.fast:   # mask: an ops.AttentionMask; ALiBi's slopes and distances, or None
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap,
                                                          alibi_for(cfg, T))
     else:   # ALiBi's (H, T, T) bias, or None
         bias = positional.alibi_bias(T, H, cfg.dtype) if cfg.pe == "alibi" else None
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
                                                     cfg.attn_softcap, bias)
-    t.keep(p + "attn.scores", scores)
-    t.keep(p + "attn.pattern", ca.pattern)
+    if not isinstance(ca, PartsCache):
+        t.keep(p + "attn.scores", scores)
+        t.keep(p + "attn.pattern", ca.pattern)
     context = t.keep(p + "attn.context", ops.merge_heads(context))        # (B, T, d)
     out, co = ops.linear_forward(context, P[p + "attn.W_O"], P.get(p + "attn.b_O"))
     t.caches[p + "attn"] = (cq, ck, cv, ca, co)
@@ -236,10 +241,13 @@ def attention_backward(t: Tape, dout, i):
     cq, ck, cv, ca, co = t.caches[p + "attn"]
     dout = t.keep_grad(p + "attn.out", dout)
     dcontext = t.keep_grad(p + "attn.context", linear_backward(t, dout, co, p + "attn.", "O"))
-    backward_of = ops.attention_backward_fast if t.fast else ops.attention_backward
-    dq, dk, dv, dpattern, dscores = backward_of(ops.split_heads(dcontext, cfg.heads), ca)
-    t.keep_grad(p + "attn.pattern", dpattern)
-    t.keep_grad(p + "attn.scores", dscores)
+    if isinstance(ca, PartsCache):   # an intervention on the scores or the pattern
+        dq, dk, dv = attention_by_parts_backward(t, ops.split_heads(dcontext, cfg.heads), ca, i)
+    else:
+        backward_of = ops.attention_backward_fast if t.fast else ops.attention_backward
+        dq, dk, dv, dpattern, dscores = backward_of(ops.split_heads(dcontext, cfg.heads), ca)
+        t.keep_grad(p + "attn.pattern", dpattern)
+        t.keep_grad(p + "attn.scores", dscores)
     if cfg.group > 1:   # a shared head's gradient: the sum over the query heads it served
         dk, dv = ops.repeat_kv_backward(dk, cfg.group), ops.repeat_kv_backward(dv, cfg.group)
     if cfg.pe == "rope":   # back through the turn: the turn back by the same angles
@@ -256,6 +264,50 @@ def attention_backward(t: Tape, dout, i):
     dx = dx_parts[0] + dx_parts[1]
     dx += dx_parts[2]
     return dx
+
+
+class PartsCache(NamedTuple):
+    """What ``attention_by_parts`` keeps for its backward."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    made: np.ndarray      # the softmax of the kept scores
+    pattern: np.ndarray   # the pattern as kept (changed by an intervention)
+    capped: np.ndarray | None   # the capped scores before any change, when capped
+
+
+def attention_by_parts(t: Tape, q, k, v, i):
+    """Attention written out one kept step at a time, when an intervention changes block i's
+    scores or pattern: scores = q k^T * scale (+ ALiBi, then the cap, then the mask), kept;
+    pattern = softmax(scores), kept; context = pattern v. The reference path's numbers."""
+    cfg, p = t.cfg, f"blocks.{i}."
+    T = q.shape[2]
+    scores = q @ k.swapaxes(-1, -2) * cfg.score_scale                     # (B, H, T, T)
+    if cfg.pe == "alibi":
+        scores = scores + positional.alibi_bias(T, cfg.heads, cfg.dtype)
+    capped = None
+    if cfg.attn_softcap is not None:
+        scores = capped = ops.softcap_forward(scores, cfg.attn_softcap)
+    mask = combined_mask(t.plan.lengths, T, cfg.causal, cfg.window(i))
+    scores = t.keep(p + "attn.scores", np.where(mask[:, None], scores, -np.inf))
+    made, _ = ops.softmax_forward(scores)
+    pattern = t.keep(p + "attn.pattern", made)
+    return pattern @ v, PartsCache(q, k, v, made, pattern, capped)
+
+
+def attention_by_parts_backward(t: Tape, dcontext, cache: PartsCache, i):
+    """``attention_by_parts`` backward: each kept step's gradient recorded, and passed back
+    through its intervention."""
+    cfg, p = t.cfg, f"blocks.{i}."
+    q, k, v, made, pattern, capped = cache
+    dv = pattern.swapaxes(-1, -2) @ dcontext
+    dmade = t.keep_grad(p + "attn.pattern", dcontext @ v.swapaxes(-1, -2))
+    draw = t.keep_grad(p + "attn.scores", ops.softmax_backward(dmade, made))
+    if capped is not None:
+        draw = draw * ops.softcap_slope(capped, cfg.attn_softcap)
+    draw = np.where(np.isfinite(draw), draw, 0.0)
+    return (draw @ k) * cfg.score_scale, (draw.swapaxes(-1, -2) @ q) * cfg.score_scale, dv
 
 
 def linear_backward(t: Tape, dout, cache, layer, w):

@@ -25,10 +25,8 @@ import numpy as np
 from tfmcli.errors import TfmError
 
 HEAD = re.compile(r"blocks\.(\d+)\.attn\.head(\d+)$")
-# made inside one fused step, or the loss's own output: not (yet) a place to change a number
-FIXED = {"attn.scores": "attention's scores and pattern are made in one fused step",
-         "attn.pattern": "attention's scores and pattern are made in one fused step",
-         "probs": "probs is the loss's softmax of the logits"}
+# the loss's own output: not a place to change a number
+FIXED = {"probs": "probs is the loss's softmax of the logits"}
 
 
 class InterventionError(TfmError, ValueError):
@@ -149,11 +147,8 @@ def resolve(target: str, shapes: Mapping[str, tuple]) -> tuple[str, tuple, tuple
         name += ".out"
     part = name.split(".", 2)[-1] if name.startswith("blocks.") else name
     if part in FIXED:
-        raise InterventionError(target, f"{target!r}: {FIXED[part]}; change attn.q, attn.k, "
-                                        "attn.v, attn.context or a head "
-                                        "(blocks.i.attn.headh) instead"
-                                if part != "probs" else f"{target!r}: {FIXED[part]}; change "
-                                "the logits instead")
+        raise InterventionError(target, f"{target!r}: {FIXED[part]}; change the logits "
+                                        "instead")
     if name not in shapes:
         near = [n for n in shapes if n.endswith("." + part) or n == part][:3]
         hint = f"; this model has {', '.join(near)}" if near else \
