@@ -124,3 +124,20 @@ def test_the_view_shows_both_grids_and_the_ranking():
 def test_bad_options_are_usage_errors(args, words):
     line = error_line(run("patch", *args), 2)
     assert all(word in line for word in words), line
+
+
+def test_the_pages_reverse_example_holds(tmp_path):
+    """docs/commands/patch.md's worked example: a model trained to reverse, the last symbol
+    corrupted; head 0 carries the answer, and the estimate ranks the heads right."""
+    model = tmp_path / "reverse.npz"
+    ok("train", "--task", "reverse", "--save", model)
+    payload = json.loads(ok("patch", "--load", model, "--tokens",
+                            "9,0,2,4,2,6,8,1,10,1,8,6,2,4,2,0", "--from-tokens",
+                            "9,0,2,4,2,6,8,5,10,1,8,6,2,4,2,0", "--over", "heads",
+                            "--json").stdout)
+    real, estimate = np.array(payload["real"]), np.array(payload["estimate"])
+    assert payload["clean"] < 0.01 and payload["corrupted"] > 1.5
+    assert real[0, 0] < -0.95 * payload["corrupted"]        # head 0 restores nearly all
+    assert abs(real[0, 1]) < abs(real[0, 0]) / 2
+    assert payload["rank_correlation"] == pytest.approx(1.0)
+    assert estimate[0, 0] - real[0, 0] > 0.5                # and the estimate falls short
