@@ -204,3 +204,11 @@ def test_enter_follows_each_kind_of_tensor_to_its_input():
     assert at(View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 9))) == View(
         "blocks.0.ln2.out", False, (1, 2), (0, 1, 0))
     assert at(View("blocks.0.attn.W_Q", False, (0, 1), (0, 0))) is None
+
+
+def test_the_explorer_takes_the_interventions_and_its_commands_carry_them(tmp_path):
+    out = tmp_path / "view.svg"
+    ok("explore", "--tokens", "3,1,4,1,5", "--ablate", "blocks.0.attn.head1", "--keys",
+       "down", "--screenshot", out)
+    screen = out.read_text().replace("&#160;", " ")
+    assert "$ tfm attn --tokens 3,1,4,1,5 --ablate blocks.0.attn.head1" in screen

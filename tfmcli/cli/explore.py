@@ -114,7 +114,7 @@ def typed(opts: Options) -> list[str]:
     from tfmcli.cli.options import FLAGS
 
     words = []
-    for name, annotation, _ in [*MODEL_OPTIONS, *RUN_OPTIONS]:
+    for name, annotation, _ in [*MODEL_OPTIONS, *RUN_OPTIONS, *INTERVENE_OPTIONS]:
         if name not in opts.values or not opts.explicit(name):
             continue
         value = opts.values[name]
