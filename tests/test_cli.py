@@ -156,6 +156,10 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "train": (["--steps", 20], {"param", "input", "config", "act", "loss", "task"}),
     "mask": ([], {"causal", "padding", "combined"}),
     "pe": ([], {"pe"}),
+    "patch": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"], {"param", "input",
+                                                                      "config", "act", "loss",
+                                              "patch"}),
+    "attribute": (["-t", 1], {"param", "input", "config", "act", "loss", "attribution"}),
 }
 
 

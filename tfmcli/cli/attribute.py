@@ -95,4 +95,10 @@ def attribute(
                "terms": [{"name": n, "value": float(v)}
                          for n, v in zip(result.names, result.values)],
                "note": result.note}
-    emit(opts, parts, payload)
+    import numpy as np
+
+    from tfmcli.io import run_arrays
+
+    arrays = {**run_arrays(cfg, run.params, run.inputs, fwd),   # the run, and the terms
+              "attribution/names": np.array(result.names), "attribution/values": result.values}
+    emit(opts, parts, payload, arrays)

@@ -118,7 +118,10 @@ def patch(
                "targets": grid.targets, "clean": grid.clean, "corrupted": grid.corrupted,
                "real": grid.real.tolist(), "estimate": grid.estimate.tolist(),
                "rank_correlation": grid.rank_correlation}
-    arrays = {"patch/real": grid.real, "patch/estimate": grid.estimate}
+    from tfmcli.io import run_arrays
+
+    arrays = {**run_arrays(cfg, run.params, run.inputs, fwd),   # the clean run, and the grids
+              "patch/real": grid.real, "patch/estimate": grid.estimate}
     emit(opts, parts, payload, arrays)
 
 
