@@ -154,12 +154,11 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "compare": (["-L", 2], {"pre", "post"}),
     "adam": (["--steps", 1], {"param", "input", "config", "act", "loss"}),
     "train": (["--steps", 20], {"param", "input", "config", "act", "loss", "task"}),
-    "mask": ([], {"causal", "padding", "combined"}),
-    "pe": ([], {"pe"}),
-    "patch": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"], {"param", "input",
-                                                                      "config", "act", "loss",
-                                              "patch"}),
+    "patch": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"],
+              {"param", "input", "config", "act", "loss", "patch"}),
     "attribute": (["-t", 1], {"param", "input", "config", "act", "loss", "attribution"}),
+    "mask": ([], {"causal", "padding", "combined"}),
+    "pe": ([], {"pe"}),   # the last: the test reads its --json
 }
 
 
