@@ -179,7 +179,8 @@ def test_the_json_keys_table_is_what_each_command_prints(monkeypatch):
     rows = re.findall(r"^\| `(tfm [^`]+)` \| (.+) \|$", page, flags=re.M)
     assert len(rows) >= 18
     extra = {"tfm train": ["--steps", "2"],
-             "tfm lens": ["--load", "examples/tiny-gpt2", "--text", "The cat"]}
+             "tfm lens": ["--load", "examples/tiny-gpt2", "--text", "The cat"],
+             "tfm patch": ["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"]}
     for command, keys in rows:
         args = shlex.split(command)[1:] + extra.get(command, []) + ["--json"]
         assert list(json.loads(ok(*args).stdout)) == re.findall(r"`(\w+)`", keys), command
