@@ -212,3 +212,32 @@ def test_the_explorer_takes_the_interventions_and_its_commands_carry_them(tmp_pa
        "down", "--screenshot", out)
     screen = out.read_text().replace("&#160;", " ")
     assert "$ tfm attn --tokens 3,1,4,1,5 --ablate blocks.0.attn.head1" in screen
+
+
+@pytest.mark.parametrize("arch", [None, "llama", "gpt2"])
+def test_a_projection_activation_embedding_or_logit_cell_shows_its_formula(arch):
+    from tfmcli.engine.presets import PRESETS
+
+    ex = explorer(**(PRESETS[arch].fields if arch else {}))
+    for name, index in [("blocks.0.ffn.pre", (0, 1, 3)), ("blocks.0.ffn.act", (1, 1, 3)),
+                        ("embed", (1, 2, 4)), ("logits", (0, 3, 2)),
+                        ("blocks.0.attn.out", (0, 2, 1)), ("blocks.0.ffn.out", (1, 1, 1))]:
+        lines = ex.explain(View(name, False, (1, 2), index))
+        assert lines[1].startswith("= "), (name, lines)
+    x = ex.fwd.acts["blocks.0.ln2.out"][0, 1]
+    W = ex.run.params["blocks.0.ffn.W_1"]
+    lines = ex.explain(View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 3)))
+    assert lines[2].startswith(f"  = {x @ W[:, 3]:+.6f}")
+
+
+def test_a_cell_an_intervention_changed_says_so():
+    from tfmcli.engine.interventions import Scale
+    from tfmcli.sources import Run
+
+    cfg = tfmcli.Config(seq_len=5)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg, interventions=[Scale("blocks.0.ffn.pre[0, 1]", 2)])
+    ex = Explorer(Run(cfg, params, inputs, "seed", "seed"), fwd,
+                  tfmcli.backward(params, fwd, cfg), [])
+    assert "changed by an intervention" in ex.explain(
+        View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 3)))[1]

@@ -40,6 +40,11 @@ class View:
         return dataclasses.replace(self, index=tuple(index))
 
 
+def _plus(b: float) -> str:
+    """' + 0.5' or ' - 0.5': a term added, its sign once."""
+    return f" {'-' if b < 0 else '+'} {abs(b):.6f}"
+
+
 class Explorer:
     """A run computed once: its activations, their gradients, the parameters and theirs."""
 
@@ -341,6 +346,62 @@ class Explorer:
             lines += ["p_v = exp(z_v - max) / sum_w exp(z_w - max)",
                       f"  z_v = {logits[index[2]]:+.6f}, max = {logits.max():+.6f}",
                       "Enter: the logits"]
+        else:
+            lines += self._made(name, index)
+        return lines
+
+    def _made(self, name: str, index) -> list[str]:
+        """The cells whose formula is one product or one function: a projection's column
+        (x . W[:, j] + b_j), the FFN's activation, the embedding's row, a logit; [] when the
+        numbers here do not give the value (an intervention changed it: say so)."""
+        cfg, P, value = self.cfg, self.run.params, float(self.values[name][index])
+        m = re.match(r"(blocks\.\d+\.)(ffn\.pre|ffn\.gate|ffn\.out|attn\.out)$", name)
+        lines: list[str] = []
+        if m:
+            weight = {"ffn.pre": "ffn.W_1", "ffn.gate": "ffn.W_gate", "ffn.out": "ffn.W_2",
+                      "attn.out": "attn.W_O"}[m[2]]
+            source = SOURCES.get(m[2]) if m[2] != "ffn.gate" else "ln2.out"
+            source = m[1] + (source if m[1] + source in self.values else "ln1.out")
+            x = self.values[source][index[:2]]
+            W, b = P[m[1] + weight], P.get(m[1] + weight.replace("W_", "b_"))
+            dot = float(x @ W[:, index[2]])
+            made = dot + (0.0 if b is None else float(b[index[2]]))
+            lines = [f"= {source.split('.', 2)[-1]}[{index[0]}, t{index[1]}] . "
+                     f"{weight.split('.')[-1]}[:, {index[2]}]"
+                     + (" + b" if b is not None else ""),
+                     f"  = {dot:+.6f}" + (_plus(float(b[index[2]])) if b is not None else "")]
+        elif name.endswith("ffn.act") and not cfg.gated:
+            pre = self.values[name[:-len("act")] + "pre"][index]
+            forward = __import__("tfmcli.engine.ops", fromlist=["ops"]).ACTIVATIONS[
+                cfg.activation][0]
+            made = float(forward(np.array([pre]))[0][0])
+            lines = [f"= {cfg.activation}(pre) = {cfg.activation}({pre:+.6f})"]
+        elif name.endswith("ffn.act"):   # gated: f(gate) x pre
+            pre = self.values[name[:-len("act")] + "pre"][index]
+            gate = self.values[name[:-len("act")] + "gate"][index]
+            forward = __import__("tfmcli.engine.ops", fromlist=["ops"]).GATES[cfg.activation][0]
+            made = float(forward(np.array([gate]), np.array([pre]))[0][0])
+            f = "silu" if cfg.activation == "swiglu" else "gelu"
+            lines = [f"= {f}(gate) x pre", f"  = {f}({gate:+.6f}) x {pre:+.6f}"]
+        elif name == "embed":
+            token = int(self.run.inputs.tokens[index[0], index[1]])
+            made = float(P["embed.W_E"][token, index[2]]) * (cfg.embed_factor if
+                                                              cfg.embed_scale else 1.0)
+            lines = [f"= W_E[{token}, {index[2]}]" + (f" x {cfg.embed_factor:.4g}" if
+                                                      cfg.embed_scale else ""),
+                     f"  token {token}:{self.run.token_text(token)}", "Enter: that row of W_E"]
+        elif name == "logits" and cfg.logit_softcap is None:
+            x = self.values["ln_f.out" if "ln_f.out" in self.values else
+                            f"blocks.{cfg.layers - 1}.out"][index[:2]]
+            W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
+            b = float(P["head.b_U"][index[2]]) if cfg.head_bias else 0.0
+            made = float(x @ W_U[:, index[2]]) + b
+            lines = [f"= h . W_U[:, {index[2]}]" + (" + b_U" if cfg.head_bias else ""),
+                     f"  = {made - b:+.6f}" + (_plus(b) if cfg.head_bias else "")]
+        else:
+            return []
+        if abs(made - value) > 1e-9 * max(1.0, abs(value)):
+            return ["(changed by an intervention: the formula gives " f"{made:+.6f})"]
         return lines
 
     def _qk(self, name: str, index):
