@@ -168,6 +168,24 @@ def float64_rotary_by_layer_type(rotary, cfg) -> None:
     rotary.forward = tables
 
 
+def o1_gpt2(config, folder):
+    """Hugging Face's GPT2LMHeadModel of ``config`` in float64 at O(1) parameters (gammas near
+    1, every bias drawn), saved to ``folder``, eager attention, in eval mode."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).to(torch.float64)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for name, p in model.named_parameters():
+            centre = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
+            p.copy_(centre + 0.3 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
+    model.save_pretrained(folder)
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
 def tfm_grads_matching_hf(model, params, inputs, cfg) -> dict:
     """tfm's forward and backward against a Hugging Face causal LM that holds the same
     parameters, on tfm's inputs (padding as its attention mask, the mean cross-entropy over

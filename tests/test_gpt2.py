@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 
 import tfmcli
-from helpers import error_line, ok, run
+from helpers import error_line, o1_gpt2, ok, run
 from tfmcli.explain.lens import logit_lens
 from tfmcli.sources import gpt2
 
@@ -455,16 +455,7 @@ def test_matches_hugging_face_gpt2_at_random_parameters(tmp_path, padding, varia
     config = transformers.GPT2Config(**SIZES, **{"activation_function": "gelu_new", **variant},
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).to(torch.float64)
-    with torch.no_grad():   # O(1) everything: gammas near 1, every bias drawn
-        generator = torch.Generator().manual_seed(1)
-        for name, p in model.named_parameters():
-            centre = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
-            p.copy_(centre + 0.3 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
-    model.save_pretrained(tmp_path / "hf")
-    model.config._attn_implementation = "eager"
-    model.eval()
+    model = o1_gpt2(config, tmp_path / "hf")
 
     rows = [[5, 9, 2, 7, 1, 3], [4, 8, 15, 16, 23, 42]]
     lengths = [6, 6]

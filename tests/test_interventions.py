@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import assert_scaled_close, random_params
+from helpers import assert_scaled_close, o1_gpt2, random_params
 from tfmcli.engine.interventions import Ablate, InterventionError, Patch, Scale, Set
 from tfmcli.engine.presets import PRESETS
 
@@ -259,16 +259,7 @@ def test_a_gpt2_checkpoint_with_hugging_faces_hooks_agrees(tmp_path, padding):
     config = transformers.GPT2Config(n_embd=12, n_head=3, n_layer=2, vocab_size=50,
                                      n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).to(torch.float64)
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(1)
-        for name, p in model.named_parameters():
-            centre = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
-            p.copy_(centre + 0.3 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
-    model.save_pretrained(tmp_path / "hf")
-    model.config._attn_implementation = "eager"
-    model.eval()
+    model = o1_gpt2(config, tmp_path / "hf")
     rows = [[5, 9, 2, 7, 1, 3], [4, 8, 15, 16, 23, 42]]
     lengths = [6, 3] if padding else [6, 6]
     inputs = tfmcli.inputs_from_tokens([row[:n] for row, n in zip(rows, lengths)])
