@@ -336,3 +336,48 @@ def test_a_gpt2_checkpoint_with_hugging_faces_hooks_agrees(tmp_path, padding):
     assert_scaled_close(grads["embed.W_pos"], theirs("transformer.wpe.weight"))
     # block 0's FFN is a constant: nothing reaches its weights
     assert not grads["blocks.0.ffn.W_1"].any()
+
+
+KV_ARCHS = [None, "mistral", "gemma2", "gpt_neox", "vaswani", "bloom", "qwen3", "gemma3"]
+
+
+@pytest.mark.parametrize("arch", KV_ARCHS, ids=[a or "default" for a in KV_ARCHS])
+def test_decoding_with_a_kv_cache_makes_the_same_changes_as_the_whole_forward(arch):
+    from tfmcli.engine.kv import decode
+    from tfmcli.engine.model import plan_for, unchecked_forward
+
+    cfg = tfmcli.Config(**{"seq_len": 6, "layers": 2, "batch": 1,
+                           **(PRESETS[arch].fields if arch else {})})
+    params = random_params(tfmcli.init_params(cfg), 4)
+    inputs = tfmcli.inputs_from_tokens([[3, 1, 4, 1, 5, 2]])
+    other = tfmcli.forward(params, tfmcli.inputs_from_tokens([[1, 2, 3, 4, 5, 6]]), cfg)
+    change = [Patch("blocks.0.attn[:, 2]", other), Ablate("blocks.0.attn.head1"),
+              Ablate("blocks.1.ffn.act[:, 1:4]", "mean"), Set("blocks.0.resid1[0, 3]", 0.5),
+              Scale("blocks.1.ffn.pre[..., 2:5]", -1.5), Scale("blocks.1.attn.scores[0, 0]", 2),
+              Set("blocks.1.attn.pattern[0, 1, 4, 2]", 0.3), Scale("logits[0, 5]", 0.5),
+              Ablate("blocks.1.in[0, 1]")]
+    if cfg.pe == "rope":
+        change.append(Scale("blocks.0.attn.k_rot[0, 0, 2]", 3.0))
+    plan = plan_for(change, cfg, inputs)
+    whole = unchecked_forward(params, inputs, cfg, plan=plan)    # the means, made once
+    plain = tfmcli.forward(params, inputs, cfg)
+    steps = decode(params, inputs.tokens[0], cfg, plan=plan)
+    logits = np.array([s.logits for s in steps])
+    assert_scaled_close(logits, whole.acts["logits"][0])
+    assert np.abs(logits - plain.acts["logits"][0]).max() > 1e-3   # the changes changed it
+
+
+def test_tfm_kv_takes_the_interventions_on_its_row():
+    text = ok("kv", "--tokens", "3,1,4,1,5", "--ablate", "blocks.0.attn.head1", "--ablate",
+              "blocks.0.ffn.act[:, 1:3]", "--ablate-with", "mean").stdout
+    assert "interventions  ablate blocks.0.attn.head1 (mean)" in text
+    import re
+
+    worst = float(re.search(r"max \|Δ logits\| ([0-9.e+-]+);", text)[1])
+    assert worst < 1e-12
+    line = error_line(run("kv", "--tokens", "3,1,4,1,5", "--generate", "2", "--ablate",
+                          "blocks.0.ffn", "--ablate-with", "mean"), 2)
+    assert "'--ablate-with'" in line and "--generate" in line
+    line = error_line(run("kv", "--tokens", "3,1,4", "--tokens", "2,2", "--ablate",
+                          "blocks.0.ffn.act[1]"), 2)
+    assert "'--ablate'" in line and "one row" in line

@@ -267,12 +267,13 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
     return rows
 
 
-def execute(opts: Options, with_grads: bool, validate=None):
+def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = True):
     """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
 
     ``validate(cfg)`` checks the command's own options once the config is known, before
-    anything is computed. Returns ``(run, fwd, grads)`` (``grads`` None without
-    ``with_grads``).
+    anything is computed. ``intervene=False``: the run as it is, the command making the
+    interventions itself (tfm kv, on its one row). Returns ``(run, fwd, grads)`` (``grads``
+    None without ``with_grads``).
     """
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.engine.model import first_nonfinite
@@ -287,7 +288,7 @@ def execute(opts: Options, with_grads: bool, validate=None):
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
-            changes = interventions(opts, run)
+            changes = interventions(opts, run) if intervene else []
             fwd = forward_changed(opts, params, inputs, cfg, changes)
             grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
     except FloatingPointError as e:

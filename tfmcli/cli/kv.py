@@ -16,10 +16,12 @@ from tfmcli.cli.common import (
     describe,
     emit,
     execute,
+    interventions,
     rows_limit,
     width,
 )
 from tfmcli.cli.options import (
+    INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
@@ -32,7 +34,7 @@ from tfmcli.cli.shapes import human
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def kv(
     row: Row = 0,
     block: Annotated[int, typer.Option(
@@ -67,15 +69,19 @@ def kv(
                 f"row {row} has {given} tokens and the model {cfg.ctx} learned positions "
                 f"(n_ctx); allowed: 0..{cfg.ctx - given}", param_hint="'--generate'")
 
-    run, fwd, _ = execute(opts, with_grads=False, validate=validate)
+    run, fwd, _ = execute(opts, with_grads=False, validate=validate, intervene=False)
     cfg = run.cfg
     given = int(run.inputs.lengths[row])
-    steps = decode(run.params, run.inputs.tokens[row, :given], cfg, generate=generate)
+    prompt = run.inputs.tokens[row, :given]
+    changes = [change for _, change in interventions(opts, run)]   # (the run's own: execute's)
+    plan = row_plan(opts, changes, run, prompt, generate)
+    steps = decode(run.params, prompt, cfg, generate=generate, plan=plan)
     length = len(steps)
     ids = [s.token for s in steps]
-    if generate:   # the full forward of the given and the generated tokens, to check each step
+    if generate or changes:   # the full forward of the row (and the generated tokens)
         whole = tfmcli.forward(run.params, tfmcli.inputs_from_tokens(ids),
-                               cfg.replace(batch=1, seq_len=length, lengths=None))
+                               cfg.replace(batch=1, seq_len=length, lengths=None),
+                               interventions=changes)
         full_logits = whole.acts["logits"][0]
     else:
         full_logits = fwd.acts["logits"][row]
@@ -160,4 +166,37 @@ def kv(
         payload["generated"] = ids[given:]
         payload["generated_probability"] = chance[given:]
         parts.insert(2, Text(f"generated (greedy): {' '.join(texts[given:])}", style="bold"))
-    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
+    if changes:   # the changed row's whole forward: what the steps equal
+        saved = run_arrays(whole.caches["cfg"], run.params, whole.inputs, whole)
+    else:
+        saved = run_arrays(cfg, run.params, run.inputs, fwd)
+    emit(opts, parts, payload, saved)
+
+
+def row_plan(opts, changes, run, prompt, generate):
+    """The interventions of one row of all the decoded positions, as ``decode`` takes them;
+    a mean ablation's means are the whole row's (its forward first), so not with --generate,
+    whose tokens are not known before the decoding."""
+    if not changes:
+        return None
+    import tfmcli
+    from tfmcli.engine.interventions import Ablate, InterventionError
+    from tfmcli.engine.model import plan_for, unchecked_forward
+
+    if generate and any(isinstance(c, Ablate) and c.using == "mean" for c in changes):
+        raise typer.BadParameter("a mean is over the whole run, and with --generate its tokens "
+                                 "are not known before decoding; ablate with zero, or drop "
+                                 "--generate", param_hint="'--ablate-with'")
+    T = len(prompt) + generate
+    cfg = run.cfg.replace(batch=1, seq_len=T, lengths=None)
+    inputs = tfmcli.inputs_from_tokens([list(prompt) + [0] * generate])
+    try:
+        plan = plan_for(changes, cfg, inputs)
+        if not generate:   # the means (and every check of the patches) from the whole row
+            unchecked_forward(run.params, inputs, cfg, plan=plan)
+    except InterventionError as e:
+        flag = next((f"--{type(c).__name__.lower()}" for c in changes if c.target == e.target),
+                    "--ablate")
+        raise typer.BadParameter(f"{e} (tfm kv decodes one row: its targets are a one-row "
+                                 f"run's)", param_hint=f"'{flag}'") from None
+    return plan
