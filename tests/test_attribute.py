@@ -31,6 +31,8 @@ def test_the_terms_add_up_to_the_logit(arch):
             c = cfg.logit_softcap
             assert abs(c * np.tanh(result.logit / c) - logit) <= 1e-12
             assert "not linear" in result.note
+    if cfg.parallel_residual:   # said: every term is there
+        assert "parallel blocks" in result.note
     heads = [n for n in result.names if ".head" in n]
     assert len(heads) == (0 if cfg.sandwich_norm else cfg.layers * cfg.heads)
 

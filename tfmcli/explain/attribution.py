@@ -108,6 +108,9 @@ def attribute(params: dict, fwd, cfg, row: int, position: int, token: int) -> At
         names.append("head.b_U")
         values.append(float(b_U[token]))
     logit = float(acts["ln_f.out"][b, t] @ column + (0.0 if b_U is None else b_U[token]))
+    if cfg.parallel_residual and not cfg.sandwich_norm:
+        note = ("parallel blocks: attention and the FFN both add to the stream (neither reads "
+                "the other's output), so every term is here")
     capped = None
     if cfg.logit_softcap is not None:   # c tanh(z / c): not linear, so the terms are of z
         capped = float(fwd.acts["logits"][b, t, token])
