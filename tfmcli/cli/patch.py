@@ -1,6 +1,7 @@
 """tfm patch: activation patching from a clean run into a corrupted one, beside attribution
 patching's first-order estimate."""
 
+from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -88,8 +89,9 @@ def patch(
                                      f"by its name, such as blocks.0.resid1",
                                      param_hint="'--act'")
     try:
-        grid = patching(run.params, run.inputs, corrupted, cfg, over.value, metric.value, *ids,
-                        act=act, tokens=run.token_labels(0))
+        with progress_bar("patched runs") as tick:   # one forward pass a component
+            grid = patching(run.params, run.inputs, corrupted, cfg, over.value, metric.value,
+                            *ids, act=act, tokens=run.token_labels(0), progress=tick)
     except InterventionError as e:
         raise typer.BadParameter(str(e), param_hint="'--from-tokens'") from None
     what = {"loss": "the loss (clean targets)",
@@ -164,3 +166,19 @@ def ranking_line(grid) -> str:
     shown = "undefined (a constant grid)" if rho != rho else f"{rho:+.3f}"
     return (f"rank correlation of estimate and real (Spearman): {shown}\n"
             f"largest |real|:     {top(grid.real)}\nlargest |estimate|: {top(grid.estimate)}")
+
+
+@contextmanager
+def progress_bar(what: str):
+    """A progress bar on stderr when it is a terminal (``tick(done, total)``), else nothing."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(what, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
