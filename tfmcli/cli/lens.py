@@ -26,6 +26,9 @@ def lens(
     top: Annotated[int, typer.Option(
         "--top", "-k", callback=bounded(1, 20), help="Tokens shown per position (1..20).")] = 3,
     full: Annotated[bool, typer.Option("--full", help="Every position, however wide.")] = False,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help="Read --load DIR's weights a block at a time, holding one block.")
+    ] = False,
     opts: Options = None,
 ):
     """The logit lens: after each block, the next tokens the model would predict there.
@@ -35,9 +38,14 @@ def lens(
     from tfmcli.explain.lens import logit_lens
     from tfmcli.io import run_arrays
 
-    run, fwd, _ = execute(opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row))
+    if stream:
+        run, fwd = streamed(opts, row)
+    else:
+        run, fwd, _ = execute(opts, with_grads=False,
+                              validate=lambda cfg: check_indices(cfg, row))
     cfg = run.cfg
-    rows = logit_lens(run.params, fwd, cfg, row, top)
+    rows = logit_lens(head_params(run.params, cfg) if stream else run.params, fwd, cfg, row,
+                      top)
     length = int(run.inputs.lengths[row])
     tokens = run.token_labels(row)[:length]
     targets = run.target_labels(row)[:length]
@@ -55,4 +63,39 @@ def lens(
                            "top": [[{"id": int(t), "text": run.token_text(int(t)), "p": float(p)}
                                     for t, p in zip(r.top[i], r.probs[i])]
                                    for i in range(length)]} for r in rows]}
-    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
+    # streamed, the weights stay in their files: the run's inputs and streams only
+    emit(opts, parts, payload, run_arrays(cfg, {} if stream else run.params, run.inputs, fwd))
+
+
+def streamed(opts: Options, row: int):
+    """The run with its weights read a block at a time (``sources.Run.lazy_params``) and the
+    forward pass keeping each block's input and output only: the numbers of the whole pass,
+    bit for bit, holding one block's weights and activations at a time."""
+    import tfmcli
+    from tfmcli.cli.common import interventions
+    from tfmcli.engine.interventions import InterventionError
+
+    run = opts.run(memory=False)
+    check_indices(run.cfg, row)
+    if run.lazy_params is None:
+        raise typer.BadParameter("it reads a checkpoint folder's weights a block at a time: "
+                                 "--load DIR of a LLaMA, Mistral, Qwen2, Qwen3 or StableLM "
+                                 "folder (others: not yet)", param_hint="'--stream'")
+    run.params = run.lazy_params()
+    inputs = run.complete().inputs
+    changes = interventions(opts, run)
+    try:
+        fwd = tfmcli.forward(run.params, inputs, run.cfg, interventions=[c for _, c in changes],
+                             keep=set())
+    except InterventionError as e:
+        flag = next((flag for flag, c in changes if c.target == e.target), "--ablate")
+        raise typer.BadParameter(str(e), param_hint=f"'{flag}'") from None
+    return run, fwd
+
+
+def head_params(params, cfg) -> dict:
+    """The final norm's and the head's weights, read once for every stream's lens."""
+    names = [n for n in ("ln_f.gamma", "ln_f.beta", "head.W_U", "head.b_U") if n in params]
+    if cfg.tied_head:
+        names.append("embed.W_E")
+    return {name: params[name] for name in names}

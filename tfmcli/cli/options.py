@@ -471,11 +471,11 @@ class Options:
                 raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "
                                          f"add --pe rope", param_hint=f"'{FLAGS[name]}'")
 
-    def run(self):
+    def run(self, memory: bool = True):
         """The run these options describe (sources.resolve), parameters not yet drawn.
 
         Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
-        has available, unless --force.
+        has available, unless --force (or ``memory=False``: a streamed run, which holds less).
         """
         from tfmcli.sources import (  # (at run time: --help skips it)
             MissingExtra,
@@ -498,7 +498,7 @@ class Options:
         self.refuse_unused(run.cfg)
         run.arch = self.values.get("arch")
         self.made = run   # what the run ran on goes into --json (common.emit)
-        if not self.values.get("force", False):
+        if memory and not self.values.get("force", False):
             check_memory(run.cfg)
         return run
 

@@ -198,7 +198,7 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
 
 
 def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
-            interventions=()) -> Forward:
+            interventions=(), keep=None) -> Forward:
     """Run the model on ``inputs``; returns the loss and every named activation.
 
     Parameters
@@ -215,10 +215,16 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
         (``tfmcli.engine.interventions``): numbers changed as the pass makes them, in order;
         the backward goes through the changed graph. A target this model does not have, or
         an index outside it, raises ``InterventionError``.
+    keep : set of activation names, optional
+        Streamed: keep only these activations, besides each block's input and output, the
+        embedding's and the head's; each block's others, and what its backward would read,
+        are dropped as soon as the block is done, so a pass holds one block's at a time. The
+        numbers are the whole pass's, bit for bit; ``backward`` needs the whole pass.
     """
     check_params(params, cfg)
     inputs = checked_inputs(inputs, cfg)
-    return unchecked_forward(params, inputs, cfg, fast, plan=plan_for(interventions, cfg, inputs))
+    return unchecked_forward(params, inputs, cfg, fast, plan=plan_for(interventions, cfg, inputs),
+                             keep=keep)
 
 
 def plan_for(interventions, cfg: Config, inputs: Inputs):
@@ -237,7 +243,8 @@ def plan_for(interventions, cfg: Config, inputs: Inputs):
 
 
 def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
-                      start: int = 0, x: np.ndarray | None = None, plan=None) -> Forward:
+                      start: int = 0, x: np.ndarray | None = None, plan=None,
+                      keep=None) -> Forward:
     """``forward`` without checking its arguments: for a loop over arguments that ``forward``
     has checked once (the gradient check's nudged copies of the parameters).
 
@@ -248,7 +255,7 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
     ``plan``: the interventions (``plan_for``), applied as the activations are made.
     """
     with _engine(fast, cfg, *inputs.tokens.shape):
-        return _forward(params, inputs, cfg, fast, start, x, plan)
+        return _forward(params, inputs, cfg, fast, start, x, plan, keep)
 
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
@@ -300,7 +307,7 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
-             x: np.ndarray | None = None, plan=None) -> Forward:
+             x: np.ndarray | None = None, plan=None, keep=None) -> Forward:
     B, T = inputs.tokens.shape
     run = range(start, cfg.layers)
     caches = {"fast": fast, "cfg": cfg, "plan": plan} if plan else {"fast": fast, "cfg": cfg}
@@ -310,6 +317,10 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
         x = _embed_forward(t, inputs)
     for i in run:
         x = blocks.block(t, x, i)
+        if keep is not None:   # streamed: the block's input and output, and what was asked
+            _drop_block(t, i, keep)
+    if keep is not None:
+        caches["streamed"] = True
     if cfg.norm == "pre":
         x = blocks.norm(t, x, "ln_f")
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
@@ -322,6 +333,17 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
     return Forward(loss, acts, inputs, caches)
 
 
+def _drop_block(t: blocks.Tape, i: int, keep) -> None:
+    """Forget block i's activations (but its input, its output and those in ``keep``) and its
+    caches: a streamed pass holds one block's at a time."""
+    p = f"blocks.{i}."
+    for name in [n for n in t.acts if n.startswith(p)]:
+        if name not in keep and name not in (p + "in", p + "out"):
+            del t.acts[name]
+    for name in [n for n in t.caches if isinstance(n, str) and n.startswith(p)]:
+        del t.caches[name]
+
+
 def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation.
 
@@ -330,6 +352,9 @@ def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients
     gradients of another function of the logits instead, the one whose gradient with respect
     to the logits it is (a logit difference's: +1 and -1 at two tokens); ``probs`` then has
     no gradient (zeros)."""
+    if fwd.caches.get("streamed"):
+        raise InputsError("backward: this forward pass was streamed (keep=...): it kept one "
+                          "block's caches at a time; run forward without keep")
     ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))

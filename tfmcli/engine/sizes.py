@@ -90,14 +90,16 @@ def param_misfit(params: dict, cfg: Config) -> Misfit | None:
     missing = [name for name in shapes if name not in params]
     if missing:
         return Misfit("missing", missing[0], None, None, len(missing) - 1)
-    for name, value in params.items():
+    lazy = hasattr(params, "meta")   # read when asked for (sources: streamed): not read here
+    for name in params:
         if name not in shapes:
             unknown = sum(other not in shapes for other in params)
             return Misfit("unknown", name, None, None, unknown - 1)
-        if value.shape != shapes[name]:
-            return Misfit("shape", name, value.shape, shapes[name], 0)
-        if value.dtype != cfg.np_dtype:
-            return Misfit("dtype", name, value.dtype, cfg.dtype, 0)
+        shape, dtype = params.meta(name) if lazy else (params[name].shape, params[name].dtype)
+        if shape != shapes[name]:
+            return Misfit("shape", name, shape, shapes[name], 0)
+        if dtype != cfg.np_dtype:
+            return Misfit("dtype", name, dtype, cfg.dtype, 0)
     return None
 
 

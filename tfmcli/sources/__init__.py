@@ -9,6 +9,7 @@ refuse a run too big for memory before ``Run.complete`` allocates them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -59,6 +60,8 @@ class Run:
     scored: str = "every position"   # which positions the loss scores, said in the panel
     encode: Callable[[str], list] | None = field(default=None, repr=False)   # text -> ids
     interventions: list = field(default_factory=list)   # what the CLI changed, described
+    # a checkpoint's weights read when used (a streamed pass), or None where it cannot
+    lazy_params: Callable[[], Mapping] | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         params = None if self.params is None else arrays_repr(self.params)
@@ -193,8 +196,11 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
         raise ConfigError(option, f"the longest row has {T} tokens, and {e}") from None
     if tokens is not None:
         _check_ids(inputs, cfg, "text" if text else "tokens")
+    lazy = None
     if folder:
         read_params = lambda: checkpoint.load_params(load, fields, cfg.np_dtype)  # noqa: E731
+        if hasattr(checkpoint, "lazy_params"):
+            lazy = lambda: checkpoint.lazy_params(load, fields, cfg.np_dtype)  # noqa: E731
     elif load is not None:
         params = check_params(load, params, cfg)
         if tokens is None:
@@ -207,7 +213,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
         inputs, scored = scored_as_trained(inputs, task, score_all)
     return Run(cfg, params, inputs, weights_from or f"{seed} ({cfg.init} init)",
                tokens_from or seed, token_text, read_params, task=task, scored=scored,
-               encode=None if tokenizer is None else tokenizer.encode)
+               encode=None if tokenizer is None else tokenizer.encode, lazy_params=lazy)
 
 
 def load(path, *, tokens=None, text=None, score_all=False, **fields) -> Run:

@@ -27,6 +27,7 @@ Gemma 2's four norms a layer (a sandwich) are named for where they sit:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -421,6 +422,46 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
     shapes = param_shapes(Config(**fields))
     with ThreadPoolExecutor(2) as pool:
         return dict(pair for pairs in pool.map(read, rows) for pair in pairs)
+
+
+class LazyParams(Mapping):
+    """A checkpoint's weights under tfm's names, each read from its file (and widened,
+    transposed) when it is asked for and never held: a streamed pass holds one block's at a
+    time. ``meta(name)``: its shape and dtype, without reading it."""
+
+    def __init__(self, stored: dict, names: dict, rows: list, shapes: dict, dtype):
+        self.stored, self.names, self.shapes = stored, names, shapes
+        self.dtype = np.dtype(dtype)
+        self.rows = {ours: (name, transposed) for name, ours, transposed in rows}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        stored_name, transposed = self.rows[name]
+        key = self.names[stored_name]
+        path, header, start = self.stored[key]
+        return tensorfile.read_tensor(path, header, start, key, self.dtype, transposed)
+
+    def __contains__(self, name) -> bool:
+        return name in self.rows
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def meta(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        return self.shapes[name], self.dtype
+
+
+def lazy_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> LazyParams:
+    """``load_params``' weights, checked the same way, read only when asked for
+    (``LazyParams``); None for a layout whose keys hold more than one parameter (Phi-3's)."""
+    expected = expected_shapes(fields)
+    stored = stored_tensors(folder)
+    names = {key: key for key in stored}
+    check_stored(folder, stored, names, expected, checkpoint,
+                 "lm_head.weight" if fields["tied_head"] else None)
+    return LazyParams(stored, names, name_map(fields), param_shapes(Config(**fields)), dtype)
 
 
 def text_keys(stored: dict) -> dict[str, str]:

@@ -22,3 +22,4 @@ def read_config(folder) -> dict:
                                                   kv_heads=8, window=window))
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME)
+lazy_params = functools.partial(llama.lazy_params, checkpoint=NAME)

@@ -36,3 +36,4 @@ def read_config(folder) -> dict:
                                                   kv_heads=32, window=qwen_window(path, config)))
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME)
+lazy_params = functools.partial(llama.lazy_params, checkpoint=NAME)

@@ -23,3 +23,4 @@ def read_config(folder) -> dict:
     return llama.runnable(path, {**fields, "qk_norm": True})
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME)
+lazy_params = functools.partial(llama.lazy_params, checkpoint=NAME)

@@ -52,5 +52,6 @@ def read_config(folder) -> dict:
     return llama.runnable(path, fields)
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME)
+lazy_params = functools.partial(llama.lazy_params, checkpoint=NAME)
 name_map = llama.name_map
 from_tfm = llama.from_tfm
