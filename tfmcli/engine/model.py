@@ -218,8 +218,10 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
     keep : set of activation names, optional
         Streamed: keep only these activations, besides each block's input and output, the
         embedding's and the head's; each block's others, and what its backward would read,
-        are dropped as soon as the block is done, so a pass holds one block's at a time. The
-        numbers are the whole pass's, bit for bit; ``backward`` needs the whole pass.
+        are dropped as soon as the block is done, so a pass holds one block's at a time.
+        ``backward`` then makes each block again from its input, one at a time, in reverse,
+        and keeps the same activations' gradients. The numbers are the whole pass's, bit for
+        bit.
     """
     check_params(params, cfg)
     inputs = checked_inputs(inputs, cfg)
@@ -319,8 +321,8 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
         x = blocks.block(t, x, i)
         if keep is not None:   # streamed: the block's input and output, and what was asked
             _drop_block(t, i, keep)
-    if keep is not None:
-        caches["streamed"] = True
+    if keep is not None:   # what the backward keeps of each block too
+        caches["streamed"] = frozenset(keep)
     if cfg.norm == "pre":
         x = blocks.norm(t, x, "ln_f")
     logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
@@ -352,9 +354,6 @@ def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients
     gradients of another function of the logits instead, the one whose gradient with respect
     to the logits it is (a logit difference's: +1 and -1 at two tokens); ``probs`` then has
     no gradient (zeros)."""
-    if fwd.caches.get("streamed"):
-        raise InputsError("backward: this forward pass was streamed (keep=...): it kept one "
-                          "block's caches at a time; run forward without keep")
     ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
@@ -372,7 +371,7 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None) -> Gradien
     # on (parallel.deferred); every one is made by the scope's end, before the embedding's
     # rows are added to the tied head's.
     with parallel.deferred():
-        dx, dW_U = _head_and_blocks_backward(t, upstream)
+        dx, dW_U = _head_and_blocks_backward(t, upstream, fwd)
         if cfg.embed_norm:
             dx = blocks.norm_backward(t, dx, "ln_embed")
     dacts["embed"] = dx
@@ -394,8 +393,10 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None) -> Gradien
     return Gradients(ordered_grads, ordered_dacts)
 
 
-def _head_and_blocks_backward(t: blocks.Tape, upstream=None):
-    """From the loss down to the embedding's output: its gradient, and the head's dW_U."""
+def _head_and_blocks_backward(t: blocks.Tape, upstream=None, fwd: Forward | None = None):
+    """From the loss down to the embedding's output: its gradient, and the head's dW_U. A
+    streamed pass's blocks (``forward(keep=...)``) are made again from their inputs, one at a
+    time, and forgotten after their backward."""
     caches, cfg, grads, dacts = t.caches, t.cfg, t.grads, t.dacts
     if upstream is None:
         dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
@@ -414,9 +415,33 @@ def _head_and_blocks_backward(t: blocks.Tape, upstream=None):
         grads["head.b_U"] = db_U
     if cfg.norm == "pre":
         dx = blocks.norm_backward(t, dx, "ln_f")
+    streamed = caches.get("streamed")
     for i in reversed(range(cfg.layers)):
+        if streamed is not None:
+            _block_again(t, fwd, i)
         dx = blocks.block_backward(t, dx, i)
+        if streamed is not None:
+            _forget_block(t, i, streamed)
     return dx, dW_U
+
+
+def _block_again(t: blocks.Tape, fwd: Forward, i: int) -> None:
+    """Block i of a streamed pass, made again from its input as the pass made it (its
+    interventions too: their plan is the pass's), its caches into ``t``'s for its backward."""
+    B, T = fwd.inputs.tokens.shape
+    again = blocks.Tape(t.P, t.cfg, t.caches,
+                        _block_masks(t.cfg, fwd.inputs.lengths, T, t.fast, [i]))
+    blocks.KINDS[blocks.kind(t.cfg)][0](again, fwd.acts[f"blocks.{i}.in"], i)
+
+
+def _forget_block(t: blocks.Tape, i: int, keep) -> None:
+    """After block i's backward: its caches, and its gradients not asked for."""
+    p = f"blocks.{i}."
+    for name in [n for n in t.caches if isinstance(n, str) and n.startswith(p)]:
+        del t.caches[name]
+    for name in [n for n in t.dacts if n.startswith(p)]:
+        if name not in keep and name not in (p + "in", p + "out"):
+            del t.dacts[name]
 
 
 def first_nonfinite(arrays: dict) -> str | None:
