@@ -1,0 +1,119 @@
+"""Streaming at 7B (issue 63): a random-weight LLaMA-7B-shaped bfloat16 folder on disk (made
+once, never committed), then ``tfm lens --stream`` on 16 tokens, timed, with its peak resident
+memory (VmHWM).
+
+    python benchmarks/stream.py [--folder DIR] [--layers L]
+
+The folder is written a block a shard (model-000NN-of-000MM.safetensors and its index), so
+making it holds one block's weights. ``--layers`` makes a shallower model of the same width
+for a quick run. The script unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for itself and
+prints the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(name in os.environ for name in OVERRIDES):
+    env = {k: v for k, v in os.environ.items() if k not in OVERRIDES}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from tfmcli.sources import tensorfile  # noqa: E402
+
+# LLaMA-7B's config.json (meta-llama/Llama-2-7b-hf)
+SEVEN_B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+           "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 32,
+           "num_hidden_layers": 32, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 4096, "tie_word_embeddings": False,
+           "hidden_act": "silu", "torch_dtype": "bfloat16"}
+TOKENS = "1,450,4996,3290,373,670,278,17366,29889,450,11203,471,1754,4274,278,1029"
+
+
+def kernel() -> str:
+    from threadpoolctl import threadpool_info
+
+    return ", ".join(f"{i['internal_api']} {i.get('architecture', '')} {i['num_threads']} "
+                     f"threads" for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def make_folder(folder: Path, config: dict) -> None:
+    """Random weights (N(0, 0.02), norms' gains 1) in bfloat16, a block a shard."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    d, F, V, L = (config["hidden_size"], config["intermediate_size"], config["vocab_size"],
+                  config["num_hidden_layers"])
+    rng = np.random.default_rng(0)
+
+    def weights(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+
+    count, index = L + 2, {}
+
+    def write(n, shard):   # each shard written as soon as it is made, then let go
+        name = f"model-{n + 1:05d}-of-{count:05d}.safetensors"
+        tensorfile.write(folder / name, shard, bfloat16=True)
+        index.update({key: name for key in shard})
+
+    write(0, {"model.embed_tokens.weight": weights(V, d)})
+    for i in range(L):
+        m = f"model.layers.{i}."
+        write(i + 1, {m + "input_layernorm.weight": np.ones(d, np.float32),
+                      m + "self_attn.q_proj.weight": weights(d, d),
+                      m + "self_attn.k_proj.weight": weights(d, d),
+                      m + "self_attn.v_proj.weight": weights(d, d),
+                      m + "self_attn.o_proj.weight": weights(d, d),
+                      m + "post_attention_layernorm.weight": np.ones(d, np.float32),
+                      m + "mlp.gate_proj.weight": weights(F, d),
+                      m + "mlp.up_proj.weight": weights(F, d),
+                      m + "mlp.down_proj.weight": weights(d, F)})
+        if i % 4 == 3:
+            print(f"  wrote block {i + 1} of {L}", flush=True)
+    write(L + 1, {"model.norm.weight": np.ones(d, np.float32), "lm_head.weight": weights(V, d)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+
+
+def peak_run(args: list[str]) -> tuple[float, int, str]:
+    """(seconds, peak resident KiB, stdout) of ``tfm ARGS`` in a fresh process."""
+    code = ("import sys\nfrom tfmcli.cli import main\n"
+            f"sys.argv = ['tfm', *{args!r}]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+            "print(hwm.split()[1], file=sys.stderr)")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    return seconds, int(done.stderr.strip().splitlines()[-1]), done.stdout
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", default="/tmp/tfm-llama-7b")
+    parser.add_argument("--layers", type=int, default=32)
+    args = parser.parse_args()
+    folder = Path(args.folder)
+    config = {**SEVEN_B, "num_hidden_layers": args.layers}
+    if not (folder / "model.safetensors.index.json").is_file():
+        print(f"making {folder} ({args.layers} blocks, bfloat16)...", flush=True)
+        start = time.perf_counter()
+        make_folder(folder, config)
+        print(f"  made in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"BLAS: {kernel()}")
+    seconds, peak, out = peak_run(["lens", "--load", str(folder), "--tokens", TOKENS,
+                                   "--stream", "--json"])
+    layers = len(json.loads(out)["layers"]) if out.strip().startswith("{") else "?"
+    print(f"tfm lens --stream, {args.layers} blocks of LLaMA-7B's width, 16 tokens: "
+          f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({layers} streams)")
+
+
+if __name__ == "__main__":
+    main()
