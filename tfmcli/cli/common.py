@@ -267,19 +267,21 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
     return rows
 
 
-def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = True):
+def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = True,
+            also: str = ""):
     """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
 
     ``validate(cfg)`` checks the command's own options once the config is known, before
     anything is computed. ``intervene=False``: the run as it is, the command making the
-    interventions itself (tfm kv, on its one row). Returns ``(run, fwd, grads)`` (``grads``
+    interventions itself (tfm kv, on its one row). ``also``: the command's other way out
+    of a run too big for the memory (``--stream``). Returns ``(run, fwd, grads)`` (``grads``
     None without ``with_grads``).
     """
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.engine.model import first_nonfinite
 
     keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
-    run = opts.run()
+    run = opts.run(also=also)
     cfg = run.cfg
     if validate is not None:
         validate(cfg)

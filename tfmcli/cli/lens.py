@@ -42,7 +42,8 @@ def lens(
         run, fwd = streamed(opts, row)
     else:
         run, fwd, _ = execute(opts, with_grads=False,
-                              validate=lambda cfg: check_indices(cfg, row))
+                              validate=lambda cfg: check_indices(cfg, row),
+                              also=", read a LLaMA-family folder a block at a time (--stream)")
     cfg = run.cfg
     rows = logit_lens(head_params(run.params, cfg) if stream else run.params, fwd, cfg, row,
                       top)

@@ -471,7 +471,7 @@ class Options:
                 raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "
                                          f"add --pe rope", param_hint=f"'{FLAGS[name]}'")
 
-    def run(self, memory: bool = True):
+    def run(self, memory: bool = True, also: str = ""):
         """The run these options describe (sources.resolve), parameters not yet drawn.
 
         Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
@@ -499,7 +499,7 @@ class Options:
         run.arch = self.values.get("arch")
         self.made = run   # what the run ran on goes into --json (common.emit)
         if memory and not self.values.get("force", False):
-            check_memory(run.cfg)
+            check_memory(run.cfg, also=also)
         return run
 
     def json_or_svg_conflict(self):
@@ -585,15 +585,16 @@ def binary_size(n: int) -> str:
         n /= 1024
 
 
-def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward"):
+def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward", also: str = ""):
     """A usage error when the run's estimate (and ``extra`` bytes that a command adds, for
-    ``what``) exceeds the memory available."""
+    ``what``) exceeds the memory available; ``also``: another way out the command has."""
     need, have = memory_estimate(cfg)["total"] + extra, available_memory()
     if need > have:
         raise typer.BadParameter(
             f"this run needs about {binary_size(need)} for {what} (see tfm shapes), more than "
             f"the {binary_size(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
-            f"--layers, or pass --force", param_hint="'--batch' / '--seq-len' / '--d-model'")
+            f"--layers{also}, or pass --force",
+            param_hint="'--batch' / '--seq-len' / '--d-model'")
 
 
 def _help_place(spec) -> tuple:
