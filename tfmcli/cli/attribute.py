@@ -17,6 +17,7 @@ from tfmcli.cli.common import (
     describe,
     emit,
     execute,
+    token_id,
 )
 from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
@@ -47,7 +48,6 @@ def attribute(
 
     Example: tfm attribute --tokens 3,1,4,1,5 -t 2 -L 2
     """
-    from tfmcli.cli.patch import token_id
     from tfmcli.explain.attribution import attribute as attribution
     from tfmcli.explain.attribution import undecomposable
 

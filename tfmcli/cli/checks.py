@@ -2,7 +2,6 @@
 
 from typing import Optional
 
-from rich.console import Console
 from rich.text import Text
 
 import tfmcli
@@ -54,11 +53,9 @@ def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, dire
         kwargs["tolerance"] = tolerance
     if interventions:
         kwargs["interventions"] = interventions
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return check(params, inputs, cfg, **kwargs)
-    from rich.progress import Progress
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("central differences", total=None)
-        kwargs["progress"] = lambda done, total: progress.update(task, completed=done, total=total)
+    from tfmcli.cli.common import progress_bar
+
+    with progress_bar("central differences") as tick:
+        if tick is not None:
+            kwargs["progress"] = tick
         return check(params, inputs, cfg, **kwargs)

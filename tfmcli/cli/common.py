@@ -4,6 +4,7 @@ and checking the options that name a row, head, block or tensor of it."""
 import io
 import math
 import os
+from contextlib import contextmanager
 from typing import Annotated, List, Optional
 
 import numpy as np
@@ -385,16 +386,61 @@ def patch_source(opts: Options, run):
     return tfmcli.forward(run.params, inputs, cfg)
 
 
-def forward_changed(opts: Options, params, inputs, cfg, changes):
-    """The forward pass with ``changes`` (``interventions``); a target that does not fit this
-    model is a usage error naming the option and the target."""
+def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None):
+    """The forward pass with ``changes`` (``interventions``; ``keep``: streamed, as
+    ``forward`` takes it); a target that does not fit this model is a usage error naming the
+    option and the target."""
     from tfmcli.engine.interventions import InterventionError
 
     try:
-        return tfmcli.forward(params, inputs, cfg, interventions=[c for _, c in changes])
+        return tfmcli.forward(params, inputs, cfg, interventions=[c for _, c in changes],
+                              keep=keep)
     except InterventionError as e:
-        flag = next((flag for flag, c in changes if c.target == e.target), "--ablate")
-        raise typer.BadParameter(str(e), param_hint=f"'{flag}'") from None
+        raise target_error(e, changes) from None
+
+
+def target_error(error, changes, note: str = "") -> typer.BadParameter:
+    """An ``InterventionError`` as a usage error naming the option its target came from
+    (``changes``: ``interventions``' pairs)."""
+    flag = next((flag for flag, c in changes if c.target == error.target), "--ablate")
+    return typer.BadParameter(f"{error}{note}", param_hint=f"'{flag}'")
+
+
+def token_id(run, value, flag):
+    """--answer / --wrong: an id in the vocabulary, or text that is one token."""
+    if value is None:
+        return None
+    if value.lstrip("-").isdigit():
+        token = int(value)
+    elif run.encode is None:
+        raise typer.BadParameter(f"{value!r} is not a token id (text needs --load DIR's "
+                                 f"tokenizer)", param_hint=f"'{flag}'")
+    else:
+        ids = run.encode(value)
+        if len(ids) != 1:
+            raise typer.BadParameter(f"{value!r} is {len(ids)} tokens; give one token",
+                                     param_hint=f"'{flag}'")
+        token = ids[0]
+    if not 0 <= token < run.cfg.vocab:
+        raise typer.BadParameter(f"{token} is outside 0..{run.cfg.vocab - 1}",
+                                 param_hint=f"'{flag}'")
+    return token
+
+
+@contextmanager
+def progress_bar(what: str):
+    """A progress bar on stderr when it is a terminal (``tick(done, total)``), else nothing."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(what, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def position_labels(run, row: int, prefix: str = "") -> list[str]:

@@ -73,8 +73,9 @@ def kv(
     cfg = run.cfg
     given = int(run.inputs.lengths[row])
     prompt = run.inputs.tokens[row, :given]
-    changes = [change for _, change in interventions(opts, run)]   # (the run's own: execute's)
-    plan = row_plan(opts, changes, run, prompt, generate)
+    pairs = interventions(opts, run)   # (the run's own: execute made none)
+    changes = [change for _, change in pairs]
+    plan = row_plan(pairs, run, prompt, generate)
     steps = decode(run.params, prompt, cfg, generate=generate, plan=plan)
     length = len(steps)
     ids = [s.token for s in steps]
@@ -173,16 +174,18 @@ def kv(
     emit(opts, parts, payload, saved)
 
 
-def row_plan(opts, changes, run, prompt, generate):
+def row_plan(pairs, run, prompt, generate):
     """The interventions of one row of all the decoded positions, as ``decode`` takes them;
     a mean ablation's means are the whole row's (its forward first), so not with --generate,
     whose tokens are not known before the decoding."""
-    if not changes:
+    if not pairs:
         return None
     import tfmcli
+    from tfmcli.cli.common import target_error
     from tfmcli.engine.interventions import Ablate, InterventionError
     from tfmcli.engine.model import plan_for, unchecked_forward
 
+    changes = [change for _, change in pairs]
     if generate and any(isinstance(c, Ablate) and c.using == "mean" for c in changes):
         raise typer.BadParameter("a mean is over the whole run, and with --generate its tokens "
                                  "are not known before decoding; ablate with zero, or drop "
@@ -195,8 +198,6 @@ def row_plan(opts, changes, run, prompt, generate):
         if not generate:   # the means (and every check of the patches) from the whole row
             unchecked_forward(run.params, inputs, cfg, plan=plan)
     except InterventionError as e:
-        flag = next((f"--{type(c).__name__.lower()}" for c in changes if c.target == e.target),
-                    "--ablate")
-        raise typer.BadParameter(f"{e} (tfm kv decodes one row: its targets are a one-row "
-                                 f"run's)", param_hint=f"'{flag}'") from None
+        raise target_error(e, pairs, " (tfm kv decodes one row: its targets are a one-row "
+                                     "run's)") from None
     return plan

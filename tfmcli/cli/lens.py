@@ -72,9 +72,7 @@ def streamed(opts: Options, row: int):
     """The run with its weights read a block at a time (``sources.Run.lazy_params``) and the
     forward pass keeping each block's input and output only: the numbers of the whole pass,
     bit for bit, holding one block's weights and activations at a time."""
-    import tfmcli
-    from tfmcli.cli.common import interventions
-    from tfmcli.engine.interventions import InterventionError
+    from tfmcli.cli.common import forward_changed, interventions
 
     run = opts.run(memory=False)
     check_indices(run.cfg, row)
@@ -84,13 +82,8 @@ def streamed(opts: Options, row: int):
                                  "folder (others: not yet)", param_hint="'--stream'")
     run.params = run.lazy_params()
     inputs = run.complete().inputs
-    changes = interventions(opts, run)
-    try:
-        fwd = tfmcli.forward(run.params, inputs, run.cfg, interventions=[c for _, c in changes],
-                             keep=set())
-    except InterventionError as e:
-        flag = next((flag for flag, c in changes if c.target == e.target), "--ablate")
-        raise typer.BadParameter(str(e), param_hint=f"'{flag}'") from None
+    fwd = forward_changed(opts, run.params, inputs, run.cfg, interventions(opts, run),
+                          keep=set())
     return run, fwd
 
 

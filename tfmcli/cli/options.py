@@ -352,7 +352,7 @@ class AblateWith(str, Enum):
     mean = "mean"
 
 
-def _from_options(hidden: bool, panel: str = INTERVENE) -> list:
+def from_options(hidden: bool, panel: str = INTERVENE) -> list:
     """--from-tokens and --from-text: the other run a patch copies from (tfm patch: its
     corrupted run, shown in its --help)."""
     return [
@@ -385,7 +385,7 @@ INTERVENE_OPTIONS = [
     ("patch", Annotated[Optional[List[str]], _opt(
         "--patch", panel=INTERVENE, hidden=True, metavar="TARGET",
         help="Copy an activation from the run on --from-tokens or --from-text.")], None),
-    *_from_options(hidden=True),
+    *from_options(hidden=True),
 ]
 OUTPUT_OPTIONS = [
     ("json", Annotated[bool, _opt(

@@ -1,7 +1,6 @@
 """tfm patch: activation patching from a clean run into a corrupted one, beside attribution
 patching's first-order estimate."""
 
-from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -10,18 +9,26 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import describe, emit, execute, patch_source, width
+from tfmcli.cli.common import (
+    describe,
+    emit,
+    execute,
+    patch_source,
+    progress_bar,
+    token_id,
+    width,
+)
 from tfmcli.cli.options import (
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
     RUN_OPTIONS,
     Options,
-    _from_options,
+    from_options,
     with_options,
 )
 
 # the corrupted run: the command's own options (every other command hides them)
-FROM_OPTIONS = _from_options(hidden=False, panel=None)
+FROM_OPTIONS = from_options(hidden=False, panel=None)
 
 
 class Over(str, Enum):
@@ -127,27 +134,6 @@ def patch(
     emit(opts, parts, payload, arrays)
 
 
-def token_id(run, value, flag):
-    """--answer / --wrong: an id in the vocabulary, or text that is one token."""
-    if value is None:
-        return None
-    if value.lstrip("-").isdigit():
-        token = int(value)
-    elif run.encode is None:
-        raise typer.BadParameter(f"{value!r} is not a token id (text needs --load DIR's "
-                                 f"tokenizer)", param_hint=f"'{flag}'")
-    else:
-        ids = run.encode(value)
-        if len(ids) != 1:
-            raise typer.BadParameter(f"{value!r} is {len(ids)} tokens; give one token",
-                                     param_hint=f"'{flag}'")
-        token = ids[0]
-    if not 0 <= token < run.cfg.vocab:
-        raise typer.BadParameter(f"{token} is outside 0..{run.cfg.vocab - 1}",
-                                 param_hint=f"'{flag}'")
-    return token
-
-
 def corrupted_labels(run, inputs) -> list[str]:
     return [run.token_text(int(t)) for t in inputs.tokens[0, :int(inputs.lengths[0])]]
 
@@ -166,19 +152,3 @@ def ranking_line(grid) -> str:
     shown = "undefined (a constant grid)" if rho != rho else f"{rho:+.3f}"
     return (f"rank correlation of estimate and real (Spearman): {shown}\n"
             f"largest |real|:     {top(grid.real)}\nlargest |estimate|: {top(grid.estimate)}")
-
-
-@contextmanager
-def progress_bar(what: str):
-    """A progress bar on stderr when it is a terminal (``tick(done, total)``), else nothing."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield None
-        return
-    from rich.progress import Progress
-
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(what, total=None)
-        yield lambda done, total: progress.update(task, completed=done, total=total)

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from tfmcli.engine import ops
 from tfmcli.tui.paths import gradient_paths
 
 # what a tensor of a block is made from (the one input Enter follows)
@@ -181,9 +182,6 @@ class Explorer:
         scores = self.fwd.acts[view.name.rsplit(".", 1)[0] + ".scores"]
         hidden = np.isneginf(scores[view.index[0], view.index[1]])
         return hidden if view.shown == (2, 3) else hidden.T
-
-    def cell(self, view: View) -> tuple[int, ...]:
-        return view.index
 
     def where(self, view: View) -> str:
         """``pattern[0, 1, q2, k1]``: the cell under the cursor, named."""
@@ -372,14 +370,13 @@ class Explorer:
                      f"  = {dot:+.6f}" + (_plus(float(b[index[2]])) if b is not None else "")]
         elif name.endswith("ffn.act") and not cfg.gated:
             pre = self.values[name[:-len("act")] + "pre"][index]
-            forward = __import__("tfmcli.engine.ops", fromlist=["ops"]).ACTIVATIONS[
-                cfg.activation][0]
+            forward = ops.ACTIVATIONS[cfg.activation][0]
             made = float(forward(np.array([pre]))[0][0])
             lines = [f"= {cfg.activation}(pre) = {cfg.activation}({pre:+.6f})"]
         elif name.endswith("ffn.act"):   # gated: f(gate) x pre
             pre = self.values[name[:-len("act")] + "pre"][index]
             gate = self.values[name[:-len("act")] + "gate"][index]
-            forward = __import__("tfmcli.engine.ops", fromlist=["ops"]).GATES[cfg.activation][0]
+            forward = ops.GATES[cfg.activation][0]
             made = float(forward(np.array([gate]), np.array([pre]))[0][0])
             f = "silu" if cfg.activation == "swiglu" else "gelu"
             lines = [f"= {f}(gate) x pre", f"  = {f}({gate:+.6f}) x {pre:+.6f}"]
