@@ -1,8 +1,10 @@
 """Streaming at 7B (issue 63): a random-weight LLaMA-7B-shaped bfloat16 folder on disk (made
-once, never committed), then ``tfm lens --stream`` on 16 tokens, timed, with its peak resident
-memory (VmHWM).
+once, never committed), then ``tfm lens`` and ``tfm backward --block 15`` on 16 tokens, each
+timed with its peak resident memory (VmHWM). The whole runs do not fit (about 101 GiB), so
+both stream by themselves (the script passes --stream, so that a shallower
+model streams too).
 
-    python benchmarks/stream.py [--folder DIR] [--layers L]
+    python benchmarks/stream.py [--folder DIR] [--layers L] [--only lens|backward]
 
 The folder is written a block a shard (model-000NN-of-000MM.safetensors and its index), so
 making it holds one block's weights. ``--layers`` makes a shallower model of the same width
@@ -99,6 +101,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", default="/tmp/tfm-llama-7b")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--only", choices=["lens", "backward"])
     args = parser.parse_args()
     folder = Path(args.folder)
     config = {**SEVEN_B, "num_hidden_layers": args.layers}
@@ -108,11 +111,15 @@ def main():
         make_folder(folder, config)
         print(f"  made in {time.perf_counter() - start:.0f} s", flush=True)
     print(f"BLAS: {kernel()}")
-    seconds, peak, out = peak_run(["lens", "--load", str(folder), "--tokens", TOKENS,
-                                   "--stream", "--json"])
-    layers = len(json.loads(out)["layers"]) if out.strip().startswith("{") else "?"
-    print(f"tfm lens --stream, {args.layers} blocks of LLaMA-7B's width, 16 tokens: "
-          f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({layers} streams)")
+    runs = {"lens": ["lens"], "backward": ["backward", "--block", str(min(15, args.layers - 1))]}
+    for name, command in runs.items():
+        if args.only not in (None, name):
+            continue
+        seconds, peak, out = peak_run([*command, "--load", str(folder), "--tokens", TOKENS,
+                                       "--stream", "--json"])
+        streamed = "streamed" if out.strip().startswith("{") else f"failed: {out[-300:]!r}"
+        print(f"tfm {' '.join(command)}, {args.layers} blocks of LLaMA-7B's width, 16 tokens: "
+              f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({streamed})", flush=True)
 
 
 if __name__ == "__main__":

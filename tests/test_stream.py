@@ -125,6 +125,163 @@ def test_a_streamed_lens_holds_one_block_of_weights_not_all(tmp_path):
     assert (whole - streamed) * 1024 > 0.5 * (weights - 3 * block), (whole, streamed, weights)
 
 
-def test_stream_needs_a_folder_it_can_read_a_block_at_a_time():
-    line = error_line(run("lens", "--stream"), 2)
-    assert "'--stream'" in line and "--load DIR" in line
+def flat(text: str) -> str:
+    """Printed text as one line of words: a panel's wrapped rows joined."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_without_a_folder_a_streamed_run_holds_every_weight_and_says_so():
+    args = ["lens", "-L", "3", "--seq-len", "6"]
+    assert ok(*args, "--json", "--stream").stdout == ok(*args, "--json").stdout
+    panel = flat(ok(*args, "--stream").stdout)
+    assert "a block at a time (--stream)" in panel and "weights in memory" in panel
+    assert "streamed" not in ok(*args).stdout
+
+
+# every command that streams, on several families: its --json the whole run's, bit for bit
+STREAMING = ["forward --show blocks.1.attn.q --show dblocks.0.ffn.act", "forward --loss",
+             "backward --show dblocks.1.attn.pattern --show blocks.2.ffn.W_1",
+             "backward --layer attn --block 2", "lens", "attn --block 1", "attn --block 2 "
+             "--backward", "attn --block 1 --query 3", "ln --block 2", "ln --layer ln_f",
+             "ffn --block 1", "block --block 2", "embed --position 2", "loss --position 3"]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "gpt_neox", "mistral"])
+@pytest.mark.parametrize("command", STREAMING)
+def test_every_command_that_streams_prints_the_whole_runs_numbers(command, arch):
+    if "dblocks" in command and command.startswith("forward"):   # forward shows activations
+        command = command.replace(" --show dblocks.0.ffn.act", "")
+    args = [*command.split(), "--arch", arch, "-L", "3", "--seq-len", "7", "--seed", "3",
+            "--init", "normal", "--json"]
+    whole = ok(*args)
+    assert ok(*args, "--stream").stdout == whole.stdout
+    assert json.loads(whole.stdout)   # (a view, not an error)
+
+
+@pytest.mark.parametrize("command", ["forward", "backward --show dblocks.1.attn.pattern"])
+def test_a_streamed_view_is_the_whole_ones_but_for_the_line_that_says_so(command):
+    args = [*command.split(), "-L", "3", "--full"]
+    whole, streamed = ok(*args).stdout.splitlines(), ok(*args, "--stream").stdout.splitlines()
+    def outside_panel(lines):
+        return [line for line in lines if not any(c in line for c in "│╭╰")]
+    assert outside_panel(streamed) == outside_panel(whole)
+    assert len(outside_panel(whole)) > 40
+    assert any("streamed" in line for line in streamed)
+
+
+@pytest.mark.parametrize("command, why", [
+    ("explore --keys q", "reads every activation and gradient"),
+    ("kv", "keeps every block's keys and values"),
+    ("gradcheck", "nudges each weight"),
+    ("backward --check", "--check nudges each weight"),
+    ("adam", "Adam's two moments")])
+def test_a_command_that_holds_everything_says_why_it_cannot_stream(command, why):
+    line = error_line(run(*command.split(), "--stream"), 2)
+    assert "'--stream'" in line and why in line and "without --stream" in line
+
+
+def test_the_memory_guard_streams_a_run_only_a_block_at_a_time_fits(monkeypatch):
+    from tfmcli.cli import options
+    from tfmcli.engine import sizes
+
+    args = ["backward", "-L", "6", "-d", "64", "-H", "4", "--seq-len", "32", "-V", "64"]
+    cfg = tfmcli.Config(layers=6, d_model=64, heads=4, seq_len=32, vocab=64)
+    whole, light = sizes.memory_estimate(cfg)["total"], sizes.streamed_estimate(cfg)["total"]
+    assert light < whole / 2
+    monkeypatch.setattr(options, "available_memory", lambda: (whole + light) // 2)
+    streamed = flat(ok(*args).stdout)
+    assert "as the whole run" in streamed and "exceeds" in streamed
+    assert ok(*args, "--json").stdout == ok(*args, "--json", "--force").stdout   # (whole)
+    line = error_line(run(*args, "--no-stream"), 2)
+    assert "--stream: about" in line and "--force" in line
+    monkeypatch.setattr(options, "available_memory", lambda: light // 2)
+    line = error_line(run(*args), 2)
+    assert "needs about" in line and "--stream" in line
+    line = error_line(run(*args, "--stream"), 2)
+    assert "even a block at a time" in line
+
+
+def test_tfm_shapes_gives_both_peaks_and_a_70b_streamed_estimate():
+    seventy = ["--arch", "llama", "-d", "8192", "-H", "64", "--kv-heads", "8", "-L", "80",
+               "-V", "32000", "--d-ff", "28672", "-T", "16", "-B", "1"]
+    memory = json.loads(ok("shapes", *seventy, "--json").stdout)
+    whole, streamed = memory["memory"], memory["memory_streamed"]
+    assert whole["total"] > 1000 * 2**30   # float64 weights and gradients: 1 TiB
+    lazy, held = streamed["weights_read_as_used"], streamed["weights_in_memory"]
+    assert lazy["params"] < whole["params"] / 40 and held["params"] == whole["params"]
+    assert 15 * 2**30 < lazy["total"] < 25 * 2**30
+    assert "a block at a time (--stream)" in flat(ok("shapes", *seventy).stdout)
+
+
+def test_a_streamed_backward_at_a_threaded_size_hands_each_gradient_over_once():
+    """Rows enough (B T = 1024) that the weight gradients are made on the other core
+    (parallel.deferred): each block's are settled before they are seen and dropped."""
+    cfg = tfmcli.Config(d_model=32, heads=2, layers=3, seq_len=512, batch=2, vocab=16)
+    params = random_params(tfmcli.init_params(cfg), 4)
+    inputs = tfmcli.make_inputs(cfg)
+    whole = tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)
+    seen = {}
+
+    def sink(kind, name, arrays):
+        assert (kind, name) not in seen
+        seen[kind, name] = arrays[name].copy()
+        return "summary"
+    fwd = tfmcli.forward(params, inputs, cfg, keep=set(), seen=sink)
+    grads = tfmcli.backward(params, fwd, cfg, keep={"blocks.1.ffn.W_1"}, seen=sink)
+    assert list(grads) == list(whole)
+    assert np.array_equal(grads["blocks.1.ffn.W_1"], whole["blocks.1.ffn.W_1"])
+    dropped = [name for kind, name in seen if kind == "grad"]
+    assert set(dropped) == set(whole) - {"blocks.1.ffn.W_1"}
+    for (kind, name), value in seen.items():
+        assert np.array_equal(value, {"act": fwd.acts, "grad": whole, "actgrad": whole.acts}[
+            kind][name] if kind != "act" else tfmcli.forward(params, inputs, cfg).acts[name])
+
+
+def test_a_streamed_save_is_the_whole_runs_file_written_as_it_goes(tmp_path):
+    folder = llama_folder(tmp_path / "llama", dict(FIELDS, layers=3, d_model=64, d_ff=128))
+    args = ["backward", "--load", folder, "--tokens", "1,5,9,13,17", "--json"]
+    ok(*args, "--save", tmp_path / "whole.npz")
+    ok(*args, "--stream", "--save", tmp_path / "streamed.npz")
+    whole, streamed = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "streamed.npz")
+    assert sorted(streamed.files) == sorted(whole.files)
+    for key in whole.files:
+        assert np.array_equal(streamed[key], whole[key]), key
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama", "streamed.npz", "whole.npz"]
+
+
+def test_a_streamed_save_that_fails_leaves_nothing(tmp_path, monkeypatch):
+    from tfmcli.errors import TfmError
+    from tfmcli.explain import summary
+
+    calls = []
+
+    def failing(kind, name, arrays):
+        calls.append(name)
+        if len(calls) == 20:
+            raise TfmError("stopped halfway")
+        return original(kind, name, arrays)
+    original = summary.Summary.of
+    monkeypatch.setattr(summary.Summary, "of", staticmethod(failing))
+    (tmp_path / "run.npz").write_bytes(b"before")
+    line = error_line(run("backward", "-L", "4", "--stream", "--save", tmp_path / "run.npz"), 1)
+    assert "stopped halfway" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["run.npz"]
+    assert (tmp_path / "run.npz").read_bytes() == b"before"
+
+
+def test_a_streamed_backward_holds_one_block_of_weights_and_gradients(tmp_path):
+    folder = llama_folder(tmp_path / "llama")
+    args = ["backward", "--load", folder, "--tokens", "1,5,9,13,17,21,25,29", "--json"]
+    tiny = llama_folder(tmp_path / "tiny", dict(FIELDS, layers=1, d_model=8, heads=2,
+                                                kv_heads=1, d_ff=8))
+    # the interpreter, NumPy and the modules the same command imports, on a folder of no size
+    base = peak_kib(["backward", "--load", tiny, "--tokens", "1,5,9", "--json", "--stream"])
+    whole, streamed = peak_kib(args), peak_kib([*args, "--stream"])
+    cfg = tfmcli.Config(**{**FIELDS, "seq_len": 8, "batch": 1})
+    estimate = tfmcli.engine.sizes.streamed_estimate(cfg, lazy=True)["total"]
+    full = tfmcli.engine.sizes.memory_estimate(cfg)["total"]
+    assert estimate < full / 3
+    # over what the process holds anyway, the streamed run stays under its estimate, and
+    # holds less than half the whole run's extra
+    assert (streamed - base) * 1024 < estimate, (streamed - base, estimate / 1024)
+    assert (streamed - base) < 0.5 * (whole - base), (base, whole, streamed)

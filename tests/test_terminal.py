@@ -230,8 +230,9 @@ def test_help_at_80_columns_gives_each_architecture_flag_one_line(monkeypatch):
     assert "Attention and FFN side by side." in lines[switch]
     assert lines[switch + 1].startswith("│ --[no-]shared-norm ")   # no line of its own
     assert any(line.startswith("│ --[un]tied-head ") for line in lines)
-    rms = next(i for i, line in enumerate(lines) if line.startswith("│ --rms-norm "))
-    assert lines[rms + 1].startswith("│ --layer-norm ")    # not a --no- form: two lines
+    pair = next(line for line in lines if line.startswith("│ --rms-norm"))
+    assert pair.startswith("│ --rms-norm/--layer-norm ")   # not a --no- form: click's way
+    assert "RMSNorm for every norm" in pair
     top = ok("--help").stdout.splitlines()      # the group's own options, the same way
     assert any(line.startswith("│ --help, -h ") for line in top)
 
@@ -256,7 +257,8 @@ def test_help_starts_with_what_you_use(command, monkeypatch):
     start = next(i for i, l in enumerate(lines) if l.startswith("╭─ Input"))
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
     names = [l.split()[1] for l in lines[start + 1:end] if l.startswith("│ --")]
-    usual = ["--tokens", "--text", "--load", "--arch", "--seed", "--score-all", "--force"]
+    usual = ["--tokens", "--text", "--load", "--arch", "--seed", "--score-all", "--force",
+             "--[no-]stream"]
     assert names == [name for name in usual if name in names], names
     assert "--seed" in names and ("--arch" in names) == (command != "compare")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,10 @@ if TYPE_CHECKING:   # (imported for the annotations only: saving needs no model 
 
 def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = None,
                grads: Gradients | None = None) -> dict[str, np.ndarray]:
-    """Everything of a run as flat ``npz`` keys."""
+    """Everything of a run as flat ``npz`` keys. Parameters read when used (a streamed run's
+    ``LazyParams``) stay unread until each is written (``RunArrays``)."""
+    if hasattr(params, "meta"):
+        return RunArrays(params, run_arrays(cfg, {}, inputs, fwd, grads))
     arrays = {f"param/{name}": value for name, value in params.items()}
     arrays.update({"input/tokens": inputs.tokens, "input/targets": inputs.targets,
                    "input/lengths": inputs.lengths, "config": np.array(cfg.to_json())})
@@ -46,6 +50,91 @@ def run_arrays(cfg: Config, params: dict, inputs: Inputs, fwd: Forward | None = 
         arrays.update({f"grad/{name}": value for name, value in grads.items()})
         arrays.update({f"actgrad/{name}": value for name, value in grads.acts.items()})
     return arrays
+
+
+class NpzStream:
+    """An ``.npz`` written an entry at a time, as a streamed run makes its arrays and drops
+    them (``--save`` of a run a block at a time: a 7B model's gradients are written without
+    being held). The entries go to a file beside ``path`` (``atomic_write``), renamed over it
+    by ``close``; ``abandon`` (a run that failed) leaves nothing. NumPy reads it as it reads
+    ``np.savez``'s: the same zip of ``.npy`` files, uncompressed."""
+
+    def __init__(self, path):
+        import zipfile
+        from contextlib import ExitStack
+
+        self.path, self.written, self.open = path, set(), True
+        self._stack = ExitStack()
+        try:
+            self._zip = zipfile.ZipFile(self._stack.enter_context(atomic_write(path)), "w",
+                                        zipfile.ZIP_STORED, allowZip64=True)
+        except OSError as e:
+            self._stack.close()
+            raise TfmError(f"cannot write {path}: {e.strerror or e}") from None
+
+    def add(self, key: str, array) -> None:
+        """Write ``array`` as entry ``key`` now (a key written before is not written again)."""
+        if key in self.written:
+            return
+        self.written.add(key)
+        try:
+            with self._zip.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+        except OSError as e:
+            self.abandon()
+            raise TfmError(f"cannot write {self.path}: {e.strerror or e}") from None
+
+    def close(self, arrays=None) -> None:
+        """Write what of ``arrays`` (a mapping: each value read as it is written, so a
+        checkpoint's lazily read weights are held one at a time) is not written yet, then
+        finish the file and put it in place. A summary (what a streamed run kept of an array
+        it wrote and dropped) is not an array: it is skipped."""
+        for key in arrays or ():
+            if key not in self.written:
+                value = arrays[key]
+                if hasattr(value, "finite"):   # a Summary: its array was written as dropped
+                    continue
+                self.add(key, value)
+        try:
+            self._zip.close()
+            self.open = False
+            self._stack.close()
+        except OSError as e:
+            raise TfmError(f"cannot write {self.path}: {e.strerror or e}") from None
+
+    def abandon(self) -> None:
+        """Stop: no file is left (an existing one at ``path`` stays as it was). Once closed,
+        nothing."""
+        if not self.open:
+            return
+        self.open = False
+        try:
+            self._zip.close()
+        except OSError:
+            pass
+        failed = RuntimeError("abandoned")
+        self._stack.__exit__(type(failed), failed, None)
+        self._stack.pop_all()
+
+
+class RunArrays(Mapping):
+    """``run_arrays``' keys, each value got only when it is read: a checkpoint's weights read
+    one at a time as ``NpzStream.close`` writes them."""
+
+    def __init__(self, params: dict, rest: dict):
+        self.params, self.rest = params, rest
+
+    def __getitem__(self, key: str):
+        if key.startswith("param/") and key[6:] in self.params:
+            return self.params[key[6:]]
+        return self.rest[key]
+
+    def __iter__(self):
+        yield from (f"param/{name}" for name in self.params)
+        yield from self.rest
+
+    def __len__(self) -> int:
+        return len(self.params) + len(self.rest)
 
 
 def output_target(path: str | os.PathLike) -> tuple[Path, bool]:

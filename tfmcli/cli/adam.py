@@ -58,7 +58,9 @@ def adam(
             raise typer.BadParameter(f"{name} has {size} entries; -k picks at most that many",
                                      param_hint="'-k'")
 
-    run, _, _ = execute(opts, with_grads=False, validate=validate)
+    run, _, _ = execute(opts, with_grads=False, validate=validate,
+                        whole="steps every weight with its gradient and Adam's two moments, so it "
+                              "holds them all")
     cfg = run.cfg
     try:   # as execute: an overflow (or a NaN made) anywhere in the steps stops them
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):

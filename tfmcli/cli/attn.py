@@ -12,6 +12,7 @@ from tfmcli.cli.app import app
 from tfmcli.cli.common import (
     Precision,
     Row,
+    block_tensors,
     check_indices,
     describe,
     emit,
@@ -92,7 +93,9 @@ def attn(
         if query is not None:
             check_range(query, cfg.seq_len, "--query", "positions")
 
-    run, fwd, grads = execute(opts, with_grads=backward, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=backward, validate=validate,
+                              keep=lambda run: block_tensors(run.cfg, block),
+                              held=lambda run: block_tensors(run.cfg, block))
     cfg, params, inputs = run.cfg, run.params, run.inputs
     if query is not None:
         explain_one_query(opts, run, fwd, grads, block, head, row, query, precision)

@@ -1,6 +1,7 @@
 """tfm backward: forward, the hand-written backward, and one row per parameter gradient."""
 
 import json
+from collections import ChainMap
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -21,6 +22,7 @@ from tfmcli.cli.common import (
     execute,
     rows_limit,
     show_tensors,
+    shown_names,
 )
 from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
@@ -91,15 +93,20 @@ def backward(
             raise typer.BadParameter(f"this model has no parameter of layer {layer!r}{where}",
                                      param_hint="'--layer'")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    def keep(run):   # streamed: the --show tensors whole, every other gradient summarised
+        return shown_names(run.cfg, show, gradient=True)
+
+    run, fwd, grads = execute(
+        opts, with_grads=True, validate=validate, keep=None if check else keep, held=keep,
+        whole="--check nudges each weight and runs the whole model again, so it holds it all")
     cfg, params, inputs = run.cfg, run.params, run.inputs
     report = None
     if check:
         report = run_gradcheck(params, inputs, cfg, names, default_max_entries(cfg), None, None)
     checks = {c.name: c for c in report.params} if report else None
     # --show: a parameter's gradient by its name, an activation's by its name (or 'd' + name)
-    shown, shown_json = show_tensors({**grads.acts, **grads}, show, precision, row, head, run,
-                                     gradient=True)
+    shown, shown_json = show_tensors(ChainMap(grads.acts, grads), show, precision, row, head,
+                                     run, gradient=True)
     def parts():   # drawn only without --json
         return [render.config_panel(describe(cfg, run, row), title="tfm backward"),
                 render.grad_table({n: grads[n] for n in names}, checks, precision=precision,

@@ -15,6 +15,7 @@ from tfmcli.cli.common import (
     Precision,
     Row,
     WideRows,
+    block_tensors,
     check_indices,
     describe,
     emit,
@@ -77,7 +78,9 @@ def block(
         check_indices(cfg, row, None, block)
         check_range(position, cfg.seq_len, "--position", "positions")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate,
+                              keep=lambda run: block_tensors(run.cfg, block),
+                              held=lambda run: block_tensors(run.cfg, block))
     cfg = run.cfg
     entries = CHECKED if cfg.seq_len * cfg.d_model ** 2 <= CHEAP else CHECKED_LARGE
     x = explain(run.params, fwd, grads, cfg, block, row, position, entries)

@@ -86,6 +86,9 @@ def emit(opts: Options, renderables, payload, arrays=None):
     from tfmcli.io import save_outputs
 
     npz = opts.values.get("save") if arrays is not None else None
+    if opts.saving is not None:   # a streamed run's: written as it went, finished here
+        opts.saving.close(arrays)
+        npz = None
     console = make_console()
     if opts.json:   # through the console: a closed pipe then ends the run like any output
         import json  # here, not at the top: a command without --json starts sooner
@@ -258,6 +261,8 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         rows["tokens from"] = run.tokens_from
         if run.task is not None:   # a model tfm train saved: which positions the loss scores
             rows["scored"] = run.scored
+        if run.streamed:   # held a block at a time, and why (choose_stream)
+            rows["streamed"] = run.streamed
         if run.interventions:   # what was changed, in the order it was applied
             rows["interventions"] = "; ".join(run.interventions)
         rows[f"row {row} tokens"] = render.token_line(run.token_labels(row))
@@ -269,31 +274,46 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
 
 
 def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = True,
-            also: str = ""):
+            also: str = "", keep=None, held=None,
+            whole: str = "reads every activation and gradient of the run, so it holds them all"):
     """Build the run the options describe; forward (and backward). Refuses NaN/Inf results.
 
     ``validate(cfg)`` checks the command's own options once the config is known, before
     anything is computed. ``intervene=False``: the run as it is, the command making the
     interventions itself (tfm kv, on its one row). ``also``: the command's other way out
-    of a run too big for the memory (``--stream``). Returns ``(run, fwd, grads)`` (``grads``
-    None without ``with_grads``).
+    of a run too big for the memory. Returns ``(run, fwd, grads)`` (``grads`` None without
+    ``with_grads``).
+
+    A command that can run streamed, a block at a time (``--stream``, or by itself when only
+    that fits: ``choose_stream``), says which activations it reads as arrays, ``keep(run)``,
+    and which parameters' gradients, ``held(run)``; every other one is summarised as it is made
+    (``explain.summary.Summary``, which the tables read as they read an array), written to
+    ``--save`` as it goes (``io.NpzStream``) and dropped. ``keep`` None: it cannot stream,
+    and ``whole`` says why.
     """
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.engine.model import first_nonfinite
 
     keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
-    run = opts.run(also=also)
+    run = opts.run(memory=False)
+    streamed = choose_stream(opts, run, keep is not None, also, whole)
     cfg = run.cfg
     if validate is not None:
         validate(cfg)
+    if streamed and run.lazy_params is not None:   # the weights stay in their files
+        run.params = run.lazy_params()
     params, inputs = run.complete().params, run.inputs
+    kept, seen = (needs(keep(run)), streamed_sink(opts, run)) if streamed else (None, None)
     try:
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
-        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
+                blocks_bar(cfg, streamed, with_grads, seen) as seen:
             changes = interventions(opts, run) if intervene else []
-            fwd = forward_changed(opts, params, inputs, cfg, changes)
-            grads = tfmcli.backward(params, fwd, cfg) if with_grads else None
+            fwd = forward_changed(opts, params, inputs, cfg, changes, keep=kept, seen=seen)
+            grads = None if not with_grads else tfmcli.backward(
+                params, fwd, cfg, keep=set(held(run)) if streamed and held else
+                set() if streamed else None, seen=seen)
     except FloatingPointError as e:
         hint = " or --dtype float64" if cfg.dtype == "float32" else ""
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
@@ -304,6 +324,95 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
         raise TfmError(f"the run produced NaN or Inf (first in {bad or 'the loss'}); "
                        f"try smaller weights (--init normal) or --dtype float64")
     return run, fwd, grads
+
+
+def needs(names) -> set:
+    """The activations a streamed run must keep to show ``names``: a pattern's statistics
+    leave out what its scores hide, so its scores too."""
+    names = set(names)
+    return names | {n.removesuffix("pattern") + "scores" for n in names
+                    if n.endswith("attn.pattern")}
+
+
+def choose_stream(opts: Options, run, can: bool, also: str = "", whole: str = "") -> bool:
+    """Whether the run goes a block at a time: --stream, --no-stream, or (neither given) when
+    the whole run does not fit in the memory available and the streamed one does. The run's
+    panel then says so (``run.streamed``). A command that reads every activation (``can``
+    False: ``whole`` says why) cannot; a run that fits neither way is refused before anything
+    is allocated, unless --force."""
+    from tfmcli.cli.options import available_memory, binary_size, check_memory
+    from tfmcli.engine.sizes import memory_estimate, streamed_estimate
+
+    cfg, wanted, force = run.cfg, opts.values.get("stream"), opts.values.get("force", False)
+    command = opts.ctx.command.name if opts.ctx is not None else "this command"
+    if wanted and not can:
+        raise typer.BadParameter(f"tfm {command} {whole}; run it without --stream",
+                                 param_hint="'--stream'")
+    whole, have = memory_estimate(cfg)["total"], available_memory()
+    light = streamed_estimate(cfg, lazy=run.lazy_params is not None)["total"]
+    if wanted is None:
+        wanted = can and not force and whole > have and light <= have
+    if not wanted:
+        if not force:
+            way = (f", or stream it a block at a time (--stream: about {binary_size(light)})"
+                   if can and light < whole else "")
+            check_memory(cfg, also=also + way)
+        return False
+    if light > have and not force:
+        raise typer.BadParameter(
+            f"even a block at a time this run needs about {binary_size(light)} (see tfm "
+            f"shapes), more than the {binary_size(have)} available; shrink --batch, --seq-len "
+            f"or --vocab, or pass --force", param_hint="'--stream'")
+    weights = "weights read as used" if run.lazy_params is not None else "weights in memory"
+    run.streamed = (f"a block at a time (--stream): about {binary_size(light)}, {weights}; the "
+                    f"whole run: {binary_size(whole)}" if opts.values.get("stream") else
+                    f"a block at a time, as the whole run ({binary_size(whole)}) exceeds the "
+                    f"{binary_size(have)} available: about {binary_size(light)}, {weights}")
+    return True
+
+
+def streamed_sink(opts: Options, run):
+    """What a streamed run does with each array it drops (``model.forward``'s ``seen``):
+    writes it to --save's file as it goes (``io.NpzStream``, abandoned if the command fails),
+    and keeps its summary in its place."""
+    from tfmcli.explain.summary import Summary
+    from tfmcli.io import NpzStream
+
+    path = opts.values.get("save")
+    if path is not None:
+        opts.saving = NpzStream(path)
+        opts.ctx.call_on_close(opts.saving.abandon)   # a run that fails leaves no file
+
+    def seen(kind, name, arrays):
+        if opts.saving is not None:
+            opts.saving.add(f"{kind}/{name}", arrays[name])
+        return Summary.of(kind, name, arrays)
+    return seen
+
+
+@contextmanager
+def blocks_bar(cfg, streamed: bool, with_grads: bool, seen):
+    """A streamed run's progress, a block at a time, forward then backward (on a terminal),
+    told by what it drops: ``seen`` wrapped to tick it."""
+    if not streamed:
+        yield seen
+        return
+    total = cfg.layers * (2 if with_grads else 1)
+    with progress_bar("blocks, a block at a time") as tick:
+        if tick is None:
+            yield seen
+            return
+        done = [0]
+
+        def ticking(kind, name, arrays):
+            if name.startswith("blocks."):
+                i = int(name.split(".")[1])
+                now = i + 1 if kind == "act" else cfg.layers + cfg.layers - i
+                if now > done[0]:
+                    done[0] = now
+                    tick(now, total)
+            return seen(kind, name, arrays)
+        yield ticking
 
 
 def interventions(opts: Options, run) -> list[tuple[str, object]]:
@@ -386,7 +495,7 @@ def patch_source(opts: Options, run):
     return tfmcli.forward(run.params, inputs, cfg)
 
 
-def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None):
+def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None, seen=None):
     """The forward pass with ``changes`` (``interventions``; ``keep``: streamed, as
     ``forward`` takes it); a target that does not fit this model is a usage error naming the
     option and the target."""
@@ -394,7 +503,7 @@ def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None):
 
     try:
         return tfmcli.forward(params, inputs, cfg, interventions=[c for _, c in changes],
-                              keep=keep)
+                              keep=keep, seen=seen)
     except InterventionError as e:
         raise target_error(e, changes) from None
 
@@ -474,6 +583,22 @@ def check_show(cfg, names, gradient=False):
     known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
     for name in names or []:
         check_name(name, known, gradient=gradient)
+
+
+def block_tensors(cfg, block: int | None) -> set:
+    """Every activation and parameter of block ``block`` (none for None): what a view of one
+    block reads whole when it streams (the rest it leaves to summaries)."""
+    if block is None:
+        return set()
+    p = f"blocks.{block}."
+    return {n for n in [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
+            if n.startswith(p)}
+
+
+def shown_names(cfg, names, gradient=False) -> set:
+    """The tensors --show NAME names (checked), by their full names: what a streamed run keeps."""
+    known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
+    return {check_name(name, known, gradient=gradient) for name in names or []}
 
 
 def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False):

@@ -14,6 +14,7 @@ from tfmcli.cli.common import (
     Precision,
     Row,
     WideRows,
+    block_tensors,
     check_indices,
     describe,
     emit,
@@ -78,7 +79,9 @@ def ffn(
         check_indices(cfg, row, None, block)
         check_range(position, cfg.seq_len, "--position", "positions")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate,
+                              keep=lambda run: block_tensors(run.cfg, block),
+                              held=lambda run: block_tensors(run.cfg, block))
     cfg = run.cfg
     p = f"blocks.{block}.ffn."
     x = explain(run.params, fwd, grads.acts[p + "out"], cfg, block, row, position)

@@ -1,6 +1,7 @@
 """tfm forward: config, the shape trace of every activation, attention maps, loss."""
 
 import json
+from collections import ChainMap
 from typing import Annotated, Optional
 
 import typer
@@ -22,6 +23,7 @@ from tfmcli.cli.common import (
     position_labels,
     rows_limit,
     show_tensors,
+    shown_names,
     width,
 )
 from tfmcli.cli.options import (
@@ -66,18 +68,27 @@ def forward(
         check_indices(cfg, row, head, block)
         check_show(cfg, show)
 
-    run, fwd, _ = execute(opts, with_grads=False, validate=validate)
-    cfg, params, inputs = run.cfg, run.params, run.inputs
-    shown, shown_json = show_tensors({**fwd.acts, **params}, show, precision, row, head or 0, run)
-    pairs = [(b, h) for b in (range(cfg.layers) if block is None else [block])
-             for h in (range(cfg.heads) if head is None else [head])]
+    def layout(run):   # which heads' maps the view draws, and whether with their numbers
+        cfg = run.cfg
+        pairs = [(b, h) for b in (range(cfg.layers) if block is None else [block])
+                 for h in (range(cfg.heads) if head is None else [head])]
+        labels = position_labels(run, row, "q")
+        return (pairs, *render.maps_layout(pairs, cfg.seq_len, width(), full, height(),
+                                           max(map(cell_len, labels))))
 
+    def keep(run):   # streamed: what the view reads whole (the rest it reads summarised)
+        drawn = [] if opts.json else layout(run)[1]
+        return shown_names(run.cfg, show) | {f"blocks.{b}.attn.pattern" for b, _ in drawn}
+
+    run, fwd, _ = execute(opts, with_grads=False, validate=validate, keep=keep)
+    cfg, params, inputs = run.cfg, run.params, run.inputs
+    shown, shown_json = show_tensors(ChainMap(fwd.acts, params), show, precision, row, head or 0,
+                                     run)
     terms = loss_terms(run, fwd) if loss else None
 
     def parts():   # drawn only without --json
+        pairs, picked, values = layout(run)
         labels = position_labels(run, row, "q")
-        picked, values = render.maps_layout(pairs, cfg.seq_len, width(), full, height(),
-                                            max(map(cell_len, labels)))
         patterns = {(b, h): fwd.acts[f"blocks.{b}.attn.pattern"][row, h] for b, h in picked}
         masks = block_masks(cfg, inputs.lengths, cfg.seq_len, row)
         maps = render.attention_maps(patterns, masks, row, width(), total=len(pairs),

@@ -55,7 +55,9 @@ def gradcheck(
         raise typer.BadParameter("--directions checks every entry of a tensor at once; "
                                  "--max-entries samples entries one by one: give one",
                                  param_hint="'--directions'")
-    run, fwd, grads = execute(opts, with_grads=True)
+    run, fwd, grads = execute(opts, with_grads=True,
+                              whole="nudges each weight and runs the model again from its block, "
+                                    "so it holds the whole run")
     cfg, params, inputs = run.cfg, run.params, run.inputs
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
     plan = fwd.caches.get("plan")

@@ -49,16 +49,15 @@ def _table_joining_names(table):
 
     def names(long, short, no_long, no_short):
         """``--batch, -B``; a switch as ``--[no-]causal`` (git's way of writing both forms) or
-        ``--[un]tied-head``; another pair, like ``--rms-norm`` and ``--layer-norm``, on two
-        lines."""
+        ``--[un]tied-head``; another pair as click writes it, ``--rms-norm/--layer-norm``."""
         if not short.plain and not no_short.plain and long.plain.startswith("--"):
             for prefix in ("no-", "un"):
                 if no_long.plain == "--" + prefix + long.plain[2:]:
                     return Text.assemble(("--", long.style), (f"[{prefix}]", no_long.style),
                                          (long.plain[2:], long.style))
-        lines = [Text(", ").join(name for name in pair if name.plain)
+        forms = [Text(", ").join(name for name in pair if name.plain)
                  for pair in ((long, short), (no_long, no_short))]
-        return Text("\n").join(line for line in lines if line.plain)
+        return Text("/").join(form for form in forms if form.plain)
 
     return OptionsTable
 

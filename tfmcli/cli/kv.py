@@ -69,7 +69,9 @@ def kv(
                 f"row {row} has {given} tokens and the model {cfg.ctx} learned positions "
                 f"(n_ctx); allowed: 0..{cfg.ctx - given}", param_hint="'--generate'")
 
-    run, fwd, _ = execute(opts, with_grads=False, validate=validate, intervene=False)
+    run, fwd, _ = execute(opts, with_grads=False, validate=validate, intervene=False,
+                          whole="keeps every block's keys and values (its cache) and checks each "
+                                "step against the whole pass")
     cfg = run.cfg
     given = int(run.inputs.lengths[row])
     prompt = run.inputs.tokens[row, :given]

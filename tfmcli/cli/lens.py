@@ -26,9 +26,6 @@ def lens(
     top: Annotated[int, typer.Option(
         "--top", "-k", callback=bounded(1, 20), help="Tokens shown per position (1..20).")] = 3,
     full: Annotated[bool, typer.Option("--full", help="Every position, however wide.")] = False,
-    stream: Annotated[bool, typer.Option(
-        "--stream", help="Read --load DIR's weights a block at a time, holding one block.")
-    ] = False,
     opts: Options = None,
 ):
     """The logit lens: after each block, the next tokens the model would predict there.
@@ -38,15 +35,11 @@ def lens(
     from tfmcli.explain.lens import logit_lens
     from tfmcli.io import run_arrays
 
-    if stream:
-        run, fwd = streamed(opts, row)
-    else:
-        run, fwd, _ = execute(opts, with_grads=False,
-                              validate=lambda cfg: check_indices(cfg, row),
-                              also=", read a LLaMA-family folder a block at a time (--stream)")
+    run, fwd, _ = execute(opts, with_grads=False, validate=lambda cfg: check_indices(cfg, row),
+                          keep=lambda run: set())   # the lens reads the streams alone
     cfg = run.cfg
-    rows = logit_lens(head_params(run.params, cfg) if stream else run.params, fwd, cfg, row,
-                      top)
+    lazy = hasattr(run.params, "meta")   # streamed from a folder: read once for every stream
+    rows = logit_lens(head_params(run.params, cfg) if lazy else run.params, fwd, cfg, row, top)
     length = int(run.inputs.lengths[row])
     tokens = run.token_labels(row)[:length]
     targets = run.target_labels(row)[:length]
@@ -64,27 +57,7 @@ def lens(
                            "top": [[{"id": int(t), "text": run.token_text(int(t)), "p": float(p)}
                                     for t, p in zip(r.top[i], r.probs[i])]
                                    for i in range(length)]} for r in rows]}
-    # streamed, the weights stay in their files: the run's inputs and streams only
-    emit(opts, parts, payload, run_arrays(cfg, {} if stream else run.params, run.inputs, fwd))
-
-
-def streamed(opts: Options, row: int):
-    """The run with its weights read a block at a time (``sources.Run.lazy_params``) and the
-    forward pass keeping each block's input and output only: the numbers of the whole pass,
-    bit for bit, holding one block's weights and activations at a time."""
-    from tfmcli.cli.common import forward_changed, interventions
-
-    run = opts.run(memory=False)
-    check_indices(run.cfg, row)
-    if run.lazy_params is None:
-        raise typer.BadParameter("it reads a checkpoint folder's weights a block at a time: "
-                                 "--load DIR of a LLaMA, Mistral, Qwen2, Qwen3 or StableLM "
-                                 "folder (others: not yet)", param_hint="'--stream'")
-    run.params = run.lazy_params()
-    inputs = run.complete().inputs
-    fwd = forward_changed(opts, run.params, inputs, run.cfg, interventions(opts, run),
-                          keep=set())
-    return run, fwd
+    emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd))
 
 
 def head_params(params, cfg) -> dict:

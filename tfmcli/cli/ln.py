@@ -14,6 +14,7 @@ from tfmcli.cli.common import (
     Position,
     Precision,
     Row,
+    block_tensors,
     check_indices,
     describe,
     emit,
@@ -83,7 +84,11 @@ def ln(
             raise typer.BadParameter(f"{layer.value} {where}; it takes no --block",
                                      param_hint="'--block'")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    here = None if top else block   # streamed: the block's tensors whole (ln_f's, the embed's
+    #                                 norm's are kept)
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate,
+                              keep=lambda run: block_tensors(run.cfg, here),
+                              held=lambda run: block_tensors(run.cfg, here))
     cfg = run.cfg
     x = explain(run.params, fwd, grads.acts[name + ".out"], cfg, name, row, position)
     model_y = fwd.acts[name + ".out"][row, position]

@@ -57,7 +57,7 @@ def loss(
             raise typer.BadParameter(f"a vocabulary of {cfg.vocab} is shown whole; -k picks "
                                      f"tokens only above {WHOLE}", param_hint="'-k'")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate, keep=lambda run: set())
     cfg = run.cfg
     x = explain(run.params, fwd, cfg, row, position)
     forward_off = max(float(np.abs(fwd.acts[name][row, position] - mine).max())

@@ -336,7 +336,7 @@ RUN_OPTIONS = [
         help="A saved run or a checkpoint folder.")], None),
     ("tokens", Annotated[Optional[List[str]], _opt(
         "--tokens", panel=INPUT, metavar="3,1,4,1,5",
-        help="One batch row's token ids (repeat for more rows).")], None),
+        help="A batch row's token ids (repeatable).")], None),
     ("text", Annotated[Optional[List[str]], _opt(
         "--text", panel=INPUT, metavar="TEXT",
         help="Text for --load DIR's tokenizer (repeatable).")], None),
@@ -346,6 +346,9 @@ RUN_OPTIONS = [
     ("force", Annotated[bool, _opt(
         "--force", panel=INPUT,
         help="Run even past the memory estimate.")], False),
+    ("stream", Annotated[Optional[bool], _opt(
+        "--stream/--no-stream", panel=INPUT,
+        help="A block at a time (default: when too big).")], None),
 ]
 class AblateWith(str, Enum):
     zero = "zero"
@@ -398,7 +401,7 @@ OUTPUT_OPTIONS = [
         help="Save the run's arrays (docs/formats.md).")], None),
 ]
 # the order --help lists an option in, within its panel
-HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "score_all", "force")
+HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "score_all", "force", "stream")
 MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS} - {"arch"}
 # Config field -> the option a user types, for error messages.
 FLAGS = {name: "--" + name.replace("_", "-") for name in MODEL_FIELDS | {"tokens", "text"}}
@@ -412,6 +415,7 @@ class Options:
         self.ctx = ctx
         self.values = values
         self.made = None   # the Run that run() made, once it has
+        self.saving = None   # a streamed run's --save, written as it goes (io.NpzStream)
 
     def __getattr__(self, name):
         try:

@@ -28,13 +28,17 @@ def shapes(full: Full = False, opts: Options = None):
     pshapes, ashapes = sizes.param_shapes(cfg), sizes.activation_shapes(cfg)
     fwd_flops, bwd_flops = sizes.flops(cfg)
     memory = sizes.memory_estimate(cfg)
+    streamed, lazily = sizes.streamed_estimate(cfg), sizes.streamed_estimate(cfg, lazy=True)
     groups = sizes.param_groups(cfg)
     rows = {"parameters": f"{sizes.param_count(cfg):,}  (" + ", ".join(
                 f"{g} {n:,}" for g, n in groups.items()) + ")",
             "FLOPs": f"forward {human(fwd_flops)}, backward {human(bwd_flops)} (matmuls, "
                      f"attention included)",
             "memory": f"{binary_size(memory['total'])} peak forward + backward (activations "
-                      f"{binary_size(memory['activations'])})"}
+                      f"{binary_size(memory['activations'])})",
+            "streamed": f"{binary_size(streamed['total'])} a block at a time (--stream), "
+                        f"{binary_size(lazily['total'])} with a checkpoint's weights read as "
+                        f"used"}
     parts = [
         render.config_panel({**describe(cfg, arch=opts.arch), **rows}, title="tfm shapes"),
         render.shape_list(pshapes, title="parameters", max_rows=rows_limit(full)),
@@ -44,5 +48,7 @@ def shapes(full: Full = False, opts: Options = None):
                "params": {n: list(s) for n, s in pshapes.items()},
                "activations": {n: list(s) for n, s in ashapes.items()},
                "param_groups": dict(groups), "param_count": sizes.param_count(cfg),
-               "flops": {"forward": fwd_flops, "backward": bwd_flops}, "memory": memory}
+               "flops": {"forward": fwd_flops, "backward": bwd_flops}, "memory": memory,
+               "memory_streamed": {"weights_in_memory": streamed,
+                                   "weights_read_as_used": lazily}}
     emit(opts, parts, payload)

@@ -37,6 +37,8 @@ class Tape:
         self.acts: OrderedDict[str, np.ndarray] = OrderedDict()
         self.grads: dict[str, np.ndarray] = {}
         self.dacts: dict[str, np.ndarray] = {}
+        self.held = self.seen = None   # a streamed backward's: the parameter gradients it
+        #                                holds, and who sees the others as they go (model.backward)
 
     def keep(self, name: str, x: np.ndarray) -> np.ndarray:
         """Record activation ``name``; returns it, changed by the pass's interventions on it:

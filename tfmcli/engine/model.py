@@ -198,7 +198,7 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
 
 
 def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
-            interventions=(), keep=None) -> Forward:
+            interventions=(), keep=None, seen=None) -> Forward:
     """Run the model on ``inputs``; returns the loss and every named activation.
 
     Parameters
@@ -222,11 +222,17 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
         ``backward`` then makes each block again from its input, one at a time, in reverse,
         and keeps the same activations' gradients. The numbers are the whole pass's, bit for
         bit.
+    seen : callable, optional
+        Streamed: ``seen("act", name, acts)`` is called for each activation the pass drops,
+        before it drops it, with the block's activations (``acts[name]`` is the one); what it
+        returns stays in ``acts`` in its place (a summary, say), None leaves nothing. A view
+        that shows every activation's statistics, or a ``--save`` written as it goes, takes
+        them this way.
     """
     check_params(params, cfg)
     inputs = checked_inputs(inputs, cfg)
     return unchecked_forward(params, inputs, cfg, fast, plan=plan_for(interventions, cfg, inputs),
-                             keep=keep)
+                             keep=keep, seen=seen)
 
 
 def plan_for(interventions, cfg: Config, inputs: Inputs):
@@ -246,7 +252,7 @@ def plan_for(interventions, cfg: Config, inputs: Inputs):
 
 def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
                       start: int = 0, x: np.ndarray | None = None, plan=None,
-                      keep=None) -> Forward:
+                      keep=None, seen=None) -> Forward:
     """``forward`` without checking its arguments: for a loop over arguments that ``forward``
     has checked once (the gradient check's nudged copies of the parameters).
 
@@ -257,7 +263,7 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
     ``plan``: the interventions (``plan_for``), applied as the activations are made.
     """
     with _engine(fast, cfg, *inputs.tokens.shape):
-        return _forward(params, inputs, cfg, fast, start, x, plan, keep)
+        return _forward(params, inputs, cfg, fast, start, x, plan, keep, seen)
 
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
@@ -309,7 +315,7 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
-             x: np.ndarray | None = None, plan=None, keep=None) -> Forward:
+             x: np.ndarray | None = None, plan=None, keep=None, seen=None) -> Forward:
     B, T = inputs.tokens.shape
     run = range(start, cfg.layers)
     caches = {"fast": fast, "cfg": cfg, "plan": plan} if plan else {"fast": fast, "cfg": cfg}
@@ -320,7 +326,7 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
     for i in run:
         x = blocks.block(t, x, i)
         if keep is not None:   # streamed: the block's input and output, and what was asked
-            _drop_block(t, i, keep)
+            _drop_block(t, i, keep, seen)
     if keep is not None:   # what the backward keeps of each block too
         caches["streamed"] = frozenset(keep)
     if cfg.norm == "pre":
@@ -335,25 +341,44 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
     return Forward(loss, acts, inputs, caches)
 
 
-def _drop_block(t: blocks.Tape, i: int, keep) -> None:
+def _drop_block(t: blocks.Tape, i: int, keep, seen=None) -> None:
     """Forget block i's activations (but its input, its output and those in ``keep``) and its
-    caches: a streamed pass holds one block's at a time."""
+    caches: a streamed pass holds one block's at a time. ``seen`` (``forward``'s) sees each
+    before it goes."""
     p = f"blocks.{i}."
-    for name in [n for n in t.acts if n.startswith(p)]:
-        if name not in keep and name not in (p + "in", p + "out"):
-            del t.acts[name]
+    _let_go(t.acts, [n for n in t.acts if n.startswith(p) and n not in keep
+                     and n not in (p + "in", p + "out")], "act", seen)
     for name in [n for n in t.caches if isinstance(n, str) and n.startswith(p)]:
         del t.caches[name]
 
 
-def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients:
+def _let_go(arrays: dict, names: list, kind: str, seen=None) -> None:
+    """Drop ``names`` from ``arrays``, each first shown to ``seen(kind, name, arrays)``, whose
+    answer stays in its place (None: nothing). Every answer is had before any array goes: a
+    pattern's summary reads its scores."""
+    answers = {name: seen(kind, name, arrays) for name in names} if seen else {}
+    for name in names:
+        if answers.get(name) is None:
+            del arrays[name]
+        else:
+            arrays[name] = answers[name]   # (a key assigned keeps its place: forward order)
+
+
+def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None, keep=None,
+             seen=None) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation.
 
     ``cfg`` must be the forward pass's: a backward of another model (GELU's derivative through
     a ReLU forward) would run on and return wrong gradients. ``dlogits`` (B, T, V): the
     gradients of another function of the logits instead, the one whose gradient with respect
     to the logits it is (a logit difference's: +1 and -1 at two tokens); ``probs`` then has
-    no gradient (zeros)."""
+    no gradient (zeros).
+
+    A streamed pass's backward (``forward(keep=...)``) holds one block's parameter gradients
+    at a time when ``keep`` names the parameters whose gradients it returns: every other one
+    is shown to ``seen("grad", name, grads)`` as soon as it is made and dropped (what ``seen``
+    returns stays in its place), as each activation gradient that is not kept is, to
+    ``seen("actgrad", name, dacts)``."""
     ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
@@ -361,11 +386,13 @@ def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None) -> Gradients
                           f"{getattr(cfg, name)!r} here, {getattr(ran, name)!r} in the forward "
                           f"pass)")
     with _engine(fwd.caches["fast"], cfg, *fwd.inputs.tokens.shape):
-        return _backward(params, fwd, cfg, dlogits)
+        return _backward(params, fwd, cfg, dlogits, keep, seen)
 
 
-def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None) -> Gradients:
+def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
+              seen=None) -> Gradients:
     t = blocks.Tape(params, cfg, fwd.caches)
+    t.held, t.seen = keep, seen
     caches, grads, dacts = t.caches, t.grads, t.dacts
     # The weight gradients are made on another core while the chain of input gradients goes
     # on (parallel.deferred); every one is made by the scope's end, before the embedding's
@@ -388,8 +415,11 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None) -> Gradien
     lookup = dx * cfg.embed_factor if cfg.embed_scale else dx
     grads["embed.W_E"] = embedding_backward(lookup, caches["embed"],
                                             out=dW_U if cfg.tied_head else None)
-    ordered_grads = {name: grads[name] for name in params}
-    ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts)
+    if caches.get("streamed") is not None and keep is not None:   # the rest of the parameters'
+        _let_go(grads, [n for n in grads if n not in keep and not n.startswith("blocks.")],
+                "grad", seen)
+    ordered_grads = {name: grads[name] for name in params if name in grads}
+    ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts if name in dacts)
     return Gradients(ordered_grads, ordered_dacts)
 
 
@@ -435,13 +465,17 @@ def _block_again(t: blocks.Tape, fwd: Forward, i: int) -> None:
 
 
 def _forget_block(t: blocks.Tape, i: int, keep) -> None:
-    """After block i's backward: its caches, and its gradients not asked for."""
+    """After block i's backward: its caches, and its gradients not asked for (its parameters'
+    too when ``backward`` was given which to keep: once the other core has made them)."""
     p = f"blocks.{i}."
     for name in [n for n in t.caches if isinstance(n, str) and n.startswith(p)]:
         del t.caches[name]
-    for name in [n for n in t.dacts if n.startswith(p)]:
-        if name not in keep and name not in (p + "in", p + "out"):
-            del t.dacts[name]
+    _let_go(t.dacts, [n for n in t.dacts if n.startswith(p) and n not in keep
+                      and n not in (p + "in", p + "out")], "actgrad", t.seen)
+    if t.held is not None:
+        parallel.settle()   # the block's weight gradients, made on the other core, are done
+        _let_go(t.grads, [n for n in t.grads if n.startswith(p) and n not in t.held],
+                "grad", t.seen)
 
 
 def first_nonfinite(arrays: dict) -> str | None:
@@ -452,6 +486,10 @@ def first_nonfinite(arrays: dict) -> str | None:
     (logit gap above ~745 in float64, ~88 in float32), whose true size is beyond float range.
     """
     for name, value in arrays.items():
+        if hasattr(value, "finite"):   # a streamed run's summary of what it dropped
+            if not value.finite:
+                return name
+            continue
         neginf_allowed = name.endswith("attn.scores") or name == "probs"
         # First one pass with no temporary array: a NaN or a +inf makes the sum NaN or +inf,
         # so a finite sum (or -inf, where -inf is allowed) clears the array. Any other sum

@@ -161,6 +161,22 @@ def deferred():
     _raise_first(tasks)
 
 
+def settle() -> None:
+    """Inside a ``deferred`` scope: every task given ``later`` so far done now (an error in one
+    raised), the scope going on. A streamed backward reads each block's weight gradients (and
+    drops them) before the next block's are made."""
+    tasks = _deferred.get()
+    if not tasks:
+        return
+    done = list(tasks)
+    tasks.clear()
+    try:
+        _finish(done, run_left=True)
+    finally:
+        _let_go()
+    _raise_first(done)
+
+
 def later(task, work: int) -> bool:
     """Hand ``task()`` (about ``work`` multiply-adds, counted as ``run`` counts them) to another
     of tfm's threads, to be done while the caller goes on and before the ``deferred`` scope

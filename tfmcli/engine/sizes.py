@@ -285,3 +285,26 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
              "transient": transient * item}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def streamed_estimate(cfg: Config, lazy: bool = False) -> dict[str, int]:
+    """Bytes of the peak of a streamed forward + backward (``model.forward(keep=...)``), by
+    ``memory_estimate``'s parts, with nothing kept beyond what the pass must hold.
+
+    A streamed pass holds every block's input and output (and, in the backward, their
+    gradients) but one block's activations, caches and gradients at a time: a one-block
+    model's, plus the streams of the other ``layers - 1`` blocks. Its parameters' gradients
+    are summarised and dropped a block at a time, so it holds one block's and the
+    embedding's and head's. ``lazy``: the weights are read from their files when used
+    (``sources.llama.LazyParams``), so one block's are held, not every block's; else every
+    parameter is in memory.
+    """
+    one, whole = memory_estimate(cfg.replace(layers=1, sliding_layers=None)), memory_estimate(cfg)
+    item = np.dtype(cfg.dtype).itemsize
+    streams = (cfg.layers - 1) * cfg.batch * cfg.seq_len * cfg.d_model * item
+    parts = {"params": one["params"] if lazy else whole["params"], "grads": one["grads"],
+             "activations": one["activations"] + streams,
+             "activation grads": one["activation grads"] + streams,
+             "caches": one["caches"], "transient": one["transient"]}
+    parts["total"] = sum(parts.values())
+    return parts

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 CHUNK = 1 << 20   # entries per pass of the sum of squares: an 8 MiB float64 buffer, reused
@@ -20,8 +22,42 @@ def sum_of_squares(flat, mean: float = 0.0) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What a streamed run keeps of an array it dropped (``model.forward(seen=...)``): its
+    shape and dtype, and the numbers the views show of it, made from it as it was dropped.
+    ``l2_norm``, ``max_abs``, ``mean`` and ``activation_stats`` answer from it as they would
+    from the array; ``finite``: it held no NaN or infinity but where those are allowed
+    (``model.first_nonfinite``)."""
+    shape: tuple
+    dtype: np.dtype
+    stats: dict      # activation_stats' (an activation), or {} (a gradient)
+    l2: float
+    largest: float   # max |x|
+    average: float   # the mean
+    finite: bool
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @classmethod
+    def of(cls, kind: str, name: str, arrays: dict) -> Summary:
+        """``arrays[name]`` summarised: ``kind`` "act" (its statistics: the shape trace's) or
+        a gradient's, "grad" or "actgrad" (its norm, largest entry and mean: the tables')."""
+        from tfmcli.engine.model import first_nonfinite
+
+        value = arrays[name]
+        act = kind == "act"
+        return cls(tuple(value.shape), value.dtype, activation_stats(name, arrays) if act else {},
+                   0.0 if act else l2_norm(value), 0.0 if act else max_abs(value),
+                   0.0 if act else mean(value), first_nonfinite({name: value}) is None)
+
+
 def l2_norm(array) -> float:
     """sqrt of the sum of squares, accumulated in float64 without a float64 copy."""
+    if isinstance(array, Summary):
+        return array.l2
     flat = np.asarray(array).reshape(-1)
     if flat.dtype == np.float64:   # BLAS's dot adds float64 in float64: one pass, no buffer
         return float(np.sqrt(np.dot(flat, flat)))
@@ -31,6 +67,8 @@ def l2_norm(array) -> float:
 def max_abs(array) -> float:
     """max |x| from the max and the min: no array of absolute values (GPT-2's embedding
     gradient is 300 MB). NaN if there is one; 0.0 for an empty array."""
+    if isinstance(array, Summary):
+        return array.largest
     flat = np.asarray(array).reshape(-1)
     return abs(float(max(flat.max(), -flat.min()))) if flat.size else 0.0
 
@@ -38,6 +76,8 @@ def max_abs(array) -> float:
 def mean(array) -> float:
     """The mean, summed in float64 (a float32 sum of millions of entries is off in the fourth
     digit); 0.0 for an empty array."""
+    if isinstance(array, Summary):
+        return array.average
     flat = np.asarray(array).reshape(-1)
     return float(flat.mean(dtype=np.float64)) if flat.size else 0.0
 
@@ -74,6 +114,8 @@ def activation_stats(name: str, acts) -> dict:
     attention pattern's hidden cells (0 where the scores are -inf) are left out and counted
     (``hidden``), as the scores' -inf are."""
     value = acts[name]
+    if isinstance(value, Summary):
+        return value.stats
     scores = name.removesuffix("pattern") + "scores"
     if name.endswith("attn.pattern") and scores in acts:
         visible = np.isfinite(acts[scores])

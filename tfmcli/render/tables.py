@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tfmcli.explain.summary import activation_stats, l2_norm, max_abs, mean
+from tfmcli.explain.summary import Summary, activation_stats, l2_norm, max_abs, mean
 from tfmcli.render.numbers import ZERO_TO_PRECISION, fmt, negligible, notation
 from tfmcli.render.text import Printable
 
@@ -127,7 +127,8 @@ def _elision_note(kept_rows: list, kept_cols: list) -> str:
 
 
 def _shape(array) -> str:
-    return str(tuple(int(n) for n in np.shape(array)))
+    shape = array.shape if isinstance(array, Summary) else np.shape(array)
+    return str(tuple(int(n) for n in shape))
 
 
 def tensor_table(
@@ -422,13 +423,14 @@ def grad_table(grads: Mapping[str, np.ndarray], checks: Mapping[str, object] | N
         table.add_column("check", no_wrap=True)
 
     def row(name, grad):
-        g = np.asarray(grad)
+        g = grad if isinstance(grad, Summary) else np.asarray(grad)   # (streamed: a summary)
         largest = max_abs(g)
         cells = [name, _shape(g), l2_norm(g), largest, _mean_cell(mean(g), largest, g.dtype)]
         return cells + (_check_cells(checks.get(name)) if checks is not None else [])
 
-    eps = max((float(np.finfo(g.dtype).eps) for g in grads.values()
-               if np.asarray(g).dtype.kind == "f"), default=0.0)
+    dtypes = [g.dtype if isinstance(g, Summary) else np.asarray(g).dtype for g in grads.values()]
+    eps = max((float(np.finfo(dtype).eps) for dtype in dtypes if dtype.kind == "f"),
+              default=0.0)
     add_rows(table, grads, max_rows, row, precision=precision, unsigned={2, 3},
              noise={2: eps, 3: eps, 4: eps})
     if any(name.endswith("attn.b_K") for name in grads):

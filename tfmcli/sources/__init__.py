@@ -62,6 +62,7 @@ class Run:
     interventions: list = field(default_factory=list)   # what the CLI changed, described
     # a checkpoint's weights read when used (a streamed pass), or None where it cannot
     lazy_params: Callable[[], Mapping] | None = field(default=None, repr=False)
+    streamed: str | None = None   # held a block at a time: how, said in the panel (tfm CLI)
 
     def __repr__(self) -> str:
         params = None if self.params is None else arrays_repr(self.params)
