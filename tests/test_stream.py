@@ -285,3 +285,37 @@ def test_a_streamed_backward_holds_one_block_of_weights_and_gradients(tmp_path):
     # holds less than half the whole run's extra
     assert (streamed - base) * 1024 < estimate, (streamed - base, estimate / 1024)
     assert (streamed - base) < 0.5 * (whole - base), (base, whole, streamed)
+
+
+def gemma_folders(tmp_path):
+    """A random Gemma, Gemma 2, Gemma 3 and image-and-text Gemma 3 folder, each as Hugging
+    Face's save_pretrained writes it (their norms' weights stored as offsets from 1)."""
+    import test_gemma
+    import test_gemma2
+    import test_gemma3
+    from helpers import hf_saved
+
+    test_gemma.hf_gemma_folder(tmp_path / "gemma", tie_word_embeddings=False)
+    hf_saved(tmp_path / "gemma2", "Gemma2", test_gemma2.SMALL, "bfloat16", 0)
+    test_gemma3.saved(tmp_path / "gemma3", {})
+    test_gemma3.saved_image_and_text(tmp_path / "gemma3-image")
+    return ["gemma", "gemma2", "gemma3", "gemma3-image"]
+
+
+def test_gemma_folders_stream_their_weights_gammas_made_as_the_loaders_make_them(tmp_path):
+    from tfmcli.sources.families import checkpoint_module
+
+    pytest.importorskip("transformers")
+    for name in gemma_folders(tmp_path):
+        folder = tmp_path / name
+        reader = checkpoint_module(folder)
+        fields = reader.read_config(folder)
+        loaded = reader.load_params(folder, fields, np.float64)
+        lazy = reader.lazy_params(folder, fields, np.float64)
+        assert list(lazy) == list(loaded), name
+        for key, value in loaded.items():
+            assert np.array_equal(lazy[key], value), (name, key)
+        args = ["backward", "--load", folder, "--tokens", "1,5,9,13,17", "--json",
+                "--show", "blocks.0.ln1.gamma"]
+        assert ok(*args, "--stream").stdout == ok(*args).stdout
+        assert "weights read as used" in flat(ok(*args[:-3], "--stream").stdout)

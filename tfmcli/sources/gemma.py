@@ -67,6 +67,21 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
     return params
 
 
+def lazy_params(folder, fields: dict, dtype, checkpoint: str = NAME,
+                text_part: bool = False) -> llama.LazyParams:
+    """``load_params``' weights read when used (``llama.LazyParams``), each gamma made
+    ``1 + weight`` as it is read, as ``load_params`` makes it."""
+    return llama.lazy_params(folder, fields, dtype, checkpoint=checkpoint, text_part=text_part,
+                             then=_gamma)
+
+
+def _gamma(name: str, value: np.ndarray) -> np.ndarray:
+    """A norm's stored weight to its gamma, ``1 + weight`` (in place, as ``load_params``)."""
+    if name.endswith(".gamma"):
+        value += 1.0
+    return value
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under Gemma's names (the inverse of ``load_params``), each norm's weight
     ``gamma - 1``, for writing a folder."""

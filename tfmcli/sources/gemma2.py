@@ -64,4 +64,9 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     return gemma.load_params(folder, fields, dtype, checkpoint=NAME)
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``gemma.lazy_params``)."""
+    return gemma.lazy_params(folder, fields, dtype, checkpoint=NAME)
+
+
 from_tfm = gemma.from_tfm

@@ -122,4 +122,11 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
                              text_part=read_json(folder)[1].get("model_type") == "gemma3")
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``gemma.lazy_params``); of an image-and-text
+    folder, its language model's."""
+    return gemma.lazy_params(folder, fields, dtype, checkpoint=NAME,
+                             text_part=read_json(folder)[1].get("model_type") == "gemma3")
+
+
 from_tfm = gemma.from_tfm

@@ -429,16 +429,17 @@ class LazyParams(Mapping):
     transposed) when it is asked for and never held: a streamed pass holds one block's at a
     time. ``meta(name)``: its shape and dtype, without reading it."""
 
-    def __init__(self, stored: dict, names: dict, rows: list, shapes: dict, dtype):
+    def __init__(self, stored: dict, names: dict, rows: list, shapes: dict, dtype, then=None):
         self.stored, self.names, self.shapes = stored, names, shapes
-        self.dtype = np.dtype(dtype)
+        self.dtype, self.then = np.dtype(dtype), then
         self.rows = {ours: (name, transposed) for name, ours, transposed in rows}
 
     def __getitem__(self, name: str) -> np.ndarray:
         stored_name, transposed = self.rows[name]
         key = self.names[stored_name]
         path, header, start = self.stored[key]
-        return tensorfile.read_tensor(path, header, start, key, self.dtype, transposed)
+        value = tensorfile.read_tensor(path, header, start, key, self.dtype, transposed)
+        return value if self.then is None else self.then(name, value)
 
     def __contains__(self, name) -> bool:
         return name in self.rows
@@ -453,15 +454,20 @@ class LazyParams(Mapping):
         return self.shapes[name], self.dtype
 
 
-def lazy_params(folder, fields: dict, dtype, checkpoint: str = NAME) -> LazyParams:
+def lazy_params(folder, fields: dict, dtype, checkpoint: str = NAME, text_part: bool = False,
+                then=None) -> LazyParams:
     """``load_params``' weights, checked the same way, read only when asked for
-    (``LazyParams``); None for a layout whose keys hold more than one parameter (Phi-3's)."""
+    (``LazyParams``; ``then(name, value)``: what a family does to each after reading it, as
+    its ``load_params`` does). Not for a layout whose keys hold more than one parameter
+    (Phi-3's)."""
     expected = expected_shapes(fields)
     stored = stored_tensors(folder)
-    names = {key: key for key in stored}
+    names = text_keys(stored) if text_part else {key: key for key in stored}
     check_stored(folder, stored, names, expected, checkpoint,
-                 "lm_head.weight" if fields["tied_head"] else None)
-    return LazyParams(stored, names, name_map(fields), param_shapes(Config(**fields)), dtype)
+                 "lm_head.weight" if fields["tied_head"] else None,
+                 part=" (of its language model)" if text_part else "")
+    return LazyParams(stored, names, name_map(fields), param_shapes(Config(**fields)), dtype,
+                      then)
 
 
 def text_keys(stored: dict) -> dict[str, str]:
