@@ -293,6 +293,7 @@ def gemma_folders(tmp_path):
     import test_gemma
     import test_gemma2
     import test_gemma3
+
     from helpers import hf_saved
 
     test_gemma.hf_gemma_folder(tmp_path / "gemma", tie_word_embeddings=False)
@@ -319,3 +320,35 @@ def test_gemma_folders_stream_their_weights_gammas_made_as_the_loaders_make_them
                 "--show", "blocks.0.ln1.gamma"]
         assert ok(*args, "--stream").stdout == ok(*args).stdout
         assert "weights read as used" in flat(ok(*args[:-3], "--stream").stdout)
+
+
+# the other families' readers, as their tests save a random folder (their SMALL configs)
+FAMILIES = {"falcon": "Falcon", "gpt_neox": "GPTNeoX", "gpt_bigcode": "GPTBigCode",
+         "bloom": "Bloom", "mpt": "Mpt", "gptj": "GPTJ", "codegen": "CodeGen", "phi": "Phi",
+         "opt": "OPT", "phi3": "Phi3", "gpt2": "GPT2"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_streams_its_weights_each_read_and_cut_as_loaded(family, tmp_path):
+    import importlib
+
+    from helpers import hf_saved, o1_gpt2
+    from tfmcli.sources.families import checkpoint_module
+
+    if family == "gpt2":   # (GPT2LMHeadModel, not a ForCausalLM)
+        transformers = pytest.importorskip("transformers")
+        o1_gpt2(transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=4,
+                                        n_positions=32, tie_word_embeddings=False), tmp_path)
+    else:
+        hf_saved(tmp_path, FAMILIES[family], importlib.import_module(f"test_{family}").SMALL)
+    reader = checkpoint_module(tmp_path)
+    fields = reader.read_config(tmp_path)
+    loaded = reader.load_params(tmp_path, fields, np.float64)
+    lazy = reader.lazy_params(tmp_path, fields, np.float64)
+    assert list(lazy) == list(loaded)
+    for key in reversed(list(loaded)):   # (any order: a fused tensor's pieces read apart)
+        assert np.array_equal(lazy[key], loaded[key]), key
+    args = ["backward", "--load", tmp_path, "--tokens", "1,5,9,13,17", "--json",
+            "--show", "blocks.0.attn.W_K"]
+    assert ok(*args, "--stream").stdout == ok(*args).stdout
+    assert "weights read as used" in flat(ok(*args[:-3], "--stream").stdout)

@@ -85,6 +85,14 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
                              "lm_head.weight" if fields["tied_head"] else None, ())
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``fused.lazy_params``)."""
+    stored = llama.stored_tensors(folder)
+    prefix = PREFIX if any(key.startswith(PREFIX) for key in stored) else ""
+    return fused.lazy_params(folder, fields, dtype, name_map(fields, prefix), NAME,
+                             "lm_head.weight" if fields["tied_head"] else None, ())
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under BLOOM's names (the inverse of ``load_params``), for writing a
     folder."""

@@ -41,6 +41,11 @@ def load_params(folder, fields: dict, dtype):
                             ignored=IGNORED)
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``gptj.lazy_params``)."""
+    return gptj.lazy_params(folder, fields, dtype, fused=True, checkpoint=NAME, ignored=IGNORED)
+
+
 def from_tfm(params: dict, fields: dict):
     """tfm's parameters under CodeGen's names (the inverse of ``load_params``)."""
     return gptj.from_tfm(params, fields, fused=True)

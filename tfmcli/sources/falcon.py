@@ -126,6 +126,12 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
                              "lm_head.weight" if fields["tied_head"] else None, ())
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``fused.lazy_params``)."""
+    return fused.lazy_params(folder, fields, dtype, name_map(fields), NAME,
+                             "lm_head.weight" if fields["tied_head"] else None, ())
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under Falcon's names (the inverse of ``load_params``: W_Q, W_K and W_V
     put back in their rows of ``query_key_value``), for writing a folder."""

@@ -66,6 +66,19 @@ def load_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_c
     return {name: params[name] for name in shapes}
 
 
+def lazy_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_copy,
+                ignored: tuple, picks: dict | None = None, then=None) -> llama.LazyParams:
+    """``load_params``' weights, checked the same way, each read when the pass uses it
+    (``llama.LazyParams``): a fused tensor cut by ``picks`` as it is read."""
+    shapes = param_shapes(Config(**fields))
+    stored = llama.stored_tensors(folder)
+    llama.check_stored(folder, stored, {key: key for key in stored},
+                       llama.stored_shapes(rows, shapes), checkpoint, tied_copy, ignored)
+    picks = dict(zip("QKV", grouped_rows(fields))) if picks is None else picks
+    return llama.LazyParams(stored, {key: key for key in stored}, rows, shapes, dtype, then,
+                            pick=lambda name: _pick(name, picks))
+
+
 def from_tfm(params: dict, fields: dict, rows: list,
              picks: dict | None = None) -> dict[str, np.ndarray]:
     """tfm's parameters under the stored names of ``rows`` (the inverse of ``load_params``: each

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tfmcli.engine.config import Config
+from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources.folder import CONFIG, read_json
 from tfmcli.sources.folder import need as need_key
@@ -176,6 +177,44 @@ def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's parameters under tfm's names, in ``dtype``."""
     return to_tfm(read_weights(folder, fields), fields, dtype)
+
+
+def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
+    """(GPT-2 key, tfm parameter, transposed) for every weight, in tfm's order; ``c_attn``'s
+    parameters the tuple (W_Q, W_K, W_V) (or their biases), side by side in its columns."""
+    rows = [("wte.weight", "embed.W_E", False), ("wpe.weight", "embed.W_pos", False)]
+    for i in range(fields["layers"]):
+        h, p = f"h.{i}.", f"blocks.{i}."
+        rows += [(h + "ln_1.weight", p + "ln1.gamma", False),
+                 (h + "ln_1.bias", p + "ln1.beta", False),
+                 (h + "attn.c_attn.weight", tuple(p + f"attn.W_{w}" for w in "QKV"), False),
+                 (h + "attn.c_attn.bias", tuple(p + f"attn.b_{w}" for w in "QKV"), False),
+                 (h + "attn.c_proj.weight", p + "attn.W_O", False),
+                 (h + "attn.c_proj.bias", p + "attn.b_O", False),
+                 (h + "ln_2.weight", p + "ln2.gamma", False),
+                 (h + "ln_2.bias", p + "ln2.beta", False),
+                 (h + "mlp.c_fc.weight", p + "ffn.W_1", False),
+                 (h + "mlp.c_fc.bias", p + "ffn.b_1", False),
+                 (h + "mlp.c_proj.weight", p + "ffn.W_2", False),
+                 (h + "mlp.c_proj.bias", p + "ffn.b_2", False)]
+    rows += [("ln_f.weight", "ln_f.gamma", False), ("ln_f.bias", "ln_f.beta", False)]
+    if not fields["tied_head"]:
+        rows.append(("lm_head.weight", "head.W_U", True))                # nn.Linear: (V, d)
+    return rows
+
+
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``llama.LazyParams``): ``c_attn`` cut into
+    W_Q, W_K and W_V as it is read. Every key and shape is checked before any is read."""
+    from tfmcli.sources import llama
+
+    stored = llama.stored_tensors(folder)
+    names = {key.removeprefix("transformer."): key for key in stored}
+    llama.check_stored(folder, stored, names, expected_shapes(fields), NAME,
+                       "lm_head.weight" if fields["tied_head"] else None, BUFFERS)
+    rows, shapes = name_map(fields), param_shapes(Config(**fields))
+    return llama.LazyParams(stored, names, rows, shapes, dtype,
+                            pick=llama.side_by_side(rows, shapes))
 
 
 def from_tfm(params: dict, layers: int) -> dict[str, np.ndarray]:

@@ -134,6 +134,12 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
                              "embed_out.weight" if fields["tied_head"] else None, IGNORED)
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``fused.lazy_params``)."""
+    return fused.lazy_params(folder, fields, dtype, name_map(fields), NAME,
+                             "embed_out.weight" if fields["tied_head"] else None, IGNORED)
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under GPT-NeoX's names (the inverse of ``load_params``), q, k and v
     interleaved head by head again, for writing a folder."""

@@ -147,6 +147,14 @@ def load_params(folder, fields: dict, dtype, fused: bool = False, checkpoint: st
                                     _picks(fields, fused))
 
 
+def lazy_params(folder, fields: dict, dtype, fused: bool = False, checkpoint: str = NAME,
+                ignored: tuple = IGNORED):
+    """``load_params``' weights, read when used (``fused.lazy_params``)."""
+    return fused_reader.lazy_params(folder, fields, dtype, name_map(fields, fused), checkpoint,
+                                    "lm_head.weight" if fields["tied_head"] else None, ignored,
+                                    _picks(fields, fused))
+
+
 def from_tfm(params: dict, fields: dict, fused: bool = False) -> dict[str, np.ndarray]:
     """tfm's parameters under GPT-J's (``fused``: CodeGen's) names, the inverse of
     ``load_params``: ``W_Q``'s and ``W_K``'s columns back in GPT-J's order, and CodeGen's

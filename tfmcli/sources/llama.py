@@ -427,47 +427,81 @@ def load_params(folder, fields: dict, dtype, checkpoint: str = NAME,
 class LazyParams(Mapping):
     """A checkpoint's weights under tfm's names, each read from its file (and widened,
     transposed) when it is asked for and never held: a streamed pass holds one block's at a
-    time. ``meta(name)``: its shape and dtype, without reading it."""
+    time. ``meta(name)``: its shape and dtype, without reading it.
 
-    def __init__(self, stored: dict, names: dict, rows: list, shapes: dict, dtype, then=None):
+    ``rows``: the family's ``name_map``. A key that holds several parameters (a fused
+    ``query_key_value``) gives each its stored rows, ``pick(name)`` (``fused.load_params``'
+    picks), and is read once for the parameters asked for one after another (W_Q, W_K, W_V).
+    ``then(name, value)``: what the family does to a parameter once read (Gemma's gammas)."""
+
+    def __init__(self, stored: dict, names: dict, rows: list, shapes: dict, dtype, then=None,
+                 pick=None):
         self.stored, self.names, self.shapes = stored, names, shapes
-        self.dtype, self.then = np.dtype(dtype), then
-        self.rows = {ours: (name, transposed) for name, ours, transposed in rows}
+        self.dtype, self.then, self.pick = np.dtype(dtype), then, pick
+        self.rows = {ours: (name, transposed) for name, row, transposed in rows
+                     for ours in weight_names(row)}
+        self.order = [name for name in shapes if name in self.rows]
+        self.fused = {}   # stored key -> the fused tensor last read (its weight and its bias)
 
     def __getitem__(self, name: str) -> np.ndarray:
         stored_name, transposed = self.rows[name]
         key = self.names[stored_name]
-        path, header, start = self.stored[key]
-        value = tensorfile.read_tensor(path, header, start, key, self.dtype, transposed)
+        rows = None if self.pick is None else self.pick(name)
+        if rows is None:
+            self.fused.clear()
+            value = self._read(key, transposed)
+        else:   # one piece of a fused tensor: read once for W_Q, W_K and W_V (b_Q, b_K, b_V)
+            if key not in self.fused:
+                if len(self.fused) > 1:   # (a block's weight and bias at most)
+                    self.fused.clear()
+                self.fused[key] = self._read(key, transposed)
+            value = np.ascontiguousarray(self.fused[key][..., rows])
         return value if self.then is None else self.then(name, value)
+
+    def _read(self, key: str, transposed: bool) -> np.ndarray:
+        path, header, start = self.stored[key]
+        return tensorfile.read_tensor(path, header, start, key, self.dtype, transposed)
 
     def __contains__(self, name) -> bool:
         return name in self.rows
 
     def __iter__(self):
-        return iter(self.rows)
+        return iter(self.order)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.order)
 
     def meta(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         return self.shapes[name], self.dtype
 
 
 def lazy_params(folder, fields: dict, dtype, checkpoint: str = NAME, text_part: bool = False,
-                then=None) -> LazyParams:
+                then=None, fused: bool = False) -> LazyParams:
     """``load_params``' weights, checked the same way, read only when asked for
     (``LazyParams``; ``then(name, value)``: what a family does to each after reading it, as
-    its ``load_params`` does). Not for a layout whose keys hold more than one parameter
-    (Phi-3's)."""
-    expected = expected_shapes(fields)
+    its ``load_params`` does; ``fused``: Phi-3's keys, each cut into its parameters'
+    columns as it is read)."""
+    expected = expected_shapes(fields, fused)
     stored = stored_tensors(folder)
     names = text_keys(stored) if text_part else {key: key for key in stored}
     check_stored(folder, stored, names, expected, checkpoint,
                  "lm_head.weight" if fields["tied_head"] else None,
                  part=" (of its language model)" if text_part else "")
-    return LazyParams(stored, names, name_map(fields), param_shapes(Config(**fields)), dtype,
-                      then)
+    rows, shapes = name_map(fields, fused), param_shapes(Config(**fields))
+    return LazyParams(stored, names, rows, shapes, dtype, then,
+                      pick=side_by_side(rows, shapes) if fused else None)
+
+
+def side_by_side(rows: list, shapes: dict):
+    """The ``pick`` of keys whose parameters lie side by side along the last axis (Phi-3's
+    ``qkv_proj`` and ``gate_up_proj`` transposed, GPT-2's ``c_attn``), in the row's order:
+    each parameter its columns (a bias its entries), as ``load_params`` splits them."""
+    columns = {}
+    for _, row, _ in rows:
+        if isinstance(row, tuple):
+            ends = np.cumsum([shapes[n][-1] for n in row])
+            columns.update((n, np.arange(end - shapes[n][-1], end)) for n, end in zip(row, ends))
+    return columns.get
 
 
 def text_keys(stored: dict) -> dict[str, str]:

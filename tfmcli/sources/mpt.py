@@ -121,6 +121,13 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
                              fused.stacked_rows(fields))
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``fused.lazy_params``)."""
+    return fused.lazy_params(folder, fields, dtype, name_map(fields), NAME,
+                             "lm_head.weight" if fields["tied_head"] else None, (),
+                             fused.stacked_rows(fields))
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under MPT's names (the inverse of ``load_params``), for writing a
     folder."""

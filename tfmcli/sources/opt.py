@@ -108,6 +108,25 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     return params
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``llama.LazyParams``), ``embed.W_pos`` the
+    table's rows from ``OFFSET`` on."""
+    rows, shapes = name_map(fields), param_shapes(Config(**fields))
+    expected = llama.stored_shapes(rows, shapes)
+    n_ctx, d = shapes["embed.W_pos"]
+    expected["model.decoder.embed_positions.weight"] = (n_ctx + OFFSET, d)
+    stored = llama.stored_tensors(folder)
+    llama.check_stored(folder, stored, {key: key for key in stored}, expected, NAME,
+                       "lm_head.weight" if fields["tied_head"] else None, ())
+    return llama.LazyParams(stored, {key: key for key in stored}, rows, shapes, dtype,
+                            then=_positions)
+
+
+def _positions(name: str, value: np.ndarray) -> np.ndarray:
+    """The position table's rows from ``OFFSET`` on (``load_params``); the rest as read."""
+    return np.ascontiguousarray(value[OFFSET:]) if name == "embed.W_pos" else value
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under OPT's names (the inverse of ``load_params``, the position table's
     first ``OFFSET`` rows zeros), for writing a folder."""

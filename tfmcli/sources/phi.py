@@ -90,6 +90,16 @@ def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
             for key, name, transposed in rows}
 
 
+def lazy_params(folder, fields: dict, dtype):
+    """``load_params``' weights, read when used (``llama.LazyParams``)."""
+    rows, shapes = name_map(fields), param_shapes(Config(**fields))
+    stored = llama.stored_tensors(folder)
+    llama.check_stored(folder, stored, {key: key for key in stored},
+                       llama.stored_shapes(rows, shapes), NAME,
+                       "lm_head.weight" if fields["tied_head"] else None, IGNORED)
+    return llama.LazyParams(stored, {key: key for key in stored}, rows, shapes, dtype)
+
+
 def from_tfm(params: dict, fields: dict) -> dict[str, np.ndarray]:
     """tfm's parameters under Phi's names (the inverse of ``load_params``), for writing a
     folder."""

@@ -35,5 +35,6 @@ def read_config(folder) -> dict:
     return llama.runnable(path, {**fields, "rotary_dim": rotary_dim})
 
 load_params = functools.partial(llama.load_params, checkpoint=NAME, fused=True)
+lazy_params = functools.partial(llama.lazy_params, checkpoint=NAME, fused=True)
 name_map = functools.partial(llama.name_map, fused=True)
 from_tfm = functools.partial(llama.from_tfm, fused=True)
