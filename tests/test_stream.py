@@ -143,7 +143,11 @@ STREAMING = ["forward --show blocks.1.attn.q --show dblocks.0.ffn.act", "forward
              "backward --show dblocks.1.attn.pattern --show blocks.2.ffn.W_1",
              "backward --layer attn --block 2", "lens", "attn --block 1", "attn --block 2 "
              "--backward", "attn --block 1 --query 3", "ln --block 2", "ln --layer ln_f",
-             "ffn --block 1", "block --block 2", "embed --position 2", "loss --position 3"]
+             "ffn --block 1", "block --block 2", "loss --position 3",
+             "backward --ablate blocks.1.attn.head0 --scale blocks.0.ffn.act=0.5",
+             "forward --ablate blocks.2.ffn --ablate-with mean",
+             "lens --patch blocks.1.attn --from-tokens 1,2,3,4,5,6,7 --from-tokens 7,6,5,4,3,2,1",
+             "block --block 1 --set blocks.1.attn.pattern[:,0,2,1]=0.3"]
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "gpt_neox", "mistral"])
@@ -174,7 +178,8 @@ def test_a_streamed_view_is_the_whole_ones_but_for_the_line_that_says_so(command
     ("kv", "keeps every block's keys and values"),
     ("gradcheck", "nudges each weight"),
     ("backward --check", "--check nudges each weight"),
-    ("adam", "Adam's two moments")])
+    ("adam", "Adam's two moments"),
+    ("embed", "central differences through the whole model")])
 def test_a_command_that_holds_everything_says_why_it_cannot_stream(command, why):
     line = error_line(run(*command.split(), "--stream"), 2)
     assert "'--stream'" in line and why in line and "without --stream" in line
@@ -269,20 +274,27 @@ def test_a_streamed_save_that_fails_leaves_nothing(tmp_path, monkeypatch):
     assert (tmp_path / "run.npz").read_bytes() == b"before"
 
 
-def test_a_streamed_backward_holds_one_block_of_weights_and_gradients(tmp_path):
+@pytest.mark.parametrize("command", ["backward", "forward", "lens", "attn --block 5",
+                                     "ln --block 6", "ffn --block 2", "block --block 7",
+                                     "loss"])
+def test_each_streaming_command_holds_one_block_under_its_estimate(command, tmp_path):
+    from tfmcli.cli.common import block_tensors
+
+    """Peak resident memory (VmHWM) of a fresh process, over what the same command takes on a
+    folder of no size (the interpreter, NumPy, the modules): the streamed run's is under the
+    streamed estimate and under half the whole run's."""
     folder = llama_folder(tmp_path / "llama")
-    args = ["backward", "--load", folder, "--tokens", "1,5,9,13,17,21,25,29", "--json"]
     tiny = llama_folder(tmp_path / "tiny", dict(FIELDS, layers=1, d_model=8, heads=2,
                                                 kv_heads=1, d_ff=8))
-    # the interpreter, NumPy and the modules the same command imports, on a folder of no size
-    base = peak_kib(["backward", "--load", tiny, "--tokens", "1,5,9", "--json", "--stream"])
+    head, *own = command.split()
+    args = [head, "--load", folder, "--tokens", "1,5,9,13,17,21,25,29", "--json", *own]
+    small = [head, "--load", tiny, "--tokens", "1,5,9", "--json", "--stream"]
+    base = peak_kib([*small, *[o if not o.isdigit() else "0" for o in own]])
     whole, streamed = peak_kib(args), peak_kib([*args, "--stream"])
     cfg = tfmcli.Config(**{**FIELDS, "seq_len": 8, "batch": 1})
-    estimate = tfmcli.engine.sizes.streamed_estimate(cfg, lazy=True)["total"]
-    full = tfmcli.engine.sizes.memory_estimate(cfg)["total"]
-    assert estimate < full / 3
-    # over what the process holds anyway, the streamed run stays under its estimate, and
-    # holds less than half the whole run's extra
+    shown = block_tensors(cfg, int(own[-1])) if own else set()   # a block's view keeps it
+    estimate = tfmcli.engine.sizes.streamed_estimate(cfg, True, shown, shown)["total"]
+    assert estimate < tfmcli.engine.sizes.memory_estimate(cfg)["total"] / 3
     assert (streamed - base) * 1024 < estimate, (streamed - base, estimate / 1024)
     assert (streamed - base) < 0.5 * (whole - base), (base, whole, streamed)
 

@@ -296,24 +296,27 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
 
     keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
     run = opts.run(memory=False)
-    streamed = choose_stream(opts, run, keep is not None, also, whole)
     cfg = run.cfg
     if validate is not None:
         validate(cfg)
+    if run.inputs is None:   # (the tokens first: a view's keep may label its maps with them)
+        run.inputs = tfmcli.make_inputs(cfg)
+    kept, holding = None if keep is None else needs(keep(run)), set(held(run)) if held else set()
+    streamed = choose_stream(opts, run, kept, holding, also, whole)
     if streamed and run.lazy_params is not None:   # the weights stay in their files
         run.params = run.lazy_params()
     params, inputs = run.complete().params, run.inputs
-    kept, seen = (needs(keep(run)), streamed_sink(opts, run)) if streamed else (None, None)
+    seen = streamed_sink(opts, run) if streamed else None
     try:
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
                 blocks_bar(cfg, streamed, with_grads, seen) as seen:
             changes = interventions(opts, run) if intervene else []
-            fwd = forward_changed(opts, params, inputs, cfg, changes, keep=kept, seen=seen)
+            fwd = forward_changed(opts, params, inputs, cfg, changes,
+                                  keep=kept if streamed else None, seen=seen)
             grads = None if not with_grads else tfmcli.backward(
-                params, fwd, cfg, keep=set(held(run)) if streamed and held else
-                set() if streamed else None, seen=seen)
+                params, fwd, cfg, keep=holding if streamed else None, seen=seen)
     except FloatingPointError as e:
         hint = " or --dtype float64" if cfg.dtype == "float32" else ""
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
@@ -334,22 +337,24 @@ def needs(names) -> set:
                     if n.endswith("attn.pattern")}
 
 
-def choose_stream(opts: Options, run, can: bool, also: str = "", whole: str = "") -> bool:
+def choose_stream(opts: Options, run, kept, held=(), also: str = "", whole: str = "") -> bool:
     """Whether the run goes a block at a time: --stream, --no-stream, or (neither given) when
-    the whole run does not fit in the memory available and the streamed one does. The run's
-    panel then says so (``run.streamed``). A command that reads every activation (``can``
-    False: ``whole`` says why) cannot; a run that fits neither way is refused before anything
-    is allocated, unless --force."""
+    the whole run does not fit in the memory available and the streamed one does, keeping
+    the activations ``kept`` and the gradients of the parameters ``held``. The run's panel
+    then says so (``run.streamed``). A command that reads every activation (``kept`` None:
+    ``whole`` says why) cannot; a run that fits neither way is refused before anything is
+    allocated, unless --force."""
     from tfmcli.cli.options import available_memory, binary_size, check_memory
     from tfmcli.engine.sizes import memory_estimate, streamed_estimate
 
     cfg, wanted, force = run.cfg, opts.values.get("stream"), opts.values.get("force", False)
+    can = kept is not None
     command = opts.ctx.command.name if opts.ctx is not None else "this command"
     if wanted and not can:
         raise typer.BadParameter(f"tfm {command} {whole}; run it without --stream",
                                  param_hint="'--stream'")
     whole, have = memory_estimate(cfg)["total"], available_memory()
-    light = streamed_estimate(cfg, lazy=run.lazy_params is not None)["total"]
+    light = streamed_estimate(cfg, run.lazy_params is not None, kept or (), held)["total"]
     if wanted is None:
         wanted = can and not force and whole > have and light <= have
     if not wanted:

@@ -71,8 +71,9 @@ def embed(
         check_indices(cfg, row)
         check_range(position, cfg.seq_len, "--position", "positions")
 
-    run, fwd, grads = execute(opts, with_grads=True, validate=validate, keep=lambda run: set(),
-                              held=lambda run: {"embed.W_E", "embed.W_pos"})
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate,
+                              whole="checks W_E's row by central differences through the whole "
+                                    "model, so it holds every weight")
     cfg = run.cfg
     entries = CHECKED if sizes.flops(cfg)[0] <= LARGE else CHECKED_LARGE
     x = explain(run.params, fwd, grads, cfg, row, position, entries)

@@ -287,7 +287,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     return parts
 
 
-def streamed_estimate(cfg: Config, lazy: bool = False) -> dict[str, int]:
+def streamed_estimate(cfg: Config, lazy: bool = False, kept=(), held=()) -> dict[str, int]:
     """Bytes of the peak of a streamed forward + backward (``model.forward(keep=...)``), by
     ``memory_estimate``'s parts, with nothing kept beyond what the pass must hold.
 
@@ -297,7 +297,8 @@ def streamed_estimate(cfg: Config, lazy: bool = False) -> dict[str, int]:
     are summarised and dropped a block at a time, so it holds one block's and the
     embedding's and head's. ``lazy``: the weights are read from their files when used
     (``sources.llama.LazyParams``), so one block's are held, not every block's; else every
-    parameter is in memory.
+    parameter is in memory. ``kept``: activations a view keeps whole (each with its gradient),
+    ``held``: parameters whose gradients it keeps: they count besides (``"kept"``).
     """
     one, whole = memory_estimate(cfg.replace(layers=1, sliding_layers=None)), memory_estimate(cfg)
     item = np.dtype(cfg.dtype).itemsize
@@ -306,5 +307,8 @@ def streamed_estimate(cfg: Config, lazy: bool = False) -> dict[str, int]:
              "activations": one["activations"] + streams,
              "activation grads": one["activation grads"] + streams,
              "caches": one["caches"], "transient": one["transient"]}
+    acts, params = activation_shapes(cfg), param_shapes(cfg)
+    parts["kept"] = item * (2 * sum(numel(acts[n]) for n in kept if n in acts)
+                            + sum(numel(params[n]) for n in held if n in params))
     parts["total"] = sum(parts.values())
     return parts
