@@ -403,7 +403,8 @@ def blocks_bar(cfg, streamed: bool, with_grads: bool, seen):
         yield seen
         return
     total = cfg.layers * (2 if with_grads else 1)
-    with progress_bar("blocks, a block at a time") as tick:
+    with progress_bar("a block at a time" + (", forward then backward" if with_grads else ""))\
+            as tick:
         if tick is None:
             yield seen
             return
