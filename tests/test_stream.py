@@ -147,7 +147,8 @@ STREAMING = ["forward --show blocks.1.attn.q --show dblocks.0.ffn.act", "forward
              "backward --ablate blocks.1.attn.head0 --scale blocks.0.ffn.act=0.5",
              "forward --ablate blocks.2.ffn --ablate-with mean",
              "lens --patch blocks.1.attn --from-tokens 1,2,3,4,5,6,7 --from-tokens 7,6,5,4,3,2,1",
-             "block --block 1 --set blocks.1.attn.pattern[:,0,2,1]=0.3"]
+             "block --block 1 --set blocks.1.attn.pattern[:,0,2,1]=0.3",
+             "gradcheck --directions 2", "gradcheck --directions 1 --ablate blocks.1.ffn"]
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "gpt_neox", "mistral"])
@@ -176,7 +177,7 @@ def test_a_streamed_view_is_the_whole_ones_but_for_the_line_that_says_so(command
 @pytest.mark.parametrize("command, why", [
     ("explore --keys q", "reads every activation and gradient"),
     ("kv", "keeps every block's keys and values"),
-    ("gradcheck", "nudges each weight"),
+    ("gradcheck", "--directions N streams"),
     ("backward --check", "--check nudges each weight"),
     ("adam", "Adam's two moments"),
     ("embed", "central differences through the whole model")])
@@ -364,3 +365,30 @@ def test_every_family_streams_its_weights_each_read_and_cut_as_loaded(family, tm
             "--show", "blocks.0.attn.W_K"]
     assert ok(*args, "--stream").stdout == ok(*args).stdout
     assert "weights read as used" in flat(ok(*args[:-3], "--stream").stdout)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "vaswani", "falcon"])
+def test_the_directional_check_streamed_is_the_whole_checks_bit_for_bit(arch):
+    from tfmcli.check.gradcheck import directional_check
+    from tfmcli.engine.interventions import Scale
+
+    cfg = tfmcli.Config(**{"seq_len": 5, "layers": 3, "dtype": "float32",
+                           **PRESETS[arch].fields})
+    params = random_params(tfmcli.init_params(cfg), 5)
+    inputs = tfmcli.make_inputs(cfg)
+    change = [Scale("blocks.1.ffn.act", 0.5)]
+    for names in (None, ["blocks.2.attn.W_Q", "embed.W_E"]):
+        whole = directional_check(params, inputs, cfg, directions=3, names=names,
+                                  interventions=change)
+        streamed = directional_check(params, inputs, cfg, directions=3, names=names,
+                                     interventions=change, stream=True)
+        assert streamed == whole
+        assert whole.passed and len(whole.params) == (len(params) if names is None else 2)
+
+
+def test_a_folders_directional_check_streams_its_weights(tmp_path):
+    folder = llama_folder(tmp_path / "llama", dict(FIELDS, layers=3, d_model=32, d_ff=64))
+    args = ["gradcheck", "--load", folder, "--tokens", "1,5,9,13", "--directions", "1",
+            "--json"]
+    assert ok(*args, "--stream").stdout == ok(*args).stdout
+    assert json.loads(ok(*args).stdout)["passed"]

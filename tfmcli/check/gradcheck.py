@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -180,6 +182,7 @@ def directional_check(
     names: list[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     interventions=(),
+    stream: bool = False,
 ) -> GradcheckReport:
     """Compare ``backward`` with central differences along random directions: for each
     parameter tensor, ``directions`` unit vectors v (drawn from ``default_rng(cfg.seed)``) and
@@ -193,11 +196,16 @@ def directional_check(
     when that is bigger: ``FLOOR`` times the largest such size of any tensor, or the resolution
     of the differences (b_K's gradient is 0); ``checked`` counts the tensor's entries (all of
     them take part).
+
+    ``stream``: a block at a time (``streamed_directional_check``), the same numbers.
     """
     import numpy as np
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
+    if stream:
+        return streamed_directional_check(params, inputs, cfg, directions, step, tolerance,
+                                          names, progress, interventions)
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions)
     analytic = backward(params, fwd, cfg)
@@ -240,6 +248,97 @@ def directional_check(
             if FLOOR * max(typical.values()) >= noise / TOLERANCE["float64"]
             else "the smallest gradient central differences resolve")
     return GradcheckReport(checks, tolerance, step, cfg.dtype, floor, rule)
+
+
+def streamed_directional_check(params, inputs, cfg, directions, step, tolerance=None,
+                               names=None, progress=None, interventions=()) -> GradcheckReport:
+    """``directional_check`` holding one block at a time: the passes streamed
+    (``model.forward(keep=...)``), the weights read (and widened to float64) when used, and
+    each tensor checked as soon as the backward makes its gradient, which is then dropped.
+    Its directions are the whole check's (the generator's state at each tensor's first draw,
+    found by drawing them once in the whole check's order), so every number is the whole
+    check's, bit for bit."""
+    import numpy as np
+
+    from tfmcli.engine.model import backward, forward, unchecked_forward
+
+    tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+    fwd = forward(params, inputs, cfg, interventions=interventions, keep=set())
+    inputs, plan = fwd.inputs, fwd.caches.get("plan")
+    noise = float(np.finfo(np.float64).eps) * max(1.0, abs(fwd.loss)) / step
+    cfg64 = cfg.replace(dtype="float64")
+    work = Widened(params)
+    acts = unchecked_forward(work, inputs, cfg64, plan=plan, keep=set()).acts
+    names = list(params) if names is None else names
+    shapes = {name: Widened.shape(params, name) for name in params}
+    rng, starts = np.random.default_rng(cfg.seed), {}
+    for name in names:   # where each tensor's directions begin in the whole check's draws
+        starts[name] = rng.bit_generator.state
+        for _ in range(directions):
+            rng.standard_normal(shapes[name])
+    typical, worst, done = {}, {}, [0]
+
+    def check(kind, name, arrays):   # each gradient as the backward makes it
+        if kind != "grad":
+            return None
+        g = arrays[name].astype(np.float64)
+        typical[name] = float(np.linalg.norm(g)) / math.sqrt(max(g.size, 1))
+        if name not in starts:
+            return None
+        start = first_block(name, cfg)
+        x = None if start == 0 else acts[block_input(start, cfg)]
+        original, draws = work[name], np.random.default_rng()
+        draws.bit_generator.state = starts[name]
+        worst[name] = 0.0
+        for _ in range(directions):
+            v = draws.standard_normal(original.shape)
+            v /= np.linalg.norm(v)
+            loss = [unchecked_forward(ChainMap({name: original + sign * step * v}, work),
+                                      inputs, cfg64, start=start, x=x, plan=plan,
+                                      keep=set()).loss for sign in (1, -1)]
+            numeric = (loss[0] - loss[1]) / (2 * step)
+            worst[name] = max(worst[name], abs(float((g * v).sum()) - numeric))
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(names) * directions)
+        return None
+
+    backward(params, fwd, cfg, keep=set(), seen=check)
+    floor = max(FLOOR * max(typical.values()), noise / TOLERANCE["float64"])
+    checks = []
+    for name in names:
+        size = max(typical[name], floor)
+        rel = worst[name] / size if size > 0 else 0.0
+        checks.append(ParamCheck(name, shapes[name], math.prod(shapes[name]), worst[name],
+                                 float(rel), bool(rel <= tolerance)))
+    rule = (f"{FLOOR:g} x the largest |g| / sqrt(n) of any tensor"
+            if FLOOR * max(typical.values()) >= noise / TOLERANCE["float64"]
+            else "the smallest gradient central differences resolve")
+    return GradcheckReport(checks, tolerance, step, cfg.dtype, floor, rule)
+
+
+class Widened(Mapping):
+    """Parameters in float64, each widened when it is read (a copy), never all at once."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def __getitem__(self, name):
+        return self.params[name].astype("float64")
+
+    def __contains__(self, name) -> bool:
+        return name in self.params
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @staticmethod
+    def shape(params, name) -> tuple:
+        """A parameter's shape without reading it (a checkpoint's read when used)."""
+        return tuple(params.meta(name)[0] if hasattr(params, "meta") else params[name].shape)
 
 
 def first_block(name: str, cfg: "Config") -> int:

@@ -38,15 +38,16 @@ def verdict(report, directions=None) -> Text:
 
 
 def run_gradcheck(params, inputs, cfg, names, max_entries, step, tolerance, directions=None,
-                  interventions=()):
-    """tfmcli.gradcheck (or, with ``directions``, ``gradcheck.directional_check``) with a
-    progress bar on a terminal when there is much to do."""
+                  interventions=(), stream=False):
+    """tfmcli.gradcheck (or, with ``directions``, ``gradcheck.directional_check``; ``stream``:
+    a block at a time) with a progress bar on a terminal when there is much to do."""
     from tfmcli.check.gradcheck import directional_check
 
     check = tfmcli.gradcheck
     kwargs = {"names": names, "max_entries": max_entries}
     if directions is not None:
-        check, kwargs = directional_check, {"names": names, "directions": directions}
+        check, kwargs = directional_check, {"names": names, "directions": directions,
+                                            "stream": stream}
     if step is not None:
         kwargs["step"] = step
     if tolerance is not None:

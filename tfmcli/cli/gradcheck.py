@@ -55,14 +55,15 @@ def gradcheck(
         raise typer.BadParameter("--directions checks every entry of a tensor at once; "
                                  "--max-entries samples entries one by one: give one",
                                  param_hint="'--directions'")
-    run, fwd, grads = execute(opts, with_grads=True,
-                              whole="nudges each weight and runs the model again from its block, "
-                                    "so it holds the whole run")
+    run, fwd, grads = execute(
+        opts, with_grads=True, keep=None if directions is None else lambda run: set(),
+        whole="checks entry by entry, each entry's nudge run from its block, so it holds the "
+              "whole run; --directions N streams")
     cfg, params, inputs = run.cfg, run.params, run.inputs
     entries = max_entries if max_entries is not None else default_max_entries(cfg)
     plan = fwd.caches.get("plan")
     report = run_gradcheck(params, inputs, cfg, None, entries, step, tol, directions,
-                           plan.interventions if plan else ())
+                           plan.interventions if plan else (), stream=run.streamed is not None)
     checks = {c.name: c for c in report.params}
     if directions is None:
         rule = (f"numeric gradient: (L(p+h) - L(p-h)) / 2h in float64, h = {report.step:g}\n"
