@@ -11,7 +11,7 @@ import numpy as np
 
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
-from tfmcli.sources import llama, tensorfile
+from tfmcli.sources import llama
 
 
 def grouped_rows(fields: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -51,19 +51,10 @@ def load_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_c
     d_out)``, in ``dtype``, in tfm's order. ``picks`` ("Q", "K", "V" -> stored rows, in tfm's
     column order; ``grouped_rows`` by default) cuts a fused row into its parts, or reorders one
     weight's columns (GPT-J's W_Q and W_K). Every key and shape is checked before any is read
-    (``llama.check_stored``; ``tied_copy``, ``ignored``)."""
-    shapes = param_shapes(Config(**fields))
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, shapes), checkpoint, tied_copy, ignored)
-    picks = dict(zip("QKV", grouped_rows(fields))) if picks is None else picks
-    params = {}
-    for key, name, transposed in rows:
-        value = tensorfile.read_tensor(*stored[key], key, dtype, transposed)   # (d_in, d_out)
-        for n in llama.weight_names(name):
-            rows_of_n = _pick(n, picks)   # its stored rows: tfm's columns (a bias's entries)
-            params[n] = value if rows_of_n is None else np.ascontiguousarray(value[..., rows_of_n])
-    return {name: params[name] for name in shapes}
+    (``llama.check_stored``; ``tied_copy``, ``ignored``); then each is read in turn
+    (``lazy_params``: a fused tensor once for its parts)."""
+    return dict(lazy_params(folder, fields, dtype, rows, checkpoint, tied_copy, ignored,
+                            picks).items())
 
 
 def lazy_params(folder, fields: dict, dtype, rows: list, checkpoint: str, tied_copy,

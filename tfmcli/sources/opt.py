@@ -28,7 +28,7 @@ import numpy as np
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
-from tfmcli.sources import gpt_neox, llama, tensorfile
+from tfmcli.sources import gpt_neox, llama
 from tfmcli.sources.folder import need, read_json
 
 NAME = "OPT"
@@ -94,18 +94,8 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``;
     ``embed.W_pos`` the position table's rows from ``OFFSET`` on. Every key and shape is checked
-    before any is read."""
-    rows, shapes = name_map(fields), param_shapes(Config(**fields))
-    expected = llama.stored_shapes(rows, shapes)
-    n_ctx, d = shapes["embed.W_pos"]
-    expected["model.decoder.embed_positions.weight"] = (n_ctx + OFFSET, d)
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored}, expected, NAME,
-                       "lm_head.weight" if fields["tied_head"] else None, ())
-    params = {name: tensorfile.read_tensor(*stored[key], key, dtype, transposed)
-              for key, name, transposed in rows}
-    params["embed.W_pos"] = np.ascontiguousarray(params["embed.W_pos"][OFFSET:])
-    return params
+    before any is read (``lazy_params``, each read in turn)."""
+    return dict(lazy_params(folder, fields, dtype).items())
 
 
 def lazy_params(folder, fields: dict, dtype):

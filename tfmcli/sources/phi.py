@@ -22,7 +22,7 @@ import numpy as np
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
-from tfmcli.sources import gpt_neox, llama, tensorfile
+from tfmcli.sources import gpt_neox, llama
 from tfmcli.sources.folder import need, read_json
 
 NAME = "Phi"
@@ -80,14 +80,8 @@ def name_map(fields: dict) -> list[tuple[str, str, bool]]:
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's weights under tfm's names, transposed to ``(d_in, d_out)``, in ``dtype``.
-    Every key and shape is checked before any is read."""
-    rows = name_map(fields)
-    stored = llama.stored_tensors(folder)
-    llama.check_stored(folder, stored, {key: key for key in stored},
-                       llama.stored_shapes(rows, param_shapes(Config(**fields))), NAME,
-                       "lm_head.weight" if fields["tied_head"] else None, IGNORED)
-    return {name: tensorfile.read_tensor(*stored[key], key, dtype, transposed)
-            for key, name, transposed in rows}
+    Every key and shape is checked before any is read (``lazy_params``, each read in turn)."""
+    return dict(lazy_params(folder, fields, dtype).items())
 
 
 def lazy_params(folder, fields: dict, dtype):
