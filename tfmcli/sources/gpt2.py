@@ -143,29 +143,19 @@ def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
 
 
 def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
-    """GPT-2's tensors under tfm's parameter names, in ``dtype`` (float32 -> float64 is exact)."""
-    d = fields["d_model"]
-    params = {"embed.W_E": tensors["wte.weight"], "embed.W_pos": tensors["wpe.weight"]}
-    for i in range(fields["layers"]):
-        h, p = f"h.{i}.", f"blocks.{i}."
-        c_attn_w, c_attn_b = tensors[h + "attn.c_attn.weight"], tensors[h + "attn.c_attn.bias"]
-        params.update({p + "ln1.gamma": tensors[h + "ln_1.weight"],
-                       p + "ln1.beta": tensors[h + "ln_1.bias"]})
-        for j, w in enumerate("QKV"):                               # columns [q | k | v]
-            params[p + f"attn.W_{w}"] = c_attn_w[:, j * d:(j + 1) * d]
-            params[p + f"attn.b_{w}"] = c_attn_b[j * d:(j + 1) * d]
-        params.update({p + "attn.W_O": tensors[h + "attn.c_proj.weight"],
-                       p + "attn.b_O": tensors[h + "attn.c_proj.bias"],
-                       p + "ln2.gamma": tensors[h + "ln_2.weight"],
-                       p + "ln2.beta": tensors[h + "ln_2.bias"],
-                       p + "ffn.W_1": tensors[h + "mlp.c_fc.weight"],
-                       p + "ffn.b_1": tensors[h + "mlp.c_fc.bias"],
-                       p + "ffn.W_2": tensors[h + "mlp.c_proj.weight"],
-                       p + "ffn.b_2": tensors[h + "mlp.c_proj.bias"]})
-    params.update({"ln_f.gamma": tensors["ln_f.weight"], "ln_f.beta": tensors["ln_f.bias"]})
-    if not fields["tied_head"]:
-        params["head.W_U"] = tensors["lm_head.weight"].T                 # nn.Linear: (V, d)
-    return {name: np.ascontiguousarray(value, dtype=dtype) for name, value in params.items()}
+    """GPT-2's tensors under tfm's parameter names (``name_map``: ``c_attn``'s columns cut in
+    three), in ``dtype`` (float32 -> float64 is exact)."""
+    from tfmcli.sources import llama
+
+    rows, shapes = name_map(fields), param_shapes(Config(**fields))
+    columns = llama.side_by_side(rows, shapes)
+    params = {}
+    for key, row, transposed in rows:
+        value = tensors[key].T if transposed else tensors[key]
+        for name in llama.weight_names(row):
+            cut = columns(name)
+            params[name] = value if cut is None else value[..., cut]
+    return {name: np.ascontiguousarray(params[name], dtype=dtype) for name in shapes}
 
 
 def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
