@@ -279,7 +279,7 @@ def test_a_streamed_save_that_fails_leaves_nothing(tmp_path, monkeypatch):
                                      "ln --block 6", "ffn --block 2", "block --block 7",
                                      "loss"])
 def test_each_streaming_command_holds_one_block_under_its_estimate(command, tmp_path):
-    from tfmcli.cli.common import block_tensors
+    from tfmcli.cli.streaming import block_tensors
 
     """Peak resident memory (VmHWM) of a fresh process, over what the same command takes on a
     folder of no size (the interpreter, NumPy, the modules): the streamed run's is under the

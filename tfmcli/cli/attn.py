@@ -12,7 +12,6 @@ from tfmcli.cli.app import app
 from tfmcli.cli.common import (
     Precision,
     Row,
-    block_tensors,
     check_indices,
     describe,
     emit,
@@ -30,6 +29,7 @@ from tfmcli.cli.options import (
     check_range,
     with_options,
 )
+from tfmcli.cli.streaming import block_tensors
 
 
 @app.command()

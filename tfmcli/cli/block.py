@@ -15,7 +15,6 @@ from tfmcli.cli.common import (
     Precision,
     Row,
     WideRows,
-    block_tensors,
     check_indices,
     describe,
     emit,
@@ -32,6 +31,7 @@ from tfmcli.cli.options import (
     check_range,
     with_options,
 )
+from tfmcli.cli.streaming import block_tensors
 
 # central differences run the block twice per entry of x: 32 entries when T d^2 (its cost on
 # one row) is at most CHEAP, else 4 (GPT-2 small's block on 512 tokens: 0.12 s a run)

@@ -14,7 +14,6 @@ from tfmcli.cli.common import (
     Precision,
     Row,
     WideRows,
-    block_tensors,
     check_indices,
     describe,
     emit,
@@ -31,6 +30,7 @@ from tfmcli.cli.options import (
     check_range,
     with_options,
 )
+from tfmcli.cli.streaming import block_tensors
 
 FORMULAS = {
     "relu": ("relu(pre) = max(pre, 0)",

@@ -14,7 +14,6 @@ from tfmcli.cli.common import (
     Position,
     Precision,
     Row,
-    block_tensors,
     check_indices,
     describe,
     emit,
@@ -32,6 +31,7 @@ from tfmcli.cli.options import (
     choice,
     with_options,
 )
+from tfmcli.cli.streaming import block_tensors
 
 Which = Enum("Which", {name: name for name in ("ln1", "ln1_post", "ln2", "ln2_post", "ln_f",
                                                "ln_embed")}, type=str)
