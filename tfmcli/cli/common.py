@@ -303,7 +303,8 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     if run.inputs is None:   # (the tokens first: a view's keep may label its maps with them)
         run.inputs = tfmcli.make_inputs(cfg)
     kept, holding = None if keep is None else needs(keep(run)), set(held(run)) if held else set()
-    streamed = choose_stream(opts, run, kept, holding, also, why=whole)
+    estimate = choose_stream(opts, run, kept, holding, also, why=whole)
+    streamed = estimate is not None
     if streamed and run.lazy_params is not None:   # the weights stay in their files
         run.params = run.lazy_params()
     params, inputs = run.complete().params, run.inputs
@@ -312,7 +313,7 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
-                blocks_bar(cfg, streamed, with_grads, seen) as seen:
+                blocks_bar(cfg, estimate, with_grads, seen) as seen:
             changes = interventions(opts, run) if intervene else []
             fwd = forward_changed(opts, params, inputs, cfg, changes,
                                   keep=kept if streamed else None, seen=seen)

@@ -32,11 +32,12 @@ def needs(names) -> set:
                     if n.endswith("attn.pattern")}
 
 
-def choose_stream(opts: Options, run, kept, held=(), also: str = "", why: str = "") -> bool:
+def choose_stream(opts: Options, run, kept, held=(), also: str = "", why: str = ""):
     """Whether the run goes a block at a time: --stream, --no-stream, or (neither given) when
     the whole run does not fit in the memory available and the streamed one does, keeping
     the activations ``kept`` and the gradients of the parameters ``held``. The run's panel
-    then says so (``run.streamed``). A command that reads every activation (``kept`` None:
+    then says so (``run.streamed``), and this returns the streamed estimate in bytes (None:
+    the whole run). A command that reads every activation (``kept`` None:
     ``why`` says why) cannot; a run that fits neither way is refused before anything is
     allocated, unless --force."""
     from tfmcli.cli.options import available_memory, binary_size, check_memory
@@ -57,7 +58,7 @@ def choose_stream(opts: Options, run, kept, held=(), also: str = "", why: str = 
             way = (f", or stream it a block at a time (--stream: about {binary_size(light)})"
                    if can and light < whole else "")
             check_memory(cfg, also=also + way)
-        return False
+        return None
     if light > have and not force:
         raise typer.BadParameter(
             f"even a block at a time this run needs about {binary_size(light)} (see tfm "
@@ -68,7 +69,7 @@ def choose_stream(opts: Options, run, kept, held=(), also: str = "", why: str = 
                     f"whole run: {binary_size(whole)}" if opts.values.get("stream") else
                     f"a block at a time, as the whole run ({binary_size(whole)}) exceeds the "
                     f"{binary_size(have)} available: about {binary_size(light)}, {weights}")
-    return True
+    return light
 
 
 def streamed_sink(opts: Options, run):
@@ -91,17 +92,21 @@ def streamed_sink(opts: Options, run):
 
 
 @contextmanager
-def blocks_bar(cfg, streamed: bool, with_grads: bool, seen):
+def blocks_bar(cfg, estimate: int | None, with_grads: bool, seen):
     """A streamed run's progress, a block at a time, forward then backward (on a terminal),
-    told by what it drops: ``seen`` wrapped to tick it."""
-    if not streamed:
+    told by what it drops: ``seen`` wrapped to tick it. Its label gives the run's ``estimate``
+    (bytes), before any work."""
+    from tfmcli.cli.options import binary_size
+
+    if estimate is None:
         yield seen
         return
     total = cfg.layers * (2 if with_grads else 1)
     from tfmcli.cli.common import progress_bar
 
-    with progress_bar("a block at a time" + (", forward then backward" if with_grads else ""))\
-            as tick:
+    label = f"a block at a time, about {binary_size(estimate)}" + (
+        ": forward then backward" if with_grads else "")
+    with progress_bar(label) as tick:
         if tick is None:
             yield seen
             return
