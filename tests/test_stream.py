@@ -365,6 +365,10 @@ def test_every_family_streams_its_weights_each_read_and_cut_as_loaded(family, tm
             "--show", "blocks.0.attn.W_K"]
     assert ok(*args, "--stream").stdout == ok(*args).stdout
     assert "weights read as used" in flat(ok(*args[:-3], "--stream").stdout)
+    for view in (["forward"], ["lens"], ["attn", "--block", "1", "--backward"],
+                 ["gradcheck", "--directions", "1"]):
+        args = [*view, "--load", tmp_path, "--tokens", "1,5,9,13,17", "--json"]
+        assert ok(*args, "--stream").stdout == ok(*args).stdout, view
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2", "vaswani", "falcon"])
