@@ -291,7 +291,7 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     ``--save`` as it goes (``io.NpzStream``) and dropped. ``keep`` None: it cannot stream,
     and ``whole`` says why.
     """
-    from tfmcli.cli.streaming import blocks_bar, choose_stream, needs, streamed_sink
+    from tfmcli.cli.streaming import choose_stream, streamed_sink
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.engine.model import first_nonfinite
 
@@ -300,11 +300,9 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     cfg = run.cfg
     if validate is not None:
         validate(cfg)
-    if run.inputs is None:   # (the tokens first: a view's keep may label its maps with them)
-        run.inputs = tfmcli.make_inputs(cfg)
-    kept, holding = None if keep is None else needs(keep(run)), set(held(run)) if held else set()
-    estimate = choose_stream(opts, run, kept, holding, also, why=whole)
-    streamed = estimate is not None
+    streaming = choose_stream(opts, run, keep, held, also, why=whole)
+    streamed = streaming is not None
+    estimate, kept, holding = streaming or (None, None, None)
     if streamed and run.lazy_params is not None:   # the weights stay in their files
         run.params = run.lazy_params()
     params, inputs = run.complete().params, run.inputs
@@ -313,12 +311,14 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
-                blocks_bar(cfg, estimate, with_grads, seen) as seen:
+                blocks_bar(cfg, estimate, with_grads) as (forward_tick, backward_tick):
             changes = interventions(opts, run) if intervene else []
             fwd = forward_changed(opts, params, inputs, cfg, changes,
-                                  keep=kept if streamed else None, seen=seen)
+                                  keep=kept if streamed else None, seen=seen,
+                                  progress=forward_tick)
             grads = None if not with_grads else tfmcli.backward(
-                params, fwd, cfg, keep=holding if streamed else None, seen=seen)
+                params, fwd, cfg, keep=holding if streamed else None, seen=seen,
+                progress=backward_tick)
     except FloatingPointError as e:
         hint = " or --dtype float64" if cfg.dtype == "float32" else ""
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
@@ -411,7 +411,8 @@ def patch_source(opts: Options, run):
     return tfmcli.forward(run.params, inputs, cfg)
 
 
-def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None, seen=None):
+def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None, seen=None,
+                    progress=None):
     """The forward pass with ``changes`` (``interventions``; ``keep``: streamed, as
     ``forward`` takes it); a target that does not fit this model is a usage error naming the
     option and the target."""
@@ -419,7 +420,7 @@ def forward_changed(opts: Options, params, inputs, cfg, changes, keep=None, seen
 
     try:
         return tfmcli.forward(params, inputs, cfg, interventions=[c for _, c in changes],
-                              keep=keep, seen=seen)
+                              keep=keep, seen=seen, progress=progress)
     except InterventionError as e:
         raise target_error(e, changes) from None
 
@@ -466,6 +467,33 @@ def progress_bar(what: str):
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(what, total=None)
         yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+SLOW_FLOPS = 10 ** 11   # from here a run takes seconds (two cores, float64: 20-50 GFLOP/s)
+
+
+@contextmanager
+def blocks_bar(cfg, estimate: int | None, with_grads: bool):
+    """The run's progress bar, a block at a time, forward then backward (on a terminal): a
+    streamed run's (its label gives the ``estimate``, in bytes, before any work) or a whole
+    run's that takes seconds (``SLOW_FLOPS``). Yields the forward's and the backward's
+    ``progress`` (``model.forward``'s), or Nones."""
+    forward_flops, backward_flops = sizes.flops(cfg)
+    if estimate is None and forward_flops + with_grads * backward_flops < SLOW_FLOPS:
+        yield None, None
+        return
+    from tfmcli.cli.options import binary_size
+
+    label = ("the whole run" if estimate is None else
+             f"a block at a time, about {binary_size(estimate)}") + (
+        ": forward then backward" if with_grads else "")
+    with progress_bar(label) as tick:
+        if tick is None:
+            yield None, None
+            return
+        total = cfg.layers * (1 + with_grads)
+        yield (lambda done, _: tick(done, total),
+               lambda done, _: tick(cfg.layers + done, total))
 
 
 def position_labels(run, row: int, prefix: str = "") -> list[str]:

@@ -39,6 +39,7 @@ class Tape:
         self.dacts: dict[str, np.ndarray] = {}
         self.held = self.seen = None   # a streamed backward's: the parameter gradients it
         #                                holds, and who sees the others as they go (model.backward)
+        self.progress = None   # the backward's progress(done, layers), after each block
 
     def keep(self, name: str, x: np.ndarray) -> np.ndarray:
         """Record activation ``name``; returns it, changed by the pass's interventions on it:

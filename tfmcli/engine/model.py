@@ -198,7 +198,7 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
 
 
 def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
-            interventions=(), keep=None, seen=None) -> Forward:
+            interventions=(), keep=None, seen=None, progress=None) -> Forward:
     """Run the model on ``inputs``; returns the loss and every named activation.
 
     Parameters
@@ -228,11 +228,13 @@ def forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
         returns stays in ``acts`` in its place (a summary, say), None leaves nothing. A view
         that shows every activation's statistics, or a ``--save`` written as it goes, takes
         them this way.
+    progress : callable, optional
+        ``progress(done, layers)`` after each block (a progress bar's).
     """
     check_params(params, cfg)
     inputs = checked_inputs(inputs, cfg)
     return unchecked_forward(params, inputs, cfg, fast, plan=plan_for(interventions, cfg, inputs),
-                             keep=keep, seen=seen)
+                             keep=keep, seen=seen, progress=progress)
 
 
 def plan_for(interventions, cfg: Config, inputs: Inputs):
@@ -252,7 +254,7 @@ def plan_for(interventions, cfg: Config, inputs: Inputs):
 
 def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = True,
                       start: int = 0, x: np.ndarray | None = None, plan=None,
-                      keep=None, seen=None) -> Forward:
+                      keep=None, seen=None, progress=None) -> Forward:
     """``forward`` without checking its arguments: for a loop over arguments that ``forward``
     has checked once (the gradient check's nudged copies of the parameters).
 
@@ -263,7 +265,7 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
     ``plan``: the interventions (``plan_for``), applied as the activations are made.
     """
     with _engine(fast, cfg, *inputs.tokens.shape):
-        return _forward(params, inputs, cfg, fast, start, x, plan, keep, seen)
+        return _forward(params, inputs, cfg, fast, start, x, plan, keep, seen, progress)
 
 
 def _engine(fast: bool, cfg: Config, B: int, T: int):
@@ -315,7 +317,8 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
 
 
 def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int = 0,
-             x: np.ndarray | None = None, plan=None, keep=None, seen=None) -> Forward:
+             x: np.ndarray | None = None, plan=None, keep=None, seen=None,
+             progress=None) -> Forward:
     B, T = inputs.tokens.shape
     run = range(start, cfg.layers)
     caches = {"fast": fast, "cfg": cfg, "plan": plan} if plan else {"fast": fast, "cfg": cfg}
@@ -327,6 +330,8 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
         x = blocks.block(t, x, i)
         if keep is not None:   # streamed: the block's input and output, and what was asked
             _drop_block(t, i, keep, seen)
+        if progress is not None:
+            progress(i + 1, cfg.layers)
     if keep is not None:   # what the backward keeps of each block too
         caches["streamed"] = frozenset(keep)
     if cfg.norm == "pre":
@@ -365,7 +370,7 @@ def _let_go(arrays: dict, names: list, kind: str, seen=None) -> None:
 
 
 def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None, keep=None,
-             seen=None) -> Gradients:
+             seen=None, progress=None) -> Gradients:
     """Gradients of ``fwd.loss`` for every parameter, and (``.acts``) every named activation.
 
     ``cfg`` must be the forward pass's: a backward of another model (GELU's derivative through
@@ -378,7 +383,8 @@ def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None, keep=None,
     at a time when ``keep`` names the parameters whose gradients it returns: every other one
     is shown to ``seen("grad", name, grads)`` as soon as it is made and dropped (what ``seen``
     returns stays in its place), as each activation gradient that is not kept is, to
-    ``seen("actgrad", name, dacts)``."""
+    ``seen("actgrad", name, dacts)``. ``progress(done, layers)``: after each block's
+    backward (a progress bar's)."""
     ran = fwd.caches["cfg"]
     if cfg != ran:
         name = next(f.name for f in fields(cfg) if getattr(cfg, f.name) != getattr(ran, f.name))
@@ -386,13 +392,13 @@ def backward(params: dict, fwd: Forward, cfg: Config, dlogits=None, keep=None,
                           f"{getattr(cfg, name)!r} here, {getattr(ran, name)!r} in the forward "
                           f"pass)")
     with _engine(fwd.caches["fast"], cfg, *fwd.inputs.tokens.shape):
-        return _backward(params, fwd, cfg, dlogits, keep, seen)
+        return _backward(params, fwd, cfg, dlogits, keep, seen, progress)
 
 
 def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
-              seen=None) -> Gradients:
+              seen=None, progress=None) -> Gradients:
     t = blocks.Tape(params, cfg, fwd.caches)
-    t.held, t.seen = keep, seen
+    t.held, t.seen, t.progress = keep, seen, progress
     caches, grads, dacts = t.caches, t.grads, t.dacts
     # The weight gradients are made on another core while the chain of input gradients goes
     # on (parallel.deferred); every one is made by the scope's end, before the embedding's
@@ -452,6 +458,8 @@ def _head_and_blocks_backward(t: blocks.Tape, upstream=None, fwd: Forward | None
         dx = blocks.block_backward(t, dx, i)
         if streamed is not None:
             _forget_block(t, i, streamed)
+        if t.progress is not None:
+            t.progress(cfg.layers - i, cfg.layers)
     return dx, dW_U
 
 

@@ -307,8 +307,10 @@ def streamed_estimate(cfg: Config, lazy: bool = False, kept=(), held=()) -> dict
              "activations": one["activations"] + streams,
              "activation grads": one["activation grads"] + streams,
              "caches": one["caches"], "transient": one["transient"]}
-    acts, params = activation_shapes(cfg), param_shapes(cfg)
-    parts["kept"] = item * (2 * sum(numel(acts[n]) for n in kept if n in acts)
-                            + sum(numel(params[n]) for n in held if n in params))
+    parts["kept"] = 0
+    if kept or held:   # (each name's shape: a model of a thousand blocks is not listed for none)
+        acts, params = activation_shapes(cfg), param_shapes(cfg)
+        parts["kept"] = item * (2 * sum(numel(acts[n]) for n in kept if n in acts)
+                                + sum(numel(params[n]) for n in held if n in params))
     parts["total"] = sum(parts.values())
     return parts
