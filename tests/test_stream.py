@@ -396,3 +396,14 @@ def test_a_folders_directional_check_streams_its_weights(tmp_path):
             "--json"]
     assert ok(*args, "--stream").stdout == ok(*args).stdout
     assert json.loads(ok(*args).stdout)["passed"]
+
+
+def test_a_pass_tells_its_progress_a_block_at_a_time():
+    cfg = tfmcli.Config(layers=4, seq_len=5)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    for keep in (None, set()):
+        forward, backward = [], []
+        fwd = tfmcli.forward(params, inputs, cfg, keep=keep,
+                             progress=lambda *a: forward.append(a))
+        tfmcli.backward(params, fwd, cfg, progress=lambda *a: backward.append(a))
+        assert forward == backward == [(1, 4), (2, 4), (3, 4), (4, 4)]
