@@ -22,7 +22,6 @@ from tfmcli.cli.common import (
     execute,
     rows_limit,
     show_tensors,
-    shown_names,
 )
 from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
@@ -94,7 +93,7 @@ def backward(
                                      param_hint="'--layer'")
 
     def keep(run):   # streamed: the --show tensors whole, every other gradient summarised
-        return shown_names(run.cfg, show, gradient=True)
+        return check_show(run.cfg, show, gradient=True)
 
     run, fwd, grads = execute(
         opts, with_grads=True, validate=validate, keep=None if check else keep, held=keep,

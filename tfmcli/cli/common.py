@@ -296,29 +296,26 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     from tfmcli.engine.model import first_nonfinite
 
     keep_freed_memory()   # large arrays reuse freed memory: no page faults after the first
-    run = opts.run(memory=False)
+    run = opts.run()
     cfg = run.cfg
     if validate is not None:
         validate(cfg)
     streaming = choose_stream(opts, run, keep, held, also, why=whole)
-    streamed = streaming is not None
-    estimate, kept, holding = streaming or (None, None, None)
-    if streamed and run.lazy_params is not None:   # the weights stay in their files
+    estimate, kept, holding = streaming or (None, None, None)   # (None: the whole run)
+    if streaming and run.lazy_params is not None:   # the weights stay in their files
         run.params = run.lazy_params()
     params, inputs = run.complete().params, run.inputs
-    seen = streamed_sink(opts, run) if streamed else None
+    seen = streamed_sink(opts, run) if streaming else None
     try:
         # An overflow anywhere makes every later number meaningless (a layer norm of values
         # whose square overflows returns 0, not the right answer), so it stops the run.
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
                 blocks_bar(cfg, estimate, with_grads) as (forward_tick, backward_tick):
             changes = interventions(opts, run) if intervene else []
-            fwd = forward_changed(opts, params, inputs, cfg, changes,
-                                  keep=kept if streamed else None, seen=seen,
+            fwd = forward_changed(opts, params, inputs, cfg, changes, keep=kept, seen=seen,
                                   progress=forward_tick)
             grads = None if not with_grads else tfmcli.backward(
-                params, fwd, cfg, keep=holding if streamed else None, seen=seen,
-                progress=backward_tick)
+                params, fwd, cfg, keep=holding, seen=seen, progress=backward_tick)
     except FloatingPointError as e:
         hint = " or --dtype float64" if cfg.dtype == "float32" else ""
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
@@ -522,15 +519,9 @@ def check_indices(cfg, row=None, head=None, block=None):
             check_range(value, upper, flag, what)
 
 
-def check_show(cfg, names, gradient=False):
-    """Every --show NAME must be an activation or a parameter of this config."""
-    known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
-    for name in names or []:
-        check_name(name, known, gradient=gradient)
-
-
-def shown_names(cfg, names, gradient=False) -> set:
-    """The tensors --show NAME names (checked), by their full names: what a streamed run keeps."""
+def check_show(cfg, names, gradient=False) -> set:
+    """Every --show NAME must be an activation or a parameter of this config; returns their
+    full names (what a streamed run keeps whole)."""
     known = [*sizes.activation_shapes(cfg), *sizes.param_shapes(cfg)]
     return {check_name(name, known, gradient=gradient) for name in names or []}
 

@@ -23,7 +23,6 @@ from tfmcli.cli.common import (
     position_labels,
     rows_limit,
     show_tensors,
-    shown_names,
     width,
 )
 from tfmcli.cli.options import (
@@ -78,7 +77,7 @@ def forward(
 
     def keep(run):   # streamed: what the view reads whole (the rest it reads summarised)
         drawn = [] if opts.json else layout(run)[1]
-        return shown_names(run.cfg, show) | {f"blocks.{b}.attn.pattern" for b, _ in drawn}
+        return check_show(run.cfg, show) | {f"blocks.{b}.attn.pattern" for b, _ in drawn}
 
     run, fwd, _ = execute(opts, with_grads=False, validate=validate, keep=keep)
     cfg, params, inputs = run.cfg, run.params, run.inputs

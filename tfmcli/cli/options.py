@@ -475,11 +475,11 @@ class Options:
                 raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "
                                          f"add --pe rope", param_hint=f"'{FLAGS[name]}'")
 
-    def run(self, memory: bool = True, also: str = ""):
+    def run(self):
         """The run these options describe (sources.resolve), parameters not yet drawn.
 
-        Refuses, before allocating anything, a run whose memory estimate exceeds what the machine
-        has available, unless --force (or ``memory=False``: a streamed run, which holds less).
+        Whether it fits in memory, whole or a block at a time, ``streaming.choose_stream``
+        decides, before anything is allocated.
         """
         from tfmcli.sources import (  # (at run time: --help skips it)
             MissingExtra,
@@ -502,8 +502,6 @@ class Options:
         self.refuse_unused(run.cfg)
         run.arch = self.values.get("arch")
         self.made = run   # what the run ran on goes into --json (common.emit)
-        if memory and not self.values.get("force", False):
-            check_memory(run.cfg, also=also)
         return run
 
     def json_or_svg_conflict(self):

@@ -58,20 +58,22 @@ def choose_stream(opts: Options, run, keep=None, held=None, also: str = "", why:
                    if can and bare < whole else "")
             check_memory(cfg, also=also + way)
         return None
-    if bare <= have or force:   # the tokens, then what the view keeps (its maps' labels)
-        if run.inputs is None:
-            import tfmcli
 
-            run.inputs = tfmcli.make_inputs(cfg)
-        kept, holding = needs(keep(run)), set(held(run)) if held else set()
-        light = streamed_estimate(cfg, lazy, kept, holding)["total"]
-    else:
-        light = bare
-    if light > have and not force:
-        raise typer.BadParameter(
-            f"even a block at a time this run needs about {binary_size(light)} (see tfm "
-            f"shapes), more than the {binary_size(have)} available; shrink --batch, --seq-len "
-            f"or --vocab, or pass --force", param_hint="'--stream'")
+    def refuse_past(need: int) -> None:
+        if need > have and not force:
+            raise typer.BadParameter(
+                f"even a block at a time this run needs about {binary_size(need)} (see tfm "
+                f"shapes), more than the {binary_size(have)} available; shrink --batch, "
+                f"--seq-len or --vocab, or pass --force", param_hint="'--stream'")
+
+    refuse_past(bare)   # before the tokens are made and the view asked what it keeps
+    if run.inputs is None:   # (a view labels the maps it keeps with them)
+        import tfmcli
+
+        run.inputs = tfmcli.make_inputs(cfg)
+    kept, holding = needs(keep(run)), set(held(run)) if held else set()
+    light = streamed_estimate(cfg, lazy, kept, holding)["total"]
+    refuse_past(light)
     weights = "weights read as used" if lazy else "weights in memory"
     run.streamed = (f"a block at a time (--stream): about {binary_size(light)}, {weights}; the "
                     f"whole run: {binary_size(whole)}" if opts.values.get("stream") else
