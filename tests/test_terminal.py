@@ -215,26 +215,82 @@ def test_help_at_80_columns_keeps_every_choice_whole_and_shows_no_bool(command, 
             assert {member.value for member in enum} <= words, enum
 
 
-def test_help_at_80_columns_gives_each_architecture_flag_one_line(monkeypatch):
-    """An option's names share one cell and a switch's two forms are written --[no-]x, so the
-    help column is not squeezed by the longest names (tfmcli.cli.helpfit)."""
+def test_help_at_80_columns_gives_each_option_its_names_in_one_cell(monkeypatch):
+    """An option's names share one cell, a switch's two forms are written --[no-]x, the sizes
+    go two to a line and the switches three, by name (tfmcli.cli.helpfit)."""
     monkeypatch.setenv("COLUMNS", "80")
     lines = ok("forward", "--help").stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     seed = next(line for line in lines if line.startswith("│ --seed "))
     assert seed.index("Seed of") <= 40          # 60 with a cell per name
     batch = next(line for line in lines if "--batch" in line)
-    assert batch.startswith("│ --batch, -B ")
-    switch = next(i for i, line in enumerate(lines)
-                  if line.startswith("│ --[no-]parallel-residual "))
-    assert "Attention and FFN side by side." in lines[switch]
-    assert lines[switch + 1].startswith("│ --[no-]shared-norm ")   # no line of its own
-    assert any(line.startswith("│ --[un]tied-head ") for line in lines)
-    pair = next(line for line in lines if line.startswith("│ --rms-norm"))
-    assert pair.startswith("│ --rms-norm/--layer-norm ")   # not a --no- form: click's way
-    assert "RMSNorm for every norm" in pair
+    assert re.match(r"│ --batch, -B +Batch rows B \(2\) +--d-ff +FFN width \(4 d\) +│", batch)
+    switches = next(i for i, line in enumerate(lines) if "─ Architecture switches" in line)
+    assert "(on by default: causal, head-bias, bias, norm-bias)" in lines[switches]
+    assert lines[switches + 1].split() == ["│", "--[no-]causal", "--[no-]ffn-bias",
+                                           "--[no-]sandwich-norm", "│"]
+    assert lines[switches + 2].split()[1] == "--[un]tied-head"
+    assert lines[switches + 4].split()[3] == "--rms-norm/--layer-norm"   # click's way
+    assert lines[switches + 6].startswith("╰")   # fourteen switches in five lines
     top = ok("--help").stdout.splitlines()      # the group's own options, the same way
     assert any(line.startswith("│ --help, -h ") for line in top)
+
+
+def test_narrow_help_lists_the_sizes_one_to_a_line_with_every_name_whole(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    lines = ok("forward", "--help").stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "─ Sizes" in line)
+    assert [line.split()[1] for line in lines[start + 1:start + 5]] == [
+        "--batch,", "--seq-len,", "--d-model,", "--heads,"]
+    assert "│ --n-ctx        Learned PE rows (T)   │" in lines
+
+
+# what a command needs besides --stream to reach its refusal
+NEEDS = {"explore": ["--keys", "q"],
+         "patch": ["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"]}
+
+
+def listed(text: str) -> set:
+    """The options a --help lists: ``--[no-]x`` is --x and --no-x."""
+    names = set()
+    for name in re.findall(r"(?<![\w-])--[\w\[\]-]+", text):
+        switch = re.fullmatch(r"--\[(no-|un)\]([\w-]+)", name)
+        names |= {f"--{switch[2]}", f"--{switch[1]}{switch[2]}"} if switch else {name}
+    return names
+
+
+@pytest.mark.parametrize("command", sorted(c.callback.__name__ for c in app.registered_commands))
+def test_help_lists_every_option_a_command_takes_and_none_it_refuses(command, monkeypatch):
+    """Each option the command parses is in its --help at 80 columns (the interventions
+    among them); one it always refuses (--stream where the command holds the whole run) is
+    not, and typing it says why."""
+    import typer
+
+    monkeypatch.setenv("COLUMNS", "80")
+    text = ok(command, "--help").stdout
+    params = typer.main.get_command(app).commands[command].params
+    shown = {name for p in params if not p.hidden for name in (*p.opts, *p.secondary_opts)
+             if name.startswith("--")}
+    assert shown <= listed(text), shown - listed(text)
+    for param in params:
+        if param.hidden:
+            assert param.name == "stream" and not listed(text) & {"--stream", "--no-stream"}
+            line = error_line(run(command, "--stream", *NEEDS.get(command, [])), 2)
+            assert "'--stream'" in line and "without --stream" in line
+    takes_interventions = "--ablate" in {n for p in params for n in p.opts}
+    if takes_interventions:
+        assert {"--ablate", "--ablate-with", "--set", "--scale", "--patch", "--from-tokens",
+                "--from-text"} <= listed(text)
+        assert "╭─ Interventions (docs/interventions.md)" in text
+
+
+def test_fourteen_commands_take_the_interventions():
+    import typer
+
+    commands = typer.main.get_command(app).commands
+    taking = sorted(name for name, command in commands.items()
+                    if "--ablate" in {n for p in command.params for n in p.opts})
+    assert len(taking) == 14, taking
 
 
 MODEL_COMMANDS = ("forward", "backward", "gradcheck", "shapes", "embed", "attn", "ln", "ffn",
@@ -244,13 +300,16 @@ MODEL_COMMANDS = ("forward", "backward", "gradcheck", "shapes", "embed", "attn",
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_help_starts_with_what_you_use(command, monkeypatch):
     """At 80 columns every model command's --help fits in 80 lines, its own options first,
-    then input, output, sizes and the architecture (which names the docs page)."""
+    then input, output, the interventions, sizes and the architecture (which names the docs
+    page), its switches last."""
     monkeypatch.setenv("COLUMNS", "80")
     lines = ok(command, "--help").stdout.splitlines()
     assert len(lines) <= 80, len(lines)
-    panels = [line.split()[1] for line in lines if line.startswith("╭─ ")]
+    panels = [line.split("─")[1].split(" (")[0].strip() for line in lines
+              if line.startswith("╭─ ")]
     assert panels[0] == "Options"
-    order = [p for p in ("Input", "Output", "Sizes", "Architecture") if p in panels]
+    order = [p for p in ("Input", "Output", "Interventions", "Sizes", "Architecture",
+                         "Architecture switches") if p in panels]
     assert panels[1:] == order, panels
     if "Architecture" in panels:
         assert "docs/architectures.md" in next(l for l in lines if "╭─ Architecture" in l)

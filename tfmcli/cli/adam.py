@@ -12,7 +12,7 @@ from tfmcli.cli.common import Precision, Rate, Warmup, check_rate, describe, emi
 from tfmcli.cli.options import (
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     bounded,
     check_memory,
@@ -23,7 +23,7 @@ from tfmcli.errors import TfmError
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, OUTPUT_OPTIONS)
 def adam(
     param: Annotated[str, typer.Option(
         "--param", metavar="NAME",

@@ -23,7 +23,7 @@ from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     bounded,
     with_options,
@@ -32,7 +32,7 @@ from tfmcli.errors import TfmError
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def attribute(
     row: Row = 0,
     position: Position = 0,

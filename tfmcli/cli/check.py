@@ -14,7 +14,7 @@ from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     choice,
     with_options,
@@ -25,7 +25,7 @@ Against = Enum("Against", {"torch": "torch"}, type=str)
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def check(
     against: Annotated[Against, choice(
         "--against", choices=Against,

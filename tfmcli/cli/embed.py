@@ -25,7 +25,7 @@ from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     check_range,
     with_options,
@@ -48,7 +48,7 @@ POSITIONS = {
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def embed(
     row: Row = 0,
     position: Position = 0,

@@ -13,6 +13,7 @@ from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     with_options,
     writable,
@@ -44,7 +45,7 @@ def parse_keys(text: Optional[str]) -> list[str]:
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, [spec for spec in RUN_OPTIONS if spec[0] != "score_all"],
+@with_options(MODEL_OPTIONS, [spec for spec in WHOLE_RUN_OPTIONS if spec[0] != "score_all"],
               INTERVENE_OPTIONS)
 def explore(
     keys: Annotated[Optional[str], typer.Option(

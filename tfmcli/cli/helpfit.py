@@ -8,15 +8,31 @@ at 80: ``tfm forward --help`` ran to 348 lines, most of them one or two words lo
 names share one cell, ``--batch, -B``, and a switch's two forms are written as git writes them,
 ``--[no-]causal``, so that each option of the architecture panel takes one line.
 
+Two panels are drawn two or three to a line, so that a model command's help, which lists
+some sixty options, fits 80 lines at 80 columns: the sizes (``--batch, -B  Batch rows B (2)``,
+each help a few words with its default), and the architecture's on/off switches
+(``--[no-]causal``, fourteen of them), by name only, the panel's title naming those that are
+on (what each does: docs/architectures.md).
+
 Typer builds the table inside ``typer.rich_utils._print_options_panel`` (the same six cells
 in every release tfm allows: 0.26-0.28). The table's class is swapped, when help is about to
 be drawn, for one that joins the name cells as each row is added; the commands panel (two
-cells a row) and every other table are left as they are.
+cells a row) and every other table are left as they are. The sizes and the switches are
+drawn here.
 """
 
 from __future__ import annotations
 
 from typer.core import TyperCommand
+
+# --help's panels, in the order a learner reaches for them (a command's own options come first)
+INPUT = "Input"
+OUTPUT = "Output"
+INTERVENE = "Interventions (docs/interventions.md)"
+SIZES = "Sizes"
+ARCH = "Architecture (every flag explained: docs/architectures.md)"
+SWITCHES = "Architecture switches"   # (its title says which are on)
+PANELS = (INPUT, OUTPUT, INTERVENE, SIZES, ARCH, SWITCHES)
 
 NAME_CELLS = 4   # long, short, --no- long, --no- short
 OPTION_CELLS = NAME_CELLS + 2   # then the type and the help
@@ -29,6 +45,61 @@ def fit_options_tables() -> None:
     if getattr(rich_utils.Table, "joins_names", False):
         return
     rich_utils.Table = _table_joining_names(rich_utils.Table)
+    rich_utils._print_options_panel = _switches_side_by_side(rich_utils._print_options_panel)
+
+
+def _switches_side_by_side(print_panel):
+    """Typer's panel printer, but for the sizes (two to a line) and the switches (their
+    names in columns)."""
+    from rich.columns import Columns
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+    from typer import rich_utils
+
+    def print_options_panel(*, name, params, ctx, markup_mode, console):
+        style = rich_utils.STYLE_OPTION
+        if name == SIZES:   # two to a line where they fit, else one
+            body, title = sizes_grid(params, style, two=True), name
+            if console.measure(body).maximum > console.width - 4:   # (the panel's edges)
+                body = sizes_grid(params, style, two=False)
+        elif name == SWITCHES:
+            body = Columns([Text(switch_name(param.opts[0], param.secondary_opts[0]),
+                                 style=style) for param in params],
+                           column_first=True, padding=(0, 2))
+            on = [param.opts[0].removeprefix("--") for param in params if param.default is True]
+            title = f"{name} (on by default: {', '.join(on)})" if on else name
+        else:
+            return print_panel(name=name, params=params, ctx=ctx, markup_mode=markup_mode,
+                               console=console)
+        console.print(Panel(body, border_style=rich_utils.STYLE_OPTIONS_PANEL_BORDER,
+                            title=title, title_align=rich_utils.ALIGN_OPTIONS_PANEL))
+
+    def sizes_grid(params, style, two: bool):
+        grid = Table.grid(padding=(0, 2))
+        half = (len(params) + 1) // 2 if two else len(params)
+        for left, right in zip(params[:half], [*params[half:], None] if two else params):
+            grid.add_row(*size_cells(left, style), *(size_cells(right, style) if two else ()))
+        return grid
+
+    def size_cells(param, style):
+        """``--batch, -B`` and ``Batch rows B (2)``; ``--lengths 4,2`` and its help."""
+        if param is None:
+            return Text(""), Text("")
+        named = ", ".join(param.opts) + (f" {param.metavar}" if param.metavar else "")
+        default = f" ({param.default})" if param.default is not None else ""
+        return Text(named, style=style), Text(param.help + default)
+
+    return print_options_panel
+
+
+def switch_name(on: str, off: str) -> str:
+    """``--[no-]causal`` or ``--[un]tied-head`` (git's way of writing both forms); another pair
+    as click writes it, ``--rms-norm/--layer-norm``."""
+    for prefix in ("no-", "un"):
+        if off == "--" + prefix + on[2:]:
+            return f"--[{prefix}]{on[2:]}"
+    return f"{on}/{off}"
 
 
 def _table_joining_names(table):

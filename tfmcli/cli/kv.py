@@ -24,7 +24,7 @@ from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     binary_size,
     bounded,
@@ -34,7 +34,7 @@ from tfmcli.cli.shapes import human
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, INTERVENE_OPTIONS, OUTPUT_OPTIONS)
 def kv(
     row: Row = 0,
     block: Annotated[int, typer.Option(

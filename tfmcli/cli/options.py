@@ -18,6 +18,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from tfmcli.cli.helpfit import ARCH, INPUT, INTERVENE, OUTPUT, PANELS, SIZES, SWITCHES
 from tfmcli.engine.config import NON_NEGATIVE_INT, POSITIVE_INT, RULES, Config
 from tfmcli.engine.sizes import memory_estimate
 from tfmcli.errors import ConfigError
@@ -97,13 +98,6 @@ def parse_rope_scaling(text: Optional[str], flag: str = "--rope-scaling"):
     return values
 
 
-# --help's panels, in the order a learner reaches for them (a command's own options come first)
-INPUT = "Input"
-OUTPUT = "Output"
-SIZES = "Sizes"
-ARCH = "Architecture (every flag explained: docs/architectures.md)"
-INTERVENE = "Interventions (docs/interventions.md)"
-PANELS = (INPUT, OUTPUT, INTERVENE, SIZES, ARCH)
 
 
 LARGEST = 2**31 - 1   # every whole-number option's ceiling: past it, sizes no machine holds
@@ -163,13 +157,19 @@ def choice(*names, choices, help, panel=None, **kwargs):
 
 
 def _opt(*names, panel, **kwargs):
-    if panel == ARCH:   # one line each: the defaults are said in the help where they matter
+    if panel in (ARCH, SWITCHES):   # one line each: the defaults are said where they matter
         kwargs.setdefault("show_default", False)
     return typer.Option(*names, rich_help_panel=panel, **kwargs)
 
 
 def _arch(*names, **kwargs):
     return _opt(*names, panel=ARCH, **kwargs)
+
+
+def _switch(*names, **kwargs):
+    """An on/off architecture flag: --help lists the switches by name, side by side
+    (cli.helpfit), their help being docs/architectures.md's."""
+    return _opt(*names, panel=SWITCHES, **kwargs)
 
 
 def within_rule(flag: str):
@@ -241,29 +241,29 @@ MODEL_OPTIONS = [
     ("seed", Annotated[I, _opt(
         "--seed", panel=INPUT, callback=within_rule("--seed"),
         help="Seed of the weights and tokens.")], D.seed),
-    ("batch", Annotated[I, _size("--batch", "-B", help="Batch rows B.")], D.batch),
-    ("seq_len", Annotated[I, _size("--seq-len", "-T", help="Sequence length T.")], D.seq_len),
-    ("d_model", Annotated[I, _size("--d-model", "-d", help="Model width d.")], D.d_model),
-    ("heads", Annotated[I, _size("--heads", "-H", help="Attention heads H.")], D.heads),
+    ("batch", Annotated[I, _size("--batch", "-B", help="Batch rows B")], D.batch),
+    ("seq_len", Annotated[I, _size("--seq-len", "-T", help="Sequence length T")], D.seq_len),
+    ("d_model", Annotated[I, _size("--d-model", "-d", help="Model width d")], D.d_model),
+    ("heads", Annotated[I, _size("--heads", "-H", help="Heads H")], D.heads),
     ("kv_heads", Annotated[OptI, _size(
-        "--kv-heads", help="Key/value heads (default H; fewer: GQA).")], D.kv_heads),
+        "--kv-heads", help="K/V heads (H; fewer: GQA)")], D.kv_heads),
     ("head_dim", Annotated[OptI, _size(
-        "--head-dim", help="Width of a head (default d / H).")], D.head_dim),
-    ("d_ff", Annotated[OptI, _size("--d-ff", help="FFN hidden width (default 4 d).")], D.d_ff),
-    ("vocab", Annotated[I, _size("--vocab", "-V", help="Vocabulary size V.")], D.vocab),
-    ("layers", Annotated[I, _size("--layers", "-L", help="Blocks L.")], D.layers),
+        "--head-dim", help="Head width (d / H)")], D.head_dim),
+    ("d_ff", Annotated[OptI, _size("--d-ff", help="FFN width (4 d)")], D.d_ff),
+    ("vocab", Annotated[I, _size("--vocab", "-V", help="Vocabulary V")], D.vocab),
+    ("layers", Annotated[I, _size("--layers", "-L", help="Blocks L")], D.layers),
     ("lengths", Annotated[OptS, _opt(
         "--lengths", panel=SIZES, metavar="4,2",
-        help="Each row's valid length (default T).")], None),
+        help="Row lengths (T)")], None),
     ("n_ctx", Annotated[OptI, _size(
-        "--n-ctx", help="Rows of learned positions (default T).")], D.n_ctx),
+        "--n-ctx", help="Learned PE rows (T)")], D.n_ctx),
     ("norm", Annotated[Norm, _named(
         "--norm", choices=Norm, help="pre: norm before each sublayer; post.")],
      Norm(D.norm)),
     ("activation", Annotated[Activation, _named(
         "--activation", choices=Activation,
         help="relu gelu gelu_erf swiglu geglu geglu_erf")], Activation(D.activation)),
-    ("causal", Annotated[B, _arch("--causal/--no-causal", help="Hide future keys (on).")],
+    ("causal", Annotated[B, _switch("--causal/--no-causal", help="Hide future keys (on).")],
      D.causal),
     ("sliding_window", Annotated[OptI, _arch(
         "--sliding-window", metavar="W", callback=within_rule("--sliding-window"),
@@ -289,24 +289,24 @@ MODEL_OPTIONS = [
         "--dtype", choices=DType, help="float64 or float32.")], DType(D.dtype)),
     ("eps", Annotated[F, _arch(
         "--eps", metavar="X", help="Norms' epsilon (1e-5).")], D.eps),
-    ("tied_head", Annotated[B, _arch(
+    ("tied_head", Annotated[B, _switch(
         "--tied-head/--untied-head", help="The head is W_E^T (GPT-2).")], D.tied_head),
-    ("head_bias", Annotated[B, _arch(
+    ("head_bias", Annotated[B, _switch(
         "--head-bias/--no-head-bias", help="The head adds b_U (on).")], D.head_bias),
-    ("bias", Annotated[B, _arch(
+    ("bias", Annotated[B, _switch(
         "--bias/--no-bias", help="Linear layers add biases (on).")], D.bias),
-    ("qkv_bias", Annotated[B, _arch(
+    ("qkv_bias", Annotated[B, _switch(
         "--qkv-bias/--no-qkv-bias", help="With --no-bias, Q, K, V keep theirs.")],
      D.qkv_bias),
-    ("ffn_bias", Annotated[B, _arch(
+    ("ffn_bias", Annotated[B, _switch(
         "--ffn-bias/--no-ffn-bias", help="With --no-bias, the FFN keeps its.")], D.ffn_bias),
-    ("embed_norm", Annotated[B, _arch(
+    ("embed_norm", Annotated[B, _switch(
         "--embed-norm/--no-embed-norm", help="Norm the embedding (BLOOM).")], D.embed_norm),
-    ("norm_bias", Annotated[B, _arch(
+    ("norm_bias", Annotated[B, _switch(
         "--norm-bias/--no-norm-bias", help="Norms add beta (on).")], D.norm_bias),
-    ("qk_norm", Annotated[B, _arch(
+    ("qk_norm", Annotated[B, _switch(
         "--qk-norm/--no-qk-norm", help="Norm each head's q and k (Qwen3).")], D.qk_norm),
-    ("embed_scale", Annotated[B, _arch(
+    ("embed_scale", Annotated[B, _switch(
         "--embed-scale/--no-embed-scale", help="Embedding times sqrt(d) (Gemma).")],
      D.embed_scale),
     ("attn_softcap", Annotated[OptF, _arch(
@@ -318,16 +318,16 @@ MODEL_OPTIONS = [
     ("attn_scale", Annotated[OptF, _arch(
         "--attn-scale", metavar="X", help="Scores q.k times X, not 1/sqrt(d_head).")],
      D.attn_scale),
-    ("sandwich_norm", Annotated[B, _arch(
+    ("sandwich_norm", Annotated[B, _switch(
         "--sandwich-norm/--no-sandwich-norm", help="Norm each sublayer's output too.")],
      D.sandwich_norm),
-    ("parallel_residual", Annotated[B, _arch(
+    ("parallel_residual", Annotated[B, _switch(
         "--parallel-residual/--no-parallel-residual", help="Attention and FFN side by side.")],
      D.parallel_residual),
-    ("shared_norm", Annotated[B, _arch(
+    ("shared_norm", Annotated[B, _switch(
         "--shared-norm/--no-shared-norm", help="Side by side, reading one norm.")],
      D.shared_norm),
-    ("rms_norm", Annotated[B, _arch(
+    ("rms_norm", Annotated[B, _switch(
         "--rms-norm/--layer-norm", help="RMSNorm for every norm (LLaMA).")], D.rms_norm),
 ]
 RUN_OPTIONS = [
@@ -350,45 +350,46 @@ RUN_OPTIONS = [
         "--stream/--no-stream", panel=INPUT,
         help="A block at a time (default: when too big).")], None),
 ]
+# A command that reads the whole run (tfm patch, explore, kv, ...) refuses --stream and says
+# why (streaming.choose_stream): its --help does not list it.
+WHOLE_RUN_OPTIONS = [spec if spec[0] != "stream" else ("stream", Annotated[Optional[bool], _opt(
+    "--stream/--no-stream", panel=INPUT, hidden=True)], None) for spec in RUN_OPTIONS]
 class AblateWith(str, Enum):
     zero = "zero"
     mean = "mean"
 
 
-def from_options(hidden: bool, panel: str = INTERVENE) -> list:
+def from_options(panel: str = INTERVENE) -> list:
     """--from-tokens and --from-text: the other run a patch copies from (tfm patch: its
     corrupted run, shown in its --help)."""
     return [
         ("from_tokens", Annotated[Optional[List[str]], _opt(
-            "--from-tokens", panel=panel, hidden=hidden, metavar="3,1,4,1,5",
+            "--from-tokens", panel=panel, metavar="3,1,4,1,5",
             help="The other run's ids, a row each.")], None),
         ("from_text", Annotated[Optional[List[str]], _opt(
-            "--from-text", panel=panel, hidden=hidden, metavar="TEXT",
+            "--from-text", panel=panel, metavar="TEXT",
             help="The other run's text (--load DIR).")], None)]
 
 
 # change a number and run again (engine.interventions); made into interventions by
-# common.interventions, in this order: patches, ablations, sets, scales. Hidden from each
-# command's --help, which fits 80 lines at 80 columns: tfm --help and docs/interventions.md
-# list them
+# common.interventions, in this order: patches, ablations, sets, scales
 INTERVENE_OPTIONS = [
     ("ablate", Annotated[Optional[List[str]], _opt(
-        "--ablate", panel=INTERVENE, hidden=True, metavar="TARGET",
-        help="Zero an activation: blocks.0.ffn.act[:, 3], blocks.0.attn.head1 (repeatable).")],
-     None),
+        "--ablate", panel=INTERVENE, metavar="TARGET",
+        help="Zero an activation, e.g. blocks.0.attn.head1.")], None),
     ("ablate_with", Annotated[AblateWith, _opt(
-        "--ablate-with", panel=INTERVENE, hidden=True, case_sensitive=False,
-        help="zero, or each entry's mean over the run's real positions.")], AblateWith.zero),
+        "--ablate-with", panel=INTERVENE, case_sensitive=False, show_default=False,
+        help="zero (default), or the mean over positions.")], AblateWith.zero),
     ("set", Annotated[Optional[List[str]], _opt(
-        "--set", panel=INTERVENE, hidden=True, metavar="TARGET=VALUE",
-        help="Set an activation's entries to a number (repeatable).")], None),
+        "--set", panel=INTERVENE, metavar="TARGET=VALUE",
+        help="Set an activation's entries to a number.")], None),
     ("scale", Annotated[Optional[List[str]], _opt(
-        "--scale", panel=INTERVENE, hidden=True, metavar="TARGET=FACTOR",
-        help="Multiply an activation's entries (repeatable).")], None),
+        "--scale", panel=INTERVENE, metavar="TARGET=FACTOR",
+        help="Multiply an activation's entries.")], None),
     ("patch", Annotated[Optional[List[str]], _opt(
-        "--patch", panel=INTERVENE, hidden=True, metavar="TARGET",
-        help="Copy an activation from the run on --from-tokens or --from-text.")], None),
-    *from_options(hidden=True),
+        "--patch", panel=INTERVENE, metavar="TARGET",
+        help="Copy an activation from the --from-* run.")], None),
+    *from_options(),
 ]
 OUTPUT_OPTIONS = [
     ("json", Annotated[bool, _opt(

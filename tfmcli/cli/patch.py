@@ -21,14 +21,14 @@ from tfmcli.cli.common import (
 from tfmcli.cli.options import (
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    RUN_OPTIONS,
+    WHOLE_RUN_OPTIONS,
     Options,
     from_options,
     with_options,
 )
 
 # the corrupted run: the command's own options (every other command hides them)
-FROM_OPTIONS = from_options(hidden=False, panel=None)
+FROM_OPTIONS = from_options(panel=None)
 
 
 class Over(str, Enum):
@@ -43,7 +43,7 @@ class Metric(str, Enum):
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
 def patch(
     over: Annotated[Over, typer.Option(
         "--over", case_sensitive=False, metavar="KIND", show_default=False,
