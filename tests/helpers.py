@@ -22,9 +22,19 @@ def run(*args):
 
 
 def ok(*args):
+    skip_without_oracle(args)
     result = run(*args)
     assert result.exit_code == 0, result.output
     return result
+
+
+def skip_without_oracle(args) -> None:
+    """A run that succeeds only with an oracle installed skips without it: `tfm check` runs
+    the model again in PyTorch (its only --against). CI installs the oracles and fails on
+    any such skip (.ci/run); the README's test command, on a machine without them, passes."""
+    words = [str(a) for a in args]
+    if words[:1] == ["check"] and not {"--help", "-h"} & set(words):
+        pytest.importorskip("torch", reason="tfm check runs the model in PyTorch: no torch")
 
 
 def assert_scaled_close(actual, desired, rel: float = 1e-12, floor: float = 0.0):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import assert_scaled_close
+from helpers import assert_scaled_close, skip_without_oracle
 from tfmcli.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,8 @@ def test_the_readme_is_a_door():
     assert commands[0].endswith("python -m pip install . && tfm forward --seed 1000")
     assert commands[1].endswith('python -m pip install ".[test,hf]" && python -m pytest')
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'python -m pip install --quiet ".[test,hf]"' in ci and "python -m pytest" in ci
+    assert f"\n{commands[1]}\n" in ci   # CI runs the README's test command as written, first
+    assert ci.index(commands[1]) < ci.index("torch==")   # before any oracle is installed
     assert "\ntfm check --against torch\n" in README
 
 
@@ -62,8 +63,7 @@ def test_each_example_prints_what_its_page_shows(page, command, shown, monkeypat
     if "examples/tiny-" in command:   # tiny-gpt2, tiny-llama: checkpoint folders
         pytest.importorskip("safetensors")
         pytest.importorskip("tokenizers")
-    if "--against torch" in command:
-        pytest.importorskip("torch")
+    skip_without_oracle(shlex.split(command)[1:])
     monkeypatch.chdir(ROOT)   # the pages' paths are relative to the project
     result = CliRunner().invoke(app, shlex.split(command)[1:])
     assert result.exit_code == 0, result.output
@@ -74,26 +74,29 @@ def test_each_example_prints_what_its_page_shows(page, command, shown, monkeypat
                 f"{page} shows {line!r}; tfm printed:\n{result.stdout}")
 
 
-def test_inline_commands_on_every_page_run(monkeypatch):
-    """Commands quoted inline (`tfm ...`) parse and run, or fail only as the pages say."""
-    pytest.importorskip("safetensors")
-    monkeypatch.chdir(ROOT)
-    # docs/testing.md quotes the refusals the tests check (`tfm check --tol 0`): not examples
+def inline_commands() -> list:
+    """Commands quoted inline (`tfm ...`) on the pages, but for synopses. docs/testing.md
+    quotes the refusals the tests check (`tfm check --tol 0`): not examples."""
     commands = {c for page in PAGES if page.name != "testing.md"
                 for c in re.findall(r"`(tfm [a-z]+[^`]*)`", page.read_text())}
-    for command in sorted(commands):
-        args = shlex.split(command)[1:]
-        if any(part in ("FILE", "FILE.npz", "N", "NAME", "i", "h", "t", "DIR") or "|" in part
-               or "a,b,c" in part
-               for part in args) or "[" in command:
-            continue  # a synopsis, not a runnable command
-        if args == ["explore"]:
-            continue  # full-screen: needs a terminal (test_explore.py checks the refusal)
-        result = CliRunner().invoke(app, args)
-        # the refusals the pages quote, and tfm patch named (it needs a corrupted run)
-        expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000",
-                                    "tfm patch") else 0
-        assert result.exit_code == expected, (command, result.output)
+    # (tfm explore alone is full-screen: test_explore.py checks its refusal without a terminal)
+    return sorted(c for c in commands if "[" not in c and c != "tfm explore" and not any(
+        part in ("FILE", "FILE.npz", "N", "NAME", "i", "h", "t", "DIR") or "|" in part
+        or "a,b,c" in part for part in shlex.split(c)[1:]))
+
+
+@pytest.mark.parametrize("command", inline_commands())
+def test_inline_commands_on_every_page_run(command, monkeypatch):
+    """Each parses and runs, or fails only as the pages say."""
+    pytest.importorskip("safetensors")
+    args = shlex.split(command)[1:]
+    skip_without_oracle(args)
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, args)
+    # the refusals the pages quote, and tfm patch named (it needs a corrupted run)
+    expected = 2 if command in ("tfm forward -d 7 -H 2", "tfm forward -T 100000",
+                                "tfm patch") else 0
+    assert result.exit_code == expected, (command, result.output)
 
 
 API = (ROOT / "docs" / "api.md").read_text()
