@@ -125,6 +125,9 @@ def test_a_scaled_entrys_gradient_matches_central_differences():
 @pytest.mark.parametrize("target, words", [
     ("blocks.0.ffn.actt", ["no activation 'blocks.0.ffn.actt'", "blocks.0.ffn.act"]),
     ("blocks.7.ffn", ["no activation 'blocks.7.ffn.out'"]),
+    ("blocks.0.attn.pattrn", ["did you mean blocks.0.attn.pattern", "blocks.{i}.attn.head{h}"]),
+    ("resid1", ["did you mean blocks.0.resid1?", "tfm forward --json"]),
+    ("blocks.0.head1", ["did you mean blocks.0.resid1", "blocks.{i}.attn.head{h}"]),
     ("blocks.0.ffn.act[0, 9]", ["index 9 is out of bounds", "its shape is 2x5x24"]),
     ("blocks.0.ffn.act[0, 1, 2, 3]", ["too many indices", "2x5x24"]),
     ("blocks.0.ffn.act[0, x]", ["'x' is not an index"]),

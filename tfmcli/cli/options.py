@@ -8,7 +8,6 @@ learner uses them (input, output, sizes, then the architecture), and hands the c
 (``tfmcli.engine.presets``).
 """
 
-import difflib
 import functools
 import inspect
 import os
@@ -535,34 +534,17 @@ def check_name(name: str, known, flag: str = "--show", gradient: bool = False) -
         return name
     if gradient and name.startswith("d") and name[1:] in known:
         return name[1:]
-    close = [
-        *tails_beginning(name, known),
-        *difflib.get_close_matches(name, known, n=4, cutoff=0.5),
-    ]
+    from tfmcli.engine.names import close_names, tails_beginning
+
+    close = close_names(name, known)
     if gradient and name.startswith("d"):
-        close = [*tails_beginning(name[1:], known), *close]
-    close = list(dict.fromkeys(close))[:4]
+        close = list(dict.fromkeys([*tails_beginning(name[1:], known), *close]))[:4]
     hint = (
         f"; did you mean {', '.join(close)}?"
         if close
         else f"; names are like {known[0]}, {known[-1]}"
     )
     raise typer.BadParameter(f"no tensor named {name!r}{hint}", param_hint=f"'{flag}'")
-
-
-def tails_beginning(name: str, known) -> list:
-    """Names one of whose dotted tails begins with ``name``, in any case: 'scores' and 'attn.sc'
-    find blocks.0.attn.scores, 'w_q' finds blocks.0.attn.W_Q. Under three letters, none."""
-    if len(name) < 3:
-        return []
-    name = name.lower()
-    return [k for k in known if any(tail.startswith(name) for tail in _tails(k.lower()))]
-
-
-def _tails(name: str) -> list:
-    """'blocks.0.attn.q' -> itself, '0.attn.q', 'attn.q', 'q'."""
-    parts = name.split(".")
-    return [".".join(parts[i:]) for i in range(len(parts))]
 
 
 def available_memory() -> int:

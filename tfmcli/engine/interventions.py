@@ -22,6 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
+from tfmcli.engine.names import close_names
 from tfmcli.errors import TfmError
 
 HEAD = re.compile(r"blocks\.(\d+)\.attn\.head(\d+)$")
@@ -151,9 +152,12 @@ def resolve(target: str, shapes: Mapping[str, tuple]) -> tuple[str, tuple, tuple
                                         "instead")
     if name not in shapes:
         near = [n for n in shapes if n.endswith("." + part) or n == part][:3]
-        hint = f"; this model has {', '.join(near)}" if near else \
-            "; the names are the model's activations (tfm forward --json lists them)"
-        raise InterventionError(target, f"{target!r}: no activation {name!r}{hint}")
+        close = near or close_names(name, shapes)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise InterventionError(target, f"{target!r}: no activation {name!r}{hint} (the names "
+                                        f"are the run's activations, as tfm forward --json "
+                                        f"lists them, and a head's output is "
+                                        f"blocks.{{i}}.attn.head{{h}})")
     shape = shapes[name]
     region = np.empty(shape, dtype=np.int8)[base] if base else np.empty(shape, dtype=np.int8)
     try:
