@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
+from helpers import error_line
 from tfmcli.cli import app, options
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import memory_estimate, param_count
@@ -245,6 +246,22 @@ def test_a_run_bigger_than_memory_is_refused_before_allocating(args):
     need = memory_estimate(Config(**fields))["total"] / 2**30
     quoted = float(GIB_NUMBER.search(lines[0]).group(1).replace(",", ""))
     assert quoted == pytest.approx(need, rel=0.01), lines[0]
+    # it names the options that made the run this big, as typed, and no other
+    long = {"-T": "--seq-len", "-B": "--batch", "-V": "--vocab", "-d": "--d-model",
+            "-H": "--heads"}
+    named = re.search(r"Invalid value for (.*?): this run", lines[0])[1]
+    assert named == " / ".join(f"'{long[a]}'" for a in args[1::2]), lines[0]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["adam", "-B", "100000", "-T", "1000"], "'--batch' / '--seq-len'"),
+    (["train", "-d", "100000"], "'--d-model'"),
+    (["lens", "--arch", "llama", "-L", "1000", "-d", "4096"], "'--d-model' / '--layers' / "
+                                                              "'--arch'"),
+])
+def test_a_refusal_for_memory_names_what_the_user_typed(args, named):
+    line = error_line(runner.invoke(app, args), 2)
+    assert f"Invalid value for {named}: this run needs about" in line, line
 
 
 def test_the_memory_available_is_meminfos_memavailable_in_bytes(monkeypatch, tmp_path):

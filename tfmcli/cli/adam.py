@@ -50,7 +50,8 @@ def adam(
     def validate(cfg):
         if not opts.values.get("force", False):   # a copy of the parameters and Adam's m and v
             check_memory(cfg, 3 * param_count(cfg) * cfg.np_dtype.itemsize,
-                         "forward + backward with a copy of the parameters and Adam's moments")
+                         "forward + backward with a copy of the parameters and Adam's moments",
+                         opts=opts)
         shapes = param_shapes(cfg)
         name = check_name(param, shapes, flag="--param")
         size = int(np.prod(shapes[name]))

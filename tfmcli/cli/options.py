@@ -403,6 +403,9 @@ OUTPUT_OPTIONS = [
 # the order --help lists an option in, within its panel
 HELP_ORDER = ("tokens", "text", "load", "arch", "seed", "score_all", "force", "stream")
 MODEL_FIELDS = {name for name, _, _ in MODEL_OPTIONS} - {"arch"}
+# what makes a run big: the sizes, or what they were read from (Options.sizing)
+SIZING = ("batch", "seq_len", "d_model", "heads", "kv_heads", "head_dim", "d_ff", "vocab",
+          "layers", "tokens", "text", "load", "arch")
 # Config field -> the option a user types, for error messages.
 FLAGS = {name: "--" + name.replace("_", "-") for name in MODEL_FIELDS | {"tokens", "text"}}
 FLAGS["norm_bias"] = "--no-norm-bias"
@@ -422,6 +425,12 @@ class Options:
             return self.values[name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def sizing(self) -> list[str]:
+        """The options typed that set the run's size (-T as --seq-len), or where its sizes
+        came from (--load, --arch, --tokens, --text): what a refusal for memory names."""
+        return [FLAGS.get(name, "--" + name.replace("_", "-")) for name in SIZING
+                if self.values.get(name) is not None and self.explicit(name)]
 
     def explicit(self, name: str) -> bool:
         """Did the user type this option (rather than take its default)?"""
@@ -570,16 +579,19 @@ def binary_size(n: int) -> str:
         n /= 1024
 
 
-def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward", also: str = ""):
+def check_memory(cfg: Config, extra: int = 0, what: str = "forward + backward", also: str = "",
+                 opts: Optional["Options"] = None):
     """A usage error when the run's estimate (and ``extra`` bytes that a command adds, for
-    ``what``) exceeds the memory available; ``also``: another way out the command has."""
+    ``what``) exceeds the memory available; ``also``: another way out the command has. The
+    error names the options that made the run this big (``Options.sizing``)."""
     need, have = memory_estimate(cfg)["total"] + extra, available_memory()
     if need > have:
         raise typer.BadParameter(
             f"this run needs about {binary_size(need)} for {what} (see tfm shapes), more than "
             f"the {binary_size(have)} available; shrink --batch, --seq-len, --d-model, --vocab or "
             f"--layers{also}, or pass --force",
-            param_hint="'--batch' / '--seq-len' / '--d-model'")
+            param_hint=" / ".join(f"'{flag}'" for flag in (opts.sizing() if opts else ())
+                                  ) or "'--batch' / '--seq-len' / '--d-model'")
 
 
 def _help_place(spec) -> tuple:

@@ -56,7 +56,7 @@ def choose_stream(opts: Options, run, keep=None, held=None, also: str = "", why:
         if not force:
             way = (f", or stream it a block at a time (--stream: about {binary_size(bare)})"
                    if can and bare < whole else "")
-            check_memory(cfg, also=also + way)
+            check_memory(cfg, also=also + way, opts=opts)
         return None
 
     def refuse_past(need: int) -> None:

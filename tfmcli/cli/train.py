@@ -89,7 +89,7 @@ def train(
 
         adam = 2 * param_count(cfg) * cfg.np_dtype.itemsize
         check_memory(cfg.replace(batch=max(cfg.batch, HELD_OUT)), extra=adam,
-                     what="a training step, the held-out pass and Adam's state")
+                     what="a training step, the held-out pass and Adam's state", opts=opts)
     try:
         shown_tokens = parse_tokens(opts.tokens)
     except ConfigError as e:
