@@ -5,6 +5,7 @@ runs forward and backward and passes gradcheck."""
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -126,7 +127,8 @@ def test_typed_flags_override_the_preset():
     assert (plain["rms_norm"], plain["activation"], plain["pe"]) == (False, "relu", "sinusoidal")
 
 
-def test_the_list_and_the_refusals():
+def test_the_list_and_the_refusals(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)   # piped, with no width given: a line each
     listed = invoke("shapes", "--arch", "list")
     assert listed.exit_code == 0
     lines = listed.stdout.splitlines()
@@ -182,6 +184,7 @@ def test_the_list_breaks_between_flags_on_a_terminal(monkeypatch):
 
     from tfmcli.cli.options import arch_list
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: os.terminal_size((80, 24)))
     lines = arch_list()
@@ -189,3 +192,19 @@ def test_the_list_breaks_between_flags_on_a_terminal(monkeypatch):
     assert any(line.strip().startswith("--attn-softcap 50 ") for line in lines)
     assert all(line.startswith(" " * 13 + "--") or line.startswith(" " * 13 + "(")
                or line.split()[0] in NAMES for line in lines)
+
+
+@pytest.mark.parametrize("columns", [60, 100, 1])
+def test_the_list_piped_keeps_to_columns(monkeypatch, columns):
+    """COLUMNS holds piped too (a line each was 249 columns wide), breaking only between
+    flags: at 1 column, a flag a line."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    lines = invoke("shapes", "--arch", "list").stdout.splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == list(NAMES)
+    if columns > 1:
+        assert max(map(len, lines)) <= columns, max(map(len, lines))
+        assert (len(lines) > 2 * len(NAMES)) == (columns == 60)
+    else:   # each flag (and its value) on a line of its own
+        units = [line.split(None, 1)[1] if line.split()[0] in NAMES else line.strip()
+                 for line in lines]
+        assert all(re.fullmatch(r"--[\w-]+( [^-\s]\S*)?|\(.*\)", unit) for unit in units)

@@ -189,8 +189,9 @@ def _named(*names, choices, help, **kwargs):
 
 
 def arch_list() -> list[str]:
-    """--arch list's lines: each preset and its flags, a line each when piped; on a terminal,
-    flags broken between flags under a hanging indent, never inside one (--attn-softcap 50)."""
+    """--arch list's lines: each preset and its flags, broken between flags under a hanging
+    indent, never inside one (--attn-softcap 50), at the terminal's width or COLUMNS; piped
+    with no COLUMNS, a line each (for grep)."""
     import re
     import shutil
     import sys
@@ -198,7 +199,9 @@ def arch_list() -> list[str]:
     from tfmcli.engine.presets import NAMES, describe
 
     name_width = max(map(len, NAMES))
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    columns = os.environ.get("COLUMNS", "")
+    width = (int(columns) if columns.isdigit() and int(columns) > 0 else
+             shutil.get_terminal_size().columns if sys.stdout.isatty() else None)
     lines = []
     for name in NAMES:
         units = re.findall(r"--\S+(?: [^-(\s]\S*)?|\([^)]*\)", describe(name))
