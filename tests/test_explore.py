@@ -241,3 +241,16 @@ def test_a_cell_an_intervention_changed_says_so():
                   tfmcli.backward(params, fwd, cfg), [])
     assert "changed by an intervention" in ex.explain(
         View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 3)))[1]
+
+
+def test_a_cell_too_small_for_its_digits_is_about_zero_never_a_signed_zero(monkeypatch):
+    """A gradient of 1.6e-06 was drawn -0.0000 (issue 69): it is ≈0, as in the CLI's maps,
+    and an exact zero 0.0000."""
+    ex = explorer()   # it opens on the attention pattern (T x T), its last row all visible
+    tiny = np.zeros((5, 5))
+    tiny[4] = [-1.6e-06, 2e-17, 0.25, 0.0, 0.1]
+    monkeypatch.setattr(Explorer, "matrix", lambda self, view: tiny)
+    _, _, svg, _ = drive(ex, [])
+    cells = svg.replace("&#160;", " ")
+    assert "-0.0000" not in cells and "+0.0000" not in cells
+    assert cells.count("≈0") >= 2 and "+0.2500" in cells and " 0.0000" in cells

@@ -83,13 +83,15 @@ def test_rounding_noise_is_up_to_noise_units_of_eps_times_the_scale():
 
 
 @pytest.mark.parametrize("value, expected", [
-    (0.5, "+0.50"), (0.0, " 0.00"), (-0.0, " 0.00"), (1.0, "+1.00"), (1e-6, "+0.00"),
-    (-1e-6, "-0.00"), (12345.678, "+12345.68"), (math.inf, "+inf"), (math.nan, "nan"),
+    (0.5, "+0.50"), (0.0, " 0.00"), (-0.0, " 0.00"), (1.0, "+1.00"), (1e-6, "≈0"),
+    (-1e-6, "≈0"), (-0.004, "≈0"), (-0.006, "-0.01"), (12345.678, "+12345.68"),
+    (math.inf, "+inf"), (math.nan, "nan"),
 ])
 def test_a_heatmap_cell_writes_two_digits_and_an_exact_zero_without_a_sign(value, expected):
+    """A non-zero value too small for the digits is ≈0, never -0.00 (tfm patch's grid)."""
     from tfmcli.render.numbers import fmt_fixed
     assert fmt_fixed(value) == expected
-    unsigned = {0.5: "0.50", 0.0: "0.00", 1.0: "1.00", 1e-6: "0.00", 12345.678: "12345.68"}
+    unsigned = {0.5: "0.50", 0.0: "0.00", 1.0: "1.00", 1e-6: "≈0", 12345.678: "12345.68"}
     if value in unsigned:   # probabilities: no sign, and no space where it would go
         assert fmt_fixed(value, sign=False) == unsigned[value]
 
@@ -651,3 +653,14 @@ def test_a_wrapped_table_is_cut_in_even_blocks():
     assert _column_blocks(list(range(5)), widths, 9, 80) == [list(range(5))]
     text = render(tensor_table(np.full((2, 6), 1e-4), full=True, width=70), width=70)
     assert "columns 0..2 of 6" in text and "columns 3..5 of 6" in text
+
+
+def test_no_heatmap_writes_a_negative_zero():
+    from tfmcli.render import heatmap
+
+    grid = np.array([[-1e-5, 0.0, 0.25], [-0.0004, 1e-12, -0.3]])
+    text = render(heatmap(grid, row_labels=["a", "b"], col_labels=["x", "y", "z"],
+                                       width=80, precision=3, vmin=-0.3, vmax=0.3,
+                                       diverging=True))
+    assert "-0.000" not in text and "+0.000" not in text
+    assert text.count("≈0") == 3 and " 0.000" in text and "-0.300" in text

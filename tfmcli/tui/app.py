@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import OptionDoesNotExist
 
+from tfmcli.render.numbers import fmt_fixed
 from tfmcli.tui.state import Explorer, View
 
 CELL = 8   # a number's column: sign, digit, point, four digits, a space
@@ -318,7 +319,7 @@ class ExploreApp(App):
                 if hidden is not None and hidden[r, c]:
                     text = Text("·", style="dim")
                 else:
-                    shown = f"{value:+.4f}" if self.numbers else ""
+                    shown = fmt_fixed(value, 4) if self.numbers else ""   # ≈0, not -0.0000
                     if abs(value) >= 100 and self.numbers:
                         shown = f"{value:+.1e}"
                     text = Text(shown, style=colour(value, scale))
