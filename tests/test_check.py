@@ -47,6 +47,55 @@ def test_check_catches_a_wrong_gamma_gradient(monkeypatch):
     assert "✗ FAIL" in result.stdout
 
 
+def test_a_difference_within_rounding_is_noise_and_one_beyond_it_its_number(monkeypatch):
+    """tfm and torch round differently: the loss's difference is exactly 0 on one CPU, 1.7e-16
+    on another. Within 32 ulps of the size rounding acts on (a gradient's: at least the largest
+    gradient's, so b_K's noise too) a difference is ≈0, as the convention writes noise, and the
+    picture is the same on every CPU; a dgamma off by 1e-11 of itself, beyond rounding and
+    within the tolerance, is written as its number and is the worst."""
+    out = ok("check", "--against", "torch").stdout
+    rows = [line.split() for line in out.splitlines() if "✓ pass" in line]
+    assert len(rows) == 25 and {row[-3] for row in rows} == {"≈0"}
+    assert "≈0: zero to working precision" in out
+    assert "all 25 agree to working precision (every difference ≈0)" in out
+    right = ops.layer_norm_backward_fast
+
+    def off(dout, cache):
+        dx, dgamma, dbeta = right(dout, cache)
+        return dx, dgamma * (1 + 1e-11), dbeta
+
+    monkeypatch.setattr(ops, "layer_norm_backward_fast", off)
+    out = ok("check", "--against", "torch").stdout
+    rows = {" ".join(line.split()[:-3]): line.split()[-3]
+            for line in out.splitlines() if "✓ pass" in line}
+    assert rows["grad blocks.0.ln1.gamma"] == rows["grad ln_f.gamma"] == "1.00e-11"
+    assert rows["grad blocks.0.ln1.beta"] == rows["loss"] == "≈0"
+    assert "all 25 agree: worst 1.00e-11 (grad " in out and "gamma) <= 1e-09" in out
+
+
+def test_each_row_says_what_rounding_acts_on():
+    """``compare``'s rows: a forward number's rounding is of its own size, a gradient's of at
+    least the largest gradient's (b_K's own entries are rounding, about 1e-17)."""
+    import tfmcli
+    from tfmcli.check import reference
+
+    cfg = tfmcli.Config()
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    torch_run = reference.torch_run(params, inputs, cfg)
+    rows = {r.name: r for r in reference.compare(fwd, grads, torch_run, cfg)}
+    largest = max(abs(g).max() for name, g in grads.items() if name in torch_run.leaves)
+    assert rows["loss"].scale == pytest.approx(fwd.loss, rel=1e-12)
+    assert rows["logits"].scale == pytest.approx(abs(fwd.acts["logits"]).max(), rel=1e-12)
+    assert rows["grad blocks.0.attn.b_K"].scale == pytest.approx(largest, rel=1e-12)
+    assert abs(grads["blocks.0.attn.b_K"]).max() < 1e-12 * largest
+    b_K = rows["grad blocks.0.attn.b_K"]
+    assert b_K.rel == pytest.approx(b_K.diff / (1e-6 * largest), rel=1e-12)   # over the floor
+    assert rows["loss"].rel == pytest.approx(rows["loss"].diff / fwd.loss, rel=1e-12)
+    assert all(row.diff <= 32 * 2.3e-16 * row.scale for row in rows.values())
+
+
 @pytest.mark.parametrize("tol", ["0", "-1e-9"])
 def test_check_refuses_a_tolerance_that_is_not_positive(tol):
     """No difference is ever <= 0 but an exact one: a tolerance of 0 would fail rounding."""

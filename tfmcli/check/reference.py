@@ -271,6 +271,9 @@ class Difference(NamedTuple):
     name: str
     rel: float       # max |tfm - torch| / max(max |torch|, floor)
     passed: bool
+    diff: float = 0.0    # max |tfm - torch|
+    scale: float = 0.0   # the size of what rounding acts on: max |torch|, for a gradient at least
+                         # the largest gradient's (a gradient's rounding is of that size)
 
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
@@ -283,17 +286,18 @@ FLOOR = {"float64": 1e-6, "float32": 1e-3}
 def compare(fwd, grads, reference: TorchRun, cfg, tolerance=None) -> list[Difference]:
     """Loss, logits, every pattern and every parameter gradient of tfm against torch's."""
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
-    floor = FLOOR[cfg.dtype] * max(
-        float(leaf.grad.abs().max()) for leaf in reference.leaves.values()
-    )
+    largest = max(float(leaf.grad.abs().max()) for leaf in reference.leaves.values())
+    floor = FLOOR[cfg.dtype] * largest
     rows = []
 
-    def add(name, ours, theirs, size_floor=0.0):
+    def add(name, ours, theirs, size_floor=0.0, rounding=0.0):
         theirs = theirs.detach().numpy() if hasattr(theirs, "detach") else np.asarray(theirs)
         ours = np.asarray(ours, dtype=np.float64)
-        size = max(float(np.abs(theirs).max(initial=0.0)), size_floor, 1e-300)
-        rel = float(np.abs(ours - theirs).max(initial=0.0)) / size
-        rows.append(Difference(name, rel, rel <= tolerance))
+        own = float(np.abs(theirs).max(initial=0.0))
+        size = max(own, size_floor, 1e-300)
+        diff = float(np.abs(ours - theirs).max(initial=0.0))
+        rows.append(Difference(name, diff / size, diff / size <= tolerance, diff,
+                               max(own, rounding)))
 
     add("loss", fwd.loss, reference.loss.item())
     add("logits", fwd.acts["logits"], reference.logits)
@@ -301,6 +305,6 @@ def compare(fwd, grads, reference: TorchRun, cfg, tolerance=None) -> list[Differ
         p = f"blocks.{i}."
         add(p + "attn.pattern", fwd.acts[p + "attn.pattern"], reference.patterns[p])
     for name, leaf in reference.leaves.items():
-        add("grad " + name, grads[name], leaf.grad, floor)
-    add("grad logits", grads.acts["logits"], reference.logits.grad)
+        add("grad " + name, grads[name], leaf.grad, floor, largest)
+    add("grad logits", grads.acts["logits"], reference.logits.grad, 0.0, largest)
     return rows
