@@ -628,7 +628,10 @@ def test_a_notebook_prints_views_reports_and_runs_in_a_line_or_as_text():
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
     report = repr(tfmcli.gradcheck(params, inputs, cfg))
     assert "\n" not in report and len(report) < 160
-    assert report.startswith("GradcheckReport(passed=True, worst='blocks.0.attn.b_K' rel_err=")
+    # which tensor is the worst is rounding's choice (b_K's 3.1e-8 here, W_Q's 4.2e-9 under
+    # another BLAS kernel: central differences' noise over F)
+    assert re.match(r"GradcheckReport\(passed=True, worst='blocks\.0\.attn\.\w+' "
+                    r"rel_err=\d\.\d\de-\d\d, ", report), report
     assert report.endswith("tolerance=1e-06, checked 626 of 626 entries in 21 tensors)")
     assert repr(cfg) == "Config()"
     changed = cfg.replace(d_model=8, pe="rope", lengths=(4, 2))

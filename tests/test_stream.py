@@ -296,7 +296,12 @@ def test_each_streaming_command_holds_one_block_under_its_estimate(command, tmp_
     shown = block_tensors(cfg, int(own[-1])) if own else set()   # a block's view keeps it
     estimate = tfmcli.engine.sizes.streamed_estimate(cfg, True, shown, shown)["total"]
     assert estimate < tfmcli.engine.sizes.memory_estimate(cfg)["total"] / 3
-    assert (streamed - base) * 1024 < estimate, (streamed - base, estimate / 1024)
+    # Resident memory is more than the arrays: malloc's and the BLAS's own pages, which the
+    # tiny folder's run does not touch as much (ffn --block 2: 24,408 to 24,928 KiB over the
+    # base from run to run and BLAS kernel to kernel, for an estimate of 24,440 KiB whose
+    # arrays tracemalloc measures at 23,731). Allowed 2 MiB of them; the arrays themselves are
+    # held to the estimate by test_memory.py's tracemalloc tests.
+    assert (streamed - base) * 1024 < estimate + 2 * 2**20, (streamed - base, estimate / 1024)
     assert (streamed - base) < 0.5 * (whole - base), (base, whole, streamed)
 
 
