@@ -50,7 +50,8 @@ def test_each_cell_is_its_patch_and_its_estimate_the_patchs_derivative(over, met
                                   metric, 1, 2))
         numeric = (ends[0] - ends[1]) / (2 * h)
         assert abs(grid.estimate[r, c] - numeric) <= 1e-7 * max(1.0, abs(numeric)), target
-    assert abs(grid.rank_correlation) <= 1
+    assert grid.rank_correlation == pytest.approx(spearman_by_counting(grid.real,
+                                                                        grid.estimate), abs=1e-12)
 
 
 def test_a_logit_differences_gradients_equal_central_differences():
@@ -70,12 +71,65 @@ def test_a_logit_differences_gradients_equal_central_differences():
         assert abs(grads[name][index] - numeric) <= 1e-7 * max(1.0, abs(numeric)), name
 
 
+def spearman_by_counting(a, b) -> float:
+    """Spearman's rho another road than ``spearman``'s: each value's rank counted, the values
+    below it plus half the others equal to it (ties share their mean rank), and Pearson's r of
+    the ranks written out as sums."""
+    def ranks(x):
+        x = np.ravel(x)
+        return (x[:, None] > x[None, :]).sum(1) + ((x[:, None] == x[None, :]).sum(1) - 1) / 2
+
+    ra, rb = ranks(a), ranks(b)
+    da, db = ra - ra.mean(), rb - rb.mean()
+    return float((da * db).sum() / np.sqrt((da ** 2).sum() * (db ** 2).sum()))
+
+
 def test_spearman_ranks():
     assert spearman(np.array([1.0, 2, 3]), np.array([10.0, 20, 30])) == pytest.approx(1)
     assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1)
     assert spearman(np.array([1.0, 2, 3, 4]), np.array([1.0, 1, 2, 2])) == pytest.approx(
         0.894427191)
     assert np.isnan(spearman(np.array([1.0, 2]), np.array([5.0, 5])))
+
+
+def test_spearman_is_the_correlation_of_ranks_not_of_values():
+    """Cases where the plausible wrong formulas give other numbers: the same order with one
+    value far off (Pearson's r of the values 0.72; Spearman's 1), an order half changed
+    (1 - 6 sum d^2 / (n (n^2 - 1)), d the ranks' differences), and ties sharing their mean
+    rank (a's ranks 0, 1.5, 1.5, 3 against b's 0, 2, 1, 3: 4.5 / sqrt(4.5 x 5) = 3 / sqrt(10);
+    ranks by first appearance, 0 1 2 3, give 0.8; the values' Pearson r, 0.78)."""
+    a, b = np.array([1.0, 2, 3, 4, 5]), np.array([1.0, 2, 3, 4, 100])
+    assert np.corrcoef(a, b)[0, 1] == pytest.approx(0.7250, abs=1e-4)
+    assert spearman(a, b) == pytest.approx(1, abs=1e-12)
+    assert spearman(b, a) == pytest.approx(1, abs=1e-12)
+    c = np.array([0.3, -2.0, 7.5, 0.1, 11.0, -0.5])
+    e = np.array([5.0, 1.0, 0.2, 0.0, 9.0, -3.0])
+    assert spearman(c, e) == pytest.approx(spearman_by_counting(c, e), abs=1e-12)
+    assert spearman_by_counting(c, e) == pytest.approx(1 - 6 * 16 / 210)   # d -1 -3 2 1 0 1
+    tied, other = np.array([10.0, 20, 20, 1000]), np.array([1.0, 3, 2, 4])
+    assert spearman(tied, other) == pytest.approx(3 / np.sqrt(10), abs=1e-12)
+    assert spearman(other, tied) == pytest.approx(3 / np.sqrt(10), abs=1e-12)
+    assert np.corrcoef(tied, other)[0, 1] == pytest.approx(0.7798, abs=1e-4)
+
+
+def test_a_grids_rank_correlation_ranks_its_cells():
+    """``PatchingGrid.rank_correlation`` over every cell, real against estimate: an estimate in
+    the real effects' order but of other sizes ranks them perfectly; ``difference`` is the
+    estimate less the real effect."""
+    from tfmcli.explain.patching import PatchingGrid
+
+    real = np.array([[0.1, -2.0], [0.5, 3.0]])
+    grid = PatchingGrid("heads", "loss", ["block 0", "block 1"], ["head 0", "head 1"], [],
+                        1.0, 2.0, real, np.sign(real) * real ** 2)
+    assert grid.rank_correlation == pytest.approx(1, abs=1e-12)
+    assert np.corrcoef(grid.real.ravel(), grid.estimate.ravel())[0, 1] < 0.99
+    # what the estimate misses, estimate - real (tfm patch's third grid): 9 - 3 at head 1 of
+    # block 1, -4 - (-2) at head 1 of block 0
+    assert grid.difference.ravel().tolist() == pytest.approx([0.01 - 0.1, -2, 0.25 - 0.5, 6])
+    flipped = PatchingGrid("heads", "loss", grid.rows, grid.cols, [], 1.0, 2.0, real,
+                           np.array([[0.5, 3.0], [0.1, -2.0]]))
+    assert flipped.rank_correlation == pytest.approx(spearman_by_counting(
+        real, flipped.estimate), abs=1e-12) == pytest.approx(-1)   # d -1 -3 1 3
 
 
 def test_a_position_with_no_target_changes_no_loss():
