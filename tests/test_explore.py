@@ -239,8 +239,11 @@ def test_a_cell_an_intervention_changed_says_so():
     fwd = tfmcli.forward(params, inputs, cfg, interventions=[Scale("blocks.0.ffn.pre[0, 1]", 2)])
     ex = Explorer(Run(cfg, params, inputs, "seed", "seed"), fwd,
                   tfmcli.backward(params, fwd, cfg), [])
-    assert "changed by an intervention" in ex.explain(
-        View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 3)))[1]
+    lines = ex.explain(View("blocks.0.ffn.pre", False, (1, 2), (0, 1, 3)))
+    value = fwd.acts["blocks.0.ffn.pre"][0, 1, 3]
+    assert lines[:3] == [f"pre[0, t1, 3] = {value:.6g}",
+                         "changed by scale blocks.0.ffn.pre[0, 1] x 2:",
+                         f"  the formula gives {value / 2:+.6f}, the run recorded {value:+.6f}"]
 
 
 def test_a_cell_too_small_for_its_digits_is_about_zero_never_a_signed_zero(monkeypatch):

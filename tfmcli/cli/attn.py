@@ -184,6 +184,7 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
     """tfm attn --query t: every number of one attention row, labelled by its tokens; with
     grads (--backward), its backward too."""
     from tfmcli.engine.positional import slope_name
+    from tfmcli.explain.cells import agreement
     from tfmcli.explain.steps import (
         explain_query,
         explain_query_backward,
@@ -250,10 +251,11 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         table(np.vstack([x.weighted[seen], x.context]), None,
               [f"w·v {k}" for k in shown] + ["Σ context"], dims),
     ]
-    model = fwd.acts[f"blocks.{block}.attn.context"][row, t,
-                                                    head * cfg.d_head:(head + 1) * cfg.d_head]
-    parts.append(Text(f"the model's own context row (attn.context) differs from this sum by "
-                      f"{float(np.abs(model - x.context).max()):.1e}", style="dim"))
+    p = f"blocks.{block}.attn."
+    model = fwd.acts[p + "context"][row, t, head * cfg.d_head:(head + 1) * cfg.d_head]
+    parts.append(Text(agreement(fwd, "the model's own context row (attn.context)", x.context,
+                                model, [p + "scores", p + "pattern", p + "context"]
+                                ).sentence("differs from this sum"), style="dim"))
     payload = {"block": block, "head": head, "row": row, "query": t, "token": labels[t],
                "q": x.q.tolist(), "scale": x.scale, "context": x.context.tolist(),
                "keys": [{"position": s, "token": keys[s], "k": x.k[s].tolist(),

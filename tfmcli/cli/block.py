@@ -72,6 +72,7 @@ def block(
     Example: tfm block --position 2
     """
     from tfmcli.explain.block import explain
+    from tfmcli.explain.cells import agreement
     from tfmcli.io import run_arrays
 
     def validate(cfg):
@@ -86,11 +87,17 @@ def block(
     x = explain(run.params, fwd, grads, cfg, block, row, position, entries)
     p = f"blocks.{block}."
 
-    def off(rows, tensors):   # the largest difference from the run's own, over rows that have one
-        return max(float(np.abs(tensors[p + r.model][row, position] - r.value).max())
-                   for r in rows if r.model is not None)
+    def named(rows):
+        return ", ".join(f"{r.name} ({r.model})" for r in rows if r.model is not None)
 
-    forward_off, backward_off = off(x.forward, fwd.acts), off(x.backward, grads.acts)
+    def off(rows, tensors, what):   # beside the run's own, over the rows that have one
+        own = [r for r in rows if r.model is not None]
+        return agreement(fwd, what, np.concatenate([r.value for r in own]),
+                         np.concatenate([tensors[p + r.model][row, position] for r in own]),
+                         [p + r.model for r in own])
+
+    forward_off = off(x.forward, fwd.acts, named(x.forward))
+    backward_off = off(x.backward, grads.acts, named(x.backward))
     dx = x.backward[-1].value
     numeric_off = float(np.abs(x.numeric_dx - dx[x.checked]).max())
     token = run.token_labels(row)[position]
@@ -114,8 +121,6 @@ def block(
         return Text("\n".join(f"{r.name:>{label}}  |{w:>{wide}}|  {r.formula}"
                               for r, w in zip(rows, written)), style="dim")
 
-    def named(rows):
-        return ", ".join(f"{r.name} ({r.model})" for r in rows if r.model is not None)
 
     def parts():
         views = [
@@ -127,14 +132,13 @@ def block(
             Text(shape),
             table(x.forward),
             legend(x.forward),
-            Text(f"{named(x.forward)} differ from the model's own by {forward_off:.1e}",
-                 style="dim"),
+            Text(forward_off.sentence("differ from the model's own"), style="dim"),
             Text("backward: " + backward_shape, style="bold"),
             table(x.backward),
             legend(x.backward),
-            Text(f"{named(x.backward)} differ from the backward pass's own by "
-                 f"{backward_off:.1e}; dx from central differences of sum(dz * block(x)) over "
-                 f"the row's positions by {numeric_off:.1e}", style="dim"),
+            Text(backward_off.sentence("differ from the backward pass's own") + "; dx from "
+                 f"central differences of sum(dz * block(x)) over the row's positions by "
+                 f"{numeric_off:.1e}", style="dim"),
             Text("|...|: each row's length; the paths come from tfm ffn, tfm attn --backward "
                  "and tfm ln, which lay them out", style="dim")]
         if cfg.pe == "rope":
@@ -151,7 +155,7 @@ def block(
 
     payload = {"block": block, "row": row, "position": position, "token": token,
                "norm": cfg.norm, "forward": rows_json(x.forward),
-               "backward": rows_json(x.backward), "forward_model_diff": forward_off,
-               "backward_model_diff": backward_off, "checked": x.checked.tolist(),
+               "backward": rows_json(x.backward), "forward_model_diff": forward_off.off,
+               "backward_model_diff": backward_off.off, "checked": x.checked.tolist(),
                "dx_numeric_diff": numeric_off}
     emit(opts, parts, payload, run_arrays(cfg, run.params, run.inputs, fwd, grads))

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from tfmcli.engine import ops
+from tfmcli.explain.cells import explain_value
 from tfmcli.tui.paths import gradient_paths
 
 # what a tensor of a block is made from (the one input Enter follows)
@@ -39,11 +39,6 @@ class View:
         index = list(self.index)
         index[axis] = (index[axis] + step) % size
         return dataclasses.replace(self, index=tuple(index))
-
-
-def _plus(b: float) -> str:
-    """' + 0.5' or ' - 0.5': a term added, its sign once."""
-    return f" {'-' if b < 0 else '+'} {abs(b):.6f}"
 
 
 class Explorer:
@@ -292,151 +287,22 @@ class Explorer:
     # ------------------------------------------------------------ the explanation
 
     def explain(self, view: View) -> list[str]:
-        """The selected cell: its value, and for the parts whose formula is short, the formula
-        with its inputs."""
+        """The selected cell: its value, and its formula with the run's numbers, checked
+        against the value (``explain.cells``); a gradient's paths."""
+        if not view.grad:
+            explained = explain_value(self.run, self.fwd, view.name, view.index,
+                                      self.where(view))
+            return explained.text() + ([] if explained.claimed is not None or self.is_param(
+                view.name) else ["(no formula for this tensor's cells here: Enter follows it "
+                                 "to what it was made from)"])
         value = float(self.array(view)[view.index])
         lines = [f"{self.where(view)} = {value:.6g}"]
-        name, index = view.name, view.index
-        if view.grad:
-            paths = gradient_paths(self, view)
-            lines += paths or ["d loss / d this entry: the sum over every path from it to the "
-                               "loss (no breakdown of this tensor here)"]
-            if self.is_param(name):
-                lines.append("c: check it by central differences")
-            return lines
-        if name.endswith("attn.pattern"):
-            scores = self.fwd.acts[name[:-len("pattern")] + "scores"][index[:3]]
-            seen = np.isfinite(scores)
-            top = scores[seen].max()
-            exps = np.exp(scores[seen] - top)
-            lines += ["softmax over the keys the query sees:",
-                      "  p_j = e^(s_j - m) / sum e^(s - m)",
-                      "  s = " + " ".join(f"{s:+.4f}" for s in scores[seen]),
-                      f"  m = max s = {top:+.4f}, sum = {exps.sum():.4f}"]
-            if seen[index[3]]:
-                lines.append(f"  {value:.4f} = {np.exp(scores[index[3]] - top):.4f} / "
-                             f"{exps.sum():.4f}")
-            else:
-                lines.append("  this key is hidden by the mask: p = 0")
-            lines.append("Enter: the scores row")
-        elif name.endswith("attn.scores"):
-            if not np.isfinite(value):
-                return lines + ["hidden by the mask: -inf before the softmax"]
-            q, k = self._qk(name, index)
-            plain = q @ k * self.cfg.score_scale
-            lines += [f"s = (q . k) x {self.cfg.score_scale:.4g}"
-                      + (" (then ALiBi, the cap)" if self.cfg.pe == "alibi"
-                         or self.cfg.attn_softcap else ""),
-                      f"  q . k = {q @ k:+.6f}", f"  (q . k) x scale = {plain:+.6f}",
-                      "Enter: the query"]
-        elif name.endswith(("resid1", "resid2")) and self.cfg.norm == "pre":
-            source = name[:-len("resid1")] + ("attn.out" if name.endswith("resid1") else "ffn.out")
-            before = self._before(name)
-            if source in self.values and not self.cfg.sandwich_norm:
-                a, b = self.values[before][index], self.values[source][index]
-                lines += [f"residual sum: {before.rsplit('.', 1)[-1]} + "
-                          f"{source.split('.', 2)[-1]}",
-                          f"  {a:+.6f} + {b:+.6f} = {a + b:+.6f}", "Enter: the sublayer's output"]
-        elif name.endswith(".out") and (name.endswith(("ln1.out", "ln2.out", "ln_f.out"))):
-            lines += self._norm(name, index)
-        elif name == "probs":
-            logits = self.fwd.acts["logits"][index[:2]]
-            lines += ["p_v = exp(z_v - max) / sum_w exp(z_w - max)",
-                      f"  z_v = {logits[index[2]]:+.6f}, max = {logits.max():+.6f}",
-                      "Enter: the logits"]
-        else:
-            lines += self._made(name, index)
+        paths = gradient_paths(self, view)
+        lines += paths or ["d loss / d this entry: the sum over every path from it to the "
+                           "loss (no breakdown of this tensor here)"]
+        if self.is_param(view.name):
+            lines.append("c: check it by central differences")
         return lines
-
-    def _made(self, name: str, index) -> list[str]:
-        """The cells whose formula is one product or one function: a projection's column
-        (x . W[:, j] + b_j), the FFN's activation, the embedding's row, a logit; [] when the
-        numbers here do not give the value (an intervention changed it: say so)."""
-        cfg, P, value = self.cfg, self.run.params, float(self.values[name][index])
-        m = re.match(r"(blocks\.\d+\.)(ffn\.pre|ffn\.gate|ffn\.out|attn\.out)$", name)
-        lines: list[str] = []
-        if m:
-            weight = {"ffn.pre": "ffn.W_1", "ffn.gate": "ffn.W_gate", "ffn.out": "ffn.W_2",
-                      "attn.out": "attn.W_O"}[m[2]]
-            source = SOURCES.get(m[2]) if m[2] != "ffn.gate" else "ln2.out"
-            source = m[1] + (source if m[1] + source in self.values else "ln1.out")
-            x = self.values[source][index[:2]]
-            W, b = P[m[1] + weight], P.get(m[1] + weight.replace("W_", "b_"))
-            dot = float(x @ W[:, index[2]])
-            made = dot + (0.0 if b is None else float(b[index[2]]))
-            lines = [f"= {source.split('.', 2)[-1]}[{index[0]}, t{index[1]}] . "
-                     f"{weight.split('.')[-1]}[:, {index[2]}]"
-                     + (" + b" if b is not None else ""),
-                     f"  = {dot:+.6f}" + (_plus(float(b[index[2]])) if b is not None else "")]
-        elif name.endswith("ffn.act") and not cfg.gated:
-            pre = self.values[name[:-len("act")] + "pre"][index]
-            forward = ops.ACTIVATIONS[cfg.activation][0]
-            made = float(forward(np.array([pre]))[0][0])
-            lines = [f"= {cfg.activation}(pre) = {cfg.activation}({pre:+.6f})"]
-        elif name.endswith("ffn.act"):   # gated: f(gate) x pre
-            pre = self.values[name[:-len("act")] + "pre"][index]
-            gate = self.values[name[:-len("act")] + "gate"][index]
-            forward = ops.GATES[cfg.activation][0]
-            made = float(forward(np.array([gate]), np.array([pre]))[0][0])
-            f = "silu" if cfg.activation == "swiglu" else "gelu"
-            lines = [f"= {f}(gate) x pre", f"  = {f}({gate:+.6f}) x {pre:+.6f}"]
-        elif name == "embed":
-            token = int(self.run.inputs.tokens[index[0], index[1]])
-            made = float(P["embed.W_E"][token, index[2]]) * (cfg.embed_factor if
-                                                              cfg.embed_scale else 1.0)
-            lines = [f"= W_E[{token}, {index[2]}]" + (f" x {cfg.embed_factor:.4g}" if
-                                                      cfg.embed_scale else ""),
-                     f"  token {token}:{self.run.token_text(token)}", "Enter: that row of W_E"]
-        elif name == "logits" and cfg.logit_softcap is None:
-            x = self.values["ln_f.out" if "ln_f.out" in self.values else
-                            f"blocks.{cfg.layers - 1}.out"][index[:2]]
-            W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
-            b = float(P["head.b_U"][index[2]]) if cfg.head_bias else 0.0
-            made = float(x @ W_U[:, index[2]]) + b
-            lines = [f"= h . W_U[:, {index[2]}]" + (" + b_U" if cfg.head_bias else ""),
-                     f"  = {made - b:+.6f}" + (_plus(b) if cfg.head_bias else "")]
-        else:
-            return []
-        if abs(made - value) > 1e-9 * max(1.0, abs(value)):
-            return ["(changed by an intervention: the formula gives " f"{made:+.6f})"]
-        return lines
-
-    def _qk(self, name: str, index):
-        base = name[:-len("scores")]
-        q = self.values[base + ("q_rot" if self.cfg.pe == "rope" else "q")]
-        k = self.values[base + ("k_rot" if self.cfg.pe == "rope" else "k")]
-        head_k = index[1] // self.cfg.group
-        return q[index[0], index[1], index[2]], k[index[0], head_k, index[3]]
-
-    def _before(self, name: str) -> str:
-        """The residual stream a sum adds to: the block's input (resid1), or resid1 (resid2)."""
-        p = name.rsplit(".", 1)[0] + "."
-        return p + ("in" if name.endswith("resid1") else "resid1")
-
-    def _norm(self, name: str, index) -> list[str]:
-        inputs = {"ln1": "in", "ln2": "resid1", "ln_f": None}
-        part = name.rsplit(".", 2)[-2]
-        if part == "ln_f":
-            source = f"blocks.{self.cfg.layers - 1}.out"
-        else:
-            p = name.rsplit(".", 2)[0] + "."
-            source = p + ("in" if part == "ln1" or self.cfg.parallel_residual else inputs[part])
-        if self.cfg.norm != "pre" or source not in self.values:
-            return []
-        x = self.values[source][index[:-1]]
-        gamma = self.run.params[name[:-len(".out")] + ".gamma"][index[-1]]
-        if self.cfg.rms_norm:
-            rms = np.sqrt((x * x).mean() + self.cfg.eps)
-            return ["RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma",
-                    f"  x = {x[index[-1]]:+.6f}, rms = {rms:.6f}, gamma = {gamma:+.6f}"]
-        mean, var = x.mean(), x.var()
-        beta = self.run.params.get(name[:-len(".out")] + ".beta")
-        beta = 0.0 if beta is None else beta[index[-1]]
-        xhat = (x[index[-1]] - mean) / np.sqrt(var + self.cfg.eps)
-        return ["layer norm: y = gamma (x - mean) / sqrt(var + eps) + beta",
-                f"  x = {x[index[-1]]:+.6f}, mean = {mean:+.6f}, var = {var:.6f}",
-                f"  xhat = {xhat:+.6f}, gamma = {gamma:+.6f}, beta = {beta:+.6f}",
-                f"  y = {gamma * xhat + beta:+.6f}"]
 
     # ------------------------------------------------------------ the check
 
