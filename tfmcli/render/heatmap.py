@@ -186,10 +186,10 @@ def _values_fit(cols: int, label_width: int, value_width: int, width: int) -> bo
 def _blocks(rows: int, cols: int, label_width: int, width: int) -> tuple[int, int]:
     """How many rows and columns each drawn cell averages. Two characters per column must fit;
     rows are averaged in blocks as wide as the columns' (two characters are about as wide as
-    one line is tall), and there are at most ``width`` of them."""
+    one line is tall), and there are at most ``width`` of them (one, at a width of 0)."""
     max_cols = max(1, (width - label_width - 1) // SHADE_WIDTH)
     col_block = math.ceil(cols / max_cols)
-    return max(col_block, math.ceil(rows / width)), col_block
+    return max(col_block, math.ceil(rows / max(1, width))), col_block
 
 
 def _beyond(matrix, visible, vmax) -> bool:

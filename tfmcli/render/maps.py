@@ -43,7 +43,8 @@ def _map_size(seq_len: int, width: int, label_width: int,
     lines = math.ceil(seq_len / row_block) + 2
     if (row_block, col_block) != (1, 1):
         caption = len(downsampled_caption(seq_len, seq_len, row_block, col_block))
-        columns, lines = max(columns, min(caption, width)), lines + math.ceil(caption / width)
+        columns = max(columns, min(caption, width))
+        lines += math.ceil(caption / max(1, width))
     return columns, lines
 
 

@@ -25,9 +25,13 @@ MISSING = "—"
 class _Table(Printable, Table):
     """A table whose caption wraps at the screen's width, not at the table's: under a narrow
     table a footnote ("showing 4 of 40 rows; --full shows all") stays on one line; ``str()``
-    is the table in plain text."""
+    is the table in plain text. Where the spaces between its columns leave no room for a
+    column, it is drawn at its narrowest, a character a column (rich would share the title's
+    width among columns of width 0 and assert)."""
 
     def __rich_console__(self, console, options):
+        if options.max_width <= self._extra_width:
+            options = options.update_width(self._extra_width + len(self.columns))
         caption, self.caption = self.caption, None
         try:
             yield from super().__rich_console__(console, options)
