@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 from typer.models import CommandInfo
 
 import tfmcli
+from tfmcli.cli import screen
 from tfmcli.cli.helpfit import FittedHelpCommand, fit_options_tables
 from tfmcli.errors import TfmError
 
@@ -79,7 +80,7 @@ def error(message: str) -> None:
 
         from tfmcli.render.wrap import break_points
 
-        cuts = break_points(message, shutil.get_terminal_size().columns)
+        cuts = break_points(message, screen.columns(shutil.get_terminal_size().columns))
         ends = [0, *cuts, len(message)]
         message = "\n".join(message[a:b].strip() for a, b in zip(ends, ends[1:]))
     typer.echo(message, err=True)
@@ -99,6 +100,8 @@ class OneLineErrors(TyperGroup):
         if os.environ.get("NO_COLOR"):   # help too: no escape codes at all, not even bold/dim
             from typer import rich_utils
             rich_utils.COLOR_SYSTEM = None
+        if Console().width < screen.MIN_WIDTH:   # help too: drawn at the floor's width at least
+            screen.floor_the_help()
         stdout = sys.stdout
         if not stdout.isatty():
             sys.stdout = TrimmedLines(stdout)

@@ -14,6 +14,7 @@ from rich.console import Console
 import tfmcli
 from tfmcli import render
 from tfmcli.cli.options import Options, bounded, check_name, check_range
+from tfmcli.cli.screen import floored
 from tfmcli.engine import sizes
 from tfmcli.errors import ConfigError, TfmError
 
@@ -57,10 +58,11 @@ def rows_limit(full: bool):
 
 def make_console(**kwargs) -> Console:
     """The console everything prints to: no escape codes at all when NO_COLOR is set. Strings
-    are printed as they are, never read as rich's markup: a token or a path may be '[/quote]'."""
+    are printed as they are, never read as rich's markup: a token or a path may be '[/quote]'.
+    Never narrower than the narrowest view tfm lays out (``screen.MIN_WIDTH``)."""
     plain = bool(os.environ.get("NO_COLOR"))
-    return Console(highlight=False, emoji=False, markup=False,
-                   color_system=None if plain else "auto", **kwargs)
+    return floored(Console(highlight=False, emoji=False, markup=False,
+                           color_system=None if plain else "auto", **kwargs))
 
 
 def width() -> int:
@@ -455,7 +457,7 @@ def progress_bar(what: str):
     """A progress bar on stderr when it is a terminal (``tick(done, total)``), else nothing."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = floored(Console(stderr=True))
     if not console.is_terminal:
         yield None
         return

@@ -85,8 +85,9 @@ def explore(
     import asyncio
     import os
 
-    size = (int(os.environ.get("COLUMNS") or 120), int(os.environ.get("LINES") or 40))
-    svg = asyncio.run(drive(application, pressed, size))
+    from tfmcli.cli.screen import size
+
+    svg = asyncio.run(drive(application, pressed, size(os.environ)))
     if screenshot is not None:
         from tfmcli.io import save_outputs
         save_outputs(text_path=screenshot, text=svg)
@@ -102,7 +103,8 @@ def header(run) -> str:
 
 async def drive(application, keys: list[str], size=(120, 40)) -> str:
     """Press ``keys`` in the app, headless, on a screen of ``size`` (columns, lines: the
-    COLUMNS and LINES of the environment, else 120 x 40); the last screen as SVG."""
+    COLUMNS and LINES of the environment, else 120 x 40, never below ``screen``'s floor); the
+    last screen as SVG."""
     async with application.run_test(size=size) as pilot:
         for key in keys:
             await pilot.press(key)

@@ -35,6 +35,7 @@ from tfmcli.cli.options import (
     choice,
     with_options,
 )
+from tfmcli.cli.screen import floored
 from tfmcli.errors import ConfigError
 from tfmcli.train.tasks import TASKS, make_batch
 
@@ -169,7 +170,7 @@ def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
 
     rng = np.random.default_rng([cfg.seed, 1])
     kwargs = dict(steps=steps, n=n, symbols=symbols, warmup=warmup, lr=lr)
-    console = Console(stderr=True)
+    console = floored(Console(stderr=True))
     if quiet or not console.is_terminal:
         return train_model(params, cfg, task, rng, **kwargs)
     from rich.progress import (
