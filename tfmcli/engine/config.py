@@ -26,6 +26,7 @@ ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (
 INITS = ("normal", "uniform", "xavier", "kaiming")
 DTYPES = ("float64", "float32")
 MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
+MAX_CONTEXT = 2**31 - 1   # a RoPE scaling's original context: the CLI's largest whole number
 
 
 class RopeScaling(NamedTuple):
@@ -59,17 +60,16 @@ class RopeScaling(NamedTuple):
                                               f"({', '.join(cls._fields)}), got {value!r}")
         factor, low, high, context = value
         for name, number in zip(cls._fields[:3], (factor, low, high)):
-            if (isinstance(number, bool) or not isinstance(number, (int, float, np.number))
-                    or not np.isfinite(number) or number <= 0):
+            if not _finite(number) or number <= 0:
                 raise ConfigError("rope_scaling", f"rope_scaling's {name} must be a positive "
                                                   f"finite number, got {number!r}")
         if high <= low:
             raise ConfigError("rope_scaling", f"rope_scaling's high_freq_factor ({high:g}) must be "
                                               f"above its low_freq_factor ({low:g})")
-        if (isinstance(context, bool) or not isinstance(context, (int, float, np.number))
-                or not np.isfinite(context) or context != int(context) or context < 1):
+        if not _finite(context) or context != int(context) or not 1 <= context <= MAX_CONTEXT:
             raise ConfigError("rope_scaling", f"rope_scaling's original_max_position_embeddings "
-                                              f"must be a positive integer, got {context!r}")
+                                              f"must be a positive integer, got {context!r} "
+                                              f"(allowed: 1..{MAX_CONTEXT})")
         return cls(float(factor), float(low), float(high), int(context))
 
     def to_dict(self) -> dict:
@@ -97,8 +97,7 @@ class LinearRopeScaling(NamedTuple):
             value = value["factor"]
         if isinstance(value, (tuple, list)):
             value = value[0]
-        if (isinstance(value, bool) or not isinstance(value, (int, float, np.number))
-                or not np.isfinite(value) or value <= 0):
+        if not _finite(value) or value <= 0:
             raise ConfigError("rope_scaling", f"a linear rope_scaling's factor must be a "
                                               f"positive finite number, got {value!r}")
         return cls(float(value))
@@ -115,8 +114,14 @@ def _whole(value) -> bool:
 
 
 def _finite(value) -> bool:
-    return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-            and bool(np.isfinite(value)))
+    """A number (never a bool) that a float holds finitely: an integer past float's range
+    (10**400, from a JSON file) is not one, and NumPy's isfinite cannot take it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class Rule(NamedTuple):
@@ -379,6 +384,10 @@ class Config:
 
     def __post_init__(self):
         if self.lengths is not None:
+            if (not isinstance(self.lengths, (tuple, list, np.ndarray))
+                    or not all(map(_whole, self.lengths))):
+                raise ConfigError("lengths", f"lengths must be whole numbers, one per row, got "
+                                             f"{self.lengths!r}")
             object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
         if self.rope_scaling is not None:
             object.__setattr__(self, "rope_scaling", RopeScaling.parse(self.rope_scaling))
@@ -616,7 +625,7 @@ class Config:
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ConfigError(unknown[0], f"unknown field {unknown[0]!r}")
-        if fields.get("lengths") is not None:
+        if isinstance(fields.get("lengths"), list):   # (anything else: the Config names it)
             fields["lengths"] = tuple(fields["lengths"])
         return fields
 
