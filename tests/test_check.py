@@ -1,6 +1,7 @@
 """tfm check --against torch: proof on demand, and that it fails when tfm is wrong."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +9,8 @@ from helpers import error_line, ok, run
 from tfmcli.engine import ops
 
 pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +61,14 @@ def test_a_difference_within_rounding_is_noise_and_one_beyond_it_its_number(monk
     assert len(rows) == 25 and {row[-3] for row in rows} == {"≈0"}
     assert "≈0: zero to working precision" in out
     assert "all 25 agree to working precision (every difference ≈0)" in out
+    from tfmcli.check import reference
+
+    compare = reference.compare   # where two CPUs' roundings agree, exactly: ≈0 all the same
+    monkeypatch.setattr(reference, "compare", lambda *args: [
+        r._replace(rel=0.0, diff=0.0) for r in compare(*args)])
+    exact = ok("check", "--against", "torch").stdout
+    assert exact == out
+    monkeypatch.setattr(reference, "compare", compare)
     right = ops.layer_norm_backward_fast
 
     def off(dout, cache):
@@ -115,4 +126,9 @@ def test_check_without_torch_says_how_to_install(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
     line = error_line(run("check", "--against", "torch"), 2)
-    assert "pip install 'tfmcli[torch]'" in line and "'--against'" in line
+    assert "python -m pip install torch==2.13.0" in line and "'--against'" in line
+    # the same install line as the README's and the check page's
+    from tfmcli.check.reference import INSTALL
+
+    for page in ("README.md", "docs/commands/check.md"):
+        assert f"`{INSTALL}`" in (ROOT / page).read_text(), page
