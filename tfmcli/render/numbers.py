@@ -92,15 +92,15 @@ ZERO_TO_PRECISION = "≈0"
 def fmt_fixed(value: float, precision: int = 2, sign: bool = True) -> str:
     """Like :func:`fmt` but always fixed point: the short form used inside heatmap cells.
 
-    A heatmap is a picture, so its cells stay narrow; a non-zero value too small for the
-    digits shown prints as ``≈0`` (never ``-0.000``), which still tells it apart from an exact
-    zero (`` 0.00``).
+    A heatmap is a picture, so its cells stay narrow. A signed cell's non-zero value too small
+    for the digits shown prints as ``≈0``, never ``-0.00`` or ``+0.00``, and so still differs
+    from an exact zero (`` 0.00``); an unsigned one (a probability) as ``0.00``.
     """
     v = float(value)
     if math.isnan(v) or math.isinf(v) or v == 0:
         return fmt(v, precision, sign=sign)
     text = f"{v:{'+' if sign else ''}.{precision}f}"
-    return ZERO_TO_PRECISION if not text.strip("+-0.") else text
+    return ZERO_TO_PRECISION if sign and not text.strip("+-0.") else text
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
