@@ -6,7 +6,7 @@ Hugging Face's LLaMA form, ``q cos + rotate_half(q) sin``; ALiBi in BLOOM's, ``m
 the scores), layer norm
 is ``F.layer_norm``, attention is written out with ``masked_fill(-inf)`` and ``torch.softmax``,
 the loss is ``F.cross_entropy`` with ``ignore_index=-100``, and every gradient comes from
-autograd. PyTorch is imported only when this runs (the optional extra ``tfmcli[torch]``).
+autograd. PyTorch is imported only when this runs (installed as the README says: ``INSTALL``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-INSTALL = "python -m pip install 'tfmcli[torch]'"
+# the README's line: the CPU build these machines hold (any other spec downloads gigabytes)
+INSTALL = "python -m pip install torch==2.13.0"
 
 
 class MissingTorch(Exception):
