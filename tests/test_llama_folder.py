@@ -223,7 +223,7 @@ def rewrite_weights(folder, change):
     (lambda f: edit_config(f, mlp_bias="yes"), "config.json",
      "key 'mlp_bias' is 'yes', not true or false"),
     (lambda f: edit_config(f, head_dim=0), "config.json",
-     "head_dim must be a positive integer, got 0"),
+     "key 'head_dim' is 0, not a whole number in 1..2147483647"),
     (lambda f: edit_config(f, num_key_value_heads=3), "config.json",
      "kv_heads=3 does not divide heads=4; allowed kv_heads: 1, 2, 4"),
     (lambda f: edit_config(f, num_hidden_layers="2"), "config.json",

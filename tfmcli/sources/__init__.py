@@ -122,6 +122,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     """
     fields, params, inputs, read_params, task = {}, None, None, None, None
     weights_from = tokens_from = tokenizer = None
+    from_file = None   # where an .npz's own fields come from, for an error in one of them
     token_text = str
     folder = load is not None and Path(load).is_dir()
     if folder:
@@ -146,6 +147,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
             fields.update(infer_norm({**flags, **fields}))   # gamma alone: which norm
         weights_from = f"file {load}"
         tokens_from = f"file {load}" if inputs is not None else None
+        from_file = (set(fields), "key 'config'" if loaded.has_config else "its arrays' shapes")
     if text is not None:
         if tokens is not None:
             raise ConfigError("text", "give the input as --text or as --tokens, not both")
@@ -191,7 +193,10 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     except TypeError as e:
         raise TfmError(f"--load {load}: key 'config' does not describe a run ({e})") from None
     except ConfigError as e:   # too many tokens for the learned positions: name what was typed
-        if tokens is None or e.field not in INPUT_FIELDS or e.field in explicit:
+        by_tokens = tokens is not None and e.field in INPUT_FIELDS
+        if from_file and e.field in from_file[0] and e.field not in explicit and not by_tokens:
+            raise TfmError(f"--load {load}: {from_file[1]}: {e}") from None   # the file's fault
+        if not by_tokens or e.field in explicit:
             raise
         option = "text" if text else "tokens"
         raise ConfigError(option, f"the longest row has {T} tokens, and {e}") from None

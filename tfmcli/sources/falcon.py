@@ -36,7 +36,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import fused, gpt_neox, llama
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import need, read_json, shown
 
 NAME = "Falcon"
 KEYS = ("activation", "layer_norm_epsilon")   # Falcon's names for them
@@ -58,9 +58,9 @@ def read_config(folder) -> dict:
         kv = config.get("num_kv_heads")
         kv = H if kv is None else need(path, config, "num_kv_heads")
         norms = config.get("num_ln_in_parallel_attn") or 2
-        if norms not in (1, 2):
-            raise TfmError(f"--load {path}: key 'num_ln_in_parallel_attn' is {norms!r}; Falcon's "
-                           f"block has 1 or 2 norms")
+        if isinstance(norms, bool) or norms not in (1, 2):
+            raise TfmError(f"--load {path}: key 'num_ln_in_parallel_attn' is {shown(norms)}; "
+                           f"Falcon's block has 1 or 2 norms")
         if norms == 1 and not parallel:
             raise TfmError(f"--load {path}: key 'parallel_attn' is false with the new "
                            f"architecture's one norm, a block Hugging Face's Falcon does not run")

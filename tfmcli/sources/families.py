@@ -13,7 +13,7 @@ import importlib
 from pathlib import Path
 
 from tfmcli.errors import TfmError
-from tfmcli.sources.folder import CONFIG, read_json
+from tfmcli.sources.folder import CONFIG, known, read_json, shown
 
 # model_type -> the module that reads it, in the order tfm learned them
 MODEL_TYPES = {
@@ -32,10 +32,10 @@ def model_type(folder, config: dict | None = None) -> str:
     else:
         path = Path(folder) / CONFIG
     kind = config.get("model_type")
-    if kind not in MODEL_TYPES:
-        known = [repr(t) for t in MODEL_TYPES]
-        raise TfmError(f"--load {path}: key 'model_type' is {kind!r}; tfm reads "
-                       f"{', '.join(known[:-1])} and {known[-1]} checkpoints")
+    if not known(kind, MODEL_TYPES):
+        types = [repr(t) for t in MODEL_TYPES]
+        raise TfmError(f"--load {path}: key 'model_type' is {shown(kind)}; tfm reads "
+                       f"{', '.join(types[:-1])} and {types[-1]} checkpoints")
     return kind
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from tfmcli.errors import TfmError
 from tfmcli.sources import llama
+from tfmcli.sources.folder import shown
 
 NAME = "Gemma"
 GELU_TANH = ("gelu", "gelu_pytorch_tanh", "gelu_new")   # Gemma's names for GELU's tanh form
@@ -43,11 +44,11 @@ def read_fields(path, config: dict, name: str, kv_heads: int, window: tuple = (N
     for key in ("hidden_act", "hidden_activation"):
         value = config.get(key)
         if value is not None and value not in GELU_TANH:
-            raise TfmError(f"--load {path}: key {key!r} is {value!r}; tfm's Gemma FFN is GeGLU "
-                           f"with GELU's tanh form ('gelu_pytorch_tanh')")
+            raise TfmError(f"--load {path}: key {key!r} is {shown(value)}; tfm's Gemma FFN is "
+                           f"GeGLU with GELU's tanh form ('gelu_pytorch_tanh')")
     if config.get("use_bidirectional_attention"):
         raise TfmError(f"--load {path}: key 'use_bidirectional_attention' is "
-                       f"{config['use_bidirectional_attention']!r}; tfm reads Gemma as the "
+                       f"{shown(config['use_bidirectional_attention'])}; tfm reads Gemma as the "
                        f"causal language model it is trained as")
     fields = llama.read_fields(path, config, llama.no_attention_bias(path, config, name),
                                kv_heads=kv_heads, head_dim=256, activation="geglu", tied=True,

@@ -23,7 +23,7 @@ import numpy as np
 
 from tfmcli.errors import TfmError
 from tfmcli.sources import gemma, llama
-from tfmcli.sources.folder import need
+from tfmcli.sources.folder import need, shown
 
 NAME = "Gemma 2"
 DEFAULTS = {"sliding_window": 4096, "query_pre_attn_scalar": 256,
@@ -51,8 +51,8 @@ def sandwich_fields(path, config: dict, d_head: int) -> dict:
         fields[field] = None if cap is None else need(path, config, key, (int, float))
     scalar = need(path, config, "query_pre_attn_scalar", (int, float))
     if scalar <= 0:
-        raise TfmError(f"--load {path}: key 'query_pre_attn_scalar' is {scalar!r}, not a "
-                       f"positive number")
+        raise TfmError(f"--load {path}: key 'query_pre_attn_scalar' is "
+                       f"{shown(config['query_pre_attn_scalar'])}, not a positive number")
     scale = scalar ** -0.5
     fields["attn_scale"] = None if scale == 1.0 / math.sqrt(d_head) else scale
     return fields

@@ -23,7 +23,7 @@ import numpy as np
 
 from tfmcli.errors import TfmError
 from tfmcli.sources import gemma, gemma2, llama
-from tfmcli.sources.folder import read_json
+from tfmcli.sources.folder import number, read_json, shown
 
 NAME = "Gemma 3"
 DEFAULTS = {"sliding_window": 4096, "query_pre_attn_scalar": 256,
@@ -43,22 +43,22 @@ def read_config(folder) -> dict:
         config = text_config(path, config)
     config = {**DEFAULTS, **config}
     if config.get("model_type") != "gemma3_text":
-        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}, not a "
-                       f"{NAME} checkpoint's 'gemma3_text' or 'gemma3'")
+        raise TfmError(f"--load {path}: key 'model_type' is {shown(config.get('model_type'))}, "
+                       f"not a {NAME} checkpoint's 'gemma3_text' or 'gemma3'")
     if config["sliding_window"] is None:
         raise TfmError(f"--load {path}: key 'sliding_window' is null; a Gemma 3's sliding "
                        f"layers need a window (and turn at a RoPE base of their own)")
     if config.get("attn_logit_softcapping") is not None:
         raise TfmError(f"--load {path}: key 'attn_logit_softcapping' is "
-                       f"{config['attn_logit_softcapping']!r}, which Hugging Face's Gemma 3 "
+                       f"{shown(config['attn_logit_softcapping'])}, which Hugging Face's Gemma 3 "
                        f"does not apply (its scores are not capped); tfm will not guess which "
                        f"is meant")
     pattern = config["sliding_window_pattern"]
 
     def all_but_each_pattern_th(layers: int) -> list[int]:
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-            raise TfmError(f"--load {path}: key 'sliding_window_pattern' is {pattern!r}, not a "
-                           f"positive whole number")
+            raise TfmError(f"--load {path}: key 'sliding_window_pattern' is {shown(pattern)}, "
+                           f"not a positive whole number")
         return [i for i in range(layers) if (i + 1) % pattern]
 
     window = llama.sliding(path, config, config["sliding_window"], all_but_each_pattern_th)
@@ -76,13 +76,13 @@ def text_config(path, config: dict) -> dict:
     the inner one, when it says, must agree with."""
     text = config.get("text_config")
     if not isinstance(text, dict):
-        raise TfmError(f"--load {path}: key 'text_config' is {text!r}, not the object an "
+        raise TfmError(f"--load {path}: key 'text_config' is {shown(text)}, not the object an "
                        f"image-and-text Gemma 3's config.json holds its language model's "
                        f"config in")
     tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
     if text.get("tie_word_embeddings", tied) != tied:
-        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r} and "
-                       f"text_config's {text['tie_word_embeddings']!r}; tfm will not guess "
+        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {shown(tied)} and "
+                       f"text_config's {shown(text['tie_word_embeddings'])}; tfm will not guess "
                        f"which is meant")
     return {**text, "model_type": "gemma3_text", "tie_word_embeddings": tied}
 
@@ -97,20 +97,29 @@ def rope(path, config: dict):
         key = "rope_parameters"
         full, sliding = (parameters.get(kind) or {} for kind in THETAS)
         names = [f"'rope_parameters' {kind}'s 'rope_theta'" for kind in THETAS]
+        for kind, given in zip(THETAS, (full, sliding)):
+            if not isinstance(given, dict):
+                raise TfmError(f"--load {path}: key 'rope_parameters' has {kind} "
+                               f"{shown(given)}, not an object (its rope_type and rope_theta)")
     else:   # the first configs' keys
         key = "rope_scaling"
-        full = {**(config.get(key) or {}), "rope_theta": config.get("rope_theta")}
+        scaling = config.get(key) or {}
+        if not isinstance(scaling, dict):
+            raise TfmError(f"--load {path}: key 'rope_scaling' is {shown(scaling)}, not an "
+                           f"object (its rope_type and numbers)")
+        full = {**scaling, "rope_theta": config.get("rope_theta")}
         sliding = {"rope_theta": config.get("rope_local_base_freq")}
         names = ["'rope_theta'", "'rope_local_base_freq'"]
     if llama.read_scaling(path, key, sliding) is not None:
         raise TfmError(f"--load {path}: key {key!r} scales the sliding layers' angles "
-                       f"({sliding.get('rope_type')!r}); tfm turns them by RoPE's own")
+                       f"({shown(sliding.get('rope_type'))}); tfm turns them by RoPE's own")
     thetas = []
     for kind, given, name in zip(THETAS, (full, sliding), names):
-        theta = THETAS[kind] if given.get("rope_theta") is None else given["rope_theta"]
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-            raise TfmError(f"--load {path}: key {name} is {theta!r}, not a positive number")
-        thetas.append(float(theta))
+        raw = THETAS[kind] if given.get("rope_theta") is None else given["rope_theta"]
+        theta = number(path, f"key {name}", raw)
+        if theta <= 0:
+            raise TfmError(f"--load {path}: key {name} is {shown(raw)}, not a positive number")
+        thetas.append(theta)
     return thetas[0], llama.read_scaling(path, key, full), thetas[1]
 
 

@@ -17,14 +17,12 @@ transposed. The head is tied to ``wte`` and has no bias.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import ConfigError, TfmError
-from tfmcli.sources.folder import CONFIG, read_json
+from tfmcli.sources.folder import CONFIG, inside, known, number, read_json, shown
 from tfmcli.sources.folder import need as need_key
 
 NAME = "GPT-2"
@@ -52,35 +50,37 @@ def read_config(folder) -> dict:
     """Config fields from ``config.json``; TfmError naming the file and key at fault."""
     path, config = read_json(folder)
     if config.get("model_type") != "gpt2":
-        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}, not a "
-                       f"GPT-2 checkpoint's 'gpt2'")
+        raise TfmError(f"--load {path}: key 'model_type' is {shown(config.get('model_type'))}, "
+                       f"not a GPT-2 checkpoint's 'gpt2'")
 
     def need(key, kind=int):
         return need_key(path, config, key, kind)
 
     activation = config.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
-        raise TfmError(f"--load {path}: key 'activation_function' is {activation!r}; tfm has "
-                       f"{', '.join(ACTIVATIONS)} (gelu_new is the tanh approximation)")
-    scaled = config.get("scale_attn_weights", True)
-    if not isinstance(scaled, bool):
-        raise TfmError(f"--load {path}: key 'scale_attn_weights' is {scaled!r}, not true or false")
-    if config.get("scale_attn_by_inverse_layer_idx", False):
+    if not known(activation, ACTIVATIONS):
+        raise TfmError(f"--load {path}: key 'activation_function' is {shown(activation)}; tfm "
+                       f"has {', '.join(ACTIVATIONS)} (gelu_new is the tanh approximation)")
+    switches = {key: default if config.get(key) is None else config[key]   # (null: left out)
+                for key, default in (("scale_attn_weights", True),
+                                     ("scale_attn_by_inverse_layer_idx", False),
+                                     ("add_cross_attention", False), ("tie_word_embeddings", True))}
+    for key, value in switches.items():
+        if not isinstance(value, bool):
+            raise TfmError(f"--load {path}: key {key!r} is {shown(value)}, not true or false")
+    scaled = switches["scale_attn_weights"]
+    if switches["scale_attn_by_inverse_layer_idx"]:
         raise TfmError(f"--load {path}: key 'scale_attn_by_inverse_layer_idx' is true; tfm "
                        f"scales every block's scores alike (--attn-scale), not block i's by "
                        f"1 / (i + 1)")
-    if config.get("add_cross_attention", False):
+    if switches["add_cross_attention"]:
         raise TfmError(f"--load {path}: key 'add_cross_attention' is true; tfm's blocks have no "
                        f"cross-attention")
-    eps = config.get("layer_norm_epsilon", 1e-5)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise TfmError(f"--load {path}: key 'layer_norm_epsilon' is {eps!r}, not a number")
-    n_inner = config.get("n_inner")
+    eps = number(path, "key 'layer_norm_epsilon'", config.get("layer_norm_epsilon", 1e-5))
     fields = {"d_model": need("n_embd"), "heads": need("n_head"), "layers": need("n_layer"),
               "vocab": need("vocab_size"), "n_ctx": need("n_positions"),
-              "d_ff": n_inner if isinstance(n_inner, int) else None,
-              "eps": float(eps), "activation": ACTIVATIONS[activation], "norm": "pre",
-              "pe": "learned", "tied_head": bool(config.get("tie_word_embeddings", True)),
+              "d_ff": None if config.get("n_inner") is None else need("n_inner"),
+              "eps": eps, "activation": ACTIVATIONS[activation], "norm": "pre",
+              "pe": "learned", "tied_head": switches["tie_word_embeddings"],
               "head_bias": False, "causal": True,
               # unscaled scores (GPTBigCode's reader maps the same key alike)
               "attn_scale": None if scaled else 1.0}
@@ -116,7 +116,7 @@ def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
     bfloat16 (widened exactly) all read."""
     from tfmcli.sources import tensorfile
 
-    path = Path(folder) / WEIGHTS
+    path = inside(folder, WEIGHTS)
     if not path.is_file():
         raise TfmError(f"--load {folder}: no {WEIGHTS} there (a GPT-2 checkpoint folder holds "
                        f"{CONFIG} and {WEIGHTS})")

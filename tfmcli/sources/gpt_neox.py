@@ -24,7 +24,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import fused, llama
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import known, need, number, read_json, shown
 
 NAME = "GPT-NeoX"
 IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")   # buffers
@@ -63,17 +63,15 @@ def common_keys(path, config: dict, default_act: str, switches: tuple,
     ``layer_norm_epsilon``), 1e-5 when left out, a number; and each of ``switches`` and
     ``tie_word_embeddings`` true or false when given."""
     act_key, eps_key = keys
-    activation = ACTIVATIONS.get(config.get(act_key, default_act))
-    if activation is None:
-        raise TfmError(f"--load {path}: key {act_key!r} is {config[act_key]!r}; tfm "
+    activation = config.get(act_key, default_act)
+    if not known(activation, ACTIVATIONS):
+        raise TfmError(f"--load {path}: key {act_key!r} is {shown(activation)}; tfm "
                        f"reads {', '.join(map(repr, ACTIVATIONS))}")
     for key in (*switches, "tie_word_embeddings"):
         if not isinstance(config.get(key, False), bool):
-            raise TfmError(f"--load {path}: key {key!r} is {config[key]!r}, not true or false")
-    eps = config.get(eps_key, 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key {eps_key!r} is {eps!r}, not a number")
-    return activation, float(eps)
+            raise TfmError(f"--load {path}: key {key!r} is {shown(config[key])}, not true or "
+                           f"false")
+    return ACTIVATIONS[activation], number(path, f"key {eps_key!r}", config.get(eps_key, 1e-5))
 
 
 def _rope(path, config: dict):
@@ -83,12 +81,14 @@ def _rope(path, config: dict):
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
     if not isinstance(rope, dict):
-        raise TfmError(f"--load {path}: key {key!r} is {rope!r}, not an object")
+        raise TfmError(f"--load {path}: key {key!r} is {shown(rope)}, not an object")
     scaling = llama.read_scaling(path, key, rope)
-    theta = rope.get("rope_theta", config.get("rotary_emb_base", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    raw = rope.get("rope_theta", config.get("rotary_emb_base", 10000.0))
+    theta = number(path, f"key {key!r} 'rope_theta'" if "rope_theta" in rope else
+                   "key 'rotary_emb_base'", raw)
+    if theta <= 0:
         raise TfmError(f"--load {path}: RoPE's base (rope_theta or rotary_emb_base) is "
-                       f"{theta!r}, not a positive number")
+                       f"{shown(raw)}, not a positive number")
     share = {key: rope} if "partial_rotary_factor" in rope else {
         "rotary_pct": config.get("rotary_pct", 0.25)}
     return float(theta), scaling, share

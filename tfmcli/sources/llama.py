@@ -26,17 +26,16 @@ Gemma 2's four norms a layer (a sandwich) are named for where they sit:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from tfmcli.engine.config import Config, LinearRopeScaling, RopeScaling
+from tfmcli.engine.config import MAX_LAYERS, Config, LinearRopeScaling, RopeScaling
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import tensorfile
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import LARGEST, inside, known, load_json, need, number, read_json, shown
 
 NAME = "LLaMA"
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -68,8 +67,8 @@ def config_of(folder, kind: str, name: str, defaults: dict | None = None) -> tup
     value for each key in ``defaults`` that it leaves out."""
     path, config = read_json(folder)
     if config.get("model_type") != kind:
-        raise TfmError(f"--load {path}: key 'model_type' is {config.get('model_type')!r}, not "
-                       f"a {name} checkpoint's {kind!r}")
+        raise TfmError(f"--load {path}: key 'model_type' is {shown(config.get('model_type'))}, "
+                       f"not a {name} checkpoint's {kind!r}")
     return path, {**(defaults or {}), **config}
 
 
@@ -95,19 +94,18 @@ def read_fields(path, config: dict, biases: tuple[bool, bool, bool], kv_heads: i
         head_dim = need(path, config, "head_dim")
     if head_dim is not None and head_dim * H == d:
         head_dim = None   # the width tfm gives a head anyway: hidden_size / num_attention_heads
-    eps = config.get(eps_key, 1e-6)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TfmError(f"--load {path}: key {eps_key!r} is {eps!r}, not a number")
+    eps = number(path, f"key {eps_key!r}", config.get(eps_key, 1e-6))
     tied = config.get("tie_word_embeddings", tied)
     if not isinstance(tied, bool):
-        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {tied!r}, not true or false")
+        raise TfmError(f"--load {path}: key 'tie_word_embeddings' is {shown(tied)}, not true or "
+                       f"false")
     theta, scaling = read_rope(path, config)
     bias, qkv_bias, ffn_bias = biases
     sliding_window, sliding_layers = window
     return {"d_model": d, "heads": H, "kv_heads": kv_heads,
             "layers": need(path, config, "num_hidden_layers"),
             "vocab": need(path, config, "vocab_size"),
-            "d_ff": need(path, config, "intermediate_size"), "eps": float(eps),
+            "d_ff": need(path, config, "intermediate_size"), "eps": eps,
             "rope_theta": theta, "rope_scaling": scaling,
             "activation": activation or gate(path, config),
             "norm": "pre", "pe": "rope", "rms_norm": rms_norm, "bias": bias, "tied_head": tied,
@@ -136,7 +134,7 @@ def switch(path, config: dict, key: str, default: bool = False) -> bool:
     """``config[key]``, true or false (``default`` when it is left out); TfmError otherwise."""
     value = config.get(key, default)
     if not isinstance(value, bool):
-        raise TfmError(f"--load {path}: key {key!r} is {value!r}, not true or false")
+        raise TfmError(f"--load {path}: key {key!r} is {shown(value)}, not true or false")
     return value
 
 
@@ -158,7 +156,7 @@ def no_attention_bias(path, config: dict, name: str) -> tuple[bool, bool, bool]:
     """No biases, for a family (Qwen3's, Gemma's) whose ``attention_bias`` would be on q, k, v
     and o and not in the MLP, which tfm does not add: refused when true."""
     if config.get("attention_bias", False) is not False:
-        raise TfmError(f"--load {path}: key 'attention_bias' is {config['attention_bias']!r}; "
+        raise TfmError(f"--load {path}: key 'attention_bias' is {shown(config['attention_bias'])}; "
                        f"tfm adds biases to all of attention and the FFN (--bias) or to Q, K "
                        f"and V alone (--qkv-bias), and a {name}'s would be on o_proj too and "
                        f"not in the MLP")
@@ -169,8 +167,8 @@ def gate(path, config: dict) -> str:
     """``swiglu`` for ``hidden_act`` 'silu' (LLaMA's default), ``geglu`` for GELU's tanh form
     and ``geglu_erf`` for GELU itself ('gelu'); anything else is refused."""
     activation = config.get("hidden_act", "silu")
-    if activation not in GELU_NAMES:
-        raise TfmError(f"--load {path}: key 'hidden_act' is {activation!r}; tfm gates the "
+    if not known(activation, GELU_NAMES):
+        raise TfmError(f"--load {path}: key 'hidden_act' is {shown(activation)}; tfm gates the "
                        f"FFN with 'silu' (swiglu), GELU's tanh form (geglu) or GELU itself, "
                        f"'gelu' (geglu_erf)")
     return GELU_NAMES[activation]
@@ -185,14 +183,20 @@ def sliding(path, config: dict, window, default_layers, every_layer: str | None 
     whatever ``layer_types`` says (``every_layer`` names it: Mistral, Phi-3) refuses one that
     has a full layer."""
     layers = need(path, config, "num_hidden_layers")
+    if layers > MAX_LAYERS:   # (before a list of them is made)
+        raise TfmError(f"--load {path}: key 'num_hidden_layers' is {layers}; tfm shows "
+                       f"1..{MAX_LAYERS} layers")
     if window is None:
         return None, None
     layer_types = config.get("layer_types")
     if layer_types is not None:
-        kinds = set(layer_types) if isinstance(layer_types, list) else {repr(layer_types)}
-        if not kinds <= {"full_attention", "sliding_attention"}:
-            odd = sorted(kinds - {"full_attention", "sliding_attention"})[0]
-            raise TfmError(f"--load {path}: key 'layer_types' has {odd!r}; tfm's layers are "
+        if not isinstance(layer_types, list):
+            raise TfmError(f"--load {path}: key 'layer_types' is {shown(layer_types)}, not a "
+                           f"list of 'full_attention' and 'sliding_attention'")
+        odd = next((t for t in layer_types
+                    if not known(t, ("full_attention", "sliding_attention"))), None)
+        if odd is not None:
+            raise TfmError(f"--load {path}: key 'layer_types' has {shown(odd)}; tfm's layers are "
                            f"'full_attention' or 'sliding_attention'")
         if len(layer_types) != layers:
             raise TfmError(f"--load {path}: key 'layer_types' names {len(layer_types)} layers, "
@@ -206,9 +210,9 @@ def sliding(path, config: dict, window, default_layers, every_layer: str | None 
         sliding_layers = default_layers(layers)
     if not sliding_layers:
         return None, None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise TfmError(f"--load {path}: key 'sliding_window' is {window!r}, not a positive "
-                       f"whole number")
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= LARGEST:
+        raise TfmError(f"--load {path}: key 'sliding_window' is {shown(window)}, not a positive "
+                       f"whole number (at most {LARGEST})")
     return window, None if len(sliding_layers) == layers else tuple(sliding_layers)
 
 
@@ -220,17 +224,15 @@ def every(layers: int) -> list[int]:
 def read_rope(path, config: dict) -> tuple[float, RopeScaling | LinearRopeScaling | None]:
     """RoPE's base and scaling: ``rope_parameters`` (transformers 5) or ``rope_theta`` and
     ``rope_scaling`` (``read_scaling``)."""
-    scaling = None
+    scaling, theta, where = None, config.get("rope_theta"), "key 'rope_theta'"
     for key in ("rope_parameters", "rope_scaling"):
         rope = config.get(key)
         if rope is None:
             continue
         scaling = read_scaling(path, key, rope)
         if key == "rope_parameters" and "rope_theta" in rope:
-            config = {**config, "rope_theta": rope["rope_theta"]}
-    theta = 10000.0 if config.get("rope_theta") is None else need(path, config, "rope_theta",
-                                                                  (int, float))
-    return float(theta), scaling
+            theta, where = rope["rope_theta"], "key 'rope_parameters' 'rope_theta'"
+    return 10000.0 if theta is None else number(path, where, theta), scaling
 
 
 def read_rotary_dim(path, config: dict, d_head: int,
@@ -248,7 +250,7 @@ def read_rotary_dim(path, config: dict, d_head: int,
     else:
         key, factor = repr(top), config.get(top, 1.0)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise TfmError(f"--load {path}: key {key} is {factor!r}, not a number in (0, 1]")
+        raise TfmError(f"--load {path}: key {key} is {shown(factor)}, not a number in (0, 1]")
     n = int(d_head * factor)
     if n == d_head:
         return None
@@ -264,11 +266,14 @@ def read_scaling(path, key: str, rope) -> RopeScaling | LinearRopeScaling | None
     (``"llama3"``) and linear scaling (``"linear"``, a ``factor``) are read, and ``"default"``
     is none; the other kinds (``"yarn"``, ``"dynamic"``, ...) turn by angles tfm does not make:
     refused."""
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+    if not isinstance(rope, dict):
+        raise TfmError(f"--load {path}: key {key!r} is {shown(rope)}, not an object (its "
+                       f"rope_type and numbers)")
+    kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
-    if kind not in ("llama3", "linear"):
-        raise TfmError(f"--load {path}: key {key!r} has rope_type {kind!r}; tfm turns by "
+    if not known(kind, ("llama3", "linear")):
+        raise TfmError(f"--load {path}: key {key!r} has rope_type {shown(kind)}; tfm turns by "
                        f"RoPE's own angles ('default'), LLaMA 3.1's ('llama3') or linearly "
                        f"scaled ones ('linear')")
     names = RopeScaling._fields if kind == "llama3" else LinearRopeScaling._fields
@@ -366,16 +371,19 @@ def check_stored(folder, stored: dict, names: dict, expected: dict, checkpoint: 
 def stored_tensors(folder) -> dict[str, tuple[Path, dict, int]]:
     """Each stored key's (file, that file's header, where its data starts), over
     ``model.safetensors`` or the shards ``model.safetensors.index.json`` names."""
-    folder = Path(folder)
-    if (folder / WEIGHTS).is_file():
-        paths = [folder / WEIGHTS]
-    elif (folder / INDEX).is_file():
-        try:
-            names = json.loads((folder / INDEX).read_text())["weight_map"].values()
-            paths = sorted({folder / name for name in names})
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise TfmError(f"--load {folder / INDEX}: not a safetensors index (it needs a "
-                           f"'weight_map' of key -> file; {e!r})") from None
+    folder, whole, index = Path(folder), inside(folder, WEIGHTS), inside(folder, INDEX)
+    if whole.is_file():
+        paths = [whole]
+    elif index.is_file():
+        whole_index = load_json(index)
+        weight_map = whole_index.get("weight_map") if isinstance(whole_index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(name, str) for name in weight_map.values()):
+            what = (f"key 'weight_map' is {shown(weight_map)}" if isinstance(whole_index, dict)
+                    else "it is not a JSON object")
+            raise TfmError(f"--load {index}: not a safetensors index (it needs a 'weight_map' "
+                           f"of key -> file name; {what})")
+        paths = sorted({inside(folder, name, named_by=index) for name in weight_map.values()})
     else:
         raise TfmError(f"--load {folder}: no {WEIGHTS} (or {INDEX}) there (a checkpoint "
                        f"folder holds config.json and its weights)")

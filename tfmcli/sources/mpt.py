@@ -32,7 +32,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import fused, gpt_neox, llama
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import need, number, read_json, shown
 
 NAME = "MPT"
 NORMS = ("layernorm", "low_precision_layernorm")   # the same norm, computed in another precision
@@ -51,25 +51,25 @@ def read_config(folder) -> dict:
     _, eps = gpt_neox.common_keys(path, config, "gelu", (), ("hidden_act", "layer_norm_epsilon"))
     attention = config.get("attn_config") or {}
     if not isinstance(attention, dict):
-        raise TfmError(f"--load {path}: key 'attn_config' is {attention!r}, not an object")
+        raise TfmError(f"--load {path}: key 'attn_config' is {shown(attention)}, not an object")
     for key, needed, other in ATTENTION:
         _refuse(path, attention, key, needed, other, "attn_config's ")
     kind = attention.get("attn_type", "multihead_attention")
     if kind != "multihead_attention":
-        raise TfmError(f"--load {path}: attn_config's 'attn_type' is {kind!r}; tfm reads MPT's "
-                       f"'multihead_attention' (each head its own keys and values)")
+        raise TfmError(f"--load {path}: attn_config's 'attn_type' is {shown(kind)}; tfm reads "
+                       f"MPT's 'multihead_attention' (each head its own keys and values)")
     scale = attention.get("softmax_scale")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TfmError(f"--load {path}: attn_config's 'softmax_scale' is {scale!r}, not a number")
+    if scale is not None:
+        scale = number(path, "attn_config's 'softmax_scale'", scale)
     _refuse(path, config, "no_bias", True, "biases in every linear layer and norm", "key ")
     _refuse(path, config, "logit_scale", None, "the logits scaled", "key ")
     if config.get("norm_type", NORMS[1]) not in NORMS:
-        raise TfmError(f"--load {path}: key 'norm_type' is {config['norm_type']!r}; tfm reads "
+        raise TfmError(f"--load {path}: key 'norm_type' is {shown(config['norm_type'])}; tfm reads "
                        f"MPT's {' or '.join(map(repr, NORMS))}")
     ffn = config.get("ffn_config") or {}
     if (not isinstance(ffn, dict) or ffn.get("ffn_type", "mptmlp") != "mptmlp"
             or set(ffn) - {"ffn_type", "fc_type"}):
-        raise TfmError(f"--load {path}: key 'ffn_config' is {ffn!r}; tfm reads MPT's own FFN "
+        raise TfmError(f"--load {path}: key 'ffn_config' is {shown(ffn)}; tfm reads MPT's own FFN "
                        f"(ffn_type 'mptmlp', up_proj and down_proj through GELU)")
     d = need(path, config, "d_model")
     fields = {"d_model": d, "heads": need(path, config, "n_heads"),
@@ -80,7 +80,7 @@ def read_config(folder) -> dict:
               "d_ff": 4 * d,
               "eps": eps, "activation": "gelu_erf", "norm": "pre", "pe": "alibi",
               "rms_norm": False, "norm_bias": False, "bias": False, "head_bias": False,
-              "attn_scale": None if scale is None else float(scale),
+              "attn_scale": scale,
               "tied_head": config.get("tie_word_embeddings", True), "causal": True}
     return llama.runnable(path, fields)
 
@@ -90,7 +90,8 @@ def _refuse(path, config: dict, key: str, needed, other: str, where: str) -> Non
     value means, ``where`` whose key it is ("key ", "attn_config's ")."""
     value = config.get(key, needed)
     if value != needed or isinstance(value, bool) != isinstance(needed, bool):
-        raise TfmError(f"--load {path}: {where}{key!r} is {json.dumps(value)} ({other}); tfm "
+        said = json.dumps(value) if value is None or isinstance(value, bool) else shown(value)
+        raise TfmError(f"--load {path}: {where}{key!r} is {said} ({other}); tfm "
                        f"reads MPT with {key} {json.dumps(needed)}")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import zipfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +14,7 @@ from tfmcli.engine.config import GATED, Config
 from tfmcli.engine.inputs import IGNORE, Inputs, first_outside
 from tfmcli.engine.sizes import param_misfit
 from tfmcli.errors import ConfigError, TfmError
+from tfmcli.sources.folder import shown
 
 SECTIONS = ("param/", "grad/", "act/", "actgrad/")
 INPUT_KEYS = ("input/tokens", "input/targets", "input/lengths")
@@ -25,24 +28,76 @@ class LoadedRun(NamedTuple):
     task: dict | None = None   # tfm train's task: {"task": "reverse", "n": 8, "symbols": 10}
 
 
+# how np.savez and np.savez_compressed store a member: the two methods tfm reads
+METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+# an .npy header's reader by its format version (3.0, for utf-8 field names, is read unchecked)
+HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def read_npz(path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz``, loaded with ``allow_pickle=False``."""
+    """Every array of an ``.npz``: a zip archive of ``.npy`` members, each stored or deflated
+    (as NumPy writes them), none encrypted, read with ``allow_pickle=False``. TfmError naming
+    the file (and the member) otherwise: never a traceback, and never an object NumPy would
+    hand back for a member that is not an array (its raw bytes)."""
     path = Path(path)
     if not path.exists():
         raise TfmError(f"--load {path}: no such file")
     if not path.is_file():   # a device or a pipe: an archive is read by seeking
         raise TfmError(f"--load {path}: not a file (allowed: an .npz file or a checkpoint folder)")
     if not zipfile.is_zipfile(path):
-        raise TfmError(f"--load {path}: not an .npz file (it is not a zip archive)")
+        raise TfmError(f"--load {path}: not an .npz file (not a zip archive, or one cut short)")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
-    except ValueError as e:
-        raise TfmError(
-            f"--load {path}: an array needs pickle, which tfm never loads ({e})"
-        ) from None
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            for info in members:
+                _check_member(path, info)
+            return {info.filename[:-len(".npy")]: _read_member(path, archive, info)
+                    for info in members}
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise TfmError(f"--load {path}: cannot read the archive ({e})") from None
+
+
+def _check_member(path, info: zipfile.ZipInfo) -> None:
+    """A member NumPy wrote: an ``.npy`` file, stored or deflated, not encrypted."""
+    name = info.filename
+    if not name.endswith(".npy") or name == ".npy":
+        raise TfmError(f"--load {path}: member {shown(name)} is not an .npy array (an .npz "
+                       f"holds .npy members alone, as np.savez writes them)")
+    if info.flag_bits & 0x1:
+        raise TfmError(f"--load {path}: member {shown(name)} is encrypted; tfm reads archives "
+                       f"without a password, as np.savez writes them")
+    if info.compress_type not in METHODS:
+        method = zipfile.compressor_names.get(info.compress_type, f"method {info.compress_type}")
+        raise TfmError(f"--load {path}: member {shown(name)} is compressed with {method}; tfm "
+                       f"reads members stored or deflated (np.savez, np.savez_compressed)")
+
+
+def _read_member(path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    """One ``.npy`` member, read with ``allow_pickle=False``, once its header's shape is known
+    to fit the bytes the member holds (a header that claims more is refused before anything
+    that size is allocated)."""
+    name = info.filename
+    try:
+        with archive.open(info) as f:
+            read_header = HEADERS.get(np.lib.format.read_magic(f))
+            if read_header is not None:
+                shape, _, dtype = read_header(f)
+                need, have = math.prod(shape) * dtype.itemsize, info.file_size - f.tell()
+                if not dtype.hasobject and need > have:
+                    raise TfmError(f"--load {path}: member {shown(name)} is cut short: its "
+                                   f"header says {shown(shape)} of {dtype}, {need:,} bytes, and it "
+                                   f"holds {have:,}")
+        with archive.open(info) as f:
+            return np.lib.format.read_array(f, allow_pickle=False)
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise TfmError(f"--load {path}: an array needs pickle, which tfm never loads "
+                           f"(member {shown(name)}: {e})") from None
+        raise TfmError(f"--load {path}: member {shown(name)} is not an .npy array tfm reads "
+                       f"({e})") from None
+    except (SyntaxError, RecursionError, UnicodeDecodeError) as e:   # its header's text
+        raise TfmError(f"--load {path}: member {shown(name)} is not an .npy array tfm reads "
+                       f"(its header: {type(e).__name__})") from None
 
 
 def _infer_fields(path, arrays: dict) -> dict:
@@ -128,6 +183,9 @@ def load_npz(path) -> LoadedRun:
             raise TfmError(f"--load {path}: key 'config' has an {e}") from None
         except ValueError as e:
             raise TfmError(f"--load {path}: key 'config' is not a JSON object ({e})") from None
+        except RecursionError:
+            raise TfmError(f"--load {path}: key 'config' is not a JSON object tfm reads (nested "
+                           f"too deeply)") from None
         has_config = True
     else:
         fields = _infer_fields(path, arrays)
@@ -164,7 +222,7 @@ def _task(path, arrays) -> dict | None:
         task = json.loads(str(arrays["task"][()]))
         ok = (task["task"] in TASKS and all(isinstance(task[k], int) and task[k] >= 1
                                             for k in ("n", "symbols")))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         ok = False
     if not ok:
         raise TfmError(f"--load {path}: key 'task' is not a task tfm train saved "

@@ -29,7 +29,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import gpt_neox, llama
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import need, read_json, shown
 
 NAME = "OPT"
 OFFSET = 2   # rows of embed_positions before position 0's
@@ -48,7 +48,7 @@ def read_config(folder) -> dict:
                                       ("activation_function", "layer_norm_eps"))[0]
     if config.get("word_embed_proj_dim") not in (None, d):
         raise TfmError(f"--load {path}: key 'word_embed_proj_dim' is "
-                       f"{config['word_embed_proj_dim']!r}; OPT projects its {d}-wide blocks "
+                       f"{shown(config['word_embed_proj_dim'])}; OPT projects its {d}-wide blocks "
                        f"to that width and back (project_in, project_out), which tfm does not")
     if config.get("layer_norm_elementwise_affine", True) is not True:
         raise TfmError(f"--load {path}: key 'layer_norm_elementwise_affine' is false; tfm's "

@@ -23,7 +23,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import TfmError
 from tfmcli.sources import gpt_neox, llama
-from tfmcli.sources.folder import need, read_json
+from tfmcli.sources.folder import need, read_json, shown
 
 NAME = "Phi"
 IGNORED = (".rotary_emb.inv_freq",)   # a buffer older folders hold
@@ -40,10 +40,11 @@ def read_config(folder) -> dict:
         raise TfmError(f"--load {path}: key 'qk_layernorm' is true (a layer norm of each "
                        f"head's q and k with biases), which tfm's --qk-norm does not compute")
     if config.get("head_dim") not in (None, d // H if d % H == 0 else None):
-        raise TfmError(f"--load {path}: key 'head_dim' is {config['head_dim']!r}; tfm reads "
+        raise TfmError(f"--load {path}: key 'head_dim' is {shown(config['head_dim'])}; tfm reads "
                        f"Phi's heads {d} / {H} wide")
     theta, scaling = llama.read_rope(path, config)
-    kv = config.get("num_key_value_heads")
+    kv = None if config.get("num_key_value_heads") is None else need(
+        path, config, "num_key_value_heads")
     fields = {"d_model": d, "heads": H, "layers": need(path, config, "num_hidden_layers"),
               "vocab": need(path, config, "vocab_size"),
               "d_ff": need(path, config, "intermediate_size"), "eps": eps,

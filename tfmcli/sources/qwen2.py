@@ -9,6 +9,7 @@ import functools
 
 from tfmcli.errors import TfmError
 from tfmcli.sources import llama
+from tfmcli.sources.folder import shown
 
 NAME = "Qwen2"
 
@@ -20,7 +21,8 @@ def qwen_window(path, config: dict) -> tuple:
     def from_max_window_layers(layers: int) -> list[int]:
         first = config.get("max_window_layers", 28)   # Hugging Face's default
         if isinstance(first, bool) or not isinstance(first, int):
-            raise TfmError(f"--load {path}: key 'max_window_layers' is {first!r}, not a number")
+            raise TfmError(f"--load {path}: key 'max_window_layers' is {shown(first)}, not a "
+                           f"number")
         return list(range(max(first, 0), layers))
 
     if not llama.switch(path, config, "use_sliding_window"):

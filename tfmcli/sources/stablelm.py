@@ -20,6 +20,7 @@ import functools
 
 from tfmcli.errors import TfmError
 from tfmcli.sources import llama
+from tfmcli.sources.folder import shown
 
 NAME = "StableLM"
 DEFAULTS = {"layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25}   # StableLmConfig's
@@ -34,15 +35,15 @@ def read_config(folder) -> dict:
     path, config = llama.config_of(folder, "stablelm", NAME, defaults=DEFAULTS)
     value = config.get("qk_layernorm", False)
     if value is not False:
-        raise TfmError(f"--load {path}: key 'qk_layernorm' is {value!r}; that is a layer norm of "
-                       f"each head's q and k with a gain per head, where tfm's --qk-norm shares "
-                       f"one across heads")
+        raise TfmError(f"--load {path}: key 'qk_layernorm' is {shown(value)}; that is a layer norm "
+                       f"of each head's q and k with a gain per head, where tfm's --qk-norm "
+                       f"shares one across heads")
     qkv_bias = llama.switch(path, config, "use_qkv_bias")
     fields = llama.read_fields(path, config, (False, qkv_bias, False), kv_heads=32,
                                rms_norm=False, eps_key="layer_norm_eps")
     d, H = fields["d_model"], fields["heads"]
     if fields["head_dim"] is not None:
-        raise TfmError(f"--load {path}: key 'head_dim' is {config['head_dim']!r}, and Hugging "
+        raise TfmError(f"--load {path}: key 'head_dim' is {shown(config['head_dim'])}, and Hugging "
                        f"Face's StableLM gives a head hidden_size / num_attention_heads = "
                        f"{d / H:g} dimensions in attention but head_dim in RoPE's tables; tfm "
                        f"will not guess which is meant")

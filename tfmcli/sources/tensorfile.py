@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tfmcli.errors import TfmError
+from tfmcli.sources.folder import known, shown
 
 DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
           "BF16": np.dtype("<u2")}   # bfloat16: read as its bits, widened to float32
@@ -26,7 +27,9 @@ MAX_HEADER = 100_000_000   # the format's own limit on the JSON header
 
 def read_header(path) -> tuple[dict, int]:
     """(name -> {"dtype", "shape", "data_offsets"}, the byte where the data starts); a TfmError
-    naming the file when it is not a safetensors file."""
+    naming the file (and the tensor) when it is not a safetensors file tfm reads: every entry's
+    dtype one of ``DTYPES``, its shape whole numbers, its offsets two whole numbers that hold
+    exactly its bytes, inside the file."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -42,6 +45,9 @@ def read_header(path) -> tuple[dict, int]:
         except (ValueError, UnicodeDecodeError) as e:
             raise TfmError(f"--load {path}: not a safetensors file (its header is not JSON: "
                            f"{e})") from None
+        except RecursionError:
+            raise TfmError(f"--load {path}: not a safetensors file (its header is JSON nested "
+                           f"too deeply)") from None
     if not isinstance(header, dict):
         raise TfmError(f"--load {path}: not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
@@ -51,22 +57,32 @@ def read_header(path) -> tuple[dict, int]:
     return header, data
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_entry(path, name, entry, data_size):
-    ok = (isinstance(entry, dict) and entry.get("dtype") in DTYPES
-          and isinstance(entry.get("shape"), list)
-          and all(isinstance(n, int) and n >= 0 for n in entry["shape"])
-          and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2)
-    if not ok:
-        dtype = entry.get("dtype") if isinstance(entry, dict) else None
-        what = (f"dtype {dtype!r} (tfm reads {', '.join(DTYPES)})"
-                if dtype is not None and dtype not in DTYPES else "a malformed entry")
-        raise TfmError(f"--load {path}: key {name!r} has {what}")
-    begin, end = entry["data_offsets"]
-    want = math.prod(entry["shape"]) * DTYPES[entry["dtype"]].itemsize
+    """One header entry: a dtype tfm reads, a shape of whole numbers >= 0, and data_offsets
+    [begin, end], whole numbers, whose bytes are its shape's and lie in the file."""
+    if not isinstance(entry, dict):
+        raise TfmError(f"--load {path}: key {name!r} is {shown(entry)}, not an object of dtype, "
+                       f"shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not known(dtype, DTYPES):
+        raise TfmError(f"--load {path}: key {name!r} has dtype {shown(dtype)} (tfm reads "
+                       f"{', '.join(DTYPES)})")
+    if not isinstance(shape, list) or not all(_whole(n) and n >= 0 for n in shape):
+        raise TfmError(f"--load {path}: key {name!r} has shape {shown(shape)}, not a list of "
+                       f"whole numbers >= 0")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_whole, offsets)):
+        raise TfmError(f"--load {path}: key {name!r} has data_offsets {shown(offsets)}, not two "
+                       f"whole numbers [begin, end]")
+    begin, end = offsets
+    want = math.prod(shape) * DTYPES[dtype].itemsize
     if not (0 <= begin <= end <= data_size and end - begin == want):
-        raise TfmError(f"--load {path}: key {name!r} has bytes {begin}..{end}, but its shape "
-                       f"{tuple(entry['shape'])} needs {want:,} and the file holds {data_size:,} "
-                       f"after its header (truncated?)")
+        raise TfmError(f"--load {path}: key {name!r} has bytes {shown(begin)}..{shown(end)}, but "
+                       f"its shape {shown(tuple(shape))} needs {want:,} and the file holds "
+                       f"{data_size:,} after its header (truncated?)")
 
 
 ROWS = 64   # stored rows widened and transposed at a time: a block stays in cache

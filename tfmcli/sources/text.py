@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfmcli.errors import TfmError
+from tfmcli.sources.folder import inside, one_line
 from tfmcli.sources.gpt2 import INSTALL, MissingExtra
 
 # GPT-2's byte-level BPE writes a space as "Ġ" and a newline as "Ċ"; tfm shows these instead
@@ -30,21 +31,22 @@ class Tokenizer:
         except ImportError:
             raise MissingExtra(f"--text needs the tokenizers package: {INSTALL}") from None
         folder = Path(folder)
-        if (folder / "tokenizer.json").is_file():
-            self.path = folder / "tokenizer.json"
+        whole = inside(folder, "tokenizer.json")   # (each file inside the folder, or refused)
+        if whole.is_file():
+            self.path = whole
             try:
                 self._tok = tokenizers.Tokenizer.from_file(str(self.path))
             except Exception as e:  # the package raises plain Exception for a bad file
-                raise TfmError(f"--load {self.path}: not a tokenizer ({e})") from None
-        elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-            self.path = folder / "vocab.json"
+                raise TfmError(f"--load {self.path}: not a tokenizer ({one_line(e)})") from None
+        elif all(inside(folder, name).is_file() for name in ("vocab.json", "merges.txt")):
+            vocab, merges = folder / "vocab.json", folder / "merges.txt"
+            self.path = vocab
             try:
                 from tokenizers.implementations import ByteLevelBPETokenizer
-                self._tok = ByteLevelBPETokenizer(
-                    str(folder / "vocab.json"), str(folder / "merges.txt"))
+                self._tok = ByteLevelBPETokenizer(str(vocab), str(merges))
             except Exception as e:
                 raise TfmError(f"--load {folder}: vocab.json + merges.txt are not a byte-level "
-                               f"BPE tokenizer ({e})") from None
+                               f"BPE tokenizer ({one_line(e)})") from None
         else:
             raise FileNotFoundError(folder)
 
