@@ -709,8 +709,8 @@ def test_seeded_tokens_show_the_t_plus_one_ids_drawn():
     """Issue 58: tokens 1 4 6 4 and targets 4 6 4 6: the last 6 came from a fifth id drawn,
     which no line showed."""
     text = ok("forward", "--seed", "1000").stdout
-    assert "│ row 0 T+1 ids  1 4 6 4 6 " in text
-    assert "T+1 ids" not in ok("forward", "--tokens", "3,1,4,1,5").stdout
+    assert "│ row 0 drawn    1 4 6 4 6  (T + 1 ids: the tokens, then the last target) " in text
+    assert "drawn" not in ok("forward", "--tokens", "3,1,4,1,5").stdout
 
 
 def test_attn_query_shows_no_number_of_a_hidden_key():

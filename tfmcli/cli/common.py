@@ -271,7 +271,8 @@ def describe(cfg, run=None, row: int = 0, arch: str | None = None) -> dict:
         rows[f"row {row} targets"] = render.token_line(run.target_labels(row))
         if run.tokens_from == f"seed {cfg.seed}":   # make_inputs: T + 1 ids, shifted by one
             drawn = [*map(str, run.inputs.tokens[row]), str(run.inputs.targets[row, -1])]
-            rows[f"row {row} T+1 ids"] = render.token_line(drawn)
+            rows[f"row {row} drawn"] = (f"{render.token_line(drawn)}  (T + 1 ids: the tokens, "
+                                        f"then the last target)")
     return rows
 
 
