@@ -19,7 +19,7 @@ ARCHS = {
                            bias=False),
     "parallel": dict(parallel_residual=True, pe="rope", activation="gelu"),
     "post-ln": dict(norm="post"),
-    "sandwich": dict(sandwich_norm=True, rms_norm=True, activation="geglu"),
+    "sandwich": dict(sandwich_norm=True, rms_norm=True, activation="geglu", qk_norm=True),
     "softcaps-alibi": dict(attn_softcap=2.0, logit_softcap=3.0, pe="alibi", heads=2),
 }
 SIZES = dict(batch=2, seq_len=4, d_model=8, heads=2, vocab=11, layers=2, d_ff=16)
@@ -79,6 +79,10 @@ def test_every_cell_holds_or_names_the_intervention(arch, kind, cfg, params, inp
                 assert x.changed and all(c in fwd.caches["plan"].described for c in x.changed)
                 assert f"changed by {x.changed[0]}" in "\n".join(x.text())
     assert explained > 300
+    # every activation's cells have a rule (the walk above checked each against the record)
+    ruled = {name for name in fwd.acts if explain_value(
+        run, fwd, name, (0,) * fwd.acts[name].ndim, name).claimed is not None}
+    assert set(fwd.acts) - ruled == set(), set(fwd.acts) - ruled
     if kind in ("zero", "set", "scale") and cfg.norm == "pre" or kind == "set-read":
         assert named >= 1, "the intervened cells are explained as changed"
 

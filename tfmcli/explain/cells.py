@@ -133,7 +133,8 @@ def _rule(run, fwd, values, name, index, recorded):
                        f"{source.split('.', 2)[-1]}",
                        f"  {a:+.6f}{_plus(b)} = {a + b:+.6f}",
                        "Enter: the sublayer's output"], [before, source], []
-    if re.fullmatch(r"(blocks\.\d+\.)?(ln1|ln2|ln1_post|ln2_post|ln_f|ln_embed)\.out", name):
+    if re.fullmatch(r"(blocks\.\d+\.)?(ln1|ln2|ln1_post|ln2_post|ln_f|ln_embed|attn\.q_norm|"
+                    r"attn\.k_norm)\.out", name):
         return _norm(cfg, run.params, values, name, index)
     if name == "probs":
         logits = values["logits"][index[:2]]
@@ -142,13 +143,106 @@ def _rule(run, fwd, values, name, index, recorded):
         return claimed, ["p_v = exp(z_v - max) / sum_w exp(z_w - max)",
                          f"  z_v = {logits[index[2]]:+.6f}, max = {logits.max():+.6f}",
                          "Enter: the logits"], ["logits"], []
-    return _made(run, values, name, index)
+    return _made(run, values, name, index) or _carried(run, values, name, index)
+
+
+def attention_input(cfg, prefix: str) -> str:
+    """What block ``prefix``'s attention reads: ln1's output, or (Post-LN) the block's input."""
+    return prefix + ("in" if cfg.norm == "post" else "ln1.out")
+
+
+def _carried(run, values, name, index):
+    """The cells a block's attention makes a head at a time (q, k, v, their RoPE turn, the
+    context), what flows between blocks (a block's input and output), the positions' rows and
+    capped logits."""
+    cfg, P = run.cfg, run.params
+    m = re.fullmatch(r"(blocks\.(\d+)\.)(attn\.(q|k|v|q_rot|k_rot|context)|in|out)", name)
+    if m and m[4] in ("q", "k", "v"):   # x . W[:, h d_head + j] + b
+        b, h, t, j = index
+        x_name = attention_input(cfg, m[1])
+        column = h * cfg.d_head + j
+        W, bias = P[m[1] + f"attn.W_{m[4].upper()}"], P.get(m[1] + f"attn.b_{m[4].upper()}")
+        x = values[x_name][b, t]
+        dot = float(x @ W[:, column])
+        made = dot + (0.0 if bias is None else float(bias[column]))
+        return made, [f"= {x_name.split('.', 2)[-1]}[{b}, t{t}] . W_{m[4].upper()}[:, {column}]"
+                      + (" + b" if bias is not None else "") + f"  (head {h}'s column {j})",
+                      f"  = {dot:+.6f}" + (_plus(float(bias[column])) if bias is not None
+                                           else "")], [x_name], []
+    if m and m[4] in ("q_rot", "k_rot"):   # x_j cos + rotate_half(x)_j sin
+        from tfmcli.engine.blocks import rope_for
+
+        b, h, t, j = index
+        which = m[4][0]
+        source = m[1] + (f"attn.{which}_norm.out" if cfg.qk_norm else f"attn.{which}")
+        x = values[source][b, h, t]
+        cos, sin = rope_for(cfg, values[source].shape[2], int(m[2]))
+        n = cos.shape[-1]
+        if j >= n:
+            return float(x[j]), [f"= {source.split('.', 2)[-1]}[..., {j}]: past the rotary "
+                                 f"dims ({n}), not turned"], [source], []
+        partner = j + n // 2 if j < n // 2 else j - n // 2
+        turned = -x[partner] if j < n // 2 else x[partner]
+        made = float(x[j] * cos[t, j] + turned * sin[t, j])
+        return made, [f"RoPE at position {t}: x_{j} cos + rotate_half(x)_{j} sin",
+                      f"  = {x[j]:+.6f} x {cos[t, j]:.6f}{_plus(float(turned))} x "
+                      f"{sin[t, j]:+.6f}", f"  (rotate_half(x)_{j} = "
+                      f"{'-' if j < n // 2 else ''}x_{partner})"], [source], []
+    if m and m[4] == "context":   # sum_k p_k v_k, head h's slice
+        b, t, column = index
+        h, j = divmod(column, cfg.d_head)
+        pattern = values[m[1] + "attn.pattern"][b, h, t]
+        v = values[m[1] + "attn.v"][b, h // cfg.group, :, j]
+        seen = np.nonzero(pattern)[0]
+        made = float(pattern @ v)
+        terms = " ".join(f"{pattern[k]:.4f}x{v[k]:+.4f}" for k in seen[:6])
+        return made, [f"= sum_k p_k v_k  (head {h}, column {j} of its values)",
+                      f"  = {terms}{' ...' if len(seen) > 6 else ''}"],\
+            [m[1] + "attn.pattern", m[1] + "attn.v"], []
+    if m and m[3] == "in":
+        i = int(m[2])
+        if i:
+            source = f"blocks.{i - 1}.out"
+            return float(values[source][index]), [f"= {source}: the previous block's output"
+                                                  ], [source], []
+        if cfg.embed_norm:
+            return float(values["ln_embed.out"][index]), ["= ln_embed.out"], ["ln_embed.out"], []
+        e = float(values["embed"][index])
+        if "pe" not in values:
+            return e, ["= embed (the positions are turned into q and k, or none)"], ["embed"], []
+        pe = float(values["pe"][index[1:]])
+        return e + pe, ["= embed + pe", f"  = {e:+.6f}{_plus(pe)}"], ["embed", "pe"], []
+    if m and m[3] == "out":
+        source = m[1] + ("ln2.out" if cfg.norm == "post" else "resid2")
+        return float(values[source][index]), [f"= {source.split('.', 2)[-1]}: the block's last "
+                                              f"sum"], [source], []
+    if name == "pe":
+        t, j = index
+        if cfg.pe == "learned":
+            return float(P["embed.W_pos"][t, j]), [f"= W_pos[{t}, {j}] (learned)"], \
+                ["embed.W_pos"], []
+        angle = float(positional.angles(t, cfg.d_model)[j])
+        made = float(np.sin(angle) if j % 2 == 0 else np.cos(angle))
+        return made, [f"= {'sin' if j % 2 == 0 else 'cos'}({t} / 10000^({2 * (j // 2)}/"
+                      f"{cfg.d_model})) = {'sin' if j % 2 == 0 else 'cos'}({angle:.6f})"], [], []
+    if name == "logits":   # capped: c tanh(z / c)
+        source = "ln_f.out" if "ln_f.out" in values else f"blocks.{cfg.layers - 1}.out"
+        x = values[source][index[:2]]
+        W_U = P["embed.W_E"].T if cfg.tied_head else P["head.W_U"]
+        z = float(x @ W_U[:, index[2]]) + (float(P["head.b_U"][index[2]]) if cfg.head_bias
+                                           else 0.0)
+        c = cfg.logit_softcap
+        made = float(ops.softcap_forward(np.array(z), c))
+        return made, [f"= {c:g} tanh(z / {c:g}), z = h . W_U[:, {index[2]}]"
+                      + (" + b_U" if cfg.head_bias else ""), f"  z = {z:+.6f}"], [source], []
+    return None
 
 
 def _score(cfg, values, name, index, recorded):
     base = name[:-len("scores")]
-    q_name, k_name = (base + "q_rot", base + "k_rot") if cfg.pe == "rope" else (base + "q",
-                                                                                 base + "k")
+    # the queries and keys the scores took: turned (RoPE), else normed (qk_norm), else made
+    q_name, k_name = (base + f"{w}_rot" if cfg.pe == "rope" else base + f"{w}_norm.out"
+                      if cfg.qk_norm else base + w for w in "qk")
     if not np.isfinite(recorded):
         return -np.inf, ["hidden by the mask: -inf before the softmax"], [], []
     q = values[q_name][index[0], index[1], index[2]]
@@ -188,6 +282,8 @@ def norm_input(cfg, name: str) -> str:
         return f"blocks.{cfg.layers - 1}.out"
     if name == "ln_embed.out":
         return "embed"
+    if name.endswith(("q_norm.out", "k_norm.out")):   # each head's q or k, over its d_head
+        return name[:-len("_norm.out")]
     p, part = name.rsplit(".", 2)[0] + ".", name.rsplit(".", 2)[-2]
     if part.endswith("_post"):
         return p + ("attn.out" if part == "ln1_post" else "ffn.out")
