@@ -177,3 +177,32 @@ def test_the_views_by_hand_name_what_changed_the_run(args, said):
                          r"\d\.\de[-+]\d\d", text)
     else:
         assert said in text
+
+
+@pytest.mark.parametrize("args, said", [
+    (["ln", "--ablate", "blocks.0.ln1.out[0, 0]"],
+     "differs from this by 1.4e+00: ablate blocks.0.ln1.out[0, 0] changed the run"),
+    (["ffn", "--set", "blocks.0.ffn.act[0, 0]=1"],
+     "differ from these by 1.1e+00: set blocks.0.ffn.act[0, 0] = 1 changed the run"),
+    (["loss", "-t", "1", "--scale", "logits[0, 1]=2"],
+     "dlogits differs from the backward pass's own by 4.0e-02: scale logits[0, 1] x 2 changed"),
+    (["embed", "--ablate", "embed[0, 0]"],
+     "dW_E[1] differs from the backward pass's by 1.5e-01: ablate embed[0, 0] changed the run"),
+])
+def test_every_part_by_hand_names_what_changed_the_run(args, said):
+    from helpers import ok
+
+    assert said in " ".join(ok(*args).stdout.split())
+
+
+def test_embeds_central_differences_run_the_changed_model():
+    """The check of dW_E ran the model without the run's interventions, 3.0e-01 off the
+    backward, which goes through the changed graph: now both are of the changed model, so
+    they are the same distance from the by-hand sum (which counts the ablated position)."""
+    import json
+
+    from helpers import ok
+
+    data = json.loads(ok("embed", "--ablate", "embed[0, 0]", "--json").stdout)
+    assert data["dW_E_model_diff"] > 0.1   # the ablated position passes no gradient
+    assert data["dW_E_numeric_diff"] == pytest.approx(data["dW_E_model_diff"], abs=1e-8)

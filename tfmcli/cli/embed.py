@@ -77,10 +77,18 @@ def embed(
     cfg = run.cfg
     entries = CHECKED if sizes.flops(cfg)[0] <= LARGE else CHECKED_LARGE
     x = explain(run.params, fwd, grads, cfg, row, position, entries)
-    forward_off = float(np.abs(fwd.acts["embed"][row, position] - x.scale * x.w_e).max())
+    from tfmcli.explain.cells import agreement
+
+    mine, own = [x.scale * x.w_e], [fwd.acts["embed"][row, position]]
     if x.pe is not None:
-        forward_off = max(forward_off, float(np.abs(fwd.acts["pe"][position] - x.pe).max()))
-    dw_e_off = float(np.abs(grads["embed.W_E"][x.token] - x.dw_e).max())
+        mine, own = mine + [x.pe], own + [fwd.acts["pe"][position]]
+    forward_check = agreement(fwd, "the model's own lookup (embed)" + (
+        " and positions (pe)" if x.pe is not None else ""), np.concatenate(mine),
+        np.concatenate(own), ["embed", "pe"])
+    # an embedding changed passes no gradient (or a scaled one) back to W_E's row
+    dw_e_check = agreement(fwd, f"dW_E[{x.token}]", x.dw_e, grads["embed.W_E"][x.token],
+                           ["embed", "pe", "blocks.0.in"])
+    forward_off, dw_e_off = forward_check.off, dw_e_check.off
     dw_e_numeric_off = float(np.abs(x.numeric_dw_e - x.dw_e[x.checked]).max())
     dw_pos_off = dw_pos_numeric_off = None
     if x.dw_pos is not None:
@@ -142,9 +150,8 @@ def embed(
         views += [
             table(rows, "angle: t / 10000^(2i/d) for columns 2i and 2i+1"
                   if x.angle is not None else None),
-            Text("the model's own lookup (embed)" + (" and positions (pe) differ from these"
-                                                     if x.pe is not None else " differs from it")
-                 + f" by {forward_off:.1e}", style="dim"),
+            Text(forward_check.sentence("differ from these" if x.pe is not None
+                                        else "differs from it"), style="dim"),
             Text(f"backward: dW_E[{x.token}] sums dx0 over every position that holds the "
                  f"token" + (", times sqrt(d)" if scaled else ""), style="bold"),
             Text(f"the lookup copied row {x.token} to {n} position{'s' * (n > 1)} of the "
@@ -166,9 +173,9 @@ def embed(
         checked = ("every entry" if x.checked.size == cfg.d_model else
                    f"the {x.checked.size} entries with the largest gradient")
         views.append(Text(
-            f"dW_E[{x.token}] differs from the backward pass's by {dw_e_off:.1e}, and from "
-            f"central differences of the loss (the whole model again, in float64; {checked}) "
-            f"by {dw_e_numeric_off:.1e}", style="dim"))
+            dw_e_check.sentence("differs from the backward pass's") + ", and from central "
+            f"differences of the loss (the whole model again, in float64; {checked}) by "
+            f"{dw_e_numeric_off:.1e}", style="dim"))
         if x.dw_pos is not None:
             views += [
                 Text(f"dW_pos[{position}] sums dx0 at position {position} over the batch "

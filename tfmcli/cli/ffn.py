@@ -88,11 +88,17 @@ def ffn(
     gated = x.gate is not None   # SwiGLU, GeGLU
     forward_mine = {"pre": x.pre, "act": x.hidden, "out": x.out,
                     **({"gate": x.gate} if gated else {})}
-    forward_off = max(float(np.abs(fwd.acts[p + name][row, position] - value).max())
-                      for name, value in forward_mine.items())
+    from tfmcli.explain.cells import agreement
+
+    def beside(mine: dict, tensors, what: str):   # the working beside the run's own
+        return agreement(fwd, what, np.concatenate(list(mine.values())),
+                         np.concatenate([tensors[p + name][row, position] for name in mine]),
+                         [p + name for name in forward_mine])
+
     backward_mine = {"act": x.dhidden, "pre": x.dpre, **({"gate": x.dgate} if gated else {})}
-    backward_off = max(float(np.abs(grads.acts[p + name][row, position] - value).max())
-                       for name, value in backward_mine.items())
+    backward_check = beside(backward_mine, grads.acts, "dhidden, dpre and dgate" if gated
+                            else "dhidden and dpre")
+    backward_off = backward_check.off
     slope_off = float(np.abs(x.numeric_slope - x.slope).max())
     dx_off = float(np.abs(x.numeric_dx - x.dx).max())
     token = run.token_labels(row)[position]
@@ -101,6 +107,8 @@ def ffn(
     slope_name = f"{unit}'(gate)" if gated else f"{act}'(pre)"
     mine_names = ("ffn.gate, ffn.pre, ffn.act and ffn.out" if gated else
                   "pre, act and out (ffn.pre, ffn.act, ffn.out)")
+    forward_check = beside(forward_mine, fwd.acts, f"the model's own {mine_names}")
+    forward_off = forward_check.off
 
     def b(name):   # the bias term of a formula, in a model whose FFN has biases
         return f" + b_{name}" if cfg.ffn_biased else ""
@@ -153,17 +161,16 @@ def ffn(
                                                                f"row {row}, position {position}"),
             *(gated_forward() if gated else plain_forward()),
             table({"out": x.out}),
-            Text(f"the model's own {mine_names} differ from these by "
-                 f"{forward_off:.1e}", style="dim"),
+            Text(forward_check.sentence("differ from these"), style="dim"),
             Text("backward: dout = d loss / d out, from the backward pass", style="bold"),
             Text("dhidden = dout W_2^T"),
             Text(slope_formula),
             *(gated_backward() if gated else plain_backward()),
             table({"dx": x.dx}),
-            Text(f"{'dhidden, dpre and dgate' if gated else 'dhidden and dpre'} differ from the "
-                 f"backward pass's own by {backward_off:.1e}; {slope_name} from central "
-                 f"differences of {unit} by {slope_off:.1e}; dx from central differences of "
-                 f"sum(dout * FFN(x)) by {dx_off:.1e}", style="dim"),
+            Text(backward_check.sentence("differ from the backward pass's own")
+                 + f"; {slope_name} from central differences of {unit} by {slope_off:.1e}; dx "
+                 f"from central differences of sum(dout * FFN(x)) by {dx_off:.1e}",
+                 style="dim"),
             Text(weight_parts(gated, cfg.ffn_biased), style="bold")]
         if not x.dout.any():
             views.append(Text(f"dout is 0 here: position {position} of row {row} adds nothing "

@@ -91,8 +91,11 @@ def ln(
                               held=lambda run: block_tensors(run.cfg, here))
     cfg = run.cfg
     x = explain(run.params, fwd, grads.acts[name + ".out"], cfg, name, row, position)
-    model_y = fwd.acts[name + ".out"][row, position]
-    y_off = float(np.abs(model_y - x.y).max())
+    from tfmcli.explain.cells import agreement
+
+    y_check = agreement(fwd, f"the model's own y ({name}.out)", x.y,
+                        fwd.acts[name + ".out"][row, position], [name + ".out"])
+    y_off = y_check.off
     dx_off = float(np.abs(x.numeric_dx - x.dx).max())
     token = run.token_labels(row)[position]
 
@@ -109,8 +112,7 @@ def ln(
             Text(f"mean(x^2) = sum(x^2) / {d} = {x.var:.{precision + 4}g};  sqrt(mean(x^2) + "
                  f"eps) = {x.std:.{precision + 4}g}  (eps {cfg.eps:g})"),
             table({"x": x.x, "xhat": x.xhat, "gamma": x.gamma, "y": x.y}),
-            Text(f"the model's own y ({name}.out) differs from this by {y_off:.1e}",
-                 style="dim"),
+            Text(y_check.sentence(), style="dim"),
             Text("backward: dy = d loss / d y, from the backward pass; dxhat = dy * gamma",
                  style="bold"),
             Text(f"m2 = mean(dxhat * xhat) = {x.mean_dxhat_xhat:.{precision + 4}g}  (no m1 = "
@@ -132,8 +134,7 @@ def ln(
                  f"{x.std:.{precision + 4}g}  (eps {cfg.eps:g})"),
             table({"x": x.x, "x - mean": x.centred, "xhat": x.xhat, "gamma": x.gamma,
                    **beta, "y": x.y}),
-            Text(f"the model's own y ({name}.out) differs from this by {y_off:.1e}",
-                 style="dim"),
+            Text(y_check.sentence(), style="dim"),
             Text("backward: dy = d loss / d y, from the backward pass; dxhat = dy * gamma",
                  style="bold"),
             Text(f"m1 = mean(dxhat) = {x.mean_dxhat:.{precision + 4}g};  m2 = mean(dxhat * "

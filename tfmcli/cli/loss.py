@@ -60,10 +60,18 @@ def loss(
     run, fwd, grads = execute(opts, with_grads=True, validate=validate, keep=lambda run: set())
     cfg = run.cfg
     x = explain(run.params, fwd, cfg, row, position)
-    forward_off = max(float(np.abs(fwd.acts[name][row, position] - mine).max())
-                      for name, mine in (("logits", x.logits), ("probs", x.probs)))
-    dlogits_off = float(np.abs(grads.acts["logits"][row, position] - x.dlogits).max())
-    dh_off = float(np.abs(grads.acts[input_name(cfg)][row, position] - x.dh).max())
+    from tfmcli.explain.cells import agreement
+
+    forward_check = agreement(
+        fwd, "the model's own logits and probs", np.concatenate([x.logits, x.probs]),
+        np.concatenate([fwd.acts[name][row, position] for name in ("logits", "probs")]),
+        ["logits"])
+    # the head's output changed: its gradients no longer follow from the softmax alone
+    dlogits_check = agreement(fwd, "dlogits", x.dlogits, grads.acts["logits"][row, position],
+                              ["logits"])
+    dh_check = agreement(fwd, "dh", x.dh, grads.acts[input_name(cfg)][row, position],
+                         ["logits"])
+    forward_off, dlogits_off, dh_off = forward_check.off, dlogits_check.off, dh_check.off
     dh_numeric_off = float(np.abs(x.numeric_dh - x.dh).max())
     token = run.token_labels(row)[position]
     ids = shown_ids(x.probs, x.target, top, WHOLE)
@@ -104,8 +112,7 @@ def loss(
                  f"{x.total:.{precision + 4}g}"),
             vocab_table({**({"z": x.z} if cap is not None else {}), "logits": x.logits,
                          "logits - max": x.shifted, "exp": x.exps, "p": x.probs}, columns),
-            Text(f"the model's own logits and probs differ from these by {forward_off:.1e}",
-                 style="dim")]
+            Text(forward_check.sentence("differ from these"), style="dim")]
         if x.target is not None:
             views += [
                 Text(f"-log {p} = log(sum) - (logits[target] - max) = "
@@ -123,9 +130,10 @@ def loss(
                                              if cfg.tied_head else "")),
                 render.tensor_table(x.dh[None, :], row_labels=["dh"], precision=precision,
                                     width=width(), full=x.dh.size <= WHOLE),
-                Text(f"dlogits differs from the backward pass's own by {dlogits_off:.1e}; dh "
-                     f"from its gradient of {input_name(cfg)} by {dh_off:.1e}, and from "
-                     f"central differences of -log {p} / N by {dh_numeric_off:.1e}",
+                Text(dlogits_check.sentence("differs from the backward pass's own")
+                     + "; " + dh_check.sentence(f"from its gradient of {input_name(cfg)}")
+                     + f", and from central differences of -log {p} / N by "
+                     f"{dh_numeric_off:.1e}",
                      style="dim"),
                 Text("this position's part of " + (f"W_E's gradient is {dz}^T h (V x d)"
                                                     if cfg.tied_head else

@@ -385,10 +385,11 @@ class Agreement:
     off: float
     scale: float
     changed: tuple[str, ...]
+    tolerance: float = HOLDS   # of the scale: central differences hold to about 1e-6
 
     @property
     def holds(self) -> bool:
-        return self.off <= HOLDS * max(self.scale, np.finfo(np.float64).tiny)
+        return self.off <= self.tolerance * max(self.scale, np.finfo(np.float64).tiny)
 
     def sentence(self, differs: str = "differs from this") -> str:
         """'the model's own ... differs from this by 1.1e-16', and where it does by more than
@@ -402,10 +403,11 @@ class Agreement:
         return f"{said}: more than rounding, a bug in tfm (please report it)"
 
 
-def agreement(fwd, what: str, mine, recorded, derives: Iterable[str]) -> Agreement:
+def agreement(fwd, what: str, mine, recorded, derives: Iterable[str],
+              tolerance: float = HOLDS) -> Agreement:
     """``mine`` (a view's working) against ``recorded`` (the run's own), naming the
     interventions on ``derives``: the tensors the working computes again."""
     mine, recorded = np.asarray(mine, dtype=np.float64), np.asarray(recorded, dtype=np.float64)
     off = float(np.abs(mine - recorded).max()) if recorded.size else 0.0
     scale = float(np.abs(recorded).max()) if recorded.size else 0.0
-    return Agreement(what, off, scale, interventions_on(fwd, derives))
+    return Agreement(what, off, scale, interventions_on(fwd, derives), tolerance)

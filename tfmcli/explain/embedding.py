@@ -99,7 +99,8 @@ def explain(params: dict, fwd: Forward, grads: Gradients, cfg: Config, row: int,
             kept = weights[checked].copy()
             weights[checked] = values
             try:
-                return unchecked_forward(work, fwd.inputs, cfg64).loss
+                return unchecked_forward(work, fwd.inputs, cfg64,
+                                         plan=fwd.caches.get("plan")).loss   # (changed alike)
             finally:
                 weights[checked] = kept
 
