@@ -206,3 +206,26 @@ def test_embeds_central_differences_run_the_changed_model():
     data = json.loads(ok("embed", "--ablate", "embed[0, 0]", "--json").stdout)
     assert data["dW_E_model_diff"] > 0.1   # the ablated position passes no gradient
     assert data["dW_E_numeric_diff"] == pytest.approx(data["dW_E_model_diff"], abs=1e-8)
+
+
+VIEWS = [["attn", "--query", "2", "--backward"], ["attn", "--backward", "--head", "1"],
+         ["ln"], ["ln", "--layer", "ln2", "-t", "2"], ["ffn", "-t", "2"], ["loss", "-t", "2"],
+         ["embed", "-t", "2"], ["block", "-t", "2"]]
+CHANGES = [[], ["--ablate", "blocks.0.attn.pattern[0, 1, 2, 1]"],
+           ["--ablate", "blocks.0.ffn.act", "--ablate-with", "mean"],
+           ["--set", "blocks.0.resid1[0, 2]=0.5"], ["--scale", "blocks.0.attn.head1=3"],
+           ["--scale", "logits[0, 2]=2"], ["--ablate", "embed[0, 2]"],
+           ["--patch", "blocks.0.ln1.out", "--from-tokens", "2,7,1,6,2"]]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: " ".join(c) or "none")
+@pytest.mark.parametrize("view", VIEWS, ids=" ".join)
+def test_no_view_by_hand_shows_a_difference_it_cannot_explain(view, change):
+    """Every line that holds a view's working against the run's own either holds, or names
+    the intervention that changed the run; none says 'a bug in tfm'."""
+    from helpers import ok
+
+    text = " ".join(ok(*view, "--tokens", "3,1,4,1,5", "-L", "2", *change).stdout.split())
+    assert "a bug in tfm" not in text
+    if not change:
+        assert "changed the run" not in text

@@ -54,6 +54,7 @@ def attn(
 
     Example: tfm attn --example illustrated
     """
+    from tfmcli.explain.cells import agreement
     from tfmcli.explain.steps import (
         illustrated_steps,
         model_head_backward_steps,
@@ -124,10 +125,12 @@ def attn(
                      for h in range(shared * cfg.group, (shared + 1) * cfg.group)]
             for name in SHARED_GRADS & set(values):
                 values[name] = sum(steps_of[name] for steps_of in group)
-        off = max(float(np.abs(values[name] - grads.acts[p + own[name]][
-                  row, shared if name in SHARED_GRADS else head]).max())
-                  for name in values if name in own)
         checked = [s.name for s in back if s.name in own]
+
+        off = agreement(fwd, f"{', '.join(checked[:-1])} and {checked[-1]}", np.concatenate(
+            [values[name].ravel() for name in checked]), np.concatenate(
+            [grads.acts[p + own[name]][row, shared if name in SHARED_GRADS else head].ravel()
+             for name in checked]), [f"blocks.{block}.{part}" for part in HEAD_PARTS])
         parts.append(Text("backward, from the gradient of this head's context", style="bold"))
         parts += render_steps(back, precision, queries, keys, start=len(steps) + 1)
         if cfg.group > 1:
@@ -136,8 +139,8 @@ def attn(
                               f"{head}'s share: key head {shared}'s gradients are the sums over "
                               f"query heads {sharing(cfg, head)}, and those sums are checked",
                               style="dim"))
-        parts.append(Text(f"{', '.join(checked[:-1])} and {checked[-1]} differ from the backward "
-                          f"pass's own gradients by at most {off:.1e}", style="dim"))
+        parts.append(Text(off.sentence("differ from the backward pass's own gradients",
+                                       by="by at most"), style="dim"))
         payload["backward_steps"] = [{"name": s.name, "formula": s.formula,
                                       "value": jsonable(s.value)} for s in back]
         payload["backward_model_diff"] = off
@@ -158,6 +161,9 @@ def refuse_model_options(opts):
 VECTORS = {"X", "Q", "K", "V", "Q_norm", "K_norm", "Q_rot", "K_rot", "context", "dcontext",
            "dV", "dQ", "dK", "dQ_rot", "dK_rot", "dQ_norm", "dK_norm"}   # rows of features
 KEY_ROWS = {"K", "V", "K_norm", "K_rot", "dK", "dV", "dK_rot", "dK_norm"}   # one row per key
+# what a head's working derives again: an intervention on one explains a difference
+HEAD_PARTS = ("attn.q", "attn.k", "attn.v", "attn.q_rot", "attn.k_rot", "attn.q_norm.out",
+              "attn.k_norm.out", "attn.scores", "attn.pattern", "attn.context")
 SHARED_GRADS = {"dK", "dV", "dK_rot", "dK_norm"}   # grouped: a key head's, summed over its
 #                                                   query heads
 
@@ -272,22 +278,25 @@ def explain_one_query(opts, run, fwd, grads, block, head, row, t, precision):
         model = {name: grads.acts[p + act][row, head, t]
                  for name, act in (("dq", scored(cfg, "q")), ("dscaled", "scores"))}
         softmax_in = xb.dscaled if xb.dcapped is None else xb.dcapped   # the softmax's input's
-        offs = {"dscaled": float(np.abs(model["dscaled"] - softmax_in).max()),
-                "dq": float(np.abs(model["dq"] - xb.dq).max()),
-                "dq_numeric": float(np.abs(xb.numeric_dq - xb.dq).max())}
+        dname = "dscaled" if xb.dcapped is None else "dcapped"
+        parts_of = [f"blocks.{block}.{part}" for part in HEAD_PARTS]   # (changed: said so)
+        offs = {"dscaled": agreement(fwd, f"the backward pass's own {dname} row (attn.scores)",
+                                     softmax_in, model["dscaled"], parts_of),
+                "dq": agreement(fwd, "dq", xb.dq, model["dq"], parts_of),
+                "dq_numeric": agreement(fwd, "", xb.numeric_dq, xb.dq, parts_of, 1e-6)}
         before = "q_norm.out" if cfg.qk_norm else "q"   # what RoPE turned
         if rope:
-            offs["dq_turned_back"] = float(np.abs(grads.acts[p + before][row, head, t]
-                                                  - xb.dq_turned_back).max())
+            offs["dq_turned_back"] = agreement(fwd, "it", xb.dq_turned_back,
+                                               grads.acts[p + before][row, head, t], parts_of)
         parts += query_backward_parts(xb, x, keys, seen, shown, dims, offs, table,
                                       precision, row, t, q_name, "attn." + before,
                                       scale_name(cfg))
         payload["backward"] = {
             "dcontext": xb.dcontext.tolist(), "weighted_sum": xb.weighted_sum,
-            "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"],
-            "dq_numeric_diff": offs["dq_numeric"], "dscaled_model_diff": offs["dscaled"],
+            "dq": xb.dq.tolist(), "dq_model_diff": offs["dq"].off,
+            "dq_numeric_diff": offs["dq_numeric"].off, "dscaled_model_diff": offs["dscaled"].off,
             **({"dq_turned_back": xb.dq_turned_back.tolist(),
-                "dq_turned_back_model_diff": offs["dq_turned_back"]} if rope else {}),
+                "dq_turned_back_model_diff": offs["dq_turned_back"].off} if rope else {}),
             "keys": [{"position": s, "dweight": float(xb.dweights[s]),
                       "dscaled": float(xb.dscaled[s]), "dscore": float(xb.dscores[s]),
                       **({"dcapped": float(xb.dcapped[s]), "slope": float(xb.slope[s])}
@@ -332,19 +341,18 @@ def query_backward_parts(xb, x, keys, seen, shown, dims, offs, table, precision,
         render.record_table(["key", "weight", "dweight", "dweight - S", dname,
                              *(["slope"] if capped else []), "dscore"], softmax_rows,
                             precision=precision),
-        Text(f"the backward pass's own {dname} row (attn.scores) differs by "
-             f"{offs['dscaled']:.1e}", style="dim"),
+        Text(offs["dscaled"].sentence("differs"), style="dim"),
         Text("8. dscore x k, and their sum: dq", style="bold"),
         table(np.vstack([xb.dq_parts[seen], xb.dq]), None,
               [f"ds·k {k}" for k in shown] + ["Σ dq"], dims),
-        Text(f"dq differs from the backward pass's own ({q_name}) by "
-             f"{offs['dq']:.1e}, from central differences of sum(dcontext * context) by "
-             f"{offs['dq_numeric']:.1e}", style="dim"),
+        Text(offs["dq"].sentence(f"differs from the backward pass's own ({q_name})") + ", "
+             + offs["dq_numeric"].sentence("from central differences of sum(dcontext * "
+                                           "context)"), style="dim"),
         *([Text(f"8b. RoPE's turn back at position {t}: dq cos - rotate_half(dq) sin, the "
                 f"gradient of q before its turn", style="bold"),
            table(xb.dq_turned_back[None, :], None, ["dq before"], dims),
-           Text(f"it differs from the backward pass's own ({before}) by "
-                f"{offs['dq_turned_back']:.1e}", style="dim")] if rope else []),
+           Text(offs["dq_turned_back"].sentence(f"differs from the backward pass's own "
+                                                f"({before})"), style="dim")] if rope else []),
         Text("9. this query's share of each key's gradients: dk += dscore x q, dv += weight x "
              "dcontext (every query's shares sum to the backward's dk and dv)", style="bold"),
         table(np.column_stack([xb.dk_share[seen], xb.dv_share[seen]]), None, shown,

@@ -391,10 +391,10 @@ class Agreement:
     def holds(self) -> bool:
         return self.off <= self.tolerance * max(self.scale, np.finfo(np.float64).tiny)
 
-    def sentence(self, differs: str = "differs from this") -> str:
+    def sentence(self, differs: str = "differs from this", by: str = "by") -> str:
         """'the model's own ... differs from this by 1.1e-16', and where it does by more than
         rounding, why: the intervention that changed it, or a bug."""
-        said = f"{self.what} {differs} by {self.off:.1e}"
+        said = f"{self.what} {differs}".strip() + f" {by} {self.off:.1e}"
         if self.holds:
             return said
         if self.changed:
