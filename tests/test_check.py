@@ -100,6 +100,8 @@ def test_each_row_says_what_rounding_acts_on():
     assert rows["loss"].scale == pytest.approx(fwd.loss, rel=1e-12)
     assert rows["logits"].scale == pytest.approx(abs(fwd.acts["logits"]).max(), rel=1e-12)
     assert rows["grad blocks.0.attn.b_K"].scale == pytest.approx(largest, rel=1e-12)
+    assert rows["grad logits"].scale == pytest.approx(abs(grads.acts["logits"]).max(), rel=1e-12)
+    assert rows["grad logits"].scale < largest / 2   # made first, from P and Y: its own size
     assert abs(grads["blocks.0.attn.b_K"]).max() < 1e-12 * largest
     b_K = rows["grad blocks.0.attn.b_K"]
     assert b_K.rel == pytest.approx(b_K.diff / (1e-6 * largest), rel=1e-12)   # over the floor

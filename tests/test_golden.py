@@ -154,6 +154,14 @@ def test_noise_is_held_to_its_bound_and_a_mistake_is_not_noise():
     changed["dx_numeric_diff"] = 1e-4
     with pytest.raises(AssertionError, match="dx_numeric_diff"):
         assert_close(changed, stored, "toy-ln")
+    stored = json.loads((golden.GOLDEN / "toy-ffn.json").read_text())["out"]
+    assert stored["forward_model_diff"] < 1e-15   # float64 computed twice: to 1e-12
+    changed = json.loads(json.dumps(stored))
+    changed["forward_model_diff"] = stored["forward_model_diff"] * 1.7
+    assert_close(changed, stored, "toy-ffn")
+    changed["forward_model_diff"] = 1e-10
+    with pytest.raises(AssertionError, match="forward_model_diff"):
+        assert_close(changed, stored, "toy-ffn")
     stored = json.loads((golden.GOLDEN / "folder-backward.json").read_text())["out"]
     summary = stored["gradients"][0]
     assert abs(summary["mean"]) < 1e-18 < 1e-2 < summary["max_abs"]
@@ -163,3 +171,9 @@ def test_noise_is_held_to_its_bound_and_a_mistake_is_not_noise():
     changed["gradients"][0]["mean"] = summary["mean"] + 1e-10 * summary["max_abs"]
     with pytest.raises(AssertionError, match=r"gradients\[0\]\.mean"):
         assert_close(changed, stored, "folder-backward")
+    # every mean of a list rounding (gradients that sum to 0): held to their entries' size
+    noise = [{"name": "a", "max_abs": 0.77, "mean": 8e-20}, {"name": "b", "max_abs": 0.5,
+                                                             "mean": -3e-19}]
+    assert_close([{**noise[0], "mean": -2e-19}, {**noise[1], "mean": 1e-19}], noise, "g")
+    with pytest.raises(AssertionError, match=r"g\[1\]\.mean"):
+        assert_close([noise[0], {**noise[1], "mean": 1e-12}], noise, "g")

@@ -273,8 +273,8 @@ class Difference(NamedTuple):
     rel: float       # max |tfm - torch| / max(max |torch|, floor)
     passed: bool
     diff: float = 0.0    # max |tfm - torch|
-    scale: float = 0.0   # the size of what rounding acts on: max |torch|, for a gradient at least
-                         # the largest gradient's (a gradient's rounding is of that size)
+    scale: float = 0.0   # the size of what rounding acts on: max |torch|, for a parameter's
+                         # gradient at least the largest one's (its rounding is of that size)
 
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
@@ -307,5 +307,5 @@ def compare(fwd, grads, reference: TorchRun, cfg, tolerance=None) -> list[Differ
         add(p + "attn.pattern", fwd.acts[p + "attn.pattern"], reference.patterns[p])
     for name, leaf in reference.leaves.items():
         add("grad " + name, grads[name], leaf.grad, floor, largest)
-    add("grad logits", grads.acts["logits"], reference.logits.grad, 0.0, largest)
+    add("grad logits", grads.acts["logits"], reference.logits.grad)   # (P - Y) / N: its own
     return rows
