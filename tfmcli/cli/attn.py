@@ -143,7 +143,7 @@ def attn(
                                        by="by at most"), style="dim"))
         payload["backward_steps"] = [{"name": s.name, "formula": s.formula,
                                       "value": jsonable(s.value)} for s in back]
-        payload["backward_model_diff"] = off
+        payload["backward_model_diff"] = off.off
     emit(opts, parts, payload, run_arrays(cfg, params, inputs, fwd, grads))
 
 
