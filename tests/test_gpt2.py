@@ -214,7 +214,7 @@ def test_without_the_hf_extra_it_says_how_to_install(checkpoint, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_safetensors)
     line = error_line(run("forward", "--load", checkpoint), 2)
-    assert "'--load'" in line and "pip install 'tfmcli[hf]'" in line
+    assert "'--load'" in line and "python -m pip install safetensors tokenizers" in line
 
 
 def test_a_flag_contradicting_the_checkpoint(checkpoint):

@@ -398,3 +398,14 @@ def test_rope_and_window_fields_survive_a_save_load_round_trip(tmp_path, flag, v
     assert loaded["loss"] == saved["loss"]
     dropped = json.loads(run("forward", *flags[:-typed], "--json").stdout)
     assert dropped["config"][field] == default and dropped["loss"] != saved["loss"]
+
+
+@pytest.mark.parametrize("member", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_a_file_of_a_checkpoint_folder_names_the_folder_to_pass(member, monkeypatch):
+    """--load examples/tiny-gpt2/model.safetensors said only 'not an .npz'."""
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    line = error_line(run("forward", "--load", f"examples/tiny-gpt2/{member}"), 1)
+    assert line.endswith(f"--load examples/tiny-gpt2/{member}: a file of the checkpoint folder "
+                         "examples/tiny-gpt2; pass the folder (--load examples/tiny-gpt2)"), line

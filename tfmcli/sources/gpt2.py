@@ -27,7 +27,8 @@ from tfmcli.sources.folder import need as need_key
 
 NAME = "GPT-2"
 WEIGHTS = "model.safetensors"
-INSTALL = "python -m pip install 'tfmcli[hf]'"
+# the hf extra's two packages: what the README installs with ".[hf]", from any folder
+INSTALL = "python -m pip install safetensors tokenizers"
 # Hugging Face's names for the tanh approximation of GELU (tfm's "gelu") and for ReLU
 # activation_function -> tfm's: "gelu" is GELU itself, as Hugging Face's GPT2MLP reads it
 ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_erf",

@@ -45,6 +45,10 @@ def read_npz(path) -> dict[str, np.ndarray]:
     if not path.is_file():   # a device or a pipe: an archive is read by seeking
         raise TfmError(f"--load {path}: not a file (allowed: an .npz file or a checkpoint folder)")
     if not zipfile.is_zipfile(path):
+        folder = path.resolve().parent
+        if (folder / "config.json").is_file():   # a checkpoint folder's file: --load takes it whole
+            raise TfmError(f"--load {path}: a file of the checkpoint folder {path.parent}; pass "
+                           f"the folder (--load {path.parent})")
         raise TfmError(f"--load {path}: not an .npz file (not a zip archive, or one cut short)")
     try:
         with zipfile.ZipFile(path) as archive:
