@@ -56,7 +56,7 @@ USAGE_ERRORS = [
         ["forward", "--init", "zeros"],
         ["'--init'", "'zeros'", "'normal', 'uniform', 'xavier', 'kaiming'"],
     ),
-    (["forward", "--dtype", "float16"], ["'--dtype'", "'float16'", "'float64', 'float32'"]),
+    (["forward", "--dtype", "float8"], ["'--dtype'", "'float8'", "'float64', 'float32'"]),
     (
         ["forward", "--pe", "t5"],
         ["'--pe'", "'t5'", "'sinusoidal', 'learned', 'none', 'rope', 'alibi'"],

@@ -634,7 +634,7 @@ def test_init_draws_weights_in_param_shapes_order_from_the_seed():
     (dict(norm="middle"), "norm"),
     (dict(activation="tanh"), "activation"),
     (dict(init="zeros"), "init"),
-    (dict(dtype="float16"), "dtype"),
+    (dict(dtype="float8"), "dtype"),
     (dict(batch=0), "batch"),
     (dict(seq_len=-1), "seq_len"),
     (dict(d_model=0), "d_model"),

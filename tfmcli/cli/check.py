@@ -18,6 +18,7 @@ from tfmcli.cli.options import (
     WHOLE_RUN_OPTIONS,
     Options,
     choice,
+    exact_dtype,
     with_options,
 )
 from tfmcli.errors import TfmError
@@ -61,7 +62,9 @@ def check(
         import_torch()
     except MissingTorch as e:
         raise typer.BadParameter(str(e), param_hint="'--against'") from None
-    run, fwd, grads = execute(opts, with_grads=True)
+    run, fwd, grads = execute(opts, with_grads=True,
+                              validate=exact_dtype("check", "every number to PyTorch's float64 "
+                                                   "autograd within 1e-9 (float32: 1e-4)"))
     cfg = run.cfg
     plan = fwd.caches.get("plan")
     reference = torch_run(run.params, run.inputs, cfg, plan.interventions if plan else ())

@@ -16,6 +16,7 @@ from tfmcli.cli.options import (
     RUN_OPTIONS,
     Options,
     bounded,
+    exact_dtype,
     with_options,
 )
 from tfmcli.errors import TfmError
@@ -56,7 +57,9 @@ def gradcheck(
                                  "--max-entries samples entries one by one: give one",
                                  param_hint="'--directions'")
     run, fwd, grads = execute(
-        opts, with_grads=True, keep=None if directions is None else lambda run: set(),
+        opts, with_grads=True, validate=exact_dtype(
+            "gradcheck", "each gradient to central differences within 1e-6 (float32: 1e-3)"),
+        keep=None if directions is None else lambda run: set(),
         whole="checks entry by entry, each entry's nudge run from its block, so it holds the "
               "whole run; --directions N streams")
     cfg, params, inputs = run.cfg, run.params, run.inputs

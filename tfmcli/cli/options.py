@@ -55,6 +55,8 @@ class Init(str, Enum):
 class DType(str, Enum):
     float64 = "float64"
     float32 = "float32"
+    float16 = "float16"     # as PyTorch eager on the CPU: each operation in float32, rounded
+    bfloat16 = "bfloat16"   # to the dtype (engine/precision.py)
 
 
 def parse_lengths(text: Optional[str]):
@@ -288,7 +290,8 @@ MODEL_OPTIONS = [
     ("init", Annotated[Init, _named(
         "--init", choices=Init, help="xavier, normal, uniform, kaiming.")], Init(D.init)),
     ("dtype", Annotated[DType, _named(
-        "--dtype", choices=DType, help="float64 or float32.")], DType(D.dtype)),
+        "--dtype", choices=DType, help="float64, float32, float16, bfloat16 (as torch).")],
+     DType(D.dtype)),
     ("eps", Annotated[F, _arch(
         "--eps", metavar="X", help="Norms' epsilon (1e-5).")], D.eps),
     ("tied_head", Annotated[B, _switch(
@@ -525,6 +528,19 @@ class Options:
 
 def bad(field: str, message: str) -> typer.BadParameter:
     return typer.BadParameter(message, param_hint=f"'{FLAGS.get(field, '--' + field)}'")
+
+
+def exact_dtype(command: str, what: str):
+    """``validate(cfg)`` for a command that holds the run to ``what``, a tolerance of float64
+    and float32: a float16 or bfloat16 run's numbers are rounded far past it (no tolerance
+    would tell that rounding from a mistake); ``tfm precision`` measures it."""
+    def validate(cfg):
+        if cfg.dtype in ("float16", "bfloat16"):
+            raise typer.BadParameter(f"tfm {command} holds {what}; a {cfg.dtype} run's are "
+                                     f"rounded far past that: tfm precision --dtype {cfg.dtype} "
+                                     f"measures its rounding against float64",
+                                     param_hint="'--dtype'")
+    return validate
 
 
 def check_range(value: int, upper: int, flag: str, what: str):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.engine import ops, positional
+from tfmcli.engine import ops, positional, precision
 from tfmcli.engine.config import Config
 from tfmcli.engine.masks import combined_mask
 
@@ -28,10 +28,14 @@ from tfmcli.engine.masks import combined_mask
 class Tape:
     """One pass: what its sublayers read (``P``, ``cfg``, ``masks`` by block, ``fast``) and what
     they keep (``acts`` in forward order, ``caches`` by sublayer; ``grads`` and ``dacts`` in the
-    backward, which reads the forward's ``caches``)."""
+    backward, which reads the forward's ``caches``). In float16 or bfloat16 the parameters are
+    read, and each activation and gradient kept, as the dtype stores them: rounded
+    (``engine.precision``; ``round`` is the identity in float64 and float32)."""
 
     def __init__(self, P: dict, cfg: Config, caches: dict, masks: dict | None = None):
-        self.P, self.cfg, self.caches, self.masks = P, cfg, caches, masks
+        self.round = precision.of(cfg.dtype).round
+        self.P = precision.stored(P, precision.of(cfg.dtype))
+        self.cfg, self.caches, self.masks = cfg, caches, masks
         self.fast = caches["fast"]
         self.plan = caches.get("plan")   # the pass's interventions (engine.interventions)
         self.acts: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -44,16 +48,17 @@ class Tape:
     def keep(self, name: str, x: np.ndarray) -> np.ndarray:
         """Record activation ``name``; returns it, changed by the pass's interventions on it:
         what comes after reads the returned array."""
+        x = self.round(x)
         if self.plan:
-            x = self.plan.apply(name, x)
+            x = self.round(self.plan.apply(name, x))
         self.acts[name] = x
         return x
 
     def keep_grad(self, name: str, dx: np.ndarray) -> np.ndarray:
         """Record the gradient of activation ``name``; returns the gradient of what made it
         (the same, unless an intervention changed the activation: ``through``)."""
-        self.dacts[name] = dx
-        return self.through(name, dx)
+        dx = self.dacts[name] = self.round(dx)
+        return self.round(self.through(name, dx))
 
     def through(self, name: str, dx: np.ndarray) -> np.ndarray:
         """From the gradient of kept activation ``name`` to the gradient of what made it."""
@@ -126,7 +131,7 @@ def parallel_block_backward(t: Tape, dz, i):
         dh += dffn
         return dy + norm_backward(t, dh, p + "ln1")
     dffn = norm_backward(t, dffn, p + "ln2")
-    return dy + norm_backward(t, attention_backward(t, dy, i), p + "ln1") + dffn
+    return t.round(dy + norm_backward(t, attention_backward(t, dy, i), p + "ln1")) + dffn
 
 
 def post_ln_block(t: Tape, x, i):
@@ -227,7 +232,7 @@ def attention(t: Tape, x, i):
         context, scores, ca = ops.attention_forward_fast(q, k, v, mask, scale, cfg.attn_softcap,
                                                          alibi_for(cfg, T))
     else:   # ALiBi's (H, T, T) bias, or None
-        bias = positional.alibi_bias(T, H, cfg.dtype) if cfg.pe == "alibi" else None
+        bias = alibi_bias(T, H, cfg.dtype) if cfg.pe == "alibi" else None
         context, scores, ca = ops.attention_forward(q, k, v, mask[:, None], scale,
                                                     cfg.attn_softcap, bias)
     if not isinstance(ca, PartsCache):
@@ -264,7 +269,7 @@ def attention_backward(t: Tape, dout, i):
     dx_parts = [linear_backward(t, ops.merge_heads(t.keep_grad(p + f"attn.{name.lower()}", dh)),
                                 cache, p + "attn.", name)
                 for name, dh, cache in (("Q", dq, cq), ("K", dk, ck), ("V", dv, cv))]
-    dx = dx_parts[0] + dx_parts[1]
+    dx = t.round(dx_parts[0] + dx_parts[1])   # as autograd adds them: each sum stored
     dx += dx_parts[2]
     return dx
 
@@ -284,11 +289,11 @@ def attention_by_parts(t: Tape, q, k, v, i):
     """Attention written out one kept step at a time, when an intervention changes block i's
     scores or pattern: scores = q k^T * scale (+ ALiBi, then the cap, then the mask), kept;
     pattern = softmax(scores), kept; context = pattern v. The reference path's numbers."""
-    cfg, p = t.cfg, f"blocks.{i}."
+    cfg, p, rnd = t.cfg, f"blocks.{i}.", t.round
     T = q.shape[2]
-    scores = q @ k.swapaxes(-1, -2) * cfg.score_scale                     # (B, H, T, T)
+    scores = rnd(rnd(q @ k.swapaxes(-1, -2)) * cfg.score_scale)         # (B, H, T, T)
     if cfg.pe == "alibi":
-        scores = scores + positional.alibi_bias(T, cfg.heads, cfg.dtype)
+        scores = rnd(scores + alibi_bias(T, cfg.heads, cfg.dtype))
     capped = None
     if cfg.attn_softcap is not None:
         scores = capped = ops.softcap_forward(scores, cfg.attn_softcap)
@@ -296,21 +301,22 @@ def attention_by_parts(t: Tape, q, k, v, i):
     scores = t.keep(p + "attn.scores", np.where(mask[:, None], scores, -np.inf))
     made, _ = ops.softmax_forward(scores)
     pattern = t.keep(p + "attn.pattern", made)
-    return pattern @ v, PartsCache(q, k, v, made, pattern, capped)
+    return rnd(pattern @ v), PartsCache(q, k, v, made, pattern, capped)
 
 
 def attention_by_parts_backward(t: Tape, dcontext, cache: PartsCache, i):
     """``attention_by_parts`` backward: each kept step's gradient recorded, and passed back
     through its intervention."""
-    cfg, p = t.cfg, f"blocks.{i}."
+    cfg, p, rnd = t.cfg, f"blocks.{i}.", t.round
     q, k, v, made, pattern, capped = cache
-    dv = pattern.swapaxes(-1, -2) @ dcontext
+    dv = rnd(pattern.swapaxes(-1, -2) @ dcontext)
     dmade = t.keep_grad(p + "attn.pattern", dcontext @ v.swapaxes(-1, -2))
     draw = t.keep_grad(p + "attn.scores", ops.softmax_backward(dmade, made))
     if capped is not None:
-        draw = draw * ops.softcap_slope(capped, cfg.attn_softcap)
+        draw = rnd(draw * ops.softcap_slope(capped, cfg.attn_softcap))
     draw = np.where(np.isfinite(draw), draw, 0.0)
-    return (draw @ k) * cfg.score_scale, (draw.swapaxes(-1, -2) @ q) * cfg.score_scale, dv
+    return (rnd(rnd(draw @ k) * cfg.score_scale),
+            rnd(rnd(draw.swapaxes(-1, -2) @ q) * cfg.score_scale), dv)
 
 
 def linear_backward(t: Tape, dout, cache, layer, w):
@@ -376,8 +382,11 @@ def rope_for(cfg: Config, T: int, block: int = 0):
 @functools.lru_cache(maxsize=8)
 def rope_tables(T: int, d_head: int, dtype: str, base: float = 10000.0, scaling=None):
     """RoPE's (cos, sin), each (T, d_head) (``positional.rope_tables``), made once per size,
-    base and scaling for every forward and backward after it (read-only: shared)."""
-    tables = positional.rope_tables(T, d_head, np.dtype(dtype), base, scaling)
+    base and scaling for every forward and backward after it (read-only: shared); in float16
+    or bfloat16 rounded to it, as Hugging Face casts its tables to the queries' dtype."""
+    policy = precision.of(dtype)
+    tables = tuple(map(policy.round, positional.rope_tables(T, d_head, policy.array, base,
+                                                            scaling)))
     for table in tables:
         table.flags.writeable = False
     return tables
@@ -392,11 +401,19 @@ def alibi_for(cfg: Config, T: int):
     return _alibi(T, cfg.heads, cfg.dtype)
 
 
+def alibi_bias(T: int, heads: int, dtype: str):
+    """ALiBi's (H, T, T) bias in the model's dtype (``positional.alibi_bias``), rounded to it
+    in float16 or bfloat16: the reference path's."""
+    policy = precision.of(dtype)
+    return policy.round(positional.alibi_bias(T, heads, policy.array))
+
+
 @functools.lru_cache(maxsize=8)
 def _alibi(T: int, heads: int, dtype: str):
     """Made once per size for every forward after it (read-only: shared)."""
-    alibi = ops.Alibi(positional.alibi_slopes(heads).astype(dtype),
-                      positional.alibi_distances(T, np.dtype(dtype)))
+    array = precision.of(dtype).array
+    alibi = ops.Alibi(positional.alibi_slopes(heads).astype(array),
+                      positional.alibi_distances(T, array))
     for table in alibi:
         table.flags.writeable = False
     return alibi

@@ -24,7 +24,7 @@ GATED = (
 PES = ("sinusoidal", "learned", "none", "rope", "alibi")
 ADDED_PES = ("sinusoidal", "learned")   # the encodings added to the embedding (rope turns q, k)
 INITS = ("normal", "uniform", "xavier", "kaiming")
-DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32", "float16", "bfloat16")   # the last two rounded: engine.precision
 MAX_LAYERS = 1000  # GPT-3 has 96; a bound keeps every listing and estimate quick
 MAX_CONTEXT = 2**31 - 1   # a RoPE scaling's original context: the CLI's largest whole number
 
@@ -207,7 +207,10 @@ class Config:
         scaled score of query i at key j, before the soft cap and the mask
         (``positional.alibi_slopes``; BLOOM's and MPT's; no parameters).
     init : {"normal", "uniform", "xavier", "kaiming"}
-    dtype : {"float64", "float32"}
+    dtype : {"float64", "float32", "float16", "bfloat16"}
+        float16 and bfloat16 as PyTorch eager runs them on the CPU: each operation in
+        float32, its result rounded to the dtype (``engine.precision``); their arrays are
+        float32 (``np_dtype``), each value one of the dtype's.
     eps : float
         Layer-norm epsilon, inside the square root.
     seed : int
@@ -433,9 +436,9 @@ class Config:
         if self.pe == "learned" and self.seq_len > self.ctx:
             raise ConfigError("seq_len", f"seq_len={self.seq_len} is longer than the {self.ctx} "
                                          f"learned positions (n_ctx); allowed: 1..{self.ctx}")
-        if self.eps > float(np.finfo(self.dtype).max):   # as a float: no overflowing cast
-            raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.dtype}'s range "
-                                     f"(at most {np.finfo(self.dtype).max:.3g})")
+        if self.eps > float(np.finfo(self.np_dtype).max):   # as a float: no overflowing cast
+            raise ConfigError("eps", f"eps={self.eps!r} is beyond {self.np_dtype}'s range "
+                                     f"(at most {np.finfo(self.np_dtype).max:.3g})")
         if self.sandwich_norm and self.norm != "pre":
             raise ConfigError("sandwich_norm", "a sandwich norm normalises each sublayer's "
                                                "input and output, so the norms must be Pre-LN "
@@ -590,7 +593,9 @@ class Config:
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        """The arrays' dtype: ``dtype``, or float32 for float16 and bfloat16, whose values a
+        float32 array holds (``engine.precision``: each operation adds its eps in float32)."""
+        return np.dtype("float32" if self.dtype in DTYPES[2:] else self.dtype)
 
     def lengths_array(self) -> np.ndarray:
         """(B,) int64: the valid length of each row."""

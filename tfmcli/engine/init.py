@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tfmcli.engine import precision
 from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 
@@ -28,9 +29,11 @@ def init_params(cfg: Config) -> dict[str, np.ndarray]:
 
     Weights (every 2-D parameter, the embedding included) are drawn in the order of
     ``sizes.param_shapes`` from ``np.random.default_rng(cfg.seed)``; biases and betas are 0,
-    gammas are 1. Every array has ``cfg.dtype``.
+    gammas are 1. Every array has ``cfg.np_dtype``; in float16 and bfloat16 each value is
+    the float64 draw rounded to the dtype (``engine.precision``), as ``model.to(dtype)`` rounds.
     """
     rng = np.random.default_rng(cfg.seed)
+    policy = precision.of(cfg.dtype)
     params = {}
     for name, shape in param_shapes(cfg).items():
         leaf = name.rsplit(".", 1)[1]
@@ -40,5 +43,6 @@ def init_params(cfg: Config) -> dict[str, np.ndarray]:
             value = np.ones(shape)
         else:
             value = np.zeros(shape)
-        params[name] = value.astype(cfg.dtype, copy=False)   # no second copy in float64
+        # no second copy in float64; rounded straight from float64 in float16 and bfloat16
+        params[name] = policy.round(value).astype(cfg.np_dtype, copy=False)
     return params

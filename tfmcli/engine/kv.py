@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tfmcli.engine import ops
+from tfmcli.engine import ops, precision
 from tfmcli.engine.blocks import alibi_for, normalise, rope_for
 from tfmcli.engine.config import Config
 from tfmcli.engine.model import head_logits, positions
@@ -60,9 +60,11 @@ def _attend(q, K, V, scale, cap=None, bias=None, hook=None):
     ``bias`` (H, c) added to each scaled score (ALiBi's) unless it is None, and each score
     soft-capped at ``cap`` (``Config.attn_softcap``) unless it is None. ``hook(part, x)``
     changes the scores and the weights ("scores", "pattern") as an intervention would."""
-    scores = (K @ q[:, :, None])[..., 0] * scale                  # (H, c)
+    rnd = precision.rounding()   # float16, bfloat16: each step rounded, as the forward's
+    scores = rnd(rnd((K @ q[:, :, None])[..., 0]) * scale)       # (H, c)
     if bias is not None:
         scores += bias
+        scores = rnd(scores)
     if cap is not None:
         scores = ops.softcap_forward(scores, cap)
     if hook is not None:
@@ -70,7 +72,7 @@ def _attend(q, K, V, scale, cap=None, bias=None, hook=None):
     weights, _ = ops.softmax_forward(scores)
     if hook is not None:
         weights = hook("pattern", weights)
-    return (weights[:, None, :] @ V)[:, 0, :], weights            # (H, d_head), (H, c)
+    return rnd((weights[:, None, :] @ V)[:, 0, :]), weights       # (H, d_head), (H, c)
 
 
 class StepHooks:
@@ -80,11 +82,13 @@ class StepHooks:
     the whole forward changes it, and taken back. A mean ablation's means must be the whole
     run's, made before (``Plan.means``)."""
 
-    def __init__(self, plan, shapes):
+    def __init__(self, plan, shapes, round=None):
         self.plan, self.shapes = plan, shapes
+        self.round = round or (lambda x: x)   # float16, bfloat16: as the dtype stores x
         self.t, self.start = 0, 0
 
     def __call__(self, name: str, x):
+        x = self.round(x)
         if not self.plan or name not in self.plan.steps:
             return x
         shape = self.shapes[name]
@@ -98,7 +102,7 @@ class StepHooks:
         else:
             place = (0, self.t)
         full[place] = x
-        return self.plan.apply(name, full)[place]
+        return self.round(self.plan.apply(name, full)[place])
 
     def block(self, p: str):
         """hook(part, x) for attention's scores and pattern of block ``p``."""
@@ -196,7 +200,8 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0, plan=None) -> l
     ``plan``: interventions (``engine.interventions.Plan``) made for one row of all those
     positions, applied to each step's activations as the whole forward applies them.
     """
-    P = params
+    policy = precision.of(cfg.dtype)   # float16, bfloat16: the weights rounded once, up front
+    P = params if policy.exact else dict(precision.stored(params, policy).items())
     if not cfg.causal:
         raise ConfigError("causal", "decoding with a KV cache needs a causal model (causal=True): "
                                     "a step cannot see the tokens after it")
@@ -211,7 +216,7 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0, plan=None) -> l
     whole = isinstance(generate, (int, np.integer)) and not isinstance(generate, bool)
     if not (whole and generate >= 0):
         raise ValueError(f"decode: generate={generate!r}; it must be a whole number at least 0")
-    T, H, dh = len(tokens) + int(generate), cfg.heads, cfg.d_head
+    T, dh = len(tokens) + int(generate), cfg.d_head
     if cfg.pe == "learned" and T > cfg.ctx:
         raise InputsError(f"decode: {len(tokens)} tokens and {generate} to generate need {T} "
                           f"positions; the model has {cfg.ctx} learned positions (n_ctx)")
@@ -223,7 +228,14 @@ def decode(params: dict, tokens, cfg: Config, generate: int = 0, plan=None) -> l
     K = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     V = [np.zeros((cfg.h_kv, C, dh), dtype=cfg.np_dtype) for C in slots]
     hook = StepHooks(plan, activation_shapes(cfg.replace(batch=1, seq_len=T, lengths=None))
-                     if plan else None)
+                     if plan else None, policy.round)
+    with precision.using(policy):
+        return _decode(P, tokens, cfg, T, pe, rope, alibi, K, V, hook)
+
+
+def _decode(P, tokens, cfg, T, pe, rope, alibi, K, V, hook) -> list[KVStep]:
+    """``decode``'s steps, in the dtype's rounding."""
+    H, dh, slots = cfg.heads, cfg.d_head, [cache.shape[1] for cache in K]
 
     def norm(x, name):   # a norm's output, as kept
         return hook(name + ".out", normalise(x, P, name, cfg))

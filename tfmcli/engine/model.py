@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tfmcli.engine import blocks, ops, parallel
+from tfmcli.engine import blocks, ops, parallel, precision
 from tfmcli.engine.config import ADDED_PES, Config
 from tfmcli.engine.inputs import IGNORE, Inputs, checked_inputs, inputs_from_tokens, make_inputs  # noqa: F401 (also re-exported: tfmcli.engine.model.IGNORE as before)
 from tfmcli.engine.masks import combined_mask, padding_mask
@@ -114,8 +114,10 @@ def positions(params: dict, cfg: Config, T: int):
 
 @functools.lru_cache(maxsize=8)
 def _sinusoidal_table(T: int, d: int, dtype: str):
-    """The table, made once per size for every forward after it (read-only: it is shared)."""
-    table = sinusoidal(T, d, np.dtype(dtype))
+    """The table, made once per size for every forward after it (read-only: it is shared);
+    rounded to float16 or bfloat16 in those."""
+    policy = precision.of(dtype)
+    table = policy.round(sinusoidal(T, d, policy.array))
     table.flags.writeable = False
     return table
 
@@ -153,7 +155,7 @@ def _fast_mask(lengths: tuple, T: int, causal: bool, dtype: str, block: int,
     """The fast path's mask, made once per lengths, size, window and query block (read-only:
     shared)."""
     mask = combined_mask(lengths, T, causal, window)                               # (B, T, T)
-    bias = ops.additive_mask(mask[:, None], np.dtype(dtype))                      # (B, 1, T, T)
+    bias = ops.additive_mask(mask[:, None], precision.of(dtype).array)           # (B, 1, T, T)
     bias.flags.writeable = False
     blocks = ops.key_blocks(mask, block)
     return ops.AttentionMask(bias, blocks, ops.hidden_from(mask, blocks),
@@ -189,6 +191,7 @@ def block_forward(params: dict, x: np.ndarray, cfg: Config, block: int, lengths,
     rows' lengths, for the padding mask; ``params`` need hold only that block's parameters;
     ``fast=False`` takes the clear reference path, as ``forward`` does."""
     B, T = x.shape[:2]
+    fast = fast and precision.of(cfg.dtype).exact   # rounded: the reference path (_engine)
     tape = blocks.Tape(params, cfg, {"fast": fast}, _block_masks(cfg, lengths, T, fast, [block]))
     with _engine(fast, cfg, B, T):
         return blocks.block(tape, x, block)
@@ -264,15 +267,24 @@ def unchecked_forward(params: dict, inputs: Inputs, cfg: Config, fast: bool = Tr
     for bit, when no parameter before block ``start`` changed. The returned acts begin there.
     ``plan``: the interventions (``plan_for``), applied as the activations are made.
     """
+    fast = fast and precision.of(cfg.dtype).exact   # rounded: the reference path (_engine)
     with _engine(fast, cfg, *inputs.tokens.shape):
         return _forward(params, inputs, cfg, fast, start, x, plan, keep, seen, progress)
 
 
+@contextlib.contextmanager
 def _engine(fast: bool, cfg: Config, B: int, T: int):
     """The fast path of a step big enough (``threaded``) cuts its heavy operations into parts
     on the machine's cores (``tfmcli.engine.parallel``); the reference path, and the fast path of a
-    smaller step, run in one piece: plain NumPy, each product on BLAS's own threads."""
-    return contextlib.nullcontext() if fast and threaded(cfg, B, T) else parallel.one_piece()
+    smaller step, run in one piece: plain NumPy, each product on BLAS's own threads.
+
+    Inside, the operations round as the Config's dtype says (``precision.using``). A float16
+    or bfloat16 pass takes the reference path, in one piece: the fast path folds the scale
+    into q and fuses steps that torch rounds between, and its parts run on threads that
+    would not see the policy."""
+    pieces = contextlib.nullcontext() if fast and threaded(cfg, B, T) else parallel.one_piece()
+    with pieces, precision.using(precision.of(cfg.dtype)):
+        yield
 
 
 THREADED_ROWS = 1024   # B T from which a step's fast path always runs in parts (see threaded)
@@ -283,7 +295,7 @@ def largest_product(cfg: Config, B: int, T: int) -> int:
     """The multiply-adds of a step's largest matrix product on B sequences of T tokens (attention's
     T x T included), counted in float32's (``parallel.cost``)."""
     widest = max(cfg.d_model, cfg.ff, cfg.vocab, T)   # T: attention's scores, T x T
-    return parallel.cost(B * T * cfg.d_model * widest, cfg.dtype)
+    return parallel.cost(B * T * cfg.d_model * widest, cfg.np_dtype)
 
 
 def threaded(cfg: Config, B: int, T: int) -> bool:
@@ -310,7 +322,7 @@ def _embed_forward(t: blocks.Tape, inputs: Inputs) -> np.ndarray:
     x = t.keep("embed", x)
     pe = positions(t.P, cfg, inputs.tokens.shape[1])                               # (T, d)
     if pe is not None:
-        x = x + t.keep("pe", pe)
+        x = t.round(x + t.keep("pe", pe))
     if cfg.embed_norm:   # BLOOM's: the embedding normalised before the first block
         x = blocks.norm(t, x, "ln_embed")
     return x
@@ -336,13 +348,13 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
         caches["streamed"] = frozenset(keep)
     if cfg.norm == "pre":
         x = blocks.norm(t, x, "ln_f")
-    logits, caches["head"] = ops.linear_forward(x, *head_weights(params, cfg))     # (B, T, V)
+    logits, caches["head"] = ops.linear_forward(x, *head_weights(t.P, cfg))        # (B, T, V)
     if cfg.logit_softcap is not None:   # c tanh(z / c): no logit reaches c
         logits = caches["capped logits"] = ops.softcap_forward(logits, cfg.logit_softcap)
     logits = t.keep("logits", logits)
     valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
-    acts["probs"] = probs
+    acts["probs"] = t.round(probs)   # the loss itself in float32 (ops.cross_entropy_forward)
     return Forward(loss, acts, inputs, caches)
 
 
@@ -409,7 +421,7 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
             dx = blocks.norm_backward(t, dx, "ln_embed")
     dacts["embed"] = dx
     if cfg.pe in ADDED_PES:
-        dacts["pe"] = dx.sum(axis=0)                                               # (T, d)
+        dacts["pe"] = t.round(dx.sum(axis=0))                                      # (T, d)
     if cfg.pe == "learned":   # rows past T were not used: their gradient is 0
         grads["embed.W_pos"] = np.zeros_like(params["embed.W_pos"])
         grads["embed.W_pos"][:dx.shape[1]] = t.through("pe", dacts["pe"])
@@ -418,7 +430,7 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
     # Tied, W_E is used twice, as the embedding and as the head: both count. The embedding's
     # rows are added to the head's (V, d) gradient in place, with no second (V, d) array.
     # Scaled, each row's gradient is sqrt(d_model) times the sum of its positions' dembed.
-    lookup = dx * cfg.embed_factor if cfg.embed_scale else dx
+    lookup = t.round(dx * cfg.embed_factor) if cfg.embed_scale else dx
     grads["embed.W_E"] = embedding_backward(lookup, caches["embed"],
                                             out=dW_U if cfg.tied_head else None)
     if caches.get("streamed") is not None and keep is not None:   # the rest of the parameters'
@@ -442,7 +454,7 @@ def _head_and_blocks_backward(t: blocks.Tape, upstream=None, fwd: Forward | None
         dlogits = t.keep_grad("logits", np.array(upstream, dtype=caches["loss"].probs.dtype))
     if cfg.logit_softcap is not None:   # back through the cap: times 1 - (logits / c)^2
         slope = ops.softcap_slope(caches["capped logits"], cfg.logit_softcap)    # (B, T, V)
-        dlogits = np.multiply(dlogits, slope, out=slope)
+        dlogits = t.round(np.multiply(dlogits, slope, out=slope))
     # tied, W_U is the view W_E.T: its gradient comes as (V, d), W_E's shape, to join W_E's
     dx, dW_U, db_U = ops.linear_backward(dlogits, caches["head"], transposed=cfg.tied_head)
     if not cfg.tied_head:

@@ -4,6 +4,10 @@ Each ``*_forward`` returns ``(out, cache)``; the cache is a NamedTuple holding e
 matching ``*_backward`` needs. No argument is ever modified in place (but an ``out=`` given
 for that), and no array is changed once returned. Weights multiply on the right: ``x @ W``
 with ``W`` of shape ``(d_in, d_out)``.
+
+Each function marked ``@op`` is one operation as PyTorch runs one: in a float16 or bfloat16
+pass its results are rounded to the dtype (``engine.precision``); the few that are several of
+torch's operations round between their steps (``rounding()``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tfmcli.engine import erf_series, parallel
+from tfmcli.engine.precision import op, rounding
 
 # ---------------------------------------------------------------- embedding
 
@@ -28,6 +33,7 @@ def embedding_forward(tokens, W_E):
     return W_E[tokens], EmbeddingCache(tokens, W_E.shape[0])
 
 
+@op
 def embedding_backward(dout, cache, out=None):
     """dout: (B, T, d) -> dW_E: (V, d); rows of repeated tokens accumulate. Given ``out``
     ((V, d): a tied head's gradient), the rows are added to it in place and it is returned."""
@@ -45,6 +51,7 @@ class LinearCache(NamedTuple):
     bias: bool = True  # the layer adds a bias (its backward makes db)
 
 
+@op(results=1)
 def linear_forward(x, W, b):
     """x: (..., d_in) @ W: (d_in, d_out) + b: (d_out,) -> (..., d_out); ``b`` None for a layer
     without a bias (``Config.bias``).
@@ -60,6 +67,7 @@ def linear_forward(x, W, b):
     return out.reshape(*x.shape[:-1], d_out), LinearCache(x, W, b is not None)
 
 
+@op
 def linear_backward(dout, cache, transposed=False):
     """dout: (..., d_out) -> dx (..., d_in), dW (d_in, d_out), db (d_out,) or None when the
     layer has no bias.
@@ -105,6 +113,7 @@ class LayerNormCache(NamedTuple):
     gamma: np.ndarray  # (C,)
 
 
+@op(results=1)
 def layer_norm_forward(x, gamma, beta, eps):
     """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis, biased variance; a norm
     with no beta (``None``, MPT's) stops at the product."""
@@ -117,6 +126,7 @@ def layer_norm_forward(x, gamma, beta, eps):
     return out, LayerNormCache(xhat, rstd, gamma)
 
 
+@op
 def layer_norm_backward(dout, cache):
     """dout: (..., C) -> dx (..., C), dgamma (C,), dbeta (C,).
 
@@ -134,6 +144,7 @@ def layer_norm_backward(dout, cache):
     return dx, dgamma, dbeta
 
 
+@op(results=1)
 def rms_norm_forward(x, gamma, eps):
     """RMSNorm (LLaMA's): x / sqrt(mean(x^2) + eps) * gamma over the last axis; no mean taken
     out, no beta. Its cache is layer norm's, xhat = x * rstd."""
@@ -142,6 +153,7 @@ def rms_norm_forward(x, gamma, eps):
     return xhat * gamma, LayerNormCache(xhat, rstd, gamma)
 
 
+@op
 def rms_norm_backward(dout, cache):
     """dout: (..., C) -> dx (..., C), dgamma (C,).
 
@@ -158,10 +170,12 @@ def rms_norm_backward(dout, cache):
 # ---------------------------------------------------------------- activations
 
 
+@op(results=1)
 def relu_forward(x):
     return np.maximum(x, 0), x
 
 
+@op
 def relu_backward(dout, x):
     """The derivative at exactly 0 is taken as 0, as PyTorch does."""
     return dout * (x > 0)
@@ -170,6 +184,7 @@ def relu_backward(dout, x):
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
+@op(results=1)
 def gelu_forward(x):
     """Tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
@@ -180,6 +195,7 @@ def gelu_forward(x):
     return 0.5 * x * (1.0 + t), (x, t)
 
 
+@op
 def gelu_backward(dout, cache):
     x, t = cache
     dt = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
@@ -204,6 +220,7 @@ def erf(x):
 _SQRT_HALF, _INV_SQRT_2PI = math.sqrt(0.5), 1.0 / math.sqrt(2.0 * math.pi)
 
 
+@op(results=1)
 def gelu_erf_forward(x):
     """GELU itself, not its tanh form: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), Phi the normal
     distribution's CDF (torch's ``F.gelu``; Hugging Face's and Pythia's ``"gelu"``). Caches
@@ -211,6 +228,7 @@ def gelu_erf_forward(x):
     return _gelu_erf(x, erf)
 
 
+@op(results=1)
 def gelu_erf_forward_fast(x):
     """The same on the fast path, its erf ``erf_series.erf`` (whole arrays, a third of
     ``math.erf``'s time, within 2 ulp of it)."""
@@ -224,6 +242,7 @@ def _gelu_erf(x, erf_of):
     return x * cdf, (x, cdf)
 
 
+@op
 def gelu_erf_backward(dout, cache):
     """d x Phi(x) / dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the density."""
     x, cdf = cache
@@ -245,15 +264,17 @@ def sigmoid(x):
     return np.divide(1.0, s, out=s)
 
 
+@op(results=1)
 def swiglu_forward(gate, pre):
     """SwiGLU's hidden units: silu(gate) * pre, silu(g) = g sigmoid(g) (PaLM's and LLaMA's
     FFN; ``gate = x W_gate + b_gate`` and ``pre = x W_1 + b_1``, both (..., d_ff))."""
     sig = sigmoid(gate)
-    hidden = gate * sig
+    hidden = rounding()(gate * sig)   # silu(gate), then the product: two operations in torch
     hidden *= pre
     return hidden, (gate, pre, sig)
 
 
+@op
 def swiglu_backward(dhidden, cache):
     """dhidden: (..., d_ff) -> (dgate, dpre).
 
@@ -272,6 +293,7 @@ def swiglu_backward(dhidden, cache):
     return dgate, dpre
 
 
+@op(results=1)
 def geglu_forward(gate, pre):
     """GeGLU's hidden units: gelu(gate) * pre, GELU in its tanh form (Gemma's FFN, where
     Hugging Face calls it ``gelu_pytorch_tanh``); ``gate`` and ``pre`` as SwiGLU's."""
@@ -280,6 +302,7 @@ def geglu_forward(gate, pre):
     return hidden, (gate, pre, t)
 
 
+@op
 def geglu_backward(dhidden, cache):
     """dhidden: (..., d_ff) -> (dgate, dpre).
 
@@ -309,6 +332,7 @@ def geglu_backward(dhidden, cache):
     return dgate, dpre
 
 
+@op(results=1)
 def geglu_erf_forward(gate, pre):
     """The gate through GELU itself: gelu_erf(gate) * pre = gate Phi(gate) * pre (a LLaMA-family
     ``hidden_act`` "gelu": Hugging Face's ACT2FN["gelu"] is torch's exact F.gelu)."""
@@ -317,6 +341,7 @@ def geglu_erf_forward(gate, pre):
     return hidden, (gate, pre, cdf)
 
 
+@op
 def geglu_erf_backward(dhidden, cache):
     """dhidden: (..., d_ff) -> (dgate, dpre): dpre = dhidden gate Phi(gate), dgate = dhidden pre
     (Phi(gate) + gate phi(gate)), phi the normal density (``gelu_erf_backward``'s slope)."""
@@ -334,6 +359,7 @@ GATES = {"swiglu": (swiglu_forward, swiglu_backward), "geglu": (geglu_forward, g
 # ---------------------------------------------------------------- softmax
 
 
+@op(results=1)
 def softmax_forward(x):
     """Softmax over the last axis with each row's own max subtracted (seed 000): -inf -> 0."""
     p = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -341,6 +367,7 @@ def softmax_forward(x):
     return p, p
 
 
+@op
 def softmax_backward(dout, p):
     """dx = p * (dout - sum(dout * p)); zero wherever p is zero (masked entries)."""
     dx = dout - (dout * p).sum(axis=-1, keepdims=True)
@@ -369,6 +396,7 @@ def repeat_kv(x, group):
     return np.repeat(x, group, axis=1)
 
 
+@op
 def repeat_kv_backward(dout, group):
     """(B, H_kv * group, T, d_head) -> (B, H_kv, T, d_head): a head that served ``group`` query
     heads gets the sum of their gradients."""
@@ -389,6 +417,7 @@ def rotate_half(x):
     return out
 
 
+@op
 def rope_forward(x, cos, sin):
     """RoPE: every pair (i, i + d_head // 2) of x (B, H, T, d_head) turned by its angle at its
     position, ``x cos + rotate_half(x) sin`` (cos, sin: (T, d_head), ``positional.rope_tables``).
@@ -400,11 +429,13 @@ def rope_forward(x, cos, sin):
         out = x.copy()
         out[..., :n] = rope_forward(x[..., :n], cos, sin)
         return out
-    out = x * cos
-    out += rotate_half(x) * sin
+    rnd = rounding()   # torch's three operations: two products, their sum
+    out = rnd(x * cos)
+    out += rnd(rotate_half(x) * sin)
     return out
 
 
+@op
 def rope_backward(dout, cos, sin):
     """The rotation's transpose, which is its inverse (a turn back by the same angle):
     ``dout cos - rotate_half(dout) sin``. (A pair's sines are equal, so rotate_half(dout) sin
@@ -414,15 +445,18 @@ def rope_backward(dout, cos, sin):
         dx = dout.copy()
         dx[..., :n] = rope_backward(dout[..., :n], cos, sin)
         return dx
-    dx = dout * cos
-    dx -= rotate_half(dout) * sin
+    rnd = rounding()
+    dx = rnd(dout * cos)
+    dx -= rnd(rotate_half(dout) * sin)
     return dx
 
 
+@op
 def softcap_forward(x, cap):
     """``cap * tanh(x / cap)``: x squashed smoothly into (-cap, cap), close to x where
     ``|x|`` is small against cap (Gemma 2's soft caps of its scores and logits)."""
-    return np.tanh(x / cap) * cap
+    rnd = rounding()   # torch's three operations: divide, tanh, multiply
+    return rnd(np.tanh(rnd(x / cap))) * cap
 
 
 def softcap_slope(capped, cap):
@@ -456,15 +490,18 @@ def attention_forward(q, k, v, mask, scale, cap=None, bias=None):
     Returns context (B, H, T, d_head), the masked scores (-inf where hidden), and the cache.
     The bias is a constant: the backward passes through it unchanged.
     """
-    scores = q @ k.swapaxes(-1, -2)                            # (B, H, T, T)
+    rnd = rounding()   # each step one operation of torch's, its result rounded
+    scores = rnd(q @ k.swapaxes(-1, -2))                      # (B, H, T, T)
     scores *= scale
+    scores = rnd(scores)
     if bias is not None:
         scores += bias
+        scores = rnd(scores)
     if cap is not None:
         scores = softcap_forward(scores, cap)
     scores = np.where(mask, scores, -np.inf)
     pattern, _ = softmax_forward(scores)
-    context = pattern @ v                                      # (B, H, T, d_head)
+    context = rnd(pattern @ v)                                 # (B, H, T, d_head)
     capped = scores if cap is not None else None
     return context, scores, AttentionCache(q, k, v, pattern, scale, cap=cap, scores=capped)
 
@@ -473,14 +510,15 @@ def attention_backward(dcontext, cache):
     """dcontext: (B, H, T, d_head) -> dq, dk, dv, and dpattern, dscores (B, H, T, T).
     dscores is the gradient of the scores the softmax took (capped, when capped)."""
     q, k, v, pattern, scale = cache[:5]
-    dpattern = dcontext @ v.swapaxes(-1, -2)                  # (B, H, T, T)
-    dv = pattern.swapaxes(-1, -2) @ dcontext                  # (B, H, T, d_head)
+    rnd = rounding()
+    dpattern = rnd(dcontext @ v.swapaxes(-1, -2))             # (B, H, T, T)
+    dv = rnd(pattern.swapaxes(-1, -2) @ dcontext)             # (B, H, T, d_head)
     dscores = softmax_backward(dpattern, pattern)             # 0 on hidden keys
     draw = dscores                                            # before the cap, if any
     if cache.cap is not None:
-        draw = dscores * softcap_slope(cache.scores, cache.cap)
-    dq = (draw @ k) * scale
-    dk = (draw.swapaxes(-1, -2) @ q) * scale
+        draw = rnd(dscores * softcap_slope(cache.scores, cache.cap))
+    dq = rnd(rnd(draw @ k) * scale)
+    dk = rnd(rnd(draw.swapaxes(-1, -2) @ q) * scale)
     return dq, dk, dv, dpattern, dscores
 
 
@@ -667,6 +705,7 @@ def attention_backward_fast(dcontext, cache):
     return dq, dk, dv, dpattern, dscores
 
 
+@op(results=1)
 def layer_norm_forward_fast(x, gamma, beta, eps):
     """layer_norm_forward with fewer passes: the variance as a row dot product (no squares
     array), xhat made in place from x - mean, beta (if any) added in place; in parts of rows on the
@@ -695,6 +734,7 @@ def layer_norm_forward_fast(x, gamma, beta, eps):
                                                 gamma)
 
 
+@op
 def layer_norm_backward_fast(dout, cache):
     """layer_norm_backward with the row mean of dxhat * xhat as a dot product and
     dx = rstd * (dxhat - (mean(dxhat) + xhat * mean(dxhat * xhat))) built in one array; dx in
@@ -724,6 +764,7 @@ def layer_norm_backward_fast(dout, cache):
     return dx.reshape(dout.shape), dgamma, dbeta
 
 
+@op
 def embedding_backward_fast(dout, cache, out=None):
     """embedding_backward in rounds instead of np.add.at's element-by-element scatter: round j
     adds the j-th occurrence of every token that occurs more than j times, all at once (no
@@ -763,7 +804,9 @@ def cross_entropy_forward(logits, targets, valid):
     logits: (B, T, V); targets: (B, T); valid: (B, T) bool. Uses log-sum-exp with the row max
     subtracted, so logits of any finite size give a finite loss. A target at an invalid
     position is never read (it may be an ignore marker such as -100). At least one position
-    must be valid.
+    must be valid. Unmarked (not ``@op``): in float16 and bfloat16 the loss stays float32's,
+    as Hugging Face's causal-LM loss takes the logits to float32 first; the pass stores the
+    probabilities rounded, and their gradient (``cross_entropy_backward``) is rounded.
     """
     n = int(valid.sum())
     if n == 0:
@@ -790,6 +833,7 @@ def cross_entropy_terms(logits, targets, valid):
     return np.where(valid, -picked, 0.0)
 
 
+@op
 def cross_entropy_backward(cache):
     """dlogits = (P - Y) / N on valid positions, 0 elsewhere (seed 001).
 
@@ -804,6 +848,7 @@ def cross_entropy_backward(cache):
     return dlogits
 
 
+@op
 def cross_entropy_dprobs(cache):
     """Gradient of the loss with respect to the probabilities themselves: -Y / (N P).
 

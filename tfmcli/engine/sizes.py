@@ -12,8 +12,6 @@ import math
 from collections import OrderedDict
 from typing import NamedTuple
 
-import numpy as np
-
 from tfmcli.engine.config import ADDED_PES, Config
 
 
@@ -99,7 +97,8 @@ def param_misfit(params: dict, cfg: Config) -> Misfit | None:
         if shape != shapes[name]:
             return Misfit("shape", name, shape, shapes[name], 0)
         if dtype != cfg.np_dtype:
-            return Misfit("dtype", name, dtype, cfg.dtype, 0)
+            want = cfg.dtype if cfg.np_dtype == cfg.dtype else f"{cfg.dtype} (in float32 arrays)"
+            return Misfit("dtype", name, dtype, want, 0)
     return None
 
 
@@ -222,7 +221,7 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     gradient before the cap, one (B, H, T, T); capped logits', one (B, T, V)).
     ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
     """
-    item = np.dtype(cfg.dtype).itemsize
+    item = cfg.np_dtype.itemsize   # float16 and bfloat16: held in float32 (engine.precision)
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
                            cfg.layers)
     btd, bhtt, btf, btv = B * T * d, B * H * T * T, B * T * F, B * T * V
@@ -301,7 +300,7 @@ def streamed_estimate(cfg: Config, lazy: bool = False, kept=(), held=()) -> dict
     ``held``: parameters whose gradients it keeps: they count besides (``"kept"``).
     """
     one, whole = memory_estimate(cfg.replace(layers=1, sliding_layers=None)), memory_estimate(cfg)
-    item = np.dtype(cfg.dtype).itemsize
+    item = cfg.np_dtype.itemsize   # float16 and bfloat16: held in float32 (engine.precision)
     streams = (cfg.layers - 1) * cfg.batch * cfg.seq_len * cfg.d_model * item
     parts = {"params": one["params"] if lazy else whole["params"], "grads": one["grads"],
              "activations": one["activations"] + streams,
