@@ -157,6 +157,7 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "patch": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"],
               {"param", "input", "config", "act", "loss", "patch"}),
     "attribute": (["-t", 1], {"param", "input", "config", "act", "loss", "attribution"}),
+    "precision": ([], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "mask": ([], {"causal", "padding", "combined"}),
     "pe": ([], {"pe"}),   # the last: the test reads its --json
 }

@@ -400,3 +400,205 @@ def test_model_commands_run_rounded(command, dtype):
 def test_the_checks_of_float64_refuse_a_rounded_run(command):
     line = error_line(run(command, "--dtype", "bfloat16"), 2)
     assert "'--dtype'" in line and "tfm precision --dtype bfloat16" in line
+
+
+# ---------------------------------------------------------------- tfm precision: own and inherited
+
+
+def report_of(cfg, params, inputs, dtype, threshold=4.0):
+    from tfmcli.explain.precision import held_against_float64
+
+    return held_against_float64(params, inputs, cfg, dtype, threshold)
+
+
+def by_name(report) -> dict:
+    return {e.name: e for e in report.activations + report.gradients + report.parameters}
+
+
+def overflowing(seed=0):
+    """Queries and keys of about 100 per entry (W_Q, W_K 100 times the identity): each score
+    q . k about 8e4 before the 1/sqrt(d_head) scale, past float16's 65504."""
+    cfg = tfmcli.Config(d_model=16, heads=2, layers=1, seq_len=5, batch=1, vocab=12,
+                        seed=seed, activation="gelu")
+    params = tfmcli.init_params(cfg)
+    params["blocks.0.attn.W_Q"] = 100.0 * np.eye(16)
+    params["blocks.0.attn.W_K"] = 100.0 * np.eye(16)
+    return cfg, params, tfmcli.make_inputs(cfg)
+
+
+def test_float16_overflows_in_the_scores_own_product():
+    """q and k are fine in float16; their product is not: the scores' own operation makes inf
+    from float64's own q and k rounded (not an error it inherits), the softmax of a row with
+    inf makes NaN, and the scores are the first tensor named. bfloat16, float32's range, does
+    not overflow."""
+    cfg, params, inputs = overflowing()
+    report = report_of(cfg, params, inputs, "float16")
+    errors = by_name(report)
+    q, k = errors["blocks.0.attn.q"], errors["blocks.0.attn.k"]
+    scores = errors["blocks.0.attn.scores"]
+    assert q.inf == k.inf == 0 and q.in_eps < 1 and k.in_eps < 1
+    assert scores.inf > 0 and scores.rms == np.inf and scores.own == np.inf
+    assert report.first(report.activations).name == "blocks.0.attn.scores"
+    assert errors["blocks.0.attn.pattern"].nan > 0
+    assert not report.first(report.activations[:report.activations.index(scores)])
+    assert report.consistent
+    bf16 = by_name(report_of(cfg, params, inputs, "bfloat16"))["blocks.0.attn.scores"]
+    assert bf16.inf == 0 and bf16.in_eps < 4
+
+
+def test_torch_overflows_where_tfm_does():
+    """The same q and k as float16 tensors: torch's product overflows too, before any
+    scale (tfm's scores round the product, then scale it, as Hugging Face's attention)."""
+    torch = pytest.importorskip("torch")
+    cfg, params, inputs = overflowing()
+    fwd = tfmcli.forward(params, inputs, cfg)
+    q, k = (torch.tensor(fwd.acts[f"blocks.0.attn.{n}"]).half() for n in "qk")
+    theirs = torch.isinf(q @ k.transpose(-1, -2))
+    with np.errstate(over="ignore"):
+        carried = {name: value.astype(np.float32) for name, value in params.items()}
+        ours = np.isinf(tfmcli.forward(carried, inputs, cfg.replace(dtype="float16"))
+                        .acts["blocks.0.attn.scores"]) & np.tril(np.ones((5, 5), bool))
+    np.testing.assert_array_equal(ours, theirs.numpy() & np.tril(np.ones((5, 5), bool)))
+    assert theirs.any()
+
+
+def test_a_product_scaled_before_its_rounding_is_caught(monkeypatch):
+    """Planted: attention's steps not rounded between (the product scaled in float32 before
+    float16 sees it, 2.8e4): no score overflows, and the test above fails."""
+    monkeypatch.setattr(ops, "rounding", lambda: (lambda x: x))
+    cfg, params, inputs = overflowing()
+    scores = by_name(report_of(cfg, params, inputs, "float16"))["blocks.0.attn.scores"]
+    assert scores.inf == 0
+
+
+def drifting(layers=8):
+    """Every block adds 0.001 to every entry twice (W_O and W_2 zero, b_O and b_2 0.001) to a
+    stream of entries in [1, 2), where bfloat16's values are 2^-7 apart: each update is under
+    half a gap, and rounds away."""
+    cfg = tfmcli.Config(d_model=16, heads=2, layers=layers, seq_len=6, batch=1, vocab=12,
+                        pe="none", activation="gelu")
+    params = tfmcli.init_params(cfg)
+    params["embed.W_E"] = np.random.default_rng(0).uniform(1.0, 2.0, (12, 16))
+    for i in range(layers):
+        p = f"blocks.{i}."
+        params[p + "attn.W_O"] = np.zeros((16, 16))
+        params[p + "ffn.W_2"] = np.zeros(params[p + "ffn.W_2"].shape)
+        params[p + "attn.b_O"] = np.full(16, 1e-3)
+        params[p + "ffn.b_2"] = np.full(16, 1e-3)
+    return cfg, params, tfmcli.make_inputs(cfg)
+
+
+def test_bfloat16_loses_a_small_residual_update_and_the_loss_is_inherited():
+    """In bfloat16 the stream never moves: each block's output is its input, bit for bit,
+    while float64's grows by 0.002 a block. Each sum's own error stays one rounding's; what
+    it inherits grows block by block, and the first stream past 1 eps is named. float16's
+    gap there, 2^-10, keeps the updates."""
+    cfg, params, inputs = drifting()
+    from tfmcli.explain.precision import held_against_float64
+
+    report = held_against_float64(params, inputs, cfg, "bfloat16", threshold=1.0)
+    low = tfmcli.forward({n: precision.of("bfloat16").round(v) for n, v in params.items()},
+                         inputs, cfg.replace(dtype="bfloat16"))
+    for i in range(cfg.layers):
+        np.testing.assert_array_equal(low.acts[f"blocks.{i}.out"], low.acts["blocks.0.in"])
+    errors = by_name(report)
+    streams = [errors[f"blocks.{i}.resid2"] for i in range(cfg.layers)]
+    inherited = [e.inherited / e.eps for e in streams]
+    assert all(b > a for a, b in zip(inherited, inherited[1:])), inherited
+    assert all(e.own / e.eps < 0.5 for e in streams)
+    assert inherited[-1] > 1.0 > streams[0].in_eps and inherited[-1] > 4 * streams[-1].own / \
+        streams[-1].eps
+    first = report.first(report.activations)
+    assert first.name.startswith("blocks.") and first.in_eps > 1.0
+    assert report.consistent
+    half = by_name(held_against_float64(params, inputs, cfg, "float16"))
+    assert half[f"blocks.{cfg.layers - 1}.resid2"].in_eps < 1.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", *ROUNDED])
+def test_the_split_adds_up_and_the_own_run_reads_float64_rounded(dtype):
+    """At random O(1) weights in a LLaMA-like model: every tensor's error within its own plus
+    its inherited; the first tensor's (the embedding's rows) all its own; float32's errors a
+    few of its eps, not float64's noise."""
+    from helpers import random_params
+
+    cfg = arch_cfg("llama", layers=2)
+    params = random_params(tfmcli.init_params(cfg), seed=5)
+    report = report_of(cfg, params, tfmcli.make_inputs(cfg), dtype)
+    assert report.consistent
+    embed = report.activations[0]
+    assert embed.name == "embed" and embed.inherited == 0 and embed.own == embed.rms > 0
+    assert 0.05 < embed.in_eps < 0.5   # one rounding of each weight
+    assert all(e.own / e.eps < 2 for e in report.activations)
+    assert len(report.gradients) == len(report.activations)
+    assert [e.name for e in report.parameters] == [f"grad {n}" for n in params]
+
+
+def test_next_tokens_flip_where_the_dtype_moves_the_top_two_past_each_other():
+    from tfmcli.engine.inputs import inputs_from_tokens
+    from tfmcli.explain.precision import next_tokens
+
+    truth = np.array([[[2.0, 1.0, 0.0], [1.0, 1.001, 0.0]]])
+    low = np.array([[[2.0, 1.0, 0.0], [1.01, 1.0, 0.0]]])
+    positions = next_tokens(truth, low, inputs_from_tokens([[0, 1]]), 2.0 ** -7)
+    assert [p.flipped for p in positions] == [False, True]
+    assert positions[1].truth == 1 and positions[1].low == 0 and positions[1].near_tie
+    assert positions[0].kl == 0 and positions[1].kl > 0
+    assert positions[0].gap == pytest.approx(1.0 / (2.0 * 2.0 ** -7))
+
+
+# ---------------------------------------------------------------- tfm precision, the command
+
+
+def test_precision_defaults_to_bfloat16_and_names_what_it_measured():
+    result = ok("precision", "--arch", "llama", "-L", "2")
+    out = result.output
+    for words in ("activations, forward", "their gradients, backward",
+                  "the parameters' gradients", "bfloat16, held against float64",
+                  "first past 4 eps", "loss  float64", "KL(p_float64 ‖ p_bfloat16)",
+                  "blocks.1.attn.scores", "dblocks.0.attn.k_rot", "ffn.W_gate"):
+        assert words in out, words
+
+
+def test_precision_json_carries_every_tensor():
+    import json
+
+    cfg = arch_cfg("gpt2")
+    args = ["precision", "--arch", "gpt2", "--dtype", "float16", "-d", "16", "-H", "4", "-L",
+            "2", "-T", "6", "-B", "2", "-V", "24", "--json"]
+    data = json.loads(ok(*args).output)
+    from tfmcli.engine.sizes import activation_shapes, param_shapes
+
+    assert data["dtype"] == "float16" and data["eps"] == 2.0 ** -10
+    assert [a["name"] for a in data["activations"]] == list(activation_shapes(cfg))
+    assert [g["name"] for g in data["gradients"]] == ["d" + n for n in
+                                                      reversed(activation_shapes(cfg))]
+    assert [g["name"] for g in data["parameter_gradients"]] == ["grad " + n for n in
+                                                                param_shapes(cfg)]
+    row = data["activations"][0]
+    assert {"rms", "max", "in_eps", "own", "inherited", "inf", "nan", "flushed"} <= set(row)
+    assert len(data["positions"]) == 12 and data["config"]["dtype"] == "float16"
+    assert set(data["loss"]) == {"float64", "float16"}
+
+
+def test_precision_of_an_overflow_is_reported_not_refused(tmp_path):
+    """A run that overflows is what tfm precision is for (the other commands refuse it): a
+    saved .npz of float64 weights, read in its own float64 whatever --dtype names."""
+    import json
+
+    from tfmcli.io import run_arrays, save_npz
+
+    cfg, params, inputs = overflowing()
+    save_npz(tmp_path / "big.npz", run_arrays(cfg, params, inputs))
+    args = ["--load", tmp_path / "big.npz", "--dtype", "float16"]
+    data = json.loads(ok("precision", *args, "--json").output)
+    scores = next(a for a in data["activations"] if a["name"] == "blocks.0.attn.scores")
+    assert scores["inf"] > 0 and scores["rms"] == scores["own"] == "inf"
+    assert data["first_activation_past_threshold"] == "blocks.0.attn.scores"
+    text = ok("precision", *args).output
+    assert "first past 4 eps: blocks.0.attn.scores (inf eps: own inf" in text
+
+
+def test_precision_refuses_float64_as_the_dtype_under_test():
+    line = error_line(run("precision", "--dtype", "float64"), 2)
+    assert "'--dtype'" in line and "float32, float16 or bfloat16" in line

@@ -47,6 +47,7 @@ COMMANDS = [
     ["explore", "--keys", "down,enter,g"],
     ["patch", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
     ["attribute"],
+    ["precision", "-L", "2"],
     ["forward", "--json"],
     ["--help"],
     ["forward", "--help"],

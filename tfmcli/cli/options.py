@@ -490,11 +490,13 @@ class Options:
                 raise typer.BadParameter(f"it sets {what}, and this model's --pe is {cfg.pe}; "
                                          f"add --pe rope", param_hint=f"'{FLAGS[name]}'")
 
-    def run(self):
+    def run(self, untyped=()):
         """The run these options describe (sources.resolve), parameters not yet drawn.
 
         Whether it fits in memory, whole or a block at a time, ``streaming.choose_stream``
-        decides, before anything is allocated.
+        decides, before anything is allocated. ``untyped``: options taken as defaults even if
+        typed, so that a file's own value wins (tfm precision's --dtype, which names the
+        dtype to measure, not the one to read the file in).
         """
         from tfmcli.sources import (  # (at run time: --help skips it)
             MissingExtra,
@@ -502,7 +504,7 @@ class Options:
             resolve,
         )
 
-        explicit = {name for name in MODEL_FIELDS if self.explicit(name)}
+        explicit = {name for name in MODEL_FIELDS if self.explicit(name)} - set(untyped)
         if self.values.get("arch") and self.values.get("load") is not None:
             raise typer.BadParameter(f"{self.values['load']} brings its own architecture; "
                                      f"drop --arch", param_hint="'--arch'")
