@@ -23,6 +23,7 @@ from tfmcli.engine.model import arrays_repr
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources import gpt2
 from tfmcli.sources.families import checkpoint_module
+from tfmcli.sources.gguf import gguf_reader, is_gguf
 from tfmcli.sources.gpt2 import MissingExtra
 from tfmcli.sources.npz import (
     check_inputs,
@@ -125,12 +126,20 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     from_file = None   # where an .npz's own fields come from, for an error in one of them
     token_text = str
     folder = load is not None and Path(load).is_dir()
+    gguf_file = load is not None and not folder and is_gguf(load)
     if folder:
         gpt2.require_safetensors()   # a folder needs the hf extra (its tokenizer, GPT-2's weights)
         checkpoint = checkpoint_module(load)   # gpt2, llama, ... qwen3, as config.json says
         fields = checkpoint.read_config(load)
         weights_from = f"{checkpoint.NAME} checkpoint {load}"
         tokenizer = find_tokenizer(load)
+        if tokenizer is not None:
+            token_text = tokenizer.label
+    elif gguf_file:   # the gguf package reads it: the model's, and its tokenizer's, metadata
+        checkpoint = gguf_reader()
+        fields = checkpoint.read_config(load)
+        weights_from = checkpoint.describe(load)
+        tokenizer = checkpoint.find_tokenizer(load, needed=text is not None)
         if tokenizer is not None:
             token_text = tokenizer.label
     elif load is not None:
@@ -153,7 +162,8 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
             raise ConfigError("text", "give the input as --text or as --tokens, not both")
         if tokenizer is None:
             where = f"{load} has no tokenizer.json (or vocab.json + merges.txt)" if folder else \
-                "it needs --load DIR, a checkpoint folder with tokenizer.json"
+                f"{load} has no tokenizer (no key 'tokenizer.ggml.model')" if gguf_file else \
+                "it needs --load DIR, a checkpoint folder with tokenizer.json, or a GGUF file"
             raise ConfigError("text", f"tfm cannot tokenize text here: {where}; --tokens "
                                       f"takes ids")
         for t in text:   # a byte that is not UTF-8 reaches Python as a lone surrogate
@@ -171,7 +181,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
         if name in fields and fields[name] != flags[name] and not (tokens and name in INPUT_FIELDS):
             raise ConfigError(name, f"{name}={flags[name]!r} contradicts {load}, which has "
                                     f"{name}={fields[name]!r}; drop the flag or change the file")
-    if folder:   # a typed option the checkpoint leaves nothing to do would be silently ignored
+    if folder or gguf_file:   # a typed option the checkpoint leaves nothing to do is refused
         unused = {"init": "its weights are read, not drawn"}
         if tokens is not None:
             unused["seed"] = "its weights are read, and the tokens are given"
@@ -203,7 +213,7 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
     if tokens is not None:
         _check_ids(inputs, cfg, "text" if text else "tokens")
     lazy = None
-    if folder:
+    if folder or gguf_file:
         read_params = lambda: checkpoint.load_params(load, fields, cfg.np_dtype)  # noqa: E731
         if hasattr(checkpoint, "lazy_params"):
             lazy = lambda: checkpoint.lazy_params(load, fields, cfg.np_dtype)  # noqa: E731
