@@ -45,9 +45,11 @@ GALLERY = {
               '--from-text "The dog sat on the mat." --over heads'),
     "attribute": ('tfm attribute --load examples/tiny-gpt2 --text "The cat sat on the" -t 4 '
                   '--target " mat"'),
+    "precision": 'tfm precision --load examples/tiny-gpt2 --text "The cat sat on the"',
 }
 NEEDS = {"lens": ("safetensors", "tokenizers"), "check": ("torch",),
-         "patch": ("safetensors", "tokenizers"), "attribute": ("safetensors", "tokenizers")}
+         "patch": ("safetensors", "tokenizers"), "attribute": ("safetensors", "tokenizers"),
+         "precision": ("safetensors", "tokenizers")}
 
 
 def draw(name: str, path: Path) -> None:

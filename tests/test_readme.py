@@ -30,7 +30,7 @@ def test_the_readme_and_every_command_page_have_examples():
     pages = {page for page, _, _ in EXAMPLES}
     assert sum(page == "README.md" for page, _, _ in EXAMPLES) >= 6
     commands = {p.stem for p in (ROOT / "docs" / "commands").glob("*.md")} - {"index"}
-    assert len(commands) == 21
+    assert len(commands) == 22
     for command in commands:
         assert f"docs/commands/{command}.md" in pages, command
 

@@ -160,8 +160,10 @@ class PrecisionReport:
     low_loss: float                   # the dtype's
 
     def first(self, errors: list[TensorError]) -> TensorError | None:
-        """The first of ``errors`` past the threshold, or None."""
-        return next((e for e in errors if e.crosses(self.threshold)), None)
+        """The first of ``errors`` past the threshold, or None. dprobs is passed over: it is
+        off the backward's path (the loss's gradient reaches the logits directly)."""
+        return next((e for e in errors if e.crosses(self.threshold) and e.name != "dprobs"),
+                    None)
 
     @property
     def flips(self) -> list[Position]:
