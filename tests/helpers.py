@@ -35,6 +35,8 @@ def skip_without_oracle(args) -> None:
     words = [str(a) for a in args]
     if words[:1] == ["check"] and not {"--help", "-h"} & set(words):
         pytest.importorskip("torch", reason="tfm check runs the model in PyTorch: no torch")
+    if any(word.endswith(".gguf") for word in words):   # the gguf extra, which CI installs
+        pytest.importorskip("gguf", reason="a GGUF file is read with the gguf package: no gguf")
 
 
 def assert_scaled_close(actual, desired, rel: float = 1e-12, floor: float = 0.0):

@@ -480,3 +480,20 @@ def test_without_gguf_the_line_says_how_to_install_it(monkeypatch, tmp_path):
     path.write_bytes(b"GGUF")
     result = run("forward", "--load", path, "--tokens", "1,2")   # (as a folder without hf)
     assert result.exit_code == 2 and "python -m pip install gguf" in result.output, result.output
+
+
+def test_the_shipped_file_is_what_its_script_makes(converter, llama_cpp, tmp_path):
+    """examples/tiny-llama.Q8_0.gguf, which docs/gguf.md runs on, is what examples/tiny_gguf.py
+    makes with llama.cpp's converter today: the same metadata and tensors."""
+    out = tmp_path / "tiny.gguf"
+    done = subprocess.run([sys.executable, str(EXAMPLES / "tiny_gguf.py"), str(llama_cpp),
+                           str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shipped, made = GgufFile(EXAMPLES / "tiny-llama.Q8_0.gguf"), GgufFile(out)
+    assert shipped.meta.keys() == made.meta.keys()
+    for key, value in made.meta.items():
+        assert np.array_equal(shipped.meta[key], value) if isinstance(value, np.ndarray) \
+            else shipped.meta[key] == value, key
+    assert shipped.tensors == made.tensors
+    for name in made.tensors:
+        assert np.array_equal(shipped.array(name), made.array(name)), name
