@@ -140,6 +140,10 @@ class GgufParams(LazyParams):
         super().__init__(None, {key: key for key in names}, rows, shapes, dtype, pick=pick)
         self.file, self.spec, self.fields, self.tensor = file, spec, fields, names
 
+    def kind(self, name: str) -> str:
+        """The type the file stores parameter ``name``'s tensor in ("Q8_0", "F32")."""
+        return self.file.tensors[self.tensor[self.rows[name][0]]].kind.name
+
     def _read(self, key: str, transposed: bool) -> np.ndarray:
         value = self.file.array(self.tensor[key])   # float32 (exactly the stored values)
         if self.spec.undo is not None:
