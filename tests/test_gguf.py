@@ -497,3 +497,36 @@ def test_the_shipped_file_is_what_its_script_makes(converter, llama_cpp, tmp_pat
     assert shipped.tensors == made.tensors
     for name in made.tensors:
         assert np.array_equal(shipped.array(name), made.array(name)), name
+
+
+def hf_folder(folder: Path, kind: str, **config) -> Path:
+    """A random Hugging Face model of ``kind`` ("Qwen2", "Qwen3") saved by its own
+    ``save_pretrained`` in float32, weights O(1), 300 tokens, with tiny-gpt2's tokenizer (286:
+    the converter adds the rest, and Qwen's tokenizer class an <|endoftext|>) for
+    the converter to write."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+                 rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = getattr(transformers, f"{kind}ForCausalLM")(
+        getattr(transformers, f"{kind}Config")(**{**sizes, **config}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+            if p.dim() == 1:   # norm gains (and biases) about 1
+                p.add_(1.0)
+    model.save_pretrained(folder)
+    shutil.copy(EXAMPLES / "tiny-gpt2" / "tokenizer.json", folder)
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": '
+                                                  '"PreTrainedTokenizerFast"}')
+    return folder
+
+
+@pytest.mark.parametrize("kind, config", [("Qwen2", {}), ("Qwen3", {"head_dim": 16})])
+def test_a_qwen_file_runs_as_its_folder(converter, tmp_path, kind, config):
+    """Qwen2 (biases on Q, K and V) and Qwen3 (q and k norms, heads 16 wide where width / heads
+    is 8): not permuted by the converter, and read so."""
+    folder = hf_folder(tmp_path / kind, kind, **config)
+    assert_same_run(converter(folder, "f32", pre="gpt-2"), folder, GPT2_TOKENS)

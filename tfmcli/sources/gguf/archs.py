@@ -144,6 +144,18 @@ def llama_fields(m: Meta) -> dict:
     return family_fields("llama", **sizes, **llama_biases(m))
 
 
+def qwen2_fields(m: Meta) -> dict:
+    """Qwen2's, Qwen2.5's: LLaMA's sizes, biases on Q, K and V (the file's tensors say), no
+    permutation. A window the converter does not write is not read."""
+    return family_fields("qwen2", **rope_sizes(m), **llama_biases(m))
+
+
+def qwen3_fields(m: Meta) -> dict:
+    """Qwen3's: LLaMA's sizes (heads ``attention.key_length`` wide, 128 where width / heads is
+    64), q and k normed per head, no biases, no permutation."""
+    return family_fields("qwen3", **rope_sizes(m), **llama_biases(m))
+
+
 def llama_rows(fields: dict) -> list:
     from tfmcli.sources import llama
 
@@ -213,6 +225,8 @@ GPT2_TRANSPOSED = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
 ARCHS = {
     "llama": Arch("llama", llama_fields, llama_rows, undo=llama_undo),
+    "qwen2": Arch("qwen2", qwen2_fields, llama_rows),
+    "qwen3": Arch("qwen3", qwen3_fields, llama_rows),
     "gpt2": Arch("gpt2", gpt2_fields, gpt2_rows, pick=side_by_side, undo=transpose_back,
                  transposed=GPT2_TRANSPOSED, shapes=gpt2_shapes),
 }
