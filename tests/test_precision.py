@@ -604,3 +604,30 @@ def test_precision_of_an_overflow_is_reported_not_refused(tmp_path):
 def test_precision_refuses_float64_as_the_dtype_under_test():
     line = error_line(run("precision", "--dtype", "float64"), 2)
     assert "'--dtype'" in line and "float32, float16 or bfloat16" in line
+
+
+@pytest.mark.parametrize("dtype", ROUNDED)
+@pytest.mark.parametrize("fields", [dict(), dict(pe="rope", rms_norm=True, activation="swiglu",
+                                               bias=False, seq_len=128, vocab=500)],
+                         ids=["gpt", "llama"])
+def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
+    """A rounded run's peak (tracemalloc) within 10% of its estimate: the weights as read,
+    rounded, kept by the caches, and a tensor's rounding beside it (sizes' "rounding")."""
+    import tracemalloc
+
+    from tfmcli.engine.sizes import memory_estimate
+
+    cfg = tfmcli.Config(**{**dict(d_model=64, heads=4, layers=2, seq_len=64, batch=2,
+                                  vocab=200, dtype=dtype), **fields})
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)   # imports made
+    tracemalloc.start()
+    try:
+        fwd = tfmcli.forward(params, inputs, cfg)
+        tfmcli.backward(params, fwd, cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    estimate = memory_estimate(cfg)
+    assert estimate["rounding"] > estimate["params"]
+    assert 0.9 <= (estimate["total"] - estimate["params"]) / peak <= 1.1

@@ -33,8 +33,9 @@ class Tape:
     (``engine.precision``; ``round`` is the identity in float64 and float32)."""
 
     def __init__(self, P: dict, cfg: Config, caches: dict, masks: dict | None = None):
-        self.round = precision.of(cfg.dtype).round
-        self.P = precision.stored(P, precision.of(cfg.dtype))
+        policy = precision.of(cfg.dtype)
+        self.round, self.kept = policy.round, policy.kept
+        self.P = precision.stored(P, policy)
         self.cfg, self.caches, self.masks = cfg, caches, masks
         self.fast = caches["fast"]
         self.plan = caches.get("plan")   # the pass's interventions (engine.interventions)
@@ -48,17 +49,17 @@ class Tape:
     def keep(self, name: str, x: np.ndarray) -> np.ndarray:
         """Record activation ``name``; returns it, changed by the pass's interventions on it:
         what comes after reads the returned array."""
-        x = self.round(x)
+        x = self.kept(x)
         if self.plan:
-            x = self.round(self.plan.apply(name, x))
+            x = self.kept(self.plan.apply(name, x))
         self.acts[name] = x
         return x
 
     def keep_grad(self, name: str, dx: np.ndarray) -> np.ndarray:
         """Record the gradient of activation ``name``; returns the gradient of what made it
         (the same, unless an intervention changed the activation: ``through``)."""
-        dx = self.dacts[name] = self.round(dx)
-        return self.round(self.through(name, dx))
+        dx = self.dacts[name] = self.kept(dx)
+        return self.kept(self.through(name, dx))
 
     def through(self, name: str, dx: np.ndarray) -> np.ndarray:
         """From the gradient of kept activation ``name`` to the gradient of what made it."""

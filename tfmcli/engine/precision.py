@@ -90,6 +90,15 @@ class Precision(NamedTuple):
             return float(np.asarray(x, dtype=self.store))
         return np.asarray(x).astype(self.store).astype(self.array)
 
+    def kept(self, x):
+        """``x`` as the pass stores it: ``x`` itself when every value is already one of the
+        dtype's (an operation's rounded result: no second copy beside the one its cache
+        holds), else ``round(x)`` (a sum the block made)."""
+        if self.exact:
+            return x
+        rounded = self.round(x)
+        return x if np.array_equal(rounded, x, equal_nan=True) else rounded
+
     def round_results(self, out, results: int | None):
         """An operation's return value with its results rounded: every array of a tuple
         (``results`` None), or its first ``results`` items (the rest is the cache)."""
