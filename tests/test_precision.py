@@ -631,3 +631,8 @@ def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
     estimate = memory_estimate(cfg)
     assert estimate["rounding"] > estimate["params"]
     assert 0.9 <= (estimate["total"] - estimate["params"]) / peak <= 1.1
+
+
+def test_precision_refuses_to_stream():
+    line = error_line(run("precision", "--stream"), 2)
+    assert "'--stream'" in line and "three whole runs" in line

@@ -46,6 +46,11 @@ def precision(
         raise typer.BadParameter("float64 is the truth tfm precision holds the run against; "
                                  "give the dtype to measure: float32, float16 or bfloat16",
                                  param_hint="'--dtype'")
+    if opts.values.get("stream"):
+        raise typer.BadParameter("tfm precision compares every tensor of three whole runs "
+                                 "(float64's, the dtype's, and its own operations'), so it "
+                                 "holds them all; run it without --stream",
+                                 param_hint="'--stream'")
     opts.values["dtype"] = DType.float64   # the weights read in float64 (an .npz: in its own)
     keep_freed_memory()
     run = opts.run(untyped={"dtype"})
@@ -54,7 +59,7 @@ def precision(
     if not opts.values.get("force"):   # float64's run, and two in the dtype (float32 arrays)
         from tfmcli.engine.sizes import memory_estimate
 
-        check_memory(cfg, extra=2 * memory_estimate(cfg.replace(dtype="float32"))["total"],
+        check_memory(cfg, extra=2 * memory_estimate(cfg.replace(dtype=dtype))["total"],
                      what=f"a float64 run and two in {dtype}", opts=opts)
     params = {name: np.asarray(value, dtype=np.float64)
               for name, value in run.complete().params.items()}
