@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tfmcli
-from helpers import error_line, random_params, run
+from helpers import error_line, ok, random_params, run
 from tfmcli import io
 from tfmcli.cli import app  # noqa: F401
 
@@ -409,3 +409,20 @@ def test_a_file_of_a_checkpoint_folder_names_the_folder_to_pass(member, monkeypa
     line = error_line(run("forward", "--load", f"examples/tiny-gpt2/{member}"), 1)
     assert line.endswith(f"--load examples/tiny-gpt2/{member}: a file of the checkpoint folder "
                          "examples/tiny-gpt2; pass the folder (--load examples/tiny-gpt2)"), line
+
+
+def test_a_run_saved_with_interventions_loads_its_weights_and_says_what_it_changed(
+        tmp_path, monkeypatch):
+    """It was refused: unknown key 'interventions'."""
+    saved = tmp_path / "changed.npz"
+    ok("forward", "--ablate", "blocks.0.attn.head1", "--save", saved)
+    monkeypatch.setenv("COLUMNS", "300")   # the panel's line whole, however long the path
+    assert (f"│ weights        file {saved} (saved with ablate blocks.0.attn.head1: the weights, "
+            "not the change)") in ok("forward", "--load", saved).stdout
+    plain = json.loads(ok("forward", "--json").stdout)
+    loaded = json.loads(ok("forward", "--load", saved, "--json").stdout)
+    assert loaded["loss"] == plain["loss"]   # the weights as they were: the unchanged run
+    np.savez(tmp_path / "bad.npz", **{k: v for k, v in np.load(saved).items()
+                                      if k != "interventions"}, interventions=np.array("[1]"))
+    assert "key 'interventions' is not a list" in error_line(
+        run("forward", "--load", tmp_path / "bad.npz"), 1)

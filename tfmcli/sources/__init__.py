@@ -154,7 +154,9 @@ def resolve(flags: dict, explicit: set[str], load=None, tokens=None, text=None,
             fields.update(infer_heads(params, {**flags, **fields}))
             fields.update(infer_activation(params, {**flags, **fields}))   # a gate: which one
             fields.update(infer_norm({**flags, **fields}))   # gamma alone: which norm
-        weights_from = f"file {load}"
+        weights_from = f"file {load}" + (
+            f" (saved with {'; '.join(loaded.interventions)}: the weights, not the change)"
+            if loaded.interventions else "")
         tokens_from = f"file {load}" if inputs is not None else None
         from_file = (set(fields), "key 'config'" if loaded.has_config else "its arrays' shapes")
     if text is not None:

@@ -26,6 +26,7 @@ class LoadedRun(NamedTuple):
     inputs: Inputs | None      # when the file has input/*
     has_config: bool
     task: dict | None = None   # tfm train's task: {"task": "reverse", "n": 8, "symbols": 10}
+    interventions: tuple = ()  # what the saved run changed (its weights are as they were)
 
 
 # how np.savez and np.savez_compressed store a member: the two methods tfm reads
@@ -211,7 +212,26 @@ def load_npz(path) -> LoadedRun:
                 full = bool(np.all(lengths == tokens.shape[1]))
                 fields["lengths"] = None if full else tuple(int(n) for n in lengths)
     _check_keys(path, arrays)
-    return LoadedRun(fields, params, inputs, has_config, _task(path, arrays))
+    return LoadedRun(fields, params, inputs, has_config, _task(path, arrays),
+                     _interventions(path, arrays))
+
+
+def _interventions(path, arrays) -> tuple:
+    """The ``interventions`` key of a run saved with them: a JSON list of their descriptions.
+    They changed that run's activations, never its weights, which load as they were."""
+    if "interventions" not in arrays:
+        return ()
+    import json
+
+    try:
+        described = json.loads(str(arrays["interventions"][()]))
+        ok = isinstance(described, list) and all(isinstance(d, str) for d in described)
+    except (ValueError, TypeError, RecursionError):
+        ok = False
+    if not ok:
+        raise TfmError(f"--load {path}: key 'interventions' is not a list of what a run changed "
+                       f"(like [\"ablate blocks.0.attn.head1\"])")
+    return tuple(described)
 
 
 def _task(path, arrays) -> dict | None:
@@ -236,12 +256,13 @@ def _task(path, arrays) -> dict | None:
 
 def _check_keys(path, arrays):
     for key in arrays:
-        if key in ("config", "loss", "task") or key in INPUT_KEYS:
+        if key in ("config", "loss", "task", "interventions") or key in INPUT_KEYS:
             continue
         if not any(key.startswith(s) and len(key) > len(s) for s in SECTIONS):
             raise TfmError(
                 f"--load {path}: unknown key {key!r} (allowed: param/, grad/, act/, "
-                f"actgrad/, input/tokens, input/targets, input/lengths, loss, config, task)"
+                f"actgrad/, input/tokens, input/targets, input/lengths, loss, config, task, "
+                f"interventions)"
             )
 
 
