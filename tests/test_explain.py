@@ -21,6 +21,10 @@ ARCHS = {
     "post-ln": dict(norm="post"),
     "sandwich": dict(sandwich_norm=True, rms_norm=True, activation="geglu", qk_norm=True),
     "softcaps-alibi": dict(attn_softcap=2.0, logit_softcap=3.0, pe="alibi", heads=2),
+    # a rounded run holds to its dtype's rounding (explain.cells.holds_to), not to 1e-12
+    "gpt2-float32": dict(dtype="float32"),
+    "llama-bfloat16": dict(rms_norm=True, pe="rope", activation="swiglu", heads=4, kv_heads=2,
+                           bias=False, dtype="bfloat16"),
 }
 SIZES = dict(batch=2, seq_len=4, d_model=8, heads=2, vocab=11, layers=2, d_ff=16)
 
@@ -43,8 +47,8 @@ def runs():
     for arch, fields in ARCHS.items():
         cfg = tfmcli.Config(**{**SIZES, **fields})
         rng = np.random.default_rng(7)
-        params = {name: rng.normal(0.0, 0.5, value.shape) + (1.0 if name.endswith("gamma")
-                                                             else 0.0)
+        params = {name: (rng.normal(0.0, 0.5, value.shape) + (1.0 if name.endswith("gamma")
+                                                              else 0.0)).astype(value.dtype)
                   for name, value in tfmcli.init_params(cfg).items()}
         inputs = tfmcli.make_inputs(cfg)
         other = tfmcli.make_inputs(cfg.replace(seed=cfg.seed + 1))
@@ -211,7 +215,8 @@ def test_embeds_central_differences_run_the_changed_model():
 VIEWS = [["attn", "--query", "2", "--backward"], ["attn", "--backward", "--head", "1"],
          ["ln"], ["ln", "--layer", "ln2", "-t", "2"], ["ffn", "-t", "2"], ["loss", "-t", "2"],
          ["embed", "-t", "2"], ["block", "-t", "2"]]
-CHANGES = [[], ["--ablate", "blocks.0.attn.pattern[0, 1, 2, 1]"],
+CHANGES = [[], ["--dtype", "float32"], ["--dtype", "bfloat16"], ["--dtype", "float16"],
+           ["--ablate", "blocks.0.attn.pattern[0, 1, 2, 1]"],
            ["--ablate", "blocks.0.ffn.act", "--ablate-with", "mean"],
            ["--set", "blocks.0.resid1[0, 2]=0.5"], ["--scale", "blocks.0.attn.head1=3"],
            ["--scale", "logits[0, 2]=2"], ["--ablate", "embed[0, 2]"],
@@ -227,5 +232,5 @@ def test_no_view_by_hand_shows_a_difference_it_cannot_explain(view, change):
 
     text = " ".join(ok(*view, "--tokens", "3,1,4,1,5", "-L", "2", *change).stdout.split())
     assert "a bug in tfm" not in text
-    if not change:
+    if not change or change[0] == "--dtype":
         assert "changed the run" not in text

@@ -20,7 +20,17 @@ import numpy as np
 
 from tfmcli.engine import ops, positional
 
-HOLDS = 1e-12   # a formula agrees with the record to this much of the tensor's scale
+HOLDS = 1e-12   # a formula agrees with a float64 record to this much of the tensor's scale
+ROUNDING = 8   # and with a float32, float16 or bfloat16 one to this many of its dtype's eps
+
+
+def holds_to(dtype: str) -> float:
+    """How close a formula worked in float64 comes to a run's record in ``dtype``: 1e-12 of
+    the tensor's scale in float64; ROUNDING eps of the dtype in the others (its numbers were
+    rounded at every step, the formula's not)."""
+    from tfmcli.engine import precision
+
+    return max(HOLDS, ROUNDING * precision.of(dtype).eps) if dtype != "float64" else HOLDS
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class Explanation:
     reads: tuple[str, ...]
     scale: float
     changed: tuple[str, ...] = ()
+    tolerance: float = HOLDS   # of the scale (holds_to: wider in a rounded dtype)
 
     @property
     def holds(self) -> bool:
@@ -44,7 +55,8 @@ class Explanation:
             return True
         if not (np.isfinite(self.claimed) and np.isfinite(self.recorded)):
             return self.claimed == self.recorded
-        return abs(self.claimed - self.recorded) <= HOLDS * max(self.scale, abs(self.recorded))
+        return abs(self.claimed - self.recorded) <= self.tolerance * max(self.scale,
+                                                                         abs(self.recorded))
 
     @property
     def bug(self) -> bool:
@@ -91,11 +103,13 @@ def explain_value(run, fwd, name: str, index: tuple, where: str) -> Explanation:
     if rule is None:
         return Explanation(where, recorded, None, (), (), scale)
     claimed, lines, reads, derives = rule
+    tolerance = holds_to(run.cfg.dtype)
     changed = interventions_on(fwd, (name, *derives))
     explanation = Explanation(where, recorded, claimed, tuple(lines), tuple(reads), scale,
-                              changed)
+                              changed, tolerance)
     if explanation.holds:   # holds: an intervention upstream is in the numbers already
-        return Explanation(where, recorded, claimed, tuple(lines), tuple(reads), scale)
+        return Explanation(where, recorded, claimed, tuple(lines), tuple(reads), scale,
+                           (), tolerance)
     return explanation
 
 
@@ -406,8 +420,12 @@ class Agreement:
 def agreement(fwd, what: str, mine, recorded, derives: Iterable[str],
               tolerance: float = HOLDS) -> Agreement:
     """``mine`` (a view's working) against ``recorded`` (the run's own), naming the
-    interventions on ``derives``: the tensors the working computes again."""
+    interventions on ``derives``: the tensors the working computes again. A run in a rounded
+    dtype holds to that dtype's rounding (``holds_to``) at least."""
     mine, recorded = np.asarray(mine, dtype=np.float64), np.asarray(recorded, dtype=np.float64)
     off = float(np.abs(mine - recorded).max()) if recorded.size else 0.0
     scale = float(np.abs(recorded).max()) if recorded.size else 0.0
+    cfg = fwd.caches.get("cfg") if fwd is not None else None
+    if cfg is not None:
+        tolerance = max(tolerance, holds_to(cfg.dtype))
     return Agreement(what, off, scale, interventions_on(fwd, derives), tolerance)
