@@ -24,7 +24,7 @@ KEY_NAMES = {"]": "right_square_bracket", "[": "left_square_bracket",
              "}": "right_curly_bracket", "{": "left_curly_bracket", "/": "slash",
              "?": "question_mark", "esc": "escape"}
 NAMED_KEYS = ("up", "down", "left", "right", "enter", "escape", "tab", "backspace",
-              *KEY_NAMES.values())
+              "pageup", "pagedown", "home", "end", *KEY_NAMES.values())
 INSTALL = "tfm explore needs Textual: python -m pip install textual"
 
 

@@ -7,17 +7,24 @@ of x[b, t, i] dy[b, t, j]``); an activation's sums one term per number it feeds 
 run's own numbers; ``gradient_paths`` shows them only when they add up to the backward's
 number, so a variant no rule was written for (a sandwich norm, a capped score) says so rather
 than showing a sum that is not the gradient.
+
+Its numbers are written as the explorer writes every column of numbers (``column``): at the
+column's scale with four significant digits, so a gradient of 1.6e-06 is ``-1.600e-06``,
+never ``-0.0000`` or a sum of ``-0.000002`` terms.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from tfmcli.engine import ops
 from tfmcli.engine.inputs import IGNORE
+from tfmcli.render.numbers import FIXED_RANGE, ZERO_TO_PRECISION, fmt, negligible
 
 TOP = 4   # terms listed one by one; the rest are summed in one line
 
@@ -35,6 +42,45 @@ READERS = {"ln1.out": ("attn.W_Q", "attn.W_K", "attn.W_V", "ffn.W_gate", "ffn.W_
            "ffn.act": ("ffn.W_2",)}
 
 
+DIGITS = 4   # significant digits of a column's largest number
+EPS = float(np.finfo(np.float64).eps)
+
+
+def column(values, eps: float = EPS, floor: float = 0.0) -> Callable[[float], str]:
+    """How each number of a column is written: at the column's scale (its largest finite
+    |value|) with four significant digits, in one notation (fixed point when the scale is in
+    the CLI's fixed range, ``+0.1234``, ``+12.35``; else scientific, ``-1.600e-06``). A value
+    the column's digits cannot show, or rounding noise next to its scale (``negligible``,
+    ``eps`` the run's dtype's; next to ``floor`` when that is larger, as a parameter's
+    gradient is next to the largest one's, as ``tfm check`` says) is ``≈0``; an exact zero
+    is `` 0`` in the column's digits.
+
+    >>> write = column([0.5, -3e-6, 0.0]); write(0.5), write(-3e-6), write(0.0)
+    ('+0.5000', '≈0', ' 0.0000')
+    >>> column([1.6e-06, -2e-7])(-2e-7)
+    '-2.000e-07'
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.abs(values[np.isfinite(values)])
+    scale = float(finite.max()) if finite.size else 0.0
+    if scale == 0.0:
+        return lambda v: fmt(v, DIGITS)
+    fixed = FIXED_RANGE[0] <= scale < FIXED_RANGE[1]
+    style = "fixed" if fixed else "sci"
+    precision = max(0, DIGITS - 1 - math.floor(math.log10(scale))) if fixed else DIGITS - 1
+
+    def write(value: float) -> str:
+        v = float(value)
+        if not math.isfinite(v) or v == 0:
+            return fmt(v, precision)
+        text = fmt(v, precision, style)
+        if negligible(v, max(scale, floor), eps) or (fixed and not text.strip("+-0.")):
+            return ZERO_TO_PRECISION
+        return text
+
+    return write
+
+
 @dataclass
 class Paths:
     """What a gradient entry sums: its formula, its terms in groups (one group per way on)."""
@@ -50,24 +96,31 @@ class Paths:
 
     def lines(self, value: float) -> list[str]:
         """The formula, each group's sum, the largest terms, the sum against ``value``; each
-        line within 38 columns."""
+        line within 38 columns. The terms and the groups' sums are one column, written at
+        its scale; the sum and the backward's number another (a sum of terms that cancel can
+        be far smaller than they are)."""
         lines = list(self.formula)
         count = sum(terms.size for _, _, terms in self.groups)
-        if len(self.groups) > 1:
-            for label, _, terms in self.groups:
-                size = f" ({terms.size})" if terms.size > 1 else ""
-                lines.append(f"  {label[:14]:<14} {terms.sum():+.6f}{size}")
         labels = [f"{group} {label}" if len(self.groups) > 1 else label
                   for group, names, _ in self.groups for label in names]
         terms = np.concatenate([terms for _, _, terms in self.groups])
         order = np.argsort(-np.abs(terms), kind="stable")
-        if count > len(self.groups):
+        sums = [t.sum() for _, _, t in self.groups] if len(self.groups) > 1 else []
+        listed = terms[order[:TOP]] if count > len(self.groups) else terms[:0]
+        rest = [terms[order[TOP:]].sum()] if count > TOP else []
+        write = column([*sums, *listed, *rest])
+        for (label, _, group), total in zip(self.groups, sums):
+            size = f" ({group.size})" if group.size > 1 else ""
+            lines.append(f"  {label[:14]:<14} {write(total):>10}{size}")
+        if listed.size:
             lines.append("  largest terms:" if count > TOP else "  terms:")
             for k in order[:TOP]:
-                lines.append(f"    {labels[k][:16]:<16} {terms[k]:+.6f}")
-            if count > TOP:
-                lines.append(f"    {f'{count - TOP} more':<16} {terms[order[TOP:]].sum():+.6f}")
-        lines.append(f"  sum {self.total():+.6f} (backward {value:+.6f})")
+                lines.append(f"    {labels[k][:16]:<16} {write(terms[k]):>10}")
+            if rest:
+                lines.append(f"    {f'{count - TOP} more':<16} {write(rest[0]):>10}")
+        # next to what rounding acts on (the terms' sizes), a sum of terms that cancel is ≈0
+        total = column([self.total(), value], floor=float(np.abs(terms).sum()))
+        lines.append(f"  sum {total(self.total())} (backward {total(value)})")
         return lines
 
 
@@ -143,6 +196,18 @@ def _positions(ex, shape) -> list[str]:
 def _final(ex) -> str:
     """What the head reads: the final norm's output, or (Post-LN) the last block's."""
     return "ln_f.out" if "ln_f.out" in ex.values else f"blocks.{ex.cfg.layers - 1}.out"
+
+
+def one(value: float) -> str:
+    """One number on its own, to four significant digits (``column`` of one)."""
+    return column([value])(value)
+
+
+def _token(ex, v: int) -> str:
+    """Vocabulary entry ``v``: its id, and its text where that is not the id ('464 The'),
+    never ``id:text``, which reads as a position's ``pos:token``."""
+    text = ex.run.token_text(v)
+    return str(v) if text == str(v) else f"{v} {text}"
 
 
 def _tail(name: str) -> str:
@@ -249,7 +314,7 @@ def _readers(ex, prefix, part, index) -> Paths:
         weight = ex.run.params["head.W_U"] if "head.W_U" in ex.run.params else \
             ex.run.params["embed.W_E"].T
         paths = Paths(["= sum over tokens v of", f"  W_U[{i}, v] x dlogits[{b}, t{t}, v]"])
-        paths.add("", [f"v {v}:{ex.run.token_text(v)}" for v in range(weight.shape[1])],
+        paths.add("", [f"v {_token(ex, v)}" for v in range(weight.shape[1])],
                   weight[i] * ex.gradients["logits"][b, t])
         return paths
     paths = Paths(["= sum over the numbers it feeds:", f"  W[{i}, j] x dy[j], for each W",
@@ -375,7 +440,7 @@ def _logits(ex, name, index) -> Paths:
         paths.add("", ["not scored"], [0.0])
         return paths
     p = float(ex.values["probs"][b, t, v])
-    about = f"  target {target}:{ex.run.token_text(target)}, N = {n} scored positions"
+    about = f"  target {_token(ex, target)}, N = {n} scored positions"
     if name == "probs":
         paths = Paths(["loss = -mean log p_target, so", "  dp_v = -[v = target] / (N p_v)",
                        about])
@@ -395,7 +460,7 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
         forward, backward = ops.ACTIVATIONS[act]
         slope = backward(np.ones_like(pre), forward(pre)[1])[i]
         paths = Paths([f"= {act}'(pre) x dact:",
-                       f"  {act}'({pre[i]:+.6f}) = {slope:+.6f}", f"  dact = {dact[i]:+.6f}"])
+                       f"  {act}'({one(pre[i])}) = {one(slope)}", f"  dact = {one(dact[i])}"])
         paths.add("", ["slope x dact"], [slope * dact[i]])
         return paths
     gate = ex.values[prefix + "ffn.gate"][b, t]
@@ -404,11 +469,11 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
     f = "silu" if act == "swiglu" else "gelu"
     if part == "ffn.pre":
         paths = Paths([f"act = {f}(gate) x pre, so", f"  dpre = {f}(gate) x dact:",
-                       f"  {f}({gate[i]:+.6f}) = {dpre[i]:+.6f}", f"  dact = {dact[i]:+.6f}"])
+                       f"  {f}({one(gate[i])}) = {one(dpre[i])}", f"  dact = {one(dact[i])}"])
         paths.add("", [f"{f}(gate) x dact"], [dpre[i] * dact[i]])
     else:
         paths = Paths([f"act = {f}(gate) x pre, so", f"  dgate = pre x {f}'(gate) x dact:",
-                       f"  pre x {f}'(gate) = {dgate[i]:+.6f}", f"  dact = {dact[i]:+.6f}"])
+                       f"  pre x {f}'(gate) = {one(dgate[i])}", f"  dact = {one(dact[i])}"])
         paths.add("", [f"pre {f}'(gate) dact"], [dgate[i] * dact[i]])
     return paths
 

@@ -132,20 +132,24 @@ class Explorer:
 
     def labels(self, view: View, axis: int, start: int = 0, stop: int | None = None
                ) -> list[str]:
-        """A label for each index ``start..stop`` of ``axis`` (all by default): tokens on the
-        token axes (q2:4, k1:␣cat), ids on the vocabulary, numbers elsewhere."""
+        """A label for each index ``start..stop`` of ``axis`` (all by default), as the CLI
+        labels them: ``pos:token`` on a batch row's token axes (q2:4, k1:␣cat), numbers
+        elsewhere (a vocabulary's ids; the positions of ``pe`` and ``W_pos``, which no token
+        reads differently)."""
         kind = self.axes(view.name)[axis]
         size = self.values[view.name].shape[axis]
         span = range(start, size if stop is None else min(stop, size))
-        row = view.index[0] if self.axes(view.name)[0] == "B" else 0
-        if kind in ("T", "Tq", "Tk"):
-            tokens = self.run.token_labels(row)
+        if kind in ("T", "Tq", "Tk") and self.axes(view.name)[0] == "B":
+            tokens = self.run.token_labels(self.row(view))
             prefix = {"Tq": "q", "Tk": "k"}.get(kind, "t")
             return [f"{prefix}{t}:{tokens[t]}" if t < len(tokens) else f"{prefix}{t}"
                     for t in span]
-        if kind == "V" and size == self.cfg.vocab:
-            return [f"{v}:{self.run.token_text(v)}" for v in span]
         return [str(i) for i in span]
+
+    def row(self, view: View) -> int:
+        """The batch row ``view`` shows: its index on B, or 0 for a tensor without a batch
+        axis (a parameter, ``pe``)."""
+        return view.index[0] if self.axes(view.name)[0] == "B" else 0
 
     def scale(self, view: View) -> float:
         """The colour scale of the slice shown: its largest |value| (the masked left out),
@@ -228,6 +232,24 @@ class Explorer:
     def flip(self, view: View) -> View:
         """The tensor <-> its gradient."""
         return dataclasses.replace(view, grad=not view.grad) if self.has_grad(view.name) else view
+
+    # ------------------------------------------------------------ the overview
+
+    def overview_at(self, view: View) -> tuple[int, int, int]:
+        """(row, block, head) the overview (``g``) opens at from ``view``: the batch row it
+        shows, its block and head where it has them (a key or value head: the first query
+        head it serves), else 0."""
+        m = re.match(r"blocks\.(\d+)\.", view.name)
+        axis = self.axis_named(view, "H")
+        head = 0
+        if axis is not None:
+            head = view.index[axis] * (self.cfg.heads // self.values[view.name].shape[axis])
+        return self.row(view), int(m[1]) if m else 0, head
+
+    @staticmethod
+    def pattern_view(row: int, block: int, head: int) -> View:
+        """The attention pattern the overview's map of (row, block, head) opens."""
+        return View(f"blocks.{block}.attn.pattern", False, (2, 3), (row, head, 0, 0))
 
     # ------------------------------------------------------------ following a number
 
@@ -329,14 +351,16 @@ class Explorer:
         base = " ".join(self.argv)
         m = re.match(r"blocks\.(\d+)\.(.*)", view.name)
         axes = self.axes(view.name)
-        row = view.index[0] if axes[0] == "B" else 0
-        if m and m[2] == "attn.pattern" and not view.grad:
+        row = self.row(view)
+        if axes[0] != "B" or view.grad:   # a parameter, pe, a gradient
+            m = None
+        if m and m[2] == "attn.pattern":
             return (f"tfm attn {base} --block {m[1]} --head {view.index[1]} --row {row} "
                     f"--query {view.index[2]}").replace("  ", " ")
-        if m and m[2].startswith(("ln1", "ln2")) and not view.grad:
-            return (f"tfm ln {base} --layer {m[2][:3]} --block {m[1]} --row {row} "
+        if m and re.fullmatch(r"ln[12](_post)?\.out", m[2]):
+            return (f"tfm ln {base} --layer {m[2][:-4]} --block {m[1]} --row {row} "
                     f"-t {view.index[1]}").replace("  ", " ")
-        if m and m[2].startswith("ffn.") and not view.grad:
+        if m and m[2].startswith("ffn."):
             return (f"tfm ffn {base} --block {m[1]} --row {row} "
                     f"-t {view.index[1]}").replace("  ", " ")
         command = "backward" if view.grad else "forward"
