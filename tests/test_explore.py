@@ -454,3 +454,17 @@ def test_a_gradients_paths_are_written_at_their_scale():
     assert lines[-4:] == ["    a                -1.200e-06", "    b                -4.000e-07",
                           "    c                +1.000e-07",
                           "  sum -1.500e-06 (backward -1.500e-06)"]
+
+
+def test_the_explore_page_lists_every_key():
+    """docs/commands/explore.md's table of keys, against the bindings ? reads."""
+    from pathlib import Path
+
+    from tfmcli.tui import app as module
+
+    page = (Path(__file__).parent.parent / "docs" / "commands" / "explore.md").read_text()
+    keys = " ".join(line.split("|")[1] for line in page.splitlines()
+                    if line.startswith("| ") and line.count("|") >= 3)
+    for binding in [*module.TensorPane.BINDINGS, *ExploreApp.BINDINGS]:
+        name = module.key_name(binding.key)
+        assert ("arrows" if name in "↑↓←→" else name) in keys, binding

@@ -280,7 +280,8 @@ class ExploreApp(App):
         if remember:
             self.stack.append(self.view)
         self.view, self.note, self.grid = view, "", None
-        self.draw(top=True)
+        self.draw()
+        self.top()
 
     def move(self, down: int, right: int) -> None:
         if self.grid is not None:
@@ -327,7 +328,8 @@ class ExploreApp(App):
         target = self.explorer.follow(self.view)
         if target is None:
             self.note = "this cell has no one input to follow"
-            self.draw(top=True)
+            self.draw()
+            self.top()
         else:
             self.open(target, remember=True)
 
@@ -340,7 +342,8 @@ class ExploreApp(App):
             self.draw()
         elif self.focused is not field and self.stack:
             self.view = self.stack.pop()
-            self.draw(top=True)
+            self.draw()
+            self.top()
         elif field.has_class("shown"):
             field.value = ""
             field.remove_class("shown")
@@ -363,7 +366,8 @@ class ExploreApp(App):
     def action_overview(self) -> None:
         if "blocks.0.attn.pattern" not in self.explorer.values:
             self.note = "this run keeps no attention pattern to overview"
-            self.draw(top=True)
+            self.draw()
+            self.top()
             return
         self.grid = self.explorer.overview_at(self.view)
         self.draw()
@@ -378,7 +382,8 @@ class ExploreApp(App):
                          f"backward           {ours:+.9e}\n"
                          f"central difference {numeric:+.9e}\n"
                          f"|difference|       {abs(ours - numeric):.2e}")
-        self.draw(top=True)
+        self.draw()
+        self.top()
 
     def action_scroll_explanation(self, pages: int) -> None:
         pane = self.query_one("#explain", ExplainPane)
@@ -389,7 +394,8 @@ class ExploreApp(App):
 
         save_outputs(text_path="tfm-explore.svg", text=self.svg())
         self.note = "saved tfm-explore.svg"
-        self.draw(top=True)
+        self.draw()
+        self.top()
 
     def svg(self) -> str:
         """The screen as SVG, its spaces kept in every renderer (librsvg drops a line's
@@ -402,15 +408,16 @@ class ExploreApp(App):
 
     # ------------------------------------------------------------ drawing
 
-    def draw(self, top: bool = False) -> None:
-        """Everything shown, from ``view`` (or the overview's ``grid``); ``top``: a new cell
-        or a note, so the explanation starts at its first line."""
+    def top(self) -> None:
+        """The explanation from its first line: a new cell, or a note (c's check) to read."""
+        self.query_one("#explain", ExplainPane).scroll_home(animate=False)
+
+    def draw(self) -> None:
+        """Everything shown, from ``view`` (or the overview's ``grid``)."""
         tensor = self.query_one("#tensor", Static)
         explanation = self.query_one("#explanation", Static)
         bottom = self.query_one("#bottom", Static)
         keys = "? every key · Tab next pane · PgDn/PgUp explanation · Esc back · q quit"
-        if top:
-            self.query_one("#explain", ExplainPane).scroll_home(animate=False)
         if self.grid is not None:
             tensor.update(self.overview())
             row, block, head = self.grid
@@ -456,8 +463,8 @@ class ExploreApp(App):
         """The largest parameter gradient of the run: what a parameter's gradient's rounding
         noise is measured against (``d b_K`` is 0 in exact arithmetic, 1e-17 computed)."""
         if self._floor is None:
-            self._floor = max((float(np.abs(g).max()) for g in self.explorer.grads.values()
-                               if g.size), default=0.0)
+            self._floor = max((max(float(g.max()), -float(g.min()))   # no |g| copy made
+                               for g in self.explorer.grads.values() if g.size), default=0.0)
         return self._floor
 
     def slice_table(self):
@@ -482,8 +489,8 @@ class ExploreApp(App):
                  f"{'x'.join(map(str, ex.array(view).shape))}"
                  + (f"\n{' · '.join(fixed)}" if fixed else ""))
         scale = ex.scale(view)
-        legend = (f"red < 0 < blue, grey 0, darkest at |x| {scale:.3g}"
-                  + (" · masked ·" if hidden is not None else ""))
+        legend = (f"red < 0 < blue, to |x| {scale:.3g}; 0 grey"
+                  + ("; · masked" if hidden is not None else ""))
 
         def lines(text: str) -> int:
             return sum(max(1, math.ceil(cell_len(line) / width)) for line in text.split("\n"))
