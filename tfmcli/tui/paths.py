@@ -120,7 +120,7 @@ class Paths:
                 lines.append(f"    {f'{count - TOP} more':<16} {write(rest[0]):>10}")
         # next to what rounding acts on (the terms' sizes), a sum of terms that cancel is ≈0
         total = column([self.total(), value], floor=float(np.abs(terms).sum()))
-        lines.append(f"  sum {total(self.total())} (backward {total(value)})")
+        lines.append(f"  sum {total(self.total()).strip()} (backward {total(value).strip()})")
         return lines
 
 
