@@ -71,7 +71,11 @@ class ExplainPane(VerticalScroll, can_focus=True, inherit_bindings=False):
 
 
 class KeysScreen(ModalScreen):
-    """``?``: every key of the explorer, read from the bindings themselves; any key closes it."""
+    """``?``: every key of the explorer, read from the bindings themselves. On a screen too
+    small for the list, the arrows and PgUp/PgDn scroll it; any other key closes it."""
+
+    SCROLL = {"up": "scroll_up", "down": "scroll_down", "pageup": "scroll_page_up",
+              "pagedown": "scroll_page_down", "home": "scroll_home", "end": "scroll_end"}
 
     CSS = """
     KeysScreen { align: center middle; }
@@ -98,7 +102,10 @@ class KeysScreen(ModalScreen):
         if event.key == "q":
             return   # q still quits, from the app's bindings
         event.stop()
-        self.dismiss()
+        if event.key in self.SCROLL:
+            getattr(self.query_one("#keys"), self.SCROLL[event.key])(animate=False)
+        else:
+            self.dismiss()
 
 
 def key_name(key: str) -> str:
@@ -125,7 +132,8 @@ class ExploreApp(App):
                scrollbar-size-vertical: 1; }
     #explain:focus { border-left: heavy $accent; }
     #bottom { height: auto; max-height: 4; background: $primary-background; }
-    .narrow #explain { width: 1fr; height: 10; border-left: none; border-top: solid $primary; }
+    .narrow #explain { width: 1fr; height: 10; max-height: 50%; border-left: none;
+                       border-top: solid $primary; }
     .narrow #explain:focus { border-top: heavy $accent; }
     .narrow #left { width: 24; }
     """
