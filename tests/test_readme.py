@@ -171,7 +171,7 @@ def test_the_notebook_drawing_block_runs_and_prints_text(capsys):
 def test_the_tour_says_what_a_checkpoint_folder_needs_before_it_loads_one():
     """After the README's main install `tfm lens --load examples/tiny-gpt2` fails for want of
     safetensors: the tour says to install the hf extra before its first --load DIR or --text."""
-    from tfmcli.sources.gpt2 import INSTALL   # the line tfm itself says when they are missing
+    from tfmcli.sources.gpt2 import INSTALL  # the line tfm itself says when they are missing
 
     first = min(README.index(word) for word in ("--load examples/", "--text "))
     assert INSTALL in " ".join(README[:first].split())
