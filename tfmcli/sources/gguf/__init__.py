@@ -26,6 +26,8 @@ def is_gguf(path) -> bool:
     path = Path(path)
     if path.suffix.lower() == ".gguf":
         return True
+    if not path.is_file():   # a pipe or a device: opening it may wait for a writer forever
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == MAGIC
