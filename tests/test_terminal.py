@@ -37,6 +37,7 @@ EVERY_COMMAND = [
     ["check"],
     ["compare"],
     ["patch", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
+    ["precision"],
     ["attribute"],
     ["forward", "--json"],
     ["attn", "--query", "2", "--backward"],

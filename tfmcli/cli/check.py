@@ -58,13 +58,17 @@ def check(
     if tol is not None and not tol > 0:
         raise typer.BadParameter(f"{tol} is not allowed (allowed: a positive number)",
                                  param_hint="'--tol'")
-    try:
-        import_torch()
-    except MissingTorch as e:
-        raise typer.BadParameter(str(e), param_hint="'--against'") from None
-    run, fwd, grads = execute(opts, with_grads=True,
-                              validate=exact_dtype("check", "every number to PyTorch's float64 "
-                                                   "autograd within 1e-9 (float32: 1e-4)"))
+    exact = exact_dtype("check", "every number to PyTorch's float64 autograd within 1e-9 "
+                                 "(float32: 1e-4)")
+
+    def validate(cfg):   # a rounded --dtype is refused first: no PyTorch would change that
+        exact(cfg)
+        try:
+            import_torch()
+        except MissingTorch as e:
+            raise typer.BadParameter(str(e), param_hint="'--against'") from None
+
+    run, fwd, grads = execute(opts, with_grads=True, validate=validate)
     cfg = run.cfg
     plan = fwd.caches.get("plan")
     reference = torch_run(run.params, run.inputs, cfg, plan.interventions if plan else ())
