@@ -122,10 +122,11 @@ def _table_joining_names(table):
         """``--batch, -B``; a switch as ``--[no-]causal`` (git's way of writing both forms) or
         ``--[un]tied-head``; another pair as click writes it, ``--rms-norm/--layer-norm``."""
         if not short.plain and not no_short.plain and long.plain.startswith("--"):
-            for prefix in ("no-", "un"):
-                if no_long.plain == "--" + prefix + long.plain[2:]:
-                    return Text.assemble(("--", long.style), (f"[{prefix}]", no_long.style),
-                                         (long.plain[2:], long.style))
+            joined = switch_name(long.plain, no_long.plain)   # --[no-]causal, or the pair
+            if joined.startswith("--["):
+                prefix = joined[2:joined.index("]") + 1]
+                return Text.assemble(("--", long.style), (prefix, no_long.style),
+                                     (long.plain[2:], long.style))
         forms = [Text(", ").join(name for name in pair if name.plain)
                  for pair in ((long, short), (no_long, no_short))]
         return Text("/").join(form for form in forms if form.plain)
