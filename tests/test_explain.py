@@ -11,6 +11,7 @@ import pytest
 import tfmcli
 from tfmcli.engine.interventions import Ablate, Patch, Scale, Set
 from tfmcli.explain.cells import Explanation, agreement, explain_value
+from tfmcli.explain.gradients import explain_gradient
 from tfmcli.sources import Run
 
 ARCHS = {
@@ -91,6 +92,54 @@ def test_every_cell_holds_or_names_the_intervention(arch, kind, cfg, params, inp
         assert named >= 1, "the intervened cells are explained as changed"
 
 
+@pytest.mark.parametrize("arch, kind, cfg, params, inputs, change", CASES,
+                         ids=[f"{a}-{k}" for a, k, *_ in CASES])
+def test_every_gradient_is_its_paths_sum_or_names_the_intervention(arch, kind, cfg, params,
+                                                                  inputs, change):
+    """Every entry of every gradient, activation and parameter, explained as the sum of its
+    paths: the sum is the backward's number, or an intervention on what it reads says why."""
+    fwd = tfmcli.forward(params, inputs, cfg, interventions=change)
+    grads = tfmcli.backward(params, fwd, cfg)
+    run = Run(cfg, params, inputs, "seed", "seed")
+    named = 0
+    for name, array in [*grads.acts.items(), *grads.items()]:
+        for index in itertools.product(*map(range, array.shape)):
+            x = explain_gradient(run, fwd, grads, name, index, name)
+            assert x.claimed is not None, f"no rule for the gradient of {name}"
+            assert not x.bug, (name, index, x.text())
+            if not x.holds:
+                named += 1
+                assert x.changed and all(c in fwd.caches["plan"].described for c in x.changed)
+    if kind != "none" and cfg.dtype == "float64":
+        assert named >= 1, "what an intervention stopped or scaled is named"
+
+
+def test_a_planted_mistake_in_a_gradients_paths_is_a_bug_the_walk_finds(monkeypatch):
+    """Forgetting one reader of the residual stream (ln2's, into resid1) or the cap's slope
+    in the head's gradient: the walk's check fails."""
+    from tfmcli.explain import gradients
+
+    arch, kind, cfg, params, inputs, change = next(c for c in CASES if c[:2] == ("gpt2",
+                                                                                "none"))
+    fwd = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, fwd, cfg)
+    run = Run(cfg, params, inputs, "seed", "seed")
+    assert not explain_gradient(run, fwd, grads, "blocks.0.resid1", (0, 1, 2), "").bug
+    readers = gradients.readers
+    monkeypatch.setattr(gradients, "readers", lambda cfg, name: [
+        w for w in readers(cfg, name) if w[0] != "norm" or not name.endswith("resid1")])
+    x = explain_gradient(run, fwd, grads, "blocks.0.resid1", (0, 1, 2), "dresid1")
+    assert x.bug and "a bug in tfm" in x.text()[1]
+    monkeypatch.undo()
+    capped = next(c for c in CASES if c[:2] == ("softcaps-alibi", "none"))[2:5]
+    fwd = tfmcli.forward(capped[1], capped[2], capped[0])
+    grads = tfmcli.backward(capped[1], fwd, capped[0])
+    run = Run(capped[0], capped[1], capped[2], "seed", "seed")
+    assert not explain_gradient(run, fwd, grads, "head.W_U", (1, 2), "").bug
+    monkeypatch.setattr(gradients, "_dz", lambda ex: ex.gradients["logits"])
+    assert explain_gradient(run, fwd, grads, "head.W_U", (1, 2), "").bug
+
+
 def test_the_explorers_quoted_mistakes_are_named():
     """Issue 71: pattern[0, 0, q1, k0] ablated was explained as 0.0000 = 1.0000 / 1.5687, and
     resid1[0, t2, 0] set to 0.5 as +0.277574 + -0.051462 = +0.226112."""
@@ -104,7 +153,7 @@ def test_the_explorers_quoted_mistakes_are_named():
     text = x.text()
     assert text[:3] == ["pattern[0, 0, q1, k0] = 0",
                         "changed by ablate blocks.0.attn.pattern[0, 0, 1, 0]:",
-                        f"  the formula gives {x.claimed:+.6f}, the run recorded +0.000000"]
+                        f"  the formula gives {x.claimed:+.4f}, the run recorded 0.0000"]
     fwd = tfmcli.forward(params, inputs, cfg, interventions=[Set("blocks.0.resid1[0, 2]", 0.5)])
     x = explain_value(run, fwd, "blocks.0.resid1", (0, 2, 0), "resid1[0, t2, 0]")
     assert x.recorded == 0.5 and x.changed == ("set blocks.0.resid1[0, 2] = 0.5",) or \
@@ -234,3 +283,18 @@ def test_no_view_by_hand_shows_a_difference_it_cannot_explain(view, change):
     assert "a bug in tfm" not in text
     if not change or change[0] == "--dtype":
         assert "changed the run" not in text
+
+
+def test_a_formulas_numbers_are_never_a_row_of_zeros():
+    """An exact zero is 0 (a fresh layer norm's beta), a small number scientific, never
+    +0.000000; a term added is written with its sign once."""
+    from tfmcli.explain.cells import _plus, _v
+
+    cfg = tfmcli.Config(seq_len=5, batch=1)
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    fwd = tfmcli.forward(params, inputs, cfg)
+    text = "\n".join(explain_value(Run(cfg, params, inputs, "seed", "seed"), fwd,
+                                   "blocks.0.ln1.out", (0, 1, 2), "ln1.out").text())
+    assert "beta = 0\n" in text and "0.000000" not in text, text
+    assert (_v(1.6e-06), _v(-0.2860), _v(0.0), _plus(-0.7376)) == (
+        "+1.60000e-06", "-0.286000", "0", " - 0.737600")

@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from tfmcli.engine import ops, positional
+from tfmcli.render.numbers import FIXED_RANGE, column
 
 HOLDS = 1e-12   # a formula agrees with a float64 record to this much of the tensor's scale
 ROUNDING = 8   # and with a float32, float16 or bfloat16 one to this many of its dtype's eps
@@ -64,11 +65,16 @@ class Explanation:
         return not self.holds and not self.changed
 
     def text(self) -> list[str]:
-        """The lines shown: the value, the formula, and where they differ, why."""
+        """The lines shown: the value, the formula, and where they differ, why (the two
+        numbers in one notation, at their scale: ``column``)."""
         lines = [f"{self.where} = {self.recorded:.6g}"]
         if self.holds:
             return lines + list(self.lines)
-        made = f"the formula gives {self.claimed:+.6f}, the run recorded {self.recorded:+.6f}"
+        claimed, recorded = (column([self.claimed, self.recorded])(v).strip()
+                             for v in (self.claimed, self.recorded))
+        if claimed == recorded:   # close: as many digits as tell them apart
+            claimed, recorded = f"{self.claimed:+.12g}", f"{self.recorded:+.12g}"
+        made = f"the formula gives {claimed}, the run recorded {recorded}"
         if self.changed:
             return lines + [f"changed by {'; '.join(self.changed)}:", f"  {made}",
                             *self.lines]
@@ -89,7 +95,19 @@ def interventions_on(fwd, names: Iterable[str]) -> tuple[str, ...]:
 
 def _plus(b: float) -> str:
     """' + 0.5' or ' - 0.5': a term added, its sign once."""
-    return f" {'-' if b < 0 else '+'} {abs(b):.6f}"
+    return f" {'-' if b < 0 else '+'} {_v(abs(b), signed=False)}"
+
+
+def _v(x: float, signed: bool = True, digits: int = 6) -> str:
+    """A number in a formula's line: ``digits`` decimals in the fixed range (``+0.277574``),
+    scientific outside it (``-1.60000e-06``, never ``-0.000000``), an exact zero ``0``."""
+    x = float(x)
+    if x == 0:
+        return "0"
+    sign = "+" if signed else ""
+    if FIXED_RANGE[0] <= abs(x) < FIXED_RANGE[1] or not np.isfinite(x):
+        return f"{x:{sign}.{digits}f}"
+    return f"{x:{sign}.{digits - 1}e}"
 
 
 def explain_value(run, fwd, name: str, index: tuple, where: str) -> Explanation:
@@ -126,12 +144,15 @@ def _rule(run, fwd, values, name, index, recorded):
         exps = np.exp(scores[seen] - top)
         lines = ["softmax over the keys the query sees:",
                  "  p_j = e^(s_j - m) / sum e^(s - m)",
-                 "  s = " + " ".join(f"{s:+.4f}" for s in scores[seen]),
-                 f"  m = max s = {top:+.4f}, sum = {exps.sum():.4f}"]
+                 "  s = " + " ".join(f"{_v(s, digits=4)}" for s in scores[seen]),
+                 f"  m = max s = {_v(top, digits=4)}, "
+                 f"sum = {_v(exps.sum(), signed=False, digits=4)}"]
         if seen[index[3]]:
             claimed = float(np.exp(scores[index[3]] - top) / exps.sum())
-            lines.append(f"  {claimed:.4f} = {np.exp(scores[index[3]] - top):.4f} / "
-                         f"{exps.sum():.4f}")
+            top_k = np.exp(scores[index[3]] - top)
+            lines.append(f"  {_v(claimed, signed=False, digits=4)} = "
+                         f"{_v(top_k, signed=False, digits=4)} / "
+                         f"{_v(exps.sum(), signed=False, digits=4)}")
         else:
             claimed = 0.0
             lines.append("  this key is hidden by the mask: p = 0")
@@ -145,7 +166,7 @@ def _rule(run, fwd, values, name, index, recorded):
         a, b = float(values[before][index]), float(values[source][index])
         return a + b, [f"residual sum: {before.split('.', 2)[-1]} + "
                        f"{source.split('.', 2)[-1]}",
-                       f"  {a:+.6f}{_plus(b)} = {a + b:+.6f}",
+                       f"  {_v(a)}{_plus(b)} = {_v(a + b)}",
                        "Enter: the sublayer's output"], [before, source], []
     if re.fullmatch(r"(blocks\.\d+\.)?(ln1|ln2|ln1_post|ln2_post|ln_f|ln_embed|attn\.q_norm|"
                     r"attn\.k_norm)\.out", name):
@@ -155,7 +176,7 @@ def _rule(run, fwd, values, name, index, recorded):
         exps = np.exp(logits - logits.max())
         claimed = float(exps[index[2]] / exps.sum())
         return claimed, ["p_v = exp(z_v - max) / sum_w exp(z_w - max)",
-                         f"  z_v = {logits[index[2]]:+.6f}, max = {logits.max():+.6f}",
+                         f"  z_v = {_v(logits[index[2]])}, max = {_v(logits.max())}",
                          "Enter: the logits"], ["logits"], []
     return _made(run, values, name, index) or _carried(run, values, name, index)
 
@@ -181,7 +202,7 @@ def _carried(run, values, name, index):
         made = dot + (0.0 if bias is None else float(bias[column]))
         return made, [f"= {x_name.split('.', 2)[-1]}[{b}, t{t}] . W_{m[4].upper()}[:, {column}]"
                       + (" + b" if bias is not None else "") + f"  (head {h}'s column {j})",
-                      f"  = {dot:+.6f}" + (_plus(float(bias[column])) if bias is not None
+                      f"  = {_v(dot)}" + (_plus(float(bias[column])) if bias is not None
                                            else "")], [x_name], []
     if m and m[4] in ("q_rot", "k_rot"):   # x_j cos + rotate_half(x)_j sin
         from tfmcli.engine.blocks import rope_for
@@ -199,8 +220,8 @@ def _carried(run, values, name, index):
         turned = -x[partner] if j < n // 2 else x[partner]
         made = float(x[j] * cos[t, j] + turned * sin[t, j])
         return made, [f"RoPE at position {t}: x_{j} cos + rotate_half(x)_{j} sin",
-                      f"  = {x[j]:+.6f} x {cos[t, j]:.6f}{_plus(float(turned))} x "
-                      f"{sin[t, j]:+.6f}", f"  (rotate_half(x)_{j} = "
+                      f"  = {_v(x[j])} x {_v(cos[t, j], signed=False)}{_plus(float(turned))} x "
+                      f"{_v(sin[t, j])}", f"  (rotate_half(x)_{j} = "
                       f"{'-' if j < n // 2 else ''}x_{partner})"], [source], []
     if m and m[4] == "context":   # sum_k p_k v_k, head h's slice
         b, t, column = index
@@ -209,7 +230,8 @@ def _carried(run, values, name, index):
         v = values[m[1] + "attn.v"][b, h // cfg.group, :, j]
         seen = np.nonzero(pattern)[0]
         made = float(pattern @ v)
-        terms = " ".join(f"{pattern[k]:.4f}x{v[k]:+.4f}" for k in seen[:6])
+        terms = " ".join(f"{_v(pattern[k], signed=False, digits=4)}x{_v(v[k], digits=4)}"
+                         for k in seen[:6])
         return made, [f"= sum_k p_k v_k  (head {h}, column {j} of its values)",
                       f"  = {terms}{' ...' if len(seen) > 6 else ''}"],\
             [m[1] + "attn.pattern", m[1] + "attn.v"], []
@@ -225,7 +247,7 @@ def _carried(run, values, name, index):
         if "pe" not in values:
             return e, ["= embed (the positions are turned into q and k, or none)"], ["embed"], []
         pe = float(values["pe"][index[1:]])
-        return e + pe, ["= embed + pe", f"  = {e:+.6f}{_plus(pe)}"], ["embed", "pe"], []
+        return e + pe, ["= embed + pe", f"  = {_v(e)}{_plus(pe)}"], ["embed", "pe"], []
     if m and m[3] == "out":
         source = m[1] + ("ln2.out" if cfg.norm == "post" else "resid2")
         return float(values[source][index]), [f"= {source.split('.', 2)[-1]}: the block's last "
@@ -238,7 +260,8 @@ def _carried(run, values, name, index):
         angle = float(positional.angles(t, cfg.d_model)[j])
         made = float(np.sin(angle) if j % 2 == 0 else np.cos(angle))
         return made, [f"= {'sin' if j % 2 == 0 else 'cos'}({t} / 10000^({2 * (j // 2)}/"
-                      f"{cfg.d_model})) = {'sin' if j % 2 == 0 else 'cos'}({angle:.6f})"], [], []
+                      f"{cfg.d_model})) = {'sin' if j % 2 == 0 else 'cos'}"
+                      f"({_v(angle, signed=False)})"], [], []
     if name == "logits":   # capped: c tanh(z / c)
         source = "ln_f.out" if "ln_f.out" in values else f"blocks.{cfg.layers - 1}.out"
         x = values[source][index[:2]]
@@ -248,15 +271,20 @@ def _carried(run, values, name, index):
         c = cfg.logit_softcap
         made = float(ops.softcap_forward(np.array(z), c))
         return made, [f"= {c:g} tanh(z / {c:g}), z = h . W_U[:, {index[2]}]"
-                      + (" + b_U" if cfg.head_bias else ""), f"  z = {z:+.6f}"], [source], []
+                      + (" + b_U" if cfg.head_bias else ""), f"  z = {_v(z)}"], [source], []
     return None
+
+
+def score_inputs(cfg, base: str) -> tuple[str, str]:
+    """The queries and keys attention ``base`` (``blocks.0.attn.``) scored: turned (RoPE),
+    else normed (qk_norm), else as made."""
+    return tuple(base + f"{w}_rot" if cfg.pe == "rope" else base + f"{w}_norm.out"
+                 if cfg.qk_norm else base + w for w in "qk")
 
 
 def _score(cfg, values, name, index, recorded):
     base = name[:-len("scores")]
-    # the queries and keys the scores took: turned (RoPE), else normed (qk_norm), else made
-    q_name, k_name = (base + f"{w}_rot" if cfg.pe == "rope" else base + f"{w}_norm.out"
-                      if cfg.qk_norm else base + w for w in "qk")
+    q_name, k_name = score_inputs(cfg, base)
     if not np.isfinite(recorded):
         return -np.inf, ["hidden by the mask: -inf before the softmax"], [], []
     q = values[q_name][index[0], index[1], index[2]]
@@ -266,15 +294,15 @@ def _score(cfg, values, name, index, recorded):
     if cfg.pe == "alibi":
         bias = float(positional.alibi_bias(index[2] + 1, cfg.heads)[index[1], index[2], index[3]])
         claimed += bias
-        extra.append(f"  + ALiBi {bias:+.6f} = {claimed:+.6f}")
+        extra.append(f"  + ALiBi {_v(bias)} = {_v(claimed)}")
     if cfg.attn_softcap is not None:
         c = cfg.attn_softcap
         claimed = float(ops.softcap_forward(np.array(claimed), c))
-        extra.append(f"  capped: {c:g} tanh(s / {c:g}) = {claimed:+.6f}")
+        extra.append(f"  capped: {c:g} tanh(s / {c:g}) = {_v(claimed)}")
     return claimed, [f"s = (q . k) x {cfg.score_scale:.4g}"
                      + (" (then ALiBi, the cap)" if cfg.pe == "alibi" or cfg.attn_softcap
                         else ""),
-                     f"  q . k = {q @ k:+.6f}", f"  (q . k) x scale = {plain:+.6f}", *extra,
+                     f"  q . k = {_v(q @ k)}", f"  (q . k) x scale = {_v(plain)}", *extra,
                      "Enter: the query"], [q_name, k_name], []
 
 
@@ -316,21 +344,27 @@ def _norm(cfg, params, values, name, index):
         rms = float(np.sqrt((x * x).mean() + cfg.eps))
         claimed = float(x[index[-1]]) / rms * gamma
         return claimed, ["RMSNorm: y = x / sqrt(mean(x^2) + eps) * gamma",
-                         f"  x = {x[index[-1]]:+.6f}, rms = {rms:.6f}, gamma = {gamma:+.6f}",
-                         f"  y = {claimed:+.6f}"], [source], []
+                         f"  x = {_v(x[index[-1]])}, rms = {_v(rms, signed=False)}, "
+                         f"gamma = {_v(gamma)}",
+                         f"  y = {_v(claimed)}"], [source], []
     mean, var = x.mean(), x.var()
     beta = params.get(name[:-len(".out")] + ".beta")
     beta = 0.0 if beta is None else float(beta[index[-1]])
     xhat = float((x[index[-1]] - mean) / np.sqrt(var + cfg.eps))
     claimed = gamma * xhat + beta
     return claimed, ["layer norm: y = gamma (x - mean) / sqrt(var + eps) + beta",
-                     f"  x = {x[index[-1]]:+.6f}, mean = {mean:+.6f}, var = {var:.6f}",
-                     f"  xhat = {xhat:+.6f}, gamma = {gamma:+.6f}, beta = {beta:+.6f}",
-                     f"  y = {claimed:+.6f}"], [source], []
+                     f"  x = {_v(x[index[-1]])}, mean = {_v(mean)}, var = {_v(var, signed=False)}",
+                     f"  xhat = {_v(xhat)}, gamma = {_v(gamma)}, beta = {_v(beta)}",
+                     f"  y = {_v(claimed)}"], [source], []
 
 
-SOURCES = {"ffn.pre": "ln2.out", "ffn.gate": "ln2.out", "ffn.out": "ffn.act",
-           "attn.out": "attn.context"}
+# what a tensor of a Pre-LN block is made from: the one input a formula reads first (and the
+# explorer's Enter follows)
+SOURCES = {"resid1": "attn.out", "resid2": "ffn.out", "out": "resid2",
+           "attn.out": "attn.context", "ffn.out": "ffn.act", "ffn.act": "ffn.pre",
+           "ffn.pre": "ln2.out", "ffn.gate": "ln2.out", "attn.q": "ln1.out", "attn.k": "ln1.out",
+           "attn.v": "ln1.out", "attn.q_rot": "attn.q", "attn.k_rot": "attn.k", "ln1.out": "in",
+           "ln2.out": "resid1"}
 WEIGHTS = {"ffn.pre": "ffn.W_1", "ffn.gate": "ffn.W_gate", "ffn.out": "ffn.W_2",
            "attn.out": "attn.W_O"}
 
@@ -354,13 +388,13 @@ def _made(run, values, name, index):
         return made, [f"= {source.split('.', 2)[-1]}[{index[0]}, t{index[1]}] . "
                       f"{weight.split('.')[-1]}[:, {index[2]}]" + (" + b" if b is not None
                                                                    else ""),
-                      f"  = {dot:+.6f}" + (_plus(float(b[index[2]])) if b is not None else "")
+                      f"  = {_v(dot)}" + (_plus(float(b[index[2]])) if b is not None else "")
                       ], [source], []
     if name.endswith("ffn.act") and not cfg.gated:
         pre = values[name[:-len("act")] + "pre"][index]
         forward = ops.ACTIVATIONS[cfg.activation][0]
         made = float(forward(np.array([pre]))[0][0])
-        return made, [f"= {cfg.activation}(pre) = {cfg.activation}({pre:+.6f})"], [
+        return made, [f"= {cfg.activation}(pre) = {cfg.activation}({_v(pre)})"], [
             name[:-len("act")] + "pre"], []
     if name.endswith("ffn.act"):   # gated: f(gate) x pre
         pre = values[name[:-len("act")] + "pre"][index]
@@ -368,7 +402,7 @@ def _made(run, values, name, index):
         forward = ops.GATES[cfg.activation][0]
         made = float(forward(np.array([gate]), np.array([pre]))[0][0])
         f = "silu" if cfg.activation == "swiglu" else "gelu"
-        return made, [f"= {f}(gate) x pre", f"  = {f}({gate:+.6f}) x {pre:+.6f}"], [
+        return made, [f"= {f}(gate) x pre", f"  = {f}({_v(gate)}) x {_v(pre)}"], [
             name[:-len("act")] + "pre", name[:-len("act")] + "gate"], []
     if name == "embed":
         token = int(run.inputs.tokens[index[0], index[1]])
@@ -385,7 +419,7 @@ def _made(run, values, name, index):
         b = float(P["head.b_U"][index[2]]) if cfg.head_bias else 0.0
         made = float(x @ W_U[:, index[2]]) + b
         return made, [f"= h . W_U[:, {index[2]}]" + (" + b_U" if cfg.head_bias else ""),
-                      f"  = {made - b:+.6f}" + (_plus(b) if cfg.head_bias else "")], [source], []
+                      f"  = {_v(made - b)}" + (_plus(b) if cfg.head_bias else "")], [source], []
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -107,3 +108,46 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` with thousands separators and its noun, plural unless n is 1: "1 position",
     "1,024 positions" (``plural``, when adding an s will not do: "entries")."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+DIGITS = 4   # significant digits of a column's largest number
+EPS = float(np.finfo(np.float64).eps)
+
+
+def column(values, eps: float = EPS, floor: float = 0.0) -> Callable[[float], str]:
+    """How each number of a column is written: at the column's scale (its largest finite
+    |value|) with four significant digits, in one notation (fixed point when the scale is in
+    the CLI's fixed range, ``+0.1234``, ``+12.35``; else scientific, ``-1.600e-06``). A value
+    the column's digits cannot show, or rounding noise next to its scale (``negligible``,
+    ``eps`` the run's dtype's; next to ``floor`` when that is larger, as a parameter's
+    gradient is next to the largest one's, as ``tfm check`` says) is ``≈0``; an exact zero
+    is `` 0`` in the column's digits.
+
+    >>> write = column([0.5, -3e-6, 0.0]); write(0.5), write(-3e-6), write(0.0)
+    ('+0.5000', '≈0', ' 0.0000')
+    >>> column([1.6e-06, -2e-7])(-2e-7)
+    '-2.000e-07'
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.abs(values[np.isfinite(values)])
+    scale = float(finite.max()) if finite.size else 0.0
+    if scale == 0.0:
+        return lambda v: fmt(v, DIGITS)
+    fixed = FIXED_RANGE[0] <= scale < FIXED_RANGE[1]
+    style = "fixed" if fixed else "sci"
+    precision = max(0, DIGITS - 1 - math.floor(math.log10(scale))) if fixed else DIGITS - 1
+
+    def write(value: float) -> str:
+        v = float(value)
+        if not math.isfinite(v) or v == 0:
+            return fmt(v, precision)
+        text = fmt(v, precision, style)
+        if negligible(v, max(scale, floor), eps) or (fixed and not text.strip("+-0.")):
+            return ZERO_TO_PRECISION
+        return text
+
+    return write
+
+def one(value: float) -> str:
+    """One number on its own, to four significant digits (``column`` of one)."""
+    return column([value])(value)

@@ -3,7 +3,7 @@ slice in the centre, the selected cell explained beside it (under it below 110 c
 the ``tfm`` command that prints the view at the bottom. What is shown is ``state``'s; this
 module draws it and maps keys to moves. At 80x24 first: the explanation scrolls, ``?`` lists
 every key (read from the bindings), each column of numbers is written at its own scale
-(``paths.column``) and what does not fit is said ("rows 0-6 of 50257").
+(``render.numbers.column``) and what does not fit is said ("rows 0-6 of 50257").
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
-from tfmcli.tui.paths import column
+from tfmcli.render.numbers import column
 from tfmcli.tui.state import Explorer, View
 
 LABEL = 12      # a row label's widest
@@ -447,7 +447,7 @@ class ExploreApp(App):
         bottom.update(Text(f"$ {self.explorer.command(self.view)}\n{keys}"))
 
     def writer(self, matrix: np.ndarray, hidden, column_at: int):
-        """How column ``column_at`` of the slice is written (``paths.column``: at the
+        """How column ``column_at`` of the slice is written (``render.numbers.column``: at the
         column's scale, four significant digits, ≈0, exact zeros), and its width, worked out
         once per slice from the whole column (its masked cells left out)."""
         view = self.view

@@ -14,14 +14,9 @@ import re
 
 import numpy as np
 
-from tfmcli.explain.cells import explain_value
-from tfmcli.tui.paths import gradient_paths
+from tfmcli.explain.cells import SOURCES, explain_value
+from tfmcli.explain.gradients import explain_gradient
 
-# what a tensor of a block is made from (the one input Enter follows)
-SOURCES = {"resid1": "attn.out", "resid2": "ffn.out", "out": "resid2", "attn.out": "attn.context",
-           "ffn.out": "ffn.act", "ffn.act": "ffn.pre", "ffn.pre": "ln2.out", "ffn.gate": "ln2.out",
-           "attn.q": "ln1.out", "attn.k": "ln1.out", "attn.v": "ln1.out", "attn.q_rot": "attn.q",
-           "attn.k_rot": "attn.k", "ln1.out": "in", "ln2.out": "resid1"}
 HEADS = re.compile(r"attn\.(q|k|v|q_rot|k_rot|q_norm\.out|k_norm\.out)$")
 
 
@@ -309,22 +304,18 @@ class Explorer:
     # ------------------------------------------------------------ the explanation
 
     def explain(self, view: View) -> list[str]:
-        """The selected cell: its value, and its formula with the run's numbers, checked
-        against the value (``explain.cells``); a gradient's paths."""
-        if not view.grad:
-            explained = explain_value(self.run, self.fwd, view.name, view.index,
-                                      self.where(view))
-            return explained.text() + ([] if explained.claimed is not None or self.is_param(
-                view.name) else ["(no formula for this tensor's cells here: Enter follows it "
-                                 "to what it was made from)"])
-        value = float(self.array(view)[view.index])
-        lines = [f"{self.where(view)} = {value:.6g}"]
-        paths = gradient_paths(self, view)
-        lines += paths or ["d loss / d this entry: the sum over every path from it to the "
-                           "loss (no breakdown of this tensor here)"]
-        if self.is_param(view.name):
-            lines.append("c: check it by central differences")
-        return lines
+        """The selected cell: its value, and its formula with the run's numbers (a
+        gradient's: its paths), checked against the value (``explain.cells``,
+        ``explain.gradients``)."""
+        if view.grad:
+            explained = explain_gradient(self.run, self.fwd, self.grads, view.name, view.index,
+                                         self.where(view))
+            return explained.text() + (["c: check it by central differences"]
+                                       if self.is_param(view.name) else [])
+        explained = explain_value(self.run, self.fwd, view.name, view.index, self.where(view))
+        return explained.text() + ([] if explained.claimed is not None or self.is_param(
+            view.name) else ["(no formula for this tensor's cells here: Enter follows it "
+                             "to what it was made from)"])
 
     # ------------------------------------------------------------ the check
 
