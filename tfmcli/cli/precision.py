@@ -160,13 +160,15 @@ def summary(report, cfg, run, row: int) -> list:
         rows = [[f"{p.row}, {p.position}",
                  run.token_text(int(run.inputs.tokens[p.row, p.position])),
                  run.token_text(p.truth), run.token_text(p.low), f"{p.gap:.1f}",
-                 "near tie" if p.near_tie else ""] for p in flips]
+                 f"{p.noise:.1f}", "near tie" if p.near_tie else ""] for p in flips]
         table = render.record_table(
-            ["row, position", "token", "float64 next", f"{dtype} next", "gap (eps)", ""],
+            ["row, position", "token", "float64 next", f"{dtype} next", "gap", "error", ""],
             rows, title=f"the most likely next token flips at {len(flips)} of "
                         f"{len(report.positions)} positions", left=4)
         table.caption = (f"gap: float64's top two logits apart, in {dtype}'s eps of their "
-                         f"size; under {NEAR_TIE:g}, a near tie one rounding can flip")
+                         f"size; error: this run's in a difference of two logits there "
+                         f"(RMS, same eps); a near tie: gap under {NEAR_TIE:g} x error, "
+                         f"which another rounding order may flip or not")
         parts.append(table)
     else:
         parts.append(Text(f"the most likely next token: the same in both at all "

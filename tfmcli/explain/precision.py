@@ -28,7 +28,8 @@ from tfmcli.engine.model import backward, forward, unchecked_forward
 
 ZERO = 1e-10   # a gradient whose float64 RMS is below this fraction of the largest is 0 but for
 #                float64's rounding (b_K's: a shift of every key leaves each softmax as it was)
-NEAR_TIE = 4.0   # top two logits closer than this many eps of their size: a flip is a near tie
+NEAR_TIE = 3.0   # top two logits closer than this many times the run's error in a difference of
+#                  two logits there: a flip another rounding order may make or not (a near tie)
 
 
 class Forcing:
@@ -133,6 +134,8 @@ class Position:
     low: int          # the dtype's
     gap: float        # float64's top two logits apart, in eps of their size
     kl: float         # KL(p_float64 || p_dtype) of the next-token distributions
+    noise: float = 0.0   # the run's error in a difference of two logits there (sqrt 2 times
+    #                      its logits' RMS error), in the same eps as ``gap``
 
     @property
     def flipped(self) -> bool:
@@ -140,7 +143,10 @@ class Position:
 
     @property
     def near_tie(self) -> bool:
-        return self.gap < NEAR_TIE
+        """The top two are closer than NEAR_TIE times the run's own error in a difference
+        of two logits: a run rounding in another order (another kernel, torch's) may flip
+        here or not. A flip past it is one every run in the dtype makes."""
+        return self.gap < NEAR_TIE * self.noise
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,7 @@ class PrecisionReport:
             "parameter_gradients": [e.to_dict() for e in self.parameters],
             "positions": [{"row": p.row, "position": p.position, "float64": p.truth,
                            self.dtype: p.low, "flipped": p.flipped, "gap_eps": p.gap,
-                           "near_tie": p.near_tie, "kl": _number(p.kl)}
+                           "noise_eps": p.noise, "near_tie": p.near_tie, "kl": _number(p.kl)}
                           for p in self.positions],
         }
 
@@ -228,8 +234,9 @@ def measure(name: str, kind: str, low, truth, made, eps: float, tiny: float,
 
 def next_tokens(truth_logits, low_logits, inputs: Inputs, eps: float) -> list[Position]:
     """Each real position's most likely next token in both runs, float64's top-two gap in eps
-    of their size, and the KL divergence of the two next-token distributions (both made from
-    the logits in float64)."""
+    of their size, the low run's error in a difference of two logits there (in the same
+    eps), and the KL divergence of the two next-token distributions (both made from the
+    logits in float64)."""
     truth_logits = np.asarray(truth_logits, dtype=np.float64)
     low_logits = np.asarray(low_logits, dtype=np.float64)
     B, T = inputs.tokens.shape
@@ -238,19 +245,21 @@ def next_tokens(truth_logits, low_logits, inputs: Inputs, eps: float) -> list[Po
         log_p = _log_softmax(truth_logits)
         log_q = _log_softmax(low_logits)
         kl = np.where(np.exp(log_p) > 0, np.exp(log_p) * (log_p - log_q), 0.0).sum(axis=-1)
+        error = low_logits - truth_logits
+        noise = np.sqrt(2 * np.mean(np.where(np.isfinite(error), error, 0.0) ** 2, axis=-1))
     top_two = np.sort(truth_logits, axis=-1)[..., -2:] if truth_logits.shape[-1] > 1 else None
     positions = []
     for b, t in zip(*np.nonzero(real)):
-        if top_two is None:
-            gap = math.inf
-        else:
+        size = 0.0
+        if top_two is not None:
             second, first = top_two[b, t]
             size = max(abs(first), abs(second)) * eps
-            gap = (first - second) / size if size > 0 else math.inf
+        gap = (first - second) / size if size > 0 else math.inf
         low = low_logits[b, t]
         positions.append(Position(int(b), int(t), int(np.argmax(truth_logits[b, t])),
                                   int(np.argmax(np.where(np.isnan(low), -np.inf, low))),
-                                  float(gap), float(kl[b, t])))
+                                  float(gap), float(kl[b, t]),
+                                  float(noise[b, t] / size) if size > 0 else 0.0))
     return positions
 
 
