@@ -496,6 +496,23 @@ def test_the_checks_of_float64_refuse_a_rounded_run(command):
     assert "'--dtype'" in line and "tfm precision --dtype bfloat16" in line
 
 
+@pytest.mark.parametrize("dtype", ROUNDED)
+def test_central_differences_of_a_rounded_run_are_refused_by_the_api(dtype):
+    from tfmcli.check.gradcheck import gradcheck
+    from tfmcli.errors import ConfigError
+
+    cfg = tfmcli.Config(dtype=dtype)
+    with pytest.raises(ConfigError, match=f"float64 or float32, not {dtype}"):
+        gradcheck(tfmcli.init_params(cfg), tfmcli.make_inputs(cfg), cfg)
+
+
+def test_a_float16_overflow_says_what_float16_holds_and_where_to_look():
+    line = error_line(run("forward", "--dtype", "float16", "--scale",
+                          "blocks.0.ln1.out=3000"), 1)
+    assert "overflowed float16" in line and "--dtype float32" in line and "65504" in line
+    assert "tfm precision --dtype float16" in line
+
+
 # ---------------------------------------------------------------- tfm precision: own and inherited
 
 

@@ -114,6 +114,13 @@ def gradcheck(
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
+    if cfg.dtype not in TOLERANCE:
+        from tfmcli.errors import ConfigError
+
+        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
+                       f"difference of two of them over 2h says nothing of the slope; check "
+                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions)   # checks the arguments
     analytic = backward(params, fwd, cfg)
@@ -206,6 +213,13 @@ def directional_check(
     if stream:
         return streamed_directional_check(params, inputs, cfg, directions, step, tolerance,
                                           names, progress, interventions)
+    if cfg.dtype not in TOLERANCE:
+        from tfmcli.errors import ConfigError
+
+        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
+                       f"difference of two of them over 2h says nothing of the slope; check "
+                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions)
     analytic = backward(params, fwd, cfg)
@@ -262,6 +276,13 @@ def streamed_directional_check(params, inputs, cfg, directions, step, tolerance=
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
+    if cfg.dtype not in TOLERANCE:
+        from tfmcli.errors import ConfigError
+
+        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
+                       f"difference of two of them over 2h says nothing of the slope; check "
+                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions, keep=set())
     inputs, plan = fwd.inputs, fwd.caches.get("plan")

@@ -320,7 +320,10 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
             grads = None if not with_grads else tfmcli.backward(
                 params, fwd, cfg, keep=holding, seen=seen, progress=backward_tick)
     except FloatingPointError as e:
-        hint = " or --dtype float64" if cfg.dtype == "float32" else ""
+        hint = {"float32": " or --dtype float64",
+                "float16": (" or --dtype float32 (float16's largest number is 65504; tfm "
+                            "precision --dtype float16 names the first tensor that overflows)"),
+                }.get(cfg.dtype, "")
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
                        f"use smaller weights or inputs{hint}") from None
     bad = first_nonfinite(fwd.acts) or (with_grads and (first_nonfinite(grads)
