@@ -117,7 +117,7 @@ def gradcheck(
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
                        f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
                        f"difference of two of them over 2h says nothing of the slope; check "
                        f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
@@ -216,7 +216,7 @@ def directional_check(
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
                        f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
                        f"difference of two of them over 2h says nothing of the slope; check "
                        f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
@@ -279,7 +279,7 @@ def streamed_directional_check(params, inputs, cfg, directions, step, tolerance=
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError(f"gradcheck: central differences need float64 or float32, not "
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
                        f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
                        f"difference of two of them over 2h says nothing of the slope; check "
                        f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
