@@ -117,10 +117,11 @@ def gradcheck(
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
-                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
-                       f"difference of two of them over 2h says nothing of the slope; check "
-                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
+                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
+                          f"its eps, so a difference of two of them over 2h says nothing of "
+                          f"the slope; check the float64 run, or see what {cfg.dtype} "
+                          f"changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions)   # checks the arguments
     analytic = backward(params, fwd, cfg)
@@ -216,10 +217,11 @@ def directional_check(
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
-                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
-                       f"difference of two of them over 2h says nothing of the slope; check "
-                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
+                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
+                          f"its eps, so a difference of two of them over 2h says nothing of "
+                          f"the slope; check the float64 run, or see what {cfg.dtype} "
+                          f"changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions)
     analytic = backward(params, fwd, cfg)
@@ -279,10 +281,11 @@ def streamed_directional_check(params, inputs, cfg, directions, step, tolerance=
     if cfg.dtype not in TOLERANCE:
         from tfmcli.errors import ConfigError
 
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or float32, not "
-                       f"{cfg.dtype}: a {cfg.dtype} loss moves in steps of its eps, so a "
-                       f"difference of two of them over 2h says nothing of the slope; check "
-                       f"the float64 run, or see what {cfg.dtype} changes with tfm precision")
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
+                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
+                          f"its eps, so a difference of two of them over 2h says nothing of "
+                          f"the slope; check the float64 run, or see what {cfg.dtype} "
+                          f"changes with tfm precision")
     tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
     fwd = forward(params, inputs, cfg, interventions=interventions, keep=set())
     inputs, plan = fwd.inputs, fwd.caches.get("plan")
