@@ -1,7 +1,8 @@
 """The docs site as built: every link and source of every page goes somewhere that exists on
 the site (a link that works on GitHub, such as ../tfmcli/engine/ops.py, can 404 there), and the
-pages' tables render what they say. The site is built once, with mkdocs.yml, into a temporary
-folder; test_docs.py checks the same pages as GitHub reads them."""
+pages' tables render what they say (the testing page's, a row for each test file). The site is
+built once, with mkdocs.yml, into a temporary folder; test_docs.py checks the same pages as GitHub
+reads them."""
 
 import os
 import posixpath
@@ -90,6 +91,11 @@ def site(tmp_path_factory) -> Site:
                       for path in sorted(out.rglob("*.html"))})
 
 
+def text(cell: str) -> str:
+    """A table cell's text, its tags left out."""
+    return re.sub(r"<[^>]+>", "", cell).strip()
+
+
 def broken(site: Site, name: str, url: str) -> str | None:
     """Why this link of page `name` goes nowhere on the site; None when it goes somewhere."""
     parts = urlsplit(url)
@@ -161,12 +167,29 @@ def test_the_models_table_first_column_never_breaks_a_word(site):
     of the models table is as narrow as the theme allows: `model_type` showed as model_typ / e,
     and `gpt_bigcode` as gpt_bigcod / e. In plain text, and in links (which Material's tables
     keep whole), a name with no space or hyphen does not break."""
-    def text(cell):
-        return re.sub(r"<[^>]+>", "", cell).strip()
-
     table = next(table for table in site.pages["models/index.html"].tables
                  if text(table[0][0]) == "model_type")
     first = [row[0] for row in table]
     assert len(first) >= 20 and "gpt_bigcode" in map(text, first)
     for cell in first:
         assert "<code" not in cell and re.fullmatch(r"\w+", text(cell)), cell
+
+
+def test_the_testing_page_has_a_row_for_every_test_file_and_no_other(site):
+    """docs/testing.md's table "What each file proves": each tests/test_*.py is named in the first
+    column of one row (a row may name several), each row names one at least, and every file a
+    row names is there. A test file added without its row, or one renamed or removed with its
+    row left, fails here."""
+    table = next(table for table in site.pages["testing/index.html"].tables
+                 if [text(cell) for cell in table[0]] == ["file", "what it proves"])
+    rows = [re.findall(r"<code>(test_\w+\.py)</code>", row[0]) for row in table[1:]]
+    assert len(rows) >= 50
+    assert all(rows), [text(row[0]) for row, names in zip(table[1:], rows) if not names]
+    named = [name for names in rows for name in names]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    files = {path.name for path in (ROOT / "tests").glob("test_*.py")}
+    without = sorted(files - set(named))
+    gone = sorted(set(named) - files)
+    assert not without and not gone and not twice, (
+        f"docs/testing.md's table: no row for {without}; rows for files that do not exist: "
+        f"{gone}; named twice: {twice}")
