@@ -17,12 +17,13 @@ PyTorch eager does on the CPU. Three kinds of proof:
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 
 import tfmcli
-from helpers import error_line, o1_gpt2, ok, run
+from helpers import error_line, o1_gpt2, ok, random_params, run
 from tfmcli.engine import ops, precision
 from tfmcli.engine.presets import PRESETS, preset_fields
 
@@ -102,7 +103,6 @@ def test_every_tensor_of_a_rounded_run_is_a_value_of_its_dtype(arch, dtype):
     rounded)."""
     assert arch in PRESETS
     cfg = arch_cfg(arch, dtype=dtype, lengths=(6, 4))
-    from helpers import random_params
 
     params = random_params(tfmcli.init_params(cfg.replace(dtype="float32")), seed=2)
     with np.errstate(over="ignore"):   # O(1) weights: float16 overflows here and there
@@ -631,7 +631,6 @@ def test_the_split_adds_up_and_the_own_run_reads_float64_rounded(dtype):
     """At random O(1) weights in a LLaMA-like model: every tensor's error within its own plus
     its inherited; the first tensor's (the embedding's rows) all its own; float32's errors a
     few of its eps, not float64's noise."""
-    from helpers import random_params
 
     cfg = arch_cfg("llama", layers=2)
     params = random_params(tfmcli.init_params(cfg), seed=5)
@@ -742,6 +741,63 @@ def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
     assert 0.9 <= (estimate["total"] - estimate["params"]) / peak <= 1.1
 
 
-def test_precision_refuses_to_stream():
-    line = error_line(run("precision", "--stream"), 2)
-    assert "'--stream'" in line and "three whole runs" in line
+@pytest.mark.parametrize("dtype", ["float32", *ROUNDED])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "vaswani", "gpt_neox", "gemma2", "bloom",
+                                  "qwen3"])
+def test_a_streamed_comparison_is_the_whole_one_bit_for_bit(arch, dtype):
+    """The three runs a block at a time, each block's tensors and weights let go once
+    measured (the last block's kept for the backward, the others made again from their
+    inputs): every number of the report the whole comparison's, exactly."""
+    from tfmcli.explain.precision import held_against_float64
+
+    cfg = arch_cfg(arch, layers=3)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    inputs = tfmcli.make_inputs(cfg)
+    whole = held_against_float64(params, inputs, cfg, dtype)
+    seen = []
+    streamed = held_against_float64(params, inputs, cfg, dtype, stream=True,
+                                    progress=lambda done, total: seen.append((done, total)))
+    assert streamed.to_dict() == whole.to_dict()
+    assert seen == [(k, 6) for k in range(1, 7)]
+    assert whole.truth is not None and streamed.truth is None
+    # the float64 run kept whole is forward's and backward's, bit for bit
+    truth = tfmcli.forward(params, inputs, cfg)
+    grads = tfmcli.backward(params, truth, cfg)
+    assert truth.loss == whole.truth.loss and list(truth.acts) == list(whole.truth.acts)
+    assert all(np.array_equal(grads[n], whole.truth_grads[n]) for n in grads)
+
+
+def test_a_streamed_comparison_holds_one_block_at_a_time(monkeypatch):
+    """Streamed, no more than one block's weights are held at once, each read once a pass
+    by the three runs between them (twice: the forward, then the backward)."""
+    from tfmcli.explain import precision as module
+
+    cfg = arch_cfg("llama", layers=4)
+    params = random_params(tfmcli.init_params(cfg), seed=3)
+    reads, most = [], []
+
+    class Counting(dict):
+        def __getitem__(self, name):
+            reads.append(name)
+            return dict.__getitem__(self, name)
+
+    let_go = module.HeldBlock.let_go
+
+    def watched(self, prefix):
+        most.append(len({n.split(".")[1] for n in self.held}))
+        let_go(self, prefix)
+
+    monkeypatch.setattr(module.HeldBlock, "let_go", watched)
+    module.held_against_float64(Counting(params), tfmcli.make_inputs(cfg), cfg, "bfloat16",
+                                stream=True)
+    assert max(most) == 1
+    block = [n for n in params if n.startswith("blocks.1.")]
+    assert all(reads.count(n) == 2 for n in block), {n: reads.count(n) for n in block}
+
+
+def test_precision_streams_when_asked_and_says_so():
+    whole = ok("precision", "--arch", "llama", "-L", "3", "--json")
+    streamed = ok("precision", "--arch", "llama", "-L", "3", "--json", "--stream")
+    assert json.loads(streamed.output) == json.loads(whole.output)
+    line = error_line(run("precision", "--stream", "--save", "x.npz"), 2)
+    assert "'--save'" in line and "no run to save" in line

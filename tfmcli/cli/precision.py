@@ -9,23 +9,30 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import Full, Row, check_indices, describe, emit, rows_limit, width
+from tfmcli.cli.common import (
+    Full,
+    Row,
+    blocks_bar,
+    check_indices,
+    describe,
+    emit,
+    rows_limit,
+    width,
+)
 from tfmcli.cli.options import (
     MODEL_OPTIONS,
     OUTPUT_OPTIONS,
-    WHOLE_RUN_OPTIONS,
+    RUN_OPTIONS,
     DType,
     Options,
-    check_memory,
     with_options,
 )
-from tfmcli.errors import TfmError
 
 KL_SHOWN = 16   # positions of --row whose KL divergence the view lists (--json: every one)
 
 
 @app.command()
-@with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, OUTPUT_OPTIONS)
+@with_options(MODEL_OPTIONS, RUN_OPTIONS, OUTPUT_OPTIONS)
 def precision(
     threshold: Annotated[float, typer.Option(
         "--threshold", min=0.0, help="Name the first tensor past this many eps.")] = 4.0,
@@ -39,32 +46,37 @@ def precision(
     """
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.explain.precision import held_against_float64
-    from tfmcli.io import run_arrays
 
     dtype = opts.values["dtype"].value if opts.explicit("dtype") else "bfloat16"
     if dtype == "float64":
         raise typer.BadParameter("float64 is the truth tfm precision holds the run against; "
                                  "give the dtype to measure: float32, float16 or bfloat16",
                                  param_hint="'--dtype'")
-    if opts.values.get("stream"):
-        raise typer.BadParameter("tfm precision compares every tensor of three whole runs "
-                                 "(float64's, the dtype's, and its own operations'), so it "
-                                 "holds them all; run it without --stream",
-                                 param_hint="'--stream'")
     opts.values["dtype"] = DType.float64   # the weights read in float64 (an .npz: in its own)
     keep_freed_memory()
     run = opts.run(untyped={"dtype"})
     cfg = run.cfg.replace(dtype="float64")
     check_indices(cfg, row)
-    if not opts.values.get("force"):   # float64's run, and two in the dtype (float32 arrays)
-        from tfmcli.engine.sizes import memory_estimate
+    estimate = streams(opts, run, cfg, dtype)   # a streamed comparison's bytes, or None
+    stream = estimate is not None
+    if stream and opts.values.get("save"):
+        raise typer.BadParameter("a streamed comparison lets every tensor go once measured: "
+                                 "there is no run to save (--json carries every error)",
+                                 param_hint="'--save'")
+    if stream and run.lazy_params is not None:   # the weights stay in their files
+        params = run.lazy_params()
+    else:
+        params = {name: np.asarray(value, dtype=np.float64)
+                  for name, value in run.complete().params.items()}
+    run.streamed = run.streamed or stream
+    with blocks_bar(cfg, estimate, True) as (forward_tick, backward_tick):
+        def tick(done: int, total: int):   # the forward's blocks, then the backward's
+            half = total // 2
+            if forward_tick is not None:
+                (forward_tick if done <= half else backward_tick)((done - 1) % half + 1, half)
 
-        check_memory(cfg, extra=2 * memory_estimate(cfg.replace(dtype=dtype))["total"],
-                     what=f"a float64 run and two in {dtype}", opts=opts)
-    params = {name: np.asarray(value, dtype=np.float64)
-              for name, value in run.complete().params.items()}
-    truth, truth_grads = float64_run(params, run.inputs, cfg)
-    report = held_against_float64(params, run.inputs, cfg, dtype, threshold, truth, truth_grads)
+        report = held_against_float64(params, run.inputs, cfg, dtype, threshold, stream,
+                                      tick)
     panel = describe(cfg, run, row)
     panel["dtype"] = f"{dtype}, held against float64"
     eps = report.eps
@@ -83,27 +95,43 @@ def precision(
     parts += summary(report, cfg, run, row)
     payload = {"config": json.loads(cfg.replace(dtype=dtype).to_json()), **report.to_dict(),
                "row": row}
-    emit(opts, parts, payload, run_arrays(cfg, params, run.inputs, truth, truth_grads))
+    arrays = None
+    if not stream:
+        from tfmcli.io import run_arrays
+
+        arrays = run_arrays(cfg, params, run.inputs, report.truth, report.truth_grads)
+    emit(opts, parts, payload, arrays)
 
 
-def float64_run(params, inputs, cfg):
-    """The truth: the run in float64, refused if it overflows (then nothing it says is
-    right)."""
-    import tfmcli
-    from tfmcli.engine.model import first_nonfinite
+def streams(opts: Options, run, cfg, dtype: str) -> int | None:
+    """Whether the three runs go a block at a time, letting each block's tensors and weights
+    go once measured (then its estimate in bytes, else None): --stream, --no-stream, or
+    (neither) when the whole comparison does not fit in the memory available and the
+    streamed one does. One that fits neither way is refused before anything is allocated,
+    unless --force."""
+    from tfmcli.cli.options import available_memory, binary_size
+    from tfmcli.engine.sizes import memory_estimate, streamed_estimate
 
-    try:
-        with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
-            truth = tfmcli.forward(params, inputs, cfg)
-            grads = tfmcli.backward(params, truth, cfg)
-    except FloatingPointError as e:
-        raise TfmError(f"the float64 run overflowed ({e}): no truth to hold the run against; "
-                       f"use smaller weights or inputs") from None
-    bad = first_nonfinite(truth.acts) or first_nonfinite(grads) or first_nonfinite(grads.acts)
-    if bad:
-        raise TfmError(f"the float64 run produced NaN or Inf (first in {bad}): no truth to "
-                       f"hold the run against")
-    return truth, grads
+    low = cfg.replace(dtype=dtype)
+    wanted, force = opts.values.get("stream"), opts.values.get("force", False)
+    # float64's run and two in the dtype (float32 arrays), whole or a block at a time
+    whole = memory_estimate(cfg)["total"] + 2 * memory_estimate(low)["total"]
+    lazy = run.lazy_params is not None
+    bare = streamed_estimate(cfg, lazy)["total"] + 2 * streamed_estimate(low, lazy)["total"]
+    have = available_memory()
+    if wanted is None:
+        wanted = not force and whole > have and bare <= have
+    if not force:
+        need = bare if wanted else whole
+        if need > have:
+            way = "" if wanted else f", or --stream (about {binary_size(bare)})"
+            raise typer.BadParameter(
+                f"a float64 run and two in {dtype} need about {binary_size(need)} "
+                f"{'a block at a time ' if wanted else ''}(see tfm shapes), more than the "
+                f"{binary_size(have)} available; shrink --batch, --seq-len or --layers{way}, "
+                f"or pass --force", param_hint=" / ".join(f"'{f}'" for f in opts.sizing())
+                or "'--batch' / '--seq-len'")
+    return bare if wanted else None
 
 
 def _error(x: float) -> str:

@@ -346,16 +346,23 @@ def _forward(params: dict, inputs: Inputs, cfg: Config, fast: bool, start: int =
             progress(i + 1, cfg.layers)
     if keep is not None:   # what the backward keeps of each block too
         caches["streamed"] = frozenset(keep)
+    return Forward(head_forward(t, x, inputs), acts, inputs, caches)
+
+
+def head_forward(t: blocks.Tape, x: np.ndarray, inputs: Inputs) -> float:
+    """From the last block's output x to the loss: the final norm, the head, its cap, the
+    logits and probabilities kept; the loss."""
+    cfg, caches = t.cfg, t.caches
     if cfg.norm == "pre":
         x = blocks.norm(t, x, "ln_f")
     logits, caches["head"] = ops.linear_forward(x, *head_weights(t.P, cfg))        # (B, T, V)
     if cfg.logit_softcap is not None:   # c tanh(z / c): no logit reaches c
         logits = caches["capped logits"] = ops.softcap_forward(logits, cfg.logit_softcap)
     logits = t.keep("logits", logits)
-    valid = padding_mask(inputs.lengths, T) & (inputs.targets != IGNORE)           # (B, T)
+    valid = padding_mask(inputs.lengths, inputs.tokens.shape[1]) & (inputs.targets != IGNORE)
     loss, probs, caches["loss"] = ops.cross_entropy_forward(logits, inputs.targets, valid)
-    acts["probs"] = t.round(probs)   # the loss itself in float32 (ops.cross_entropy_forward)
-    return Forward(loss, acts, inputs, caches)
+    t.acts["probs"] = t.round(probs)   # the loss itself in float32 (ops.cross_entropy_forward)
+    return loss
 
 
 def _drop_block(t: blocks.Tape, i: int, keep, seen=None) -> None:
@@ -419,6 +426,20 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
         dx, dW_U = _head_and_blocks_backward(t, upstream, fwd)
         if cfg.embed_norm:
             dx = blocks.norm_backward(t, dx, "ln_embed")
+    embed_backward(t, dx, dW_U, params)
+    if caches.get("streamed") is not None and keep is not None:   # the rest of the parameters'
+        _let_go(grads, [n for n in grads if n not in keep and not n.startswith("blocks.")],
+                "grad", seen)
+    ordered_grads = {name: grads[name] for name in params if name in grads}
+    ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts if name in dacts)
+    return Gradients(ordered_grads, ordered_dacts)
+
+
+def embed_backward(t: blocks.Tape, dx: np.ndarray, dW_U, params: dict) -> None:
+    """From the first block's input gradient (through ``ln_embed``'s backward) dx: the
+    embedding's and the positions' gradients kept, W_pos's and W_E's made (tied: W_E's rows
+    added into the head's ``dW_U``)."""
+    cfg, caches, grads, dacts = t.cfg, t.caches, t.grads, t.dacts
     dacts["embed"] = dx
     if cfg.pe in ADDED_PES:
         dacts["pe"] = t.round(dx.sum(axis=0))                                      # (T, d)
@@ -433,18 +454,29 @@ def _backward(params: dict, fwd: Forward, cfg: Config, upstream=None, keep=None,
     lookup = t.round(dx * cfg.embed_factor) if cfg.embed_scale else dx
     grads["embed.W_E"] = embedding_backward(lookup, caches["embed"],
                                             out=dW_U if cfg.tied_head else None)
-    if caches.get("streamed") is not None and keep is not None:   # the rest of the parameters'
-        _let_go(grads, [n for n in grads if n not in keep and not n.startswith("blocks.")],
-                "grad", seen)
-    ordered_grads = {name: grads[name] for name in params if name in grads}
-    ordered_dacts = OrderedDict((name, dacts[name]) for name in fwd.acts if name in dacts)
-    return Gradients(ordered_grads, ordered_dacts)
 
 
 def _head_and_blocks_backward(t: blocks.Tape, upstream=None, fwd: Forward | None = None):
     """From the loss down to the embedding's output: its gradient, and the head's dW_U. A
     streamed pass's blocks (``forward(keep=...)``) are made again from their inputs, one at a
     time, and forgotten after their backward."""
+    cfg = t.cfg
+    dx, dW_U = head_backward(t, upstream)
+    streamed = t.caches.get("streamed")
+    for i in reversed(range(cfg.layers)):
+        if streamed is not None:
+            _block_again(t, fwd, i)
+        dx = blocks.block_backward(t, dx, i)
+        if streamed is not None:
+            _forget_block(t, i, streamed)
+        if t.progress is not None:
+            t.progress(cfg.layers - i, cfg.layers)
+    return dx, dW_U
+
+
+def head_backward(t: blocks.Tape, upstream=None):
+    """From the loss (or ``upstream``, another function's gradient at the logits) down to
+    the last block's output: its gradient, and the head's dW_U (its W_U and b_U kept)."""
     caches, cfg, grads, dacts = t.caches, t.cfg, t.grads, t.dacts
     if upstream is None:
         dacts["probs"] = ops.cross_entropy_dprobs(caches["loss"])
@@ -463,15 +495,6 @@ def _head_and_blocks_backward(t: blocks.Tape, upstream=None, fwd: Forward | None
         grads["head.b_U"] = db_U
     if cfg.norm == "pre":
         dx = blocks.norm_backward(t, dx, "ln_f")
-    streamed = caches.get("streamed")
-    for i in reversed(range(cfg.layers)):
-        if streamed is not None:
-            _block_again(t, fwd, i)
-        dx = blocks.block_backward(t, dx, i)
-        if streamed is not None:
-            _forget_block(t, i, streamed)
-        if t.progress is not None:
-            t.progress(cfg.layers - i, cfg.layers)
     return dx, dW_U
 
 

@@ -16,7 +16,8 @@ the dtype's machine epsilon; ``total <= own + inherited`` (the triangle inequali
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,7 +25,6 @@ from tfmcli.engine import precision
 from tfmcli.engine.config import Config
 from tfmcli.engine.inputs import Inputs
 from tfmcli.engine.masks import padding_mask
-from tfmcli.engine.model import backward, forward, unchecked_forward
 
 ZERO = 1e-10   # a gradient whose float64 RMS is below this fraction of the largest is 0 but for
 #                float64's rounding (b_K's: a shift of every key leaves each softmax as it was)
@@ -36,11 +36,14 @@ class Forcing:
     """A pass's plan (the interface of ``engine.interventions.Plan``) that keeps, as each
     activation and gradient is made, what the operation made (``made``; the gradients are the
     pass's own ``dacts``) and hands on the float64 run's instead, rounded to the dtype: each
-    operation after it reads float64's inputs as the dtype holds them."""
+    operation after it reads float64's inputs as the dtype holds them. ``truth`` and
+    ``truth_grads``: the float64 run's activations and activation gradients by name (its
+    Tape's, filled as the runs go in step); ``names``: every activation the pass keeps."""
 
-    def __init__(self, truth, truth_grads, policy: precision.Precision, lengths):
+    def __init__(self, names, truth: dict, truth_grads: dict, policy: precision.Precision,
+                 lengths):
         self.truth, self.truth_grads, self.policy = truth, truth_grads, policy
-        self.steps = dict.fromkeys(truth.acts, ())   # every kept activation (attention by parts)
+        self.steps = dict.fromkeys(names, ())   # every kept activation (attention by parts)
         self.lengths = np.asarray(lengths)
         self.interventions = ()
         self.made: dict[str, np.ndarray] = {}
@@ -50,10 +53,10 @@ class Forcing:
 
     def apply(self, name: str, x: np.ndarray) -> np.ndarray:
         self.made[name] = x
-        return self._rounded(self.truth.acts[name])
+        return self._rounded(self.truth[name])
 
     def through(self, name: str, dx: np.ndarray) -> np.ndarray:
-        return self._rounded(self.truth_grads.acts[name])
+        return self._rounded(self.truth_grads[name])
 
     def _rounded(self, x):
         """float64's ``x`` as the dtype holds it (float32's too: an exact policy rounds
@@ -164,6 +167,9 @@ class PrecisionReport:
     positions: list[Position]
     loss: float                       # float64's
     low_loss: float                   # the dtype's
+    truth: object = field(default=None, repr=False, compare=False)   # float64's Forward
+    truth_grads: object = field(default=None, repr=False, compare=False)   # and Gradients
+    #                                   (a whole comparison's; a streamed one keeps neither)
 
     def first(self, errors: list[TensorError]) -> TensorError | None:
         """The first of ``errors`` past the threshold, or None. dprobs is passed over: it is
@@ -211,25 +217,41 @@ def measure(name: str, kind: str, low, truth, made, eps: float, tiny: float,
             floor: float | None = None) -> TensorError:
     """``low``'s error against ``truth`` and its split at ``made`` (the operation on rounded
     float64 inputs); ``floor``: the scale of a tensor that is 0 but for rounding."""
+    return finish(raw_error(low, truth, made, tiny), name, kind, eps, floor)
+
+
+def raw_error(low, truth, made, tiny: float) -> dict:
+    """What ``measure`` needs of the three arrays, before any scale: float64's RMS over its
+    finite entries, the RMS and largest of each difference there, and the counts. A streamed
+    comparison keeps these and lets the arrays go (the gradients' scale, the largest
+    gradient's RMS, is known only at the end)."""
     t, lo, m = (np.asarray(a, dtype=np.float64) for a in (truth, low, made))
     finite = np.isfinite(t)
     t_f, lo_f, m_f = t[finite], lo[finite], m[finite]
-    rms64 = float(np.sqrt(np.mean(t_f * t_f))) if t_f.size else 0.0
-    zero = floor is not None and rms64 <= ZERO * floor
-    scale = (floor if zero else rms64) or 1.0
     with np.errstate(all="ignore"):   # the same inf on both sides: no difference (not NaN)
         diff, own, inherited = (np.where(a == b, 0.0, a - b)
                                 for a, b in ((lo_f, t_f), (m_f, t_f), (lo_f, m_f)))
 
         def rms(d):
-            return float(np.sqrt(np.mean(d * d))) / scale if d.size else 0.0
+            return float(np.sqrt(np.mean(d * d))) if d.size else 0.0
 
-        largest = float(np.abs(diff).max()) / scale if diff.size else 0.0
+        largest = float(np.abs(diff).max()) if diff.size else 0.0
         small = (np.abs(lo) < tiny) & (t != 0) & finite
-    return TensorError(
-        name, kind, tuple(t.shape), scale, rms(diff), largest if not np.isnan(diff).any()
-        else math.nan, rms(own), rms(inherited), int((np.isinf(lo) & finite).sum()),
-        int((np.isnan(lo) & ~np.isnan(t)).sum()), int(small.sum()), eps, zero)
+    return {"shape": tuple(t.shape), "rms64": rms(t_f), "rms": rms(diff),
+            "max": largest if not np.isnan(diff).any() else math.nan, "own": rms(own),
+            "inherited": rms(inherited), "inf": int((np.isinf(lo) & finite).sum()),
+            "nan": int((np.isnan(lo) & ~np.isnan(t)).sum()), "flushed": int(small.sum())}
+
+
+def finish(raw: dict, name: str, kind: str, eps: float, floor: float | None = None
+           ) -> TensorError:
+    """``raw_error``'s numbers over the tensor's scale: its float64 RMS, or ``floor`` for a
+    tensor that is 0 but for rounding (its RMS at most ZERO of it)."""
+    zero = floor is not None and raw["rms64"] <= ZERO * floor
+    scale = (floor if zero else raw["rms64"]) or 1.0
+    return TensorError(name, kind, raw["shape"], scale, raw["rms"] / scale, raw["max"] / scale,
+                       raw["own"] / scale, raw["inherited"] / scale, raw["inf"], raw["nan"],
+                       raw["flushed"], eps, zero)
 
 
 def next_tokens(truth_logits, low_logits, inputs: Inputs, eps: float) -> list[Position]:
@@ -268,58 +290,259 @@ def _log_softmax(z):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def held_against_float64(params: dict, inputs: Inputs, cfg: Config, dtype: str,
-                         threshold: float = 4.0, truth=None, truth_grads=None
+def held_against_float64(params, inputs: Inputs, cfg: Config, dtype: str,
+                         threshold: float = 4.0, stream: bool = False, progress=None
                          ) -> PrecisionReport:
     """The run of ``params`` (float64, as ``cfg`` says) on ``inputs`` in ``dtype`` against
-    float64, with each tensor's own and inherited error (the module docstring). ``truth``,
-    ``truth_grads``: the float64 run's forward and backward, when made already.
+    float64, with each tensor's own and inherited error (the module docstring).
+
+    The three runs go in step, a block at a time (``Runs``). With ``stream`` each block's
+    activations, gradients and weights are let go once measured: a pass holds one block's
+    (and reads its weights from their files once a pass: a 7B folder compared in a few GiB).
+    Without, the float64 run stays whole: ``report.truth``, ``report.truth_grads``.
 
     Parameters
     ----------
-    params : dict of float64 arrays
+    params : mapping of float64 arrays (a streamed run's may read each when used)
     cfg : Config in float64
     dtype : {"float32", "float16", "bfloat16"}
     threshold : float
         In eps: the report names the first activation and gradient whose error passes it.
+    progress : callable(done, total), optional
+        After each block of the forward and of the backward (a progress bar's).
+
+    Raises ``TfmError`` when the float64 run overflows or makes a NaN: then there is no truth.
     """
     if cfg.dtype != "float64":
         raise ValueError(f"held_against_float64: cfg.dtype is {cfg.dtype}; the truth is "
                          f"float64's run")
-    policy = precision.of(dtype)
-    low_cfg = cfg.replace(dtype=dtype)
-    # the weights as the dtype holds them, each rounded once from float64
-    low_params = {name: policy.round(value).astype(low_cfg.np_dtype, copy=False)
-                  for name, value in params.items()}
-    if truth is None:
-        truth = forward(params, inputs, cfg, fast=False)
-        truth_grads = backward(params, truth, cfg)
-    with np.errstate(all="ignore"):   # an overflow is counted here, not refused
-        low = forward(low_params, inputs, low_cfg)
-        low_grads = backward(low_params, low, low_cfg)
-        forcing = Forcing(truth, truth_grads, policy, inputs.lengths)
-        own = unchecked_forward(low_params, inputs, low_cfg, fast=False, plan=forcing)
-        own_grads = backward(low_params, own, low_cfg)
-    finfo = policy.finfo
-    eps, tiny = float(finfo.eps), float(finfo.tiny)
-    largest = max((_rms(g) for g in [*truth_grads.values(), *truth_grads.acts.values()]),
-                  default=0.0)
-    made = {**own.acts, **forcing.made}   # probs, not kept by the plan: the forced logits'
-    activations = [measure(name, "activation", low.acts[name], truth.acts[name], made[name],
-                           eps, tiny) for name in truth.acts]
-    gradients = [measure("d" + name, "gradient", low_grads.acts[name], truth_grads.acts[name],
-                         own_grads.acts[name], eps, tiny, largest)
-                 for name in reversed(truth_grads.acts)]
-    parameters = [measure("grad " + name, "parameter gradient", low_grads[name],
-                          truth_grads[name], own_grads[name], eps, tiny, largest)
-                  for name in truth_grads]
-    positions = next_tokens(truth.acts["logits"], low.acts["logits"], inputs, eps)
-    return PrecisionReport(dtype, eps, threshold, activations, gradients, parameters,
-                           positions, truth.loss, low.loss)
+    runs = Runs(params, inputs, cfg, dtype, stream)
+    return runs.report(threshold, progress)
 
 
-def _rms(x) -> float:
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return float(np.sqrt(np.mean(x * x))) if x.size else 0.0
+class Runs:
+    """float64's run (``truth``), the dtype's (``low``) and the dtype's own operations'
+    (``own``, on float64's inputs rounded: ``Forcing``), made a step at a time in step, each
+    step's tensors measured as soon as the three have made them."""
 
+    ORDER = ("truth", "low", "own")
+
+    def __init__(self, params, inputs: Inputs, cfg: Config, dtype: str, stream: bool):
+        from tfmcli.engine import blocks
+        from tfmcli.engine.model import _block_masks
+        from tfmcli.engine.sizes import activation_shapes
+
+        self.inputs, self.cfg, self.stream = inputs, cfg, stream
+        self.policy = policy = precision.of(dtype)
+        self.low_cfg = low_cfg = cfg.replace(dtype=dtype)
+        B, T = inputs.tokens.shape
+        self.shape = (B, T)
+        self.names = list(activation_shapes(cfg.replace(batch=B, seq_len=T)))
+        self.params = HeldBlock(params) if stream else params
+        # the weights as the dtype holds them, each rounded once from float64
+        low = (Rounded(self.params, policy, low_cfg.np_dtype) if stream else
+               {name: policy.round(value).astype(low_cfg.np_dtype, copy=False)
+                for name, value in params.items()})
+        self.low_params = low
+
+        def tape(P, cfg, fast, plan=None):
+            fast = fast and precision.of(cfg.dtype).exact   # rounded: the reference path
+            caches = {"fast": fast, "cfg": cfg, **({"plan": plan} if plan else {})}
+            return blocks.Tape(P, cfg, caches, _block_masks(cfg, inputs.lengths, T, fast,
+                                                            range(cfg.layers)))
+
+        truth = tape(self.params, cfg, True)
+        self.forcing = Forcing(self.names, truth.acts, truth.dacts, policy, inputs.lengths)
+        self.tapes = {"truth": truth, "low": tape(low, low_cfg, True),
+                      "own": tape(low, low_cfg, False, self.forcing)}
+        finfo = policy.finfo
+        self.eps, self.tiny = float(finfo.eps), float(finfo.tiny)
+        self.raw: dict[str, dict] = {}   # "activation" / "gradient" / "parameter gradient"
+        self.kinds: dict[str, str] = {}
+
+    def step(self, run: str, work):
+        """``work(tape)`` for one run, in its dtype's rounding and its engine; the float64
+        run's overflow is refused (then nothing it says is right), the others' counted."""
+        from tfmcli.engine.model import _engine
+        from tfmcli.errors import TfmError
+
+        t = self.tapes[run]
+        with _engine(t.fast, t.cfg, *self.shape):
+            if run != "truth":
+                with np.errstate(all="ignore"):
+                    return work(t)
+            try:
+                with np.errstate(over="raise", invalid="raise", divide="raise",
+                                 under="ignore"):
+                    return work(t)
+            except FloatingPointError as e:
+                raise TfmError(f"the float64 run overflowed ({e}): no truth to hold the run "
+                               f"against; use smaller weights or inputs") from None
+
+    def each(self, work, values):
+        """``work(tape, value)`` for the three runs in turn (float64's first: the own run
+        reads what it made), each with its own value; their results."""
+        return {run: self.step(run, lambda t, v=values[run]: work(t, v)) for run in self.ORDER}
+
+    # ------------------------------------------------------------ measuring
+
+    def measure_acts(self) -> None:
+        """Every activation the three have made and not yet measured."""
+        truth, low, own = (self.tapes[r].acts for r in self.ORDER)
+        for name in [n for n in truth if n not in self.raw]:
+            made = self.forcing.made.get(name, own.get(name))   # probs: the forced logits'
+            self.raw[name] = raw_error(low[name], truth[name], made, self.tiny)
+            self.kinds[name] = "activation"
+            self.forcing.made.pop(name, None)
+
+    def measure_grads(self) -> None:
+        """Every activation's and parameter's gradient the three have made and not yet
+        measured."""
+        tapes = [self.tapes[r] for r in self.ORDER]
+        for kind, prefix, held in (("gradient", "d", "dacts"),
+                                   ("parameter gradient", "grad ", "grads")):
+            truth, low, own = (getattr(t, held) for t in tapes)
+            for name in [n for n in truth if prefix + n not in self.raw]:
+                if name not in low or name not in own:
+                    continue
+                self.raw[prefix + name] = raw_error(low[name], truth[name], own[name], self.tiny)
+                self.kinds[prefix + name] = kind
+
+    def let_go(self, prefix: str) -> None:
+        """Streamed: the block's activations but its input, its gradients, caches and
+        weights, once measured."""
+        if not self.stream:
+            return
+        keep = prefix + "in"
+        for t in self.tapes.values():
+            for arrays in (t.acts, t.dacts, t.grads):
+                for name in [n for n in arrays if n.startswith(prefix) and n != keep]:
+                    del arrays[name]
+            for name in [n for n in t.caches if isinstance(n, str) and n.startswith(prefix)]:
+                del t.caches[name]
+        self.params.let_go(prefix)
+
+    # ------------------------------------------------------------ the runs
+
+    def report(self, threshold: float, progress=None) -> PrecisionReport:
+        from tfmcli.engine import blocks, parallel
+        from tfmcli.engine.model import _embed_forward, embed_backward, head_backward, head_forward
+
+        cfg, inputs, L = self.cfg, self.inputs, self.cfg.layers
+        total = 2 * L
+        x = self.each(lambda t, _: _embed_forward(t, inputs), dict.fromkeys(self.ORDER))
+        self.measure_acts()
+        for i in range(L):
+            x = self.each(lambda t, v, i=i: blocks.block(t, v, i), x)
+            self.measure_acts()
+            if self.stream and i + 1 < L:   # the last block's the backward begins with
+                self.let_go(f"blocks.{i}.")
+            if progress is not None:
+                progress(i + 1, total)
+        losses = self.each(lambda t, v: head_forward(t, v, inputs), x)
+        self.measure_acts()
+        logits = {r: self.tapes[r].acts["logits"] for r in ("truth", "low")}
+        positions = next_tokens(logits["truth"], logits["low"], inputs, self.eps)
+
+        def deferred(work):
+            def run(t, v):
+                with parallel.deferred():
+                    return work(t, v)
+            return run
+
+        back = self.each(deferred(lambda t, _: head_backward(t)), dict.fromkeys(self.ORDER))
+        dx, dW_U = {r: back[r][0] for r in back}, {r: back[r][1] for r in back}
+        self.measure_grads()
+        for i in reversed(range(L)):
+            p = f"blocks.{i}."
+            if self.stream and i + 1 < L:   # made again from its input, as it was made
+                kind = blocks.KINDS[blocks.kind(cfg)][0]
+                self.each(lambda t, _, i=i, p=p: kind(t, t.acts[p + "in"], i),
+                          dict.fromkeys(self.ORDER))
+                self.forcing.made.clear()   # (measured the first time)
+            dx = self.each(deferred(lambda t, v, i=i: blocks.block_backward(t, v, i)), dx)
+            self.measure_grads()
+            self.let_go(p)
+            if progress is not None:
+                progress(2 * L - i, total)
+        if cfg.embed_norm:
+            dx = self.each(deferred(lambda t, v: blocks.norm_backward(t, v, "ln_embed")), dx)
+        params = {"truth": self.params, "low": self.low_params, "own": self.low_params}
+        self.each(lambda t, v: embed_backward(t, *v), {r: (dx[r], dW_U[r], params[r])
+                                                       for r in self.ORDER})
+        self.measure_grads()
+        return self.finish(threshold, positions, losses)
+
+    def finish(self, threshold, positions, losses) -> PrecisionReport:
+        """The errors over their scales, in the report's orders: the activations forward, their
+        gradients backward, the parameters' as the parameters come."""
+        largest = max((raw["rms64"] for name, raw in self.raw.items()
+                       if self.kinds[name] != "activation"), default=0.0)
+        errors = {name: finish(raw, name, self.kinds[name], self.eps,
+                               None if self.kinds[name] == "activation" else largest)
+                  for name, raw in self.raw.items()}
+        order = [n for n in self.names if n in errors]
+        truth = (None, None) if self.stream else self.truth_run(losses["truth"])
+        return PrecisionReport(
+            self.low_cfg.dtype, self.eps, threshold, [errors[n] for n in order],
+            [errors["d" + n] for n in reversed(order) if "d" + n in errors],
+            [errors["grad " + n] for n in self.params if "grad " + n in errors],
+            positions, losses["truth"], losses["low"], *truth)
+
+    def truth_run(self, loss):
+        """float64's run as ``forward`` and ``backward`` return it (what --save writes)."""
+        from collections import OrderedDict
+
+        from tfmcli.engine.model import Forward, Gradients
+
+        t = self.tapes["truth"]
+        grads = Gradients({n: t.grads[n] for n in self.params if n in t.grads},
+                          OrderedDict((n, t.dacts[n]) for n in t.acts if n in t.dacts))
+        return Forward(loss, t.acts, self.inputs, t.caches), grads
+
+
+class HeldBlock(Mapping):
+    """A streamed run's weights, each block's held once read until ``let_go``: the three
+    runs read it once between them, in each direction."""
+
+    def __init__(self, params):
+        self.params, self.held = params, {}
+
+    def __getitem__(self, name):
+        if not name.startswith("blocks."):
+            return self.params[name]
+        if name not in self.held:
+            self.held[name] = np.asarray(self.params[name], dtype=np.float64)
+        return self.held[name]
+
+    def let_go(self, prefix: str) -> None:
+        for name in [n for n in self.held if n.startswith(prefix)]:
+            del self.held[name]
+
+    def __contains__(self, name):
+        return name in self.params
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
+
+
+class Rounded(Mapping):
+    """The weights as the dtype holds them, each rounded from float64's when read."""
+
+    def __init__(self, params, policy: precision.Precision, np_dtype):
+        self.params, self.policy, self.np_dtype = params, policy, np_dtype
+
+    def __getitem__(self, name):
+        return self.policy.round(self.params[name]).astype(self.np_dtype, copy=False)
+
+    def __contains__(self, name):
+        return name in self.params
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
