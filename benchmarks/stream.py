@@ -1,10 +1,10 @@
 """Streaming at 7B (issue 63): a random-weight LLaMA-7B-shaped bfloat16 folder on disk (made
-once, never committed), then ``tfm lens`` and ``tfm backward --block 15`` on 16 tokens, each
-timed with its peak resident memory (VmHWM). The whole runs do not fit (about 101 GiB), so
+once, never committed), then ``tfm lens``, ``tfm backward --block 15`` and ``tfm precision
+--dtype bfloat16`` (issue 72) on 16 tokens, each timed with its peak resident memory (VmHWM). The whole runs do not fit (about 101 GiB), so
 both stream by themselves (the script passes --stream, so that a shallower
 model streams too).
 
-    python benchmarks/stream.py [--folder DIR] [--layers L] [--only lens|backward]
+    python benchmarks/stream.py [--folder DIR] [--layers L] [--only lens|backward|precision]
 
 The folder is written a block a shard (model-000NN-of-000MM.safetensors and its index), so
 making it holds one block's weights. ``--layers`` makes a shallower model of the same width
@@ -101,7 +101,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", default="/tmp/tfm-llama-7b")
     parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--only", choices=["lens", "backward"])
+    parser.add_argument("--only", choices=["lens", "backward", "precision"])
     args = parser.parse_args()
     folder = Path(args.folder)
     config = {**SEVEN_B, "num_hidden_layers": args.layers}
@@ -111,7 +111,8 @@ def main():
         make_folder(folder, config)
         print(f"  made in {time.perf_counter() - start:.0f} s", flush=True)
     print(f"BLAS: {kernel()}")
-    runs = {"lens": ["lens"], "backward": ["backward", "--block", str(min(15, args.layers - 1))]}
+    runs = {"lens": ["lens"], "backward": ["backward", "--block", str(min(15, args.layers - 1))],
+            "precision": ["precision", "--dtype", "bfloat16"]}
     for name, command in runs.items():
         if args.only not in (None, name):
             continue

@@ -168,9 +168,12 @@ def op(fn=None, *, results: int | None = None):
 
 def stored(params, policy: Precision):
     """``params`` as a rounded pass reads them: each value rounded to the dtype when read (a
-    mapping over the same arrays; a checkpoint's bfloat16 weights come back equal). Exact:
+    mapping over the same arrays; a checkpoint's bfloat16 weights come back equal). Exact, or
+    a mapping whose ``rounded`` names this policy (its values are the dtype's already):
     ``params`` itself."""
-    return params if policy.exact else Stored(params, policy)
+    if policy.exact or getattr(params, "rounded", None) == policy.name:
+        return params   # (a mapping that rounds as it reads already: tfm precision's)
+    return Stored(params, policy)
 
 
 class Stored(Mapping):

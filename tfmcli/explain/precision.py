@@ -220,27 +220,39 @@ def measure(name: str, kind: str, low, truth, made, eps: float, tiny: float,
     return finish(raw_error(low, truth, made, tiny), name, kind, eps, floor)
 
 
+CHUNK = 1 << 20   # entries raw_error reads at a time: its scratch is a few of these
+
+
 def raw_error(low, truth, made, tiny: float) -> dict:
     """What ``measure`` needs of the three arrays, before any scale: float64's RMS over its
     finite entries, the RMS and largest of each difference there, and the counts. A streamed
     comparison keeps these and lets the arrays go (the gradients' scale, the largest
-    gradient's RMS, is known only at the end)."""
-    t, lo, m = (np.asarray(a, dtype=np.float64) for a in (truth, low, made))
-    finite = np.isfinite(t)
-    t_f, lo_f, m_f = t[finite], lo[finite], m[finite]
-    with np.errstate(all="ignore"):   # the same inf on both sides: no difference (not NaN)
-        diff, own, inherited = (np.where(a == b, 0.0, a - b)
-                                for a, b in ((lo_f, t_f), (m_f, t_f), (lo_f, m_f)))
-
-        def rms(d):
-            return float(np.sqrt(np.mean(d * d))) if d.size else 0.0
-
-        largest = float(np.abs(diff).max()) if diff.size else 0.0
-        small = (np.abs(lo) < tiny) & (t != 0) & finite
-    return {"shape": tuple(t.shape), "rms64": rms(t_f), "rms": rms(diff),
-            "max": largest if not np.isnan(diff).any() else math.nan, "own": rms(own),
-            "inherited": rms(inherited), "inf": int((np.isinf(lo) & finite).sum()),
-            "nan": int((np.isnan(lo) & ~np.isnan(t)).sum()), "flushed": int(small.sum())}
+    gradient's RMS, is known only at the end). Read CHUNK entries at a time, so that a
+    7B model's head (131 million entries) needs no float64 copies of the three."""
+    flat = [np.asarray(a).reshape(-1) for a in (truth, low, made)]
+    squares = np.zeros(4)   # float64's, then the differences': total, own, inherited
+    largest, counts, entries = 0.0, np.zeros(3, dtype=np.int64), 0
+    nan_diff = False
+    for start in range(0, flat[0].size, CHUNK):
+        t, lo, m = (np.asarray(a[start:start + CHUNK], dtype=np.float64) for a in flat)
+        finite = np.isfinite(t)
+        t_f, lo_f, m_f = t[finite], lo[finite], m[finite]
+        with np.errstate(all="ignore"):   # the same inf on both sides: no difference (not NaN)
+            diffs = [np.where(a == b, 0.0, a - b)
+                     for a, b in ((lo_f, t_f), (m_f, t_f), (lo_f, m_f))]
+            squares += [float(t_f @ t_f), *(float(d @ d) for d in diffs)]
+            if diffs[0].size:
+                nan_diff |= bool(np.isnan(diffs[0]).any())
+                largest = max(largest, float(np.nanmax(np.abs(diffs[0]), initial=0.0)))
+            counts += [int((np.isinf(lo) & finite).sum()), int((np.isnan(lo) & ~np.isnan(t)).sum()),
+                       int(((np.abs(lo) < tiny) & (t != 0) & finite).sum())]
+        entries += t_f.size
+    with np.errstate(invalid="ignore"):
+        rms64, rms, own, inherited = (float(np.sqrt(x / entries)) if entries else 0.0
+                                      for x in squares)
+    return {"shape": tuple(np.shape(truth)), "rms64": rms64, "rms": rms,
+            "max": math.nan if nan_diff else largest, "own": own, "inherited": inherited,
+            "inf": int(counts[0]), "nan": int(counts[1]), "flushed": int(counts[2])}
 
 
 def finish(raw: dict, name: str, kind: str, eps: float, floor: float | None = None
@@ -340,10 +352,7 @@ class Runs:
         self.names = list(activation_shapes(cfg.replace(batch=B, seq_len=T)))
         self.params = HeldBlock(params) if stream else params
         # the weights as the dtype holds them, each rounded once from float64
-        low = (Rounded(self.params, policy, low_cfg.np_dtype) if stream else
-               {name: policy.round(value).astype(low_cfg.np_dtype, copy=False)
-                for name, value in params.items()})
-        self.low_params = low
+        self.low_params = low = Rounded(self.params, policy, low_cfg.np_dtype)
 
         def tape(P, cfg, fast, plan=None):
             fast = fast and precision.of(cfg.dtype).exact   # rounded: the reference path
@@ -407,10 +416,14 @@ class Runs:
                     continue
                 self.raw[prefix + name] = raw_error(low[name], truth[name], own[name], self.tiny)
                 self.kinds[prefix + name] = kind
+                if self.stream and held == "grads":   # nothing reads a weight's gradient
+                    for arrays in (truth, low, own):
+                        del arrays[name]
 
-    def let_go(self, prefix: str) -> None:
+    def let_go(self, prefix: str, caches=()) -> None:
         """Streamed: the block's activations but its input, its gradients, caches and
-        weights, once measured."""
+        weights, once measured (``prefix`` "embed." or "head.": those weights, and
+        ``caches``)."""
         if not self.stream:
             return
         keep = prefix + "in"
@@ -418,9 +431,11 @@ class Runs:
             for arrays in (t.acts, t.dacts, t.grads):
                 for name in [n for n in arrays if n.startswith(prefix) and n != keep]:
                     del arrays[name]
-            for name in [n for n in t.caches if isinstance(n, str) and n.startswith(prefix)]:
+            for name in [n for n in t.caches if isinstance(n, str) and (
+                    n.startswith(prefix) or n in caches)]:
                 del t.caches[name]
         self.params.let_go(prefix)
+        self.low_params.let_go(prefix)
 
     # ------------------------------------------------------------ the runs
 
@@ -432,6 +447,8 @@ class Runs:
         total = 2 * L
         x = self.each(lambda t, _: _embed_forward(t, inputs), dict.fromkeys(self.ORDER))
         self.measure_acts()
+        if not cfg.tied_head:   # W_E's rows are read: the head reads W_U
+            self.let_go("embed.")
         for i in range(L):
             x = self.each(lambda t, v, i=i: blocks.block(t, v, i), x)
             self.measure_acts()
@@ -451,8 +468,12 @@ class Runs:
             return run
 
         back = self.each(deferred(lambda t, _: head_backward(t)), dict.fromkeys(self.ORDER))
-        dx, dW_U = {r: back[r][0] for r in back}, {r: back[r][1] for r in back}
+        # tied, W_E's gradient is the head's and the embedding's: the head's waits for it
+        dx, dW_U = {r: back[r][0] for r in back}, {r: back[r][1] if cfg.tied_head else None
+                                                     for r in back}
+        del back
         self.measure_grads()
+        self.let_go("head.", caches=("head", "capped logits"))
         for i in reversed(range(L)):
             p = f"blocks.{i}."
             if self.stream and i + 1 < L:   # made again from its input, as it was made
@@ -502,15 +523,14 @@ class Runs:
 
 
 class HeldBlock(Mapping):
-    """A streamed run's weights, each block's held once read until ``let_go``: the three
-    runs read it once between them, in each direction."""
+    """A streamed run's weights, each held once read until ``let_go`` (a block's once
+    measured, the embedding's and the head's once used): the three runs read each once
+    between them, in each direction."""
 
     def __init__(self, params):
         self.params, self.held = params, {}
 
     def __getitem__(self, name):
-        if not name.startswith("blocks."):
-            return self.params[name]
         if name not in self.held:
             self.held[name] = np.asarray(self.params[name], dtype=np.float64)
         return self.held[name]
@@ -530,13 +550,23 @@ class HeldBlock(Mapping):
 
 
 class Rounded(Mapping):
-    """The weights as the dtype holds them, each rounded from float64's when read."""
+    """The weights as the dtype holds them, each rounded from float64's when first read and
+    held until ``let_go``: the dtype's run and its own operations' read the same copy."""
 
     def __init__(self, params, policy: precision.Precision, np_dtype):
         self.params, self.policy, self.np_dtype = params, policy, np_dtype
+        self.held = {}
+        self.rounded = policy.name   # what a Tape reads as it is (``precision.stored``)
 
     def __getitem__(self, name):
-        return self.policy.round(self.params[name]).astype(self.np_dtype, copy=False)
+        if name not in self.held:
+            self.held[name] = self.policy.round(self.params[name]).astype(self.np_dtype,
+                                                                          copy=False)
+        return self.held[name]
+
+    def let_go(self, prefix: str) -> None:
+        for name in [n for n in self.held if n.startswith(prefix)]:
+            del self.held[name]
 
     def __contains__(self, name):
         return name in self.params
