@@ -138,12 +138,15 @@ def test_no_other_command_imports_textual():
     assert json.loads(done.stderr.splitlines()[-1]) is False
 
 
-@pytest.mark.parametrize("arch", [None, "gpt2", "llama", "vaswani"])
+@pytest.mark.parametrize("arch", [None, "gpt2", "llama", "vaswani", "qwen3", "gemma2", "bloom",
+                                  "mistral"])
 def test_a_gradient_entry_is_the_sum_of_its_paths(arch):
-    """Every gradient tensor of these presets (RoPE's q and k, Post-LN's streams) has its
-    paths, written in the 40-column pane, the sum to four digits of the backward's."""
+    """Every gradient tensor of these presets (RoPE's q and k, Post-LN's streams, qk-norm,
+    sandwich norms and caps, the embedding's norm, GQA) has its paths, each line within the
+    40-column pane's 36 (its border, padding and scrollbar), the sum to four digits of the
+    backward's, right under it and in the column of the terms."""
     from tfmcli.engine.presets import PRESETS
-    from tfmcli.explain.gradients import explain_gradient
+    from tfmcli.explain.gradients import WIDTH, explain_gradient
     from tfmcli.render.numbers import column
 
     ex = explorer(layers=2, seed=7, **(PRESETS[arch].fields if arch else {}))
@@ -156,8 +159,10 @@ def test_a_gradient_entry_is_the_sum_of_its_paths(arch):
             assert explained.claimed is not None and explained.holds, (name, index)
             lines = list(explained.lines)
             value = ex.gradients[name][index]
-            assert max(map(len, lines)) <= 40, lines   # the pane is 40 columns wide
-            total, backward = re.fullmatch(r"  sum +(\S+) \(backward +(\S+)\)", lines[-1]).groups()
+            assert WIDTH == 36 and max(map(len, lines)) <= WIDTH, lines
+            total, backward = (re.fullmatch(rf"  {word} +(\S+)", line)[1]
+                               for word, line in zip(("sum", "backward"), lines[-2:]))
+            assert len(lines[-1]) == len(lines[-2]), lines   # one column, right-aligned
             if backward == "≈0":   # rounding noise next to its terms: so must the sum be
                 assert (total == "≈0" or float(total) == 0) and abs(value) < 1e-15, lines
             else:   # four significant digits
@@ -472,9 +477,9 @@ def test_a_gradients_paths_are_written_at_their_scale():
     paths = Paths(["= a sum"])
     paths.add("", ["a", "b", "c"], [-1.2e-06, -4e-07, 1e-07])
     lines = paths.lines(-1.5e-06)
-    assert lines[-4:] == ["    a                -1.200e-06", "    b                -4.000e-07",
-                          "    c                +1.000e-07",
-                          "  sum -1.500e-06 (backward -1.500e-06)"]
+    assert lines[-5:] == ["    a                 -1.200e-06", "    b                 -4.000e-07",
+                          "    c                 +1.000e-07", "  sum                 -1.500e-06",
+                          "  backward            -1.500e-06"]
 
 
 def test_the_explore_page_lists_every_key():
@@ -489,3 +494,17 @@ def test_the_explore_page_lists_every_key():
     for binding in [*module.TensorPane.BINDINGS, *ExploreApp.BINDINGS]:
         name = module.key_name(binding.key)
         assert ("arrows" if name in "↑↓←→" else name) in keys, binding
+
+
+def test_a_line_wider_than_the_pane_folds_at_a_space_never_inside_a_number_or_bracket():
+    """An intervention's line (55 columns) and a head norm's value line (38) in the 36 of the
+    wide pane: folded after the comma, before the =, the rest indented under the first."""
+    from tfmcli.tui.app import fold
+
+    assert fold("  the formula gives -1.066e-04, the run recorded -3.197e-04", 36) == [
+        "  the formula gives -1.066e-04,", "    the run recorded -3.197e-04"]
+    assert fold("dk_norm.out[1, 1, t2, 2] = -0.00430547", 36) == [
+        "dk_norm.out[1, 1, t2, 2]", "  = -0.00430547"]
+    assert fold("changed by set blocks.0.resid1[0, 2] = 0.5:", 36) == [
+        "changed by set", "  blocks.0.resid1[0, 2] = 0.5:"]
+    assert fold("  sum                   +0.06556", 36) == ["  sum                   +0.06556"]

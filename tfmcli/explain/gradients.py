@@ -31,6 +31,8 @@ from tfmcli.explain.cells import Explanation, holds_to, interventions_on, norm_i
 from tfmcli.render.numbers import column, one
 
 TOP = 4   # terms listed one by one; the rest are summed in one line
+NUMBERS = 32   # where a column of numbers ends (WIDTH where the words need it)
+WIDTH = 36   # a line's widest: the explorer's 40-column pane less its border, padding, scrollbar
 
 # weight -> the activation it makes, within one block
 MAKES = {"attn.W_Q": "attn.q", "attn.W_K": "attn.k", "attn.W_V": "attn.v",
@@ -44,13 +46,15 @@ NORMS = r"(ln1|ln2|ln1_post|ln2_post|attn\.q_norm|attn\.k_norm)"
 
 @dataclass
 class Paths:
-    """What a gradient entry sums: its formula, its terms in groups (one group per way on),
+    """What a gradient entry sums: its formula, the numbers it names (``given``: label and
+    number, written in the column of the terms), its terms in groups (one group per way on),
     and ``via``: the activations whose kept gradients the terms read (an intervention on one
     changes what reaches this entry)."""
 
     formula: list[str]
     groups: list[tuple[str, list[str], np.ndarray]] = field(default_factory=list)
     via: list[str] = field(default_factory=list)
+    given: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, label: str, labels: list[str], terms, via: str | None = None) -> None:
         self.groups.append((label, labels, np.asarray(terms, dtype=np.float64).ravel()))
@@ -65,33 +69,53 @@ class Paths:
         return float(sum(np.abs(terms).sum() for _, _, terms in self.groups))
 
     def lines(self, value: float) -> list[str]:
-        """The formula, each group's sum, the largest terms, the sum against ``value``; each
-        line within 38 columns. The terms and the groups' sums are one column, written at
-        its scale; the sum and the backward's number another (a sum of terms that cancel can
-        be far smaller than they are)."""
-        lines = list(self.formula)
+        """The formula, each group's sum, the largest terms, then the sum and the backward's
+        number, each line within WIDTH: every number right-aligned in one column under the
+        others. The terms and the groups' sums are written at their scale; the sum and the
+        backward's number at theirs (a sum of terms that cancel can be far smaller)."""
         count = sum(terms.size for _, _, terms in self.groups)
-        labels = [f"{group} {label}" if len(self.groups) > 1 else label
-                  for group, names, _ in self.groups for label in names]
+        labels = [label if len(self.groups) == 1 else group if len(names) == 1 else
+                  f"{group} {label}" for group, names, _ in self.groups for label in names]
         terms = np.concatenate([terms for _, _, terms in self.groups])
         order = np.argsort(-np.abs(terms), kind="stable")
         sums = [t.sum() for _, _, t in self.groups] if len(self.groups) > 1 else []
         listed = terms[order[:TOP]] if count > len(self.groups) else terms[:0]
         rest = [terms[order[TOP:]].sum()] if count > TOP else []
         write = column([*sums, *listed, *rest])
+        rows: list[tuple[str, str | None]] = []   # (the line's words, its number)
         for (label, _, group), total in zip(self.groups, sums):
-            size = f" ({group.size})" if group.size > 1 else ""
-            lines.append(f"  {label[:14]:<14} {write(total):>10}{size}")
+            rows.append((f"  {label}" + (f" ({group.size})" if group.size > 1 else ""),
+                         write(total)))
         if listed.size:
-            lines.append("  largest terms:" if count > TOP else "  terms:")
-            for k in order[:TOP]:
-                lines.append(f"    {labels[k][:16]:<16} {write(terms[k]):>10}")
+            rows.append(("  largest terms:" if count > TOP else "  terms:", None))
+            rows += [(f"    {labels[k]}", write(terms[k])) for k in order[:TOP]]
             if rest:
-                lines.append(f"    {f'{count - TOP} more':<16} {write(rest[0]):>10}")
+                rows.append((f"    {count - TOP} more", write(rest[0])))
         # next to what rounding acts on (the terms' sizes), a sum of terms that cancel is ≈0
+        # (each at its own scale where they differ: an intervention stopped or scaled a path)
         total = column([self.total(), value], floor=self.size())
-        lines.append(f"  sum {total(self.total()).strip()} (backward {total(value).strip()})")
-        return lines
+        both = [total(self.total()).strip(), total(value).strip()]
+        if both[0] != both[1]:
+            both = [column([v], floor=self.size())(v).strip() for v in (self.total(), value)]
+        rows += [("  sum", both[0]), ("  backward", both[1])]
+        return list(self.formula) + aligned([*self.given, *rows])
+
+
+def aligned(rows: list[tuple[str, str | None]]) -> list[str]:
+    """Lines of words and a number, the numbers right-aligned in one column ending at
+    column NUMBERS (further, to WIDTH, for long words), so that they stay in place from one
+    cell to the next; words too long even then cut with an ellipsis."""
+    digits = max(len(number) for _, number in rows if number is not None)
+    longest = max(len(text) for text, number in rows if number is not None)
+    words = min(WIDTH - 1 - digits, max(longest, NUMBERS - 1 - digits))
+    lines = []
+    for text, number in rows:
+        if number is None:
+            lines.append(text)
+            continue
+        text = text if len(text) <= words else text[:words - 1] + "…"
+        lines.append(f"{text:<{words}} {number:>{digits}}")
+    return lines
 
 
 class Record:
@@ -112,14 +136,15 @@ def explain_gradient(run, fwd, grads, name: str, index: tuple, where: str) -> Ex
     backward's number (``claimed`` None where no rule covers this tensor here)."""
     record = Record(run, fwd, grads)
     array = record.gradients[name]
-    recorded = float(array[index])
+    recorded = float(array[index]) + 0.0   # -0.0 (softmax's backward of a hidden key) is 0
     finite = np.abs(array[np.isfinite(array)])
     scale = float(finite.max()) if finite.size else 0.0
     paths = rule(record, name, index)
     if paths is None or not paths.groups:
-        return Explanation(where, recorded, None, ("d loss / d this entry: the sum over every "
-                                                   "path from it to the loss (no breakdown of "
-                                                   "this tensor here)",), (), scale)
+        return Explanation(where, recorded, None, ("d loss / d this entry: the sum",
+                                                   "  over every path from it to the loss",
+                                                   "  (no breakdown of this tensor here)"),
+                           (), scale)
     explanation = Explanation(where, recorded, paths.total(), tuple(paths.lines(recorded)),
                               tuple(paths.via), max(scale, paths.size()),
                               interventions_on(fwd, (name, *paths.via)),
@@ -154,7 +179,7 @@ def rule(ex: Record, name: str, index) -> Paths | None:
         return None
     paths = Paths(["= the sum over what reads it:"] if len(ways) > 1 else [])
     for kind, target in ways:
-        _way(ex, paths, kind, target, index)
+        _way(ex, paths, kind, target, index, "  " if len(ways) > 1 else "= ")
     return paths
 
 
@@ -209,17 +234,28 @@ def readers(cfg, name: str) -> list[tuple[str, str]]:
     return []
 
 
-def _way(ex: Record, paths: Paths, kind: str, target: str, index) -> None:
-    """Add the group of terms one reader contributes to the gradient at ``index``."""
+def _said(lead: str, *parts: str) -> list[str]:
+    """``parts`` on one line after ``lead`` ("= " or "  ") when they fit in WIDTH, else one a
+    line, the lines after the first indented two more."""
+    line = lead + " ".join(parts)
+    if len(line) <= WIDTH:
+        return [line]
+    under = " " * (len(lead) if not lead.strip() else 0) + "  "
+    return [lead + parts[0], *(under + part for part in parts[1:])]
+
+
+def _way(ex: Record, paths: Paths, kind: str, target: str, index, lead: str = "  ") -> None:
+    """Add the group of terms one reader contributes to the gradient at ``index``, its
+    formula's lines after ``lead`` ("= " when it is the only reader)."""
     b, t, i = index
     if kind == "sum":
-        paths.formula += [f"  d{_tail(target)}: added into it"]
+        paths.formula += _said(lead, f"d{_tail(target)}: added into it")
         paths.add(f"into {_tail(target)}", [f"d{_tail(target)}"],
                   [ex.gradients[target][index]], via=target)
     elif kind == "norm":
         x = _norm_source(ex, target)[b, t]
         through = _norm_backward(ex, target, x, ex.gradients[target + ".out"][b, t])[i]
-        paths.formula += [f"  {_tail(target)}'s backward of d{_tail(target)}.out"]
+        paths.formula += _said(lead, f"{_tail(target)}'s backward of", f"d{_tail(target)}.out")
         paths.add(f"via {_tail(target)}", [f"{_tail(target)}'s backward"], [through],
                   via=target + ".out")
     elif kind == "linear":
@@ -227,14 +263,15 @@ def _way(ex: Record, paths: Paths, kind: str, target: str, index) -> None:
         W, output = ex.run.params[target], prefix + MAKES[weight]
         dy = _merged(ex.gradients[output])[b, t]
         short = weight.split(".")[-1]
-        paths.formula += [f"  sum_j {short}[{i}, j] x d{_tail(output)}[j]"]
+        paths.formula += _said(lead, f"sum_j {short}[{i}, j]", f"x d{_tail(output)}[j]")
         paths.add(f"via {short}", [f"j {j}" for j in range(W.shape[1])], W[i] * dy,
                   via=output)
     else:   # the head: the logits' every entry
         W_U = ex.run.params["head.W_U"] if "head.W_U" in ex.run.params else \
             ex.run.params["embed.W_E"].T
-        paths.formula += ["  sum_v W_U[{i}, v] x dz[v]".format(i=i)] + (
-            ["  (dz: dlogits through the cap)"] if ex.cfg.logit_softcap is not None else [])
+        under = "  " if lead == "= " else "    "
+        paths.formula += _said(lead, f"sum_v W_U[{i}, v]", "x dz[v]") + (
+            [f"{under}(dz: dlogits through the cap)"] if ex.cfg.logit_softcap is not None else [])
         paths.add("via the head", [f"v {_token(ex, v)}" for v in range(W_U.shape[1])],
                   W_U[i] * _dz(ex)[b, t], via="logits")
 
@@ -369,15 +406,17 @@ def _norm_param(ex, norm: str, kind: str, index) -> Paths | None:
         return None
     dy, c = ex.gradients[out], index[0]
     labels = _positions(ex, dy.shape[:-1])
-    short = _tail(norm)
-    over = "rows r, heads h, positions t" if dy.ndim == 4 else "rows r, positions t"
+    short = _tail(norm).removeprefix("attn.")
+    over = (["= sum over rows r, heads h and", "  positions t of"] if dy.ndim == 4 else
+            ["= sum over rows r, positions t of"])
+    at = f"[r, h, t, {c}]" if dy.ndim == 4 else f"[r, t, {c}]"
     if kind == "beta":
-        paths = Paths([f"= sum over {over} of", f"  d{short}.out[..., {c}]"])
+        paths = Paths([*over, f"  d{short}.out{at}"])
         paths.add("", labels, dy[..., c], via=out)
         return paths
     xhat = _xhat(ex, _norm_source(ex, norm))
-    paths = Paths([f"= sum over {over} of", f"  xhat[..., {c}] x d{short}.out[..., {c}]",
-                   f"  (xhat: what {short} read, normed)"])
+    paths = Paths([*over, f"  xhat{at}", f"  x d{short}.out{at}",
+                   f"  (xhat: {short}'s input, normed)"])
     paths.add("", labels, xhat[..., c] * dy[..., c], via=out)
     return paths
 
@@ -389,14 +428,15 @@ def _embedding(ex, index) -> Paths:
     lookup = ex.gradients["embed"][:, :, i] * factor
     labels = _positions(ex, tokens.shape)
     used = (tokens == v).ravel()
-    paths = Paths([f"= sum over the positions of token {v}", f"  of dembed[r, t, {i}]"
-                   + (f" x {factor:.4g}" if factor != 1.0 else "")])
+    paths = Paths([f"= sum over positions t of token {v}",
+                   f"  of dembed[r, t, {i}]" + (f" x {factor:.4g}" if factor != 1.0 else "")])
     paths.add("embedding", [label for label, u in zip(labels, used) if u],
               lookup.ravel()[used], via="embed")
     if ex.cfg.tied_head:
         x = ex.values[_final(ex)]
-        paths.formula += ["+ (tied head) sum over r, t of", f"  {_tail(_final(ex))}[r, t, {i}]"
-                          f" x dz[r, t, {v}]"]
+        paths.formula += ["+ (tied head) sum over r, t of", f"  {_tail(_final(ex))}[r, t, {i}]",
+                          f"  x dz[r, t, {v}]"] + (["  (dz: dlogits through the cap)"]
+                                                   if ex.cfg.logit_softcap is not None else [])
         paths.add("head", labels, x[:, :, i] * _dz(ex)[:, :, v], via="logits")
     return paths
 
@@ -517,33 +557,44 @@ def _read_by_attention(ex, prefix, which, index) -> Paths:
     q_name, k_name = score_inputs(cfg, base)
     heads = range(h * cfg.group, (h + 1) * cfg.group)     # the query heads a k or v head serves
     T = ex.values[q_name].shape[2]
+    tokens = ex.run.token_labels(b)
+    scale = f"{cfg.score_scale:.4g} x "
+    # a key or value head serves `group` query heads: the sum runs over them too (h)
+    over = (["= {}sum over queries q of"] if cfg.group == 1 else
+            [f"= {{}}sum over the {cfg.group} heads h", "  it serves and queries q of"])
+    hq = str(h) if cfg.group == 1 else "h"
     if which == "q":
         g = h // cfg.group
         ds = _dscores(ex, prefix)
         k = ex.values[k_name]
-        paths = Paths(["= scale x sum over keys k of", f"  dscores[{b}, {h}, q{t}, k]",
-                       f"  x k[{b}, {g}, k, {j}]"] + _capped(cfg))
-        paths.add("", [f"k{s}:{ex.run.token_labels(b)[s]}" for s in range(T)],
+        paths = Paths([f"= {scale}sum over keys k of", f"  dscores[{b}, {h}, q{t}, k]",
+                       f"  x {_head_tail(k_name)}[{b}, {g}, k, {j}]"] + _capped(cfg))
+        paths.add("", [f"k{s}:{tokens[s]}" for s in range(T)],
                   cfg.score_scale * ds[b, h, t] * k[b, g, :, j], via=base + "scores")
         return paths
     if which == "k":
         ds = _dscores(ex, prefix)
         q = ex.values[q_name]
-        paths = Paths(["= scale x sum over queries q", "  (and the heads it serves) of",
-                       f"  dscores[., q, k{t}] x q[., q, {j}]"] + _capped(cfg))
+        paths = Paths([over[0].format(scale), *over[1:], f"  dscores[{b}, {hq}, q, k{t}]",
+                       f"  x {_head_tail(q_name)}[{b}, {hq}, q, {j}]"] + _capped(cfg))
         for head in heads:
-            paths.add(f"head {head}", [f"q{s}" for s in range(T)],
+            paths.add(f"head {head}", [f"q{s}:{tokens[s]}" for s in range(T)],
                       cfg.score_scale * ds[b, head, :, t] * q[b, head, :, j],
                       via=base + "scores")
         return paths
     dh = cfg.d_head
     p, dctx = ex.values[base + "pattern"], ex.gradients[base + "context"]
-    paths = Paths(["= sum over queries q", "  (and the heads it serves) of",
-                   f"  pattern[., q, k{t}]", f"  x dcontext[{b}, q, head: {j}]"])
+    paths = Paths([over[0].format(""), *over[1:], f"  pattern[{b}, {hq}, q, k{t}]",
+                   f"  x dcontext[{b}, q, head {hq}: {j}]"])
     for head in heads:
-        paths.add(f"head {head}", [f"q{s}" for s in range(T)],
+        paths.add(f"head {head}", [f"q{s}:{tokens[s]}" for s in range(T)],
                   p[b, head, :, t] * dctx[b, :, head * dh + j], via=base + "context")
     return paths
+
+
+def _head_tail(name: str) -> str:
+    """blocks.0.attn.k_rot -> k_rot: the queries or keys as the scores read them."""
+    return name.rsplit("attn.", 1)[-1]
 
 
 def _capped(cfg) -> list[str]:
@@ -565,13 +616,13 @@ def _logits(ex, name, index) -> Paths:
         paths.add("", ["not scored"], [0.0])
         return paths
     p = float(ex.values["probs"][b, t, v])
-    about = f"  target {_token(ex, target)}, N = {n} scored positions"
+    about = [f"  target {_token(ex, target)}", f"  N = {n} scored positions"]
     if name == "probs":
         paths = Paths(["loss = -mean log p_target, so", "  dp_v = -[v = target] / (N p_v)",
-                       about])
+                       *about])
         paths.add("", ["-[v = target] / (N p_v)"], [-float(v == target) / (n * p)])
         return paths
-    paths = Paths(["cross-entropy's backward:", "  dz_v = (p_v - [v = target]) / N", about])
+    paths = Paths(["cross-entropy's backward:", "  dz_v = (p_v - [v = target]) / N", *about])
     paths.add("", ["p_v / N", "-[v = target] / N"], [p / n, -float(v == target) / n])
     return paths
 
@@ -585,8 +636,8 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
     if not ex.cfg.gated:
         forward, backward = ops.ACTIVATIONS[act]
         slope = backward(np.ones_like(pre), forward(pre)[1])[i]
-        paths = Paths([f"= {act}'(pre) x dact:",
-                       f"  {act}'({one(pre[i])}) = {one(slope)}", f"  dact = {one(dact[i])}"])
+        paths = Paths([f"= {act}'(pre) x dact:"], given=[
+            ("  pre", one(pre[i])), (f"  {act}'(pre)", one(slope)), ("  dact", one(dact[i]))])
         paths.add("", ["slope x dact"], [slope * dact[i]], via=via)
         return paths
     gate = ex.values[prefix + "ffn.gate"][b, t]
@@ -594,11 +645,12 @@ def _ffn_hidden(ex, prefix, part, index) -> Paths:
     dgate, dpre = backward(np.ones_like(pre), forward(gate, pre)[1])
     f = "silu" if act == "swiglu" else "gelu"
     if part == "ffn.pre":
-        paths = Paths([f"act = {f}(gate) x pre, so", f"  dpre = {f}(gate) x dact:",
-                       f"  {f}({one(gate[i])}) = {one(dpre[i])}", f"  dact = {one(dact[i])}"])
+        paths = Paths([f"act = {f}(gate) x pre, so", f"  dpre = {f}(gate) x dact:"], given=[
+            ("  gate", one(gate[i])), (f"  {f}(gate)", one(dpre[i])), ("  dact", one(dact[i]))])
         paths.add("", [f"{f}(gate) x dact"], [dpre[i] * dact[i]], via=via)
     else:
-        paths = Paths([f"act = {f}(gate) x pre, so", f"  dgate = pre x {f}'(gate) x dact:",
-                       f"  pre x {f}'(gate) = {one(dgate[i])}", f"  dact = {one(dact[i])}"])
+        paths = Paths([f"act = {f}(gate) x pre, so", f"  dgate = pre x {f}'(gate) x dact:"],
+                      given=[("  pre", one(pre[i])), ("  gate", one(gate[i])),
+                             (f"  pre x {f}'(gate)", one(dgate[i])), ("  dact", one(dact[i]))])
         paths.add("", [f"pre {f}'(gate) dact"], [dgate[i] * dact[i]], via=via)
     return paths

@@ -108,6 +108,63 @@ class KeysScreen(ModalScreen):
             self.dismiss()
 
 
+OPERATORS = ("=", "x", "+", "-", "/", "*")
+
+
+def words(text: str, before: bool = True) -> list[str]:
+    """``text`` split at its spaces outside brackets (``resid1[0, 2]`` and ``(x - mean)`` are
+    one word each), an operator kept with the word after it (``+ 0.1234``), ``=`` and ``x``
+    with the word before too (``W[0, 2] = 0.5``, ``+0.2776 x 0.9877``), a short bracket with
+    the word before (``act (mean):``), unless not ``before``. Joined by spaces, they are
+    ``text``."""
+    parts, depth, part = [], 0, ""
+    for ch in text:
+        if ch == " " and depth == 0:
+            parts.append(part)
+            part = ""
+            continue
+        depth = max(0, depth + (ch in "([") - (ch in ")]"))
+        part += ch
+    parts.append(part)
+    joined: list[str] = []
+    for part in parts:
+        glued = joined and joined[-1] and (
+            joined[-1].rsplit(" ", 1)[-1] in OPERATORS or before and (
+                part in ("=", "x") or part.startswith("(") and len(part) <= 8))
+        if glued:
+            joined[-1] += " " + part
+        else:
+            joined.append(part)
+    return joined
+
+
+def fold(line: str, width: int, under: str | None = None) -> list[str]:
+    """An explanation's line wider than the pane, folded at its spaces (``words``) rather
+    than cut wherever the pane ends, inside a number or a bracket; after a comma, semicolon
+    or colon when one is past the line's first third (``the formula gives -1.066e-04,``); the
+    lines after the first indented two more than it (``under``)."""
+    if cell_len(line) <= width:
+        return [line]
+    body = line.lstrip(" ")
+    indent = line[:len(line) - len(body)]
+    under = indent + "  " if under is None else under
+    parts = words(body)
+    if cell_len(indent + parts[0]) > width:   # too wide kept together: apart, then
+        parts = [*words(parts[0], before=False), *parts[1:]]
+    if len(parts) == 1 and body[0] in "([":   # one bracket, the whole line: fold inside it
+        parts = words(body[1:])
+        parts[0] = body[0] + parts[0]
+    fit = 1   # the most words that fit (at least one: a word wider than the pane stays whole)
+    while fit < len(parts) and cell_len(indent + " ".join(parts[:fit + 1])) <= width:
+        fit += 1
+    if fit == len(parts):
+        return [line]
+    cut = next((k for k in range(fit, 1, -1) if parts[k - 1].endswith((",", ";", ":"))
+                and cell_len(indent + " ".join(parts[:k])) >= width // 3), fit)
+    return [(indent + " ".join(parts[:cut])).rstrip(),
+            *fold(under + " ".join(parts[cut:]).lstrip(" "), width, under)]
+
+
 def key_name(key: str) -> str:
     """How a binding's key is written on screen: ↑, Esc, PgDn, ], ?."""
     return KEY_NAMES.get(key) or key_to_character(key) or key
@@ -386,7 +443,7 @@ class ExploreApp(App):
             self.note = "c checks a parameter's gradient entry: open a parameter first"
         else:
             ours, numeric = self.explorer.central_difference(view)
-            self.note = (f"c: d loss / d {self.explorer.where(view).lstrip('d')}\n"
+            self.note = (f"c: d loss / d {self.explorer.where(view).removeprefix('d')}\n"
                          f"backward           {ours:+.9e}\n"
                          f"central difference {numeric:+.9e}\n"
                          f"|difference|       {abs(ours - numeric):.2e}")
@@ -443,7 +500,13 @@ class ExploreApp(App):
         lines = self.explorer.explain(self.view)
         # the answer to the key just pressed (c's check) first: never scrolled out of sight
         note = self.note.split("\n") + [""] if self.note else []
-        explanation.update(Text("\n".join(note + lines)))
+        # folded to the pane (37 columns wide, 36 beside the scrollbar of a longer text)
+        pane = self.query_one("#explain").content_region
+        width = max(20, pane.width or 37)
+        shown = [folded for line in note + lines for folded in fold(line, width)]
+        if len(shown) > pane.height:
+            shown = [folded for line in note + lines for folded in fold(line, width - 1)]
+        explanation.update(Text("\n".join(shown)))
         bottom.update(Text(f"$ {self.explorer.command(self.view)}\n{keys}"))
 
     def writer(self, matrix: np.ndarray, hidden, column_at: int):

@@ -184,8 +184,16 @@ class Explorer:
         for axis, i in enumerate(view.index):
             kind = axes[axis]
             parts.append({"Tq": f"q{i}", "Tk": f"k{i}", "T": f"t{i}"}.get(kind, str(i)))
-        tail = view.name.rsplit(".", 1)[-1] if view.name.count(".") else view.name
-        return f"{'d' if view.grad else ''}{tail}[{', '.join(parts)}]"
+        return f"{'d' if view.grad else ''}{self.short(view.name)}[{', '.join(parts)}]"
+
+    @staticmethod
+    def short(name: str) -> str:
+        """A tensor's name without its block and sublayer (the title above says them), but
+        never shorter than tells it apart in its block: ``pattern``, ``W_Q``, ``ln1.gamma``,
+        ``ln1.out``, ``q_norm.out`` and ``attn.out`` (``out`` is the block's own)."""
+        tail = re.sub(r"^blocks\.\d+\.", "", name)
+        tail = re.sub(r"^(attn|ffn|head|embed)\.(?!out$)", "", tail)
+        return tail
 
     # ------------------------------------------------------------ moving
 
