@@ -1,8 +1,8 @@
 """Streaming at 7B (issue 63): a random-weight LLaMA-7B-shaped bfloat16 folder on disk (made
 once, never committed), then ``tfm lens``, ``tfm backward --block 15`` and ``tfm precision
---dtype bfloat16`` (issue 72) on 16 tokens, each timed with its peak resident memory (VmHWM). The whole runs do not fit (about 101 GiB), so
-both stream by themselves (the script passes --stream, so that a shallower
-model streams too).
+--dtype bfloat16`` (issue 72) on 16 tokens, each timed with its peak resident memory (VmHWM).
+The whole runs do not fit (about 101 GiB), so they stream by themselves (the script passes
+--stream, so that a shallower model streams too).
 
     python benchmarks/stream.py [--folder DIR] [--layers L] [--only lens|backward|precision]
 

@@ -14,7 +14,7 @@ MAY_IMPORT = {
     "engine": (),
     "check": ("tfmcli.engine",),
     "train": ("tfmcli.engine",),
-    "explain": ("tfmcli.engine", "tfmcli.check", "tfmcli.train.optim"),
+    "explain": ("tfmcli.engine", "tfmcli.check", "tfmcli.train.optim", "tfmcli.render.numbers"),
     "sources": ("tfmcli.engine", "tfmcli.train.tasks", "tfmcli.io"),
     "render": ("tfmcli.explain.summary",),
     "tui": ("tfmcli.engine", "tfmcli.explain", "tfmcli.render", "tfmcli.io"),
@@ -53,6 +53,12 @@ def test_each_folder_says_what_it_holds_and_the_code_page_names_it():
     for path in PACKAGE.rglob("*.py"):
         if path.name != "__init__.py" and path.parent.name in ("engine", "check", "train"):
             assert path.stem in page, path   # every engine, check and train module listed
+
+
+def test_how_numbers_are_written_imports_nothing_of_tfms():
+    """render/numbers.py is the one notation every room's text uses (the explanations'
+    too): it stands on NumPy alone, so importing it pulls in no other room."""
+    assert imported(PACKAGE / "render" / "numbers.py") == set()
 
 
 def test_a_forbidden_import_is_caught(tmp_path):

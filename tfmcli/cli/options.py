@@ -337,8 +337,8 @@ MODEL_OPTIONS = [
 ]
 RUN_OPTIONS = [
     ("load", Annotated[Optional[Path], _opt(
-        "--load", panel=INPUT, metavar="FILE.npz|DIR",
-        help="A saved run or a checkpoint folder.")], None),
+        "--load", panel=INPUT, metavar="FILE|DIR",
+        help="A saved run (.npz), a GGUF file or a checkpoint folder.")], None),
     ("tokens", Annotated[Optional[List[str]], _opt(
         "--tokens", panel=INPUT, metavar="3,1,4,1,5",
         help="A batch row's token ids (repeatable).")], None),
