@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from tfmcli.engine import ops, positional
-from tfmcli.render.numbers import FIXED_RANGE, column
+from tfmcli.render.numbers import FIXED_RANGE, one
 
 HOLDS = 1e-12   # a formula agrees with a float64 record to this much of the tensor's scale
 ROUNDING = 8   # and with a float32, float16 or bfloat16 one to this many of its dtype's eps
@@ -65,13 +65,12 @@ class Explanation:
         return not self.holds and not self.changed
 
     def text(self) -> list[str]:
-        """The lines shown: the value, the formula, and where they differ, why (the two
-        numbers in one notation, at their scale: ``column``)."""
-        lines = [f"{self.where} = {self.recorded:.6g}"]
+        """The lines shown: the value, the formula, and where they differ, why (each of the
+        two numbers at its own scale, four significant digits: ``one``)."""
+        lines = [f"{self.where} = {0.0 if self.recorded == 0 else self.recorded:.6g}"]
         if self.holds:
             return lines + list(self.lines)
-        claimed, recorded = (column([self.claimed, self.recorded])(v).strip()
-                             for v in (self.claimed, self.recorded))
+        claimed, recorded = (one(v).strip() for v in (self.claimed, self.recorded))
         if claimed == recorded:   # close: as many digits as tell them apart
             claimed, recorded = f"{self.claimed:+.12g}", f"{self.recorded:+.12g}"
         made = f"the formula gives {claimed}, the run recorded {recorded}"
