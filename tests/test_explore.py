@@ -508,3 +508,60 @@ def test_a_line_wider_than_the_pane_folds_at_a_space_never_inside_a_number_or_br
     assert fold("changed by set blocks.0.resid1[0, 2] = 0.5:", 36) == [
         "changed by set", "  blocks.0.resid1[0, 2] = 0.5:"]
     assert fold("  sum                   +0.06556", 36) == ["  sum                   +0.06556"]
+
+
+def compared_explorer(dtype="bfloat16", **fields):
+    """An explorer opened as ``tfm explore --dtype DTYPE``: its run in the dtype, and the
+    same weights and tokens compared with float64 (cli.explore.against)."""
+    from tfmcli.explain.precision import compared
+    from tfmcli.sources import Run
+
+    cfg = tfmcli.Config(**{"seq_len": 5, "layers": 2, **fields})
+    params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    low = cfg.replace(dtype=dtype)
+    rounded = tfmcli.init_params(low)   # the float64 draw, rounded
+    fwd = tfmcli.forward(rounded, inputs, low)
+    grads = tfmcli.backward(rounded, fwd, low)
+    return Explorer(Run(low, rounded, inputs, "seed", "seed"), fwd, grads, [],
+                    against=compared(params, inputs, cfg, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_comparison_is_of_the_run_the_explorer_shows(dtype):
+    """The dtype's run beside float64 is the explorer's own, bit for bit: its difference is
+    the difference of what the screen shows."""
+    ex = compared_explorer(dtype)
+    runs = ex.against
+    for name in ex.fwd.acts:
+        assert np.array_equal(runs.arrays(name, False)[1], ex.fwd.acts[name],
+                              equal_nan=True), name
+        assert np.array_equal(runs.arrays(name, True)[1], ex.grads.acts[name]), name
+    for name in ex.run.params:
+        assert np.array_equal(runs.arrays(name, False)[1], ex.run.params[name]), name
+        assert np.array_equal(runs.arrays(name, True)[1], ex.grads[name]), name
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_p_shows_each_cells_difference_from_float64_and_its_split(size):
+    ex = compared_explorer()
+    view, explained, svg, _ = drive(ex, ["down", "down", "p"], size=size)
+    truth, low, made = ex.against.arrays(view.name, False)
+    index = view.index
+    error = float(low[index]) - float(truth[index])
+    own, inherited = float(made[index]) - float(truth[index]), float(low[index] - made[index])
+    assert abs(own + inherited - error) <= 1e-12 * max(abs(error), 1e-30)
+    text = " ".join(explained.split())
+    from tfmcli.render.numbers import one
+
+    for number in (low[index], truth[index], error, own, inherited):
+        assert one(float(number)).strip() in text, (number, text)
+    assert "bfloat16 - float64" in svg.replace("&#160;", " ")
+    assert np.allclose(ex.array(view), np.asarray(low, float) - np.asarray(truth, float))
+    assert ex.command(view) == "tfm precision"
+    view, explained, _, _ = drive(ex, ["p"], size=size)   # again: the values
+    assert not ex.diff and "this cell" not in explained
+
+
+def test_p_on_a_float64_run_says_how_to_compare():
+    view, explained, _, _ = drive(explorer(), ["p"])
+    assert "--dtype bfloat16" in " ".join(explained.split())

@@ -77,7 +77,7 @@ def explore(
     from tfmcli.tui.state import Explorer
 
     run, fwd, grads = execute(opts, with_grads=True)
-    explorer = Explorer(run, fwd, grads, typed(opts))
+    explorer = Explorer(run, fwd, grads, typed(opts), against=against(opts, run, fwd))
     application = ExploreApp(explorer, header(run))
     if keys is None:
         application.run()
@@ -91,6 +91,26 @@ def explore(
     if screenshot is not None:
         from tfmcli.io import save_outputs
         save_outputs(text_path=screenshot, text=svg)
+
+
+def against(opts: Options, run, fwd):
+    """A run in float32, float16 or bfloat16: the same weights and tokens compared with
+    float64 (``explain.precision.compared``: what the p key shows), else None (a float64 run,
+    or one an intervention changed: the comparison runs the model as it is)."""
+    if run.cfg.dtype == "float64" or fwd.caches.get("plan"):
+        return None
+    import numpy as np
+
+    from tfmcli.cli.options import DType
+    from tfmcli.explain.precision import compared
+
+    dtype = run.cfg.dtype
+    opts.values["dtype"] = DType.float64   # the weights read in float64, as tfm precision's
+    truth = opts.run(untyped={"dtype"})
+    opts.values["dtype"] = DType(dtype)
+    params = {name: np.asarray(value, dtype=np.float64)
+              for name, value in truth.complete().params.items()}
+    return compared(params, truth.inputs, truth.cfg.replace(dtype="float64"), dtype)
 
 
 def header(run) -> str:

@@ -402,7 +402,8 @@ class Runs:
             made = self.forcing.made.get(name, own.get(name))   # probs: the forced logits'
             self.raw[name] = raw_error(low[name], truth[name], made, self.tiny)
             self.kinds[name] = "activation"
-            self.forcing.made.pop(name, None)
+            if self.stream:
+                self.forcing.made.pop(name, None)
 
     def measure_grads(self) -> None:
         """Every activation's and parameter's gradient the three have made and not yet
@@ -510,6 +511,20 @@ class Runs:
             [errors["grad " + n] for n in self.params if "grad " + n in errors],
             positions, losses["truth"], losses["low"], *truth)
 
+    def arrays(self, name: str, grad: bool):
+        """Tensor ``name`` (its gradient with ``grad``) in the three runs of a whole
+        comparison: float64's, the dtype's, and its own operation's on float64's inputs
+        rounded (a weight's: the dtype's rounding, all its own)."""
+        truth, low, own = (self.tapes[r] for r in self.ORDER)
+        if name in self.params:
+            if grad:
+                return truth.grads[name], low.grads[name], own.grads[name]
+            rounded = self.low_params[name]
+            return self.params[name], rounded, rounded
+        if grad:
+            return truth.dacts[name], low.dacts[name], own.dacts[name]
+        return truth.acts[name], low.acts[name], self.forcing.made.get(name, own.acts[name])
+
     def truth_run(self, loss):
         """float64's run as ``forward`` and ``backward`` return it (what --save writes)."""
         from collections import OrderedDict
@@ -520,6 +535,43 @@ class Runs:
         grads = Gradients({n: t.grads[n] for n in self.params if n in t.grads},
                           OrderedDict((n, t.dacts[n]) for n in t.acts if n in t.dacts))
         return Forward(loss, t.acts, self.inputs, t.caches), grads
+
+
+def compared(params, inputs: Inputs, cfg: Config, dtype: str) -> "Runs":
+    """The three runs of ``held_against_float64``, kept whole, with its report
+    (``runs.report_``): each tensor's cells in float64, in the dtype, and made by its own
+    operation (``Runs.arrays``), as the explorer shows them."""
+    runs = Runs(params, inputs, cfg, dtype, stream=False)
+    runs.report_ = runs.report(4.0)
+    return runs
+
+
+def cell_error(runs: "Runs", name: str, grad: bool, index: tuple) -> list[str]:
+    """One cell of a compared run (``compared``) explained: its value in the dtype and in
+    float64, the error, in the dtype's eps of the tensor's float64 RMS, and its split into
+    the operation's own and what its inputs' error brought; each line within 36 columns."""
+    from tfmcli.render.numbers import one
+
+    truth, low, made = runs.arrays(name, grad)
+    t, lo, m = (float(np.asarray(a, dtype=np.float64)[index]) for a in (truth, low, made))
+    scale = _rms(truth) or 1.0
+    dtype = runs.low_cfg.dtype
+
+    def eps(x: float) -> str:
+        n = x / scale / runs.eps
+        return "0 eps" if n == 0 else f"{n:+.2f} eps" if abs(n) < 10 else f"{n:+.0f} eps"
+
+    with np.errstate(all="ignore"):
+        return [f"{dtype} - float64, this cell:",
+                f"  {dtype:<10}{one(lo):>12}", f"  {'float64':<10}{one(t):>12}",
+                f"  {'error':<10}{one(lo - t):>12}  {eps(lo - t)}",
+                f"  {'own':<10}{one(m - t):>12}  {eps(m - t)}",
+                f"  {'inherited':<10}{one(lo - m):>12}  {eps(lo - m)}",
+                "eps: the dtype's, of the tensor's",
+                f"  float64 RMS ({one(scale).strip()})",
+                "own: its operation on float64's",
+                "  inputs rounded; inherited: what",
+                "  its inputs' error brought"]
 
 
 class HeldBlock(Mapping):
@@ -576,3 +628,9 @@ class Rounded(Mapping):
 
     def __len__(self):
         return len(self.params)
+
+
+def _rms(x) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(np.sqrt(np.mean(x * x))) if x.size else 0.0

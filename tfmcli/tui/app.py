@@ -211,6 +211,7 @@ class ExploreApp(App):
         Binding("escape", "back", "back (the views followed are a stack)"),
         Binding("g", "overview", "every block's heads' patterns, small; Enter opens one"),
         Binding("c", "check", "check a parameter's gradient by central differences"),
+        Binding("p", "precision", "each cell's difference from float64 (--dtype runs)"),
         Binding("pagedown", "scroll_explanation(1)", "scroll the explanation down / up"),
         Binding("pageup", "scroll_explanation(-1)", "scroll the explanation down / up"),
         Binding("s", "screenshot", "save the screen as tfm-explore.svg"),
@@ -450,6 +451,12 @@ class ExploreApp(App):
         self.draw()
         self.top()
 
+    def action_precision(self) -> None:
+        why = self.explorer.toggle_diff()
+        self.note, self._writers = why or "", {}
+        self.draw()
+        self.top()
+
     def action_scroll_explanation(self, pages: int) -> None:
         pane = self.query_one("#explain", ExplainPane)
         (pane.scroll_page_down if pages > 0 else pane.scroll_page_up)(animate=False)
@@ -523,7 +530,7 @@ class ExploreApp(App):
             dtype = self.explorer.array(view).dtype
             eps = float(np.finfo(dtype).eps) if dtype.kind == "f" else 0.0
             write = column(values, eps, self.floor() if view.grad and self.explorer.is_param(
-                view.name) else 0.0)
+                view.name) and not self.explorer.diff else 0.0)
             finite = values[np.isfinite(values)]
             widest = max((len(write(v)) for v in (finite.min(), finite.max())), default=1) \
                 if finite.size else 4
@@ -556,7 +563,8 @@ class ExploreApp(App):
         fixed = [f"{axes[a]} {view.index[a]}" for a in range(len(axes))
                  if a not in view.shown or one_d and a != 0]
         # the tensor, and on a line of its own where the slice sits on the axes not shown
-        title = (f"{'d' if view.grad else ''}{view.name} ({', '.join(axes)}) "
+        title = ((f"{ex.cfg.dtype} - float64: " if ex.diff else "")
+                 + f"{'d' if view.grad else ''}{view.name} ({', '.join(axes)}) "
                  f"{'x'.join(map(str, ex.array(view).shape))}"
                  + (f"\n{' · '.join(fixed)}" if fixed else ""))
         scale = ex.scale(view)

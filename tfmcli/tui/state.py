@@ -39,12 +39,15 @@ class View:
 class Explorer:
     """A run computed once: its activations, their gradients, the parameters and theirs."""
 
-    def __init__(self, run, fwd, grads, argv: list[str]):
+    def __init__(self, run, fwd, grads, argv: list[str], against=None):
         self.run, self.fwd, self.grads, self.argv = run, fwd, grads, argv
         self.cfg = run.cfg
         self.values = {**fwd.acts, **run.params}
         self.gradients = {**grads.acts, **{n: g for n, g in grads.items()}}
         self._scales: dict = {}
+        # a run in float32, float16 or bfloat16: the same run in float64 beside it
+        # (``explain.precision.compared``), and whether each cell shows its difference
+        self.against, self.diff = against, False
 
     # ------------------------------------------------------------ the tree
 
@@ -87,7 +90,26 @@ class Explorer:
         return name in self.run.params
 
     def array(self, view: View) -> np.ndarray:
+        """The tensor ``view`` shows: its values or gradient, or (``diff``) their difference
+        from float64's, cell by cell."""
+        if self.diff:
+            key = ("diff", view.name, view.grad)
+            if key not in self._scales:
+                truth, low, _ = self.against.arrays(view.name, view.grad)
+                with np.errstate(all="ignore"):
+                    self._scales[key] = np.asarray(low, np.float64) - np.asarray(truth,
+                                                                                np.float64)
+            return self._scales[key]
         return (self.gradients if view.grad else self.values)[view.name]
+
+    def toggle_diff(self) -> str | None:
+        """Show each cell's difference from float64 (or its value again); None when done,
+        else why it cannot be (a float64 run, or one an intervention changed)."""
+        if self.against is None:
+            return ("p shows a run's difference from float64: open the explorer with "
+                    "--dtype bfloat16, float16 or float32")
+        self.diff = not self.diff
+        return None
 
     def has_grad(self, name: str) -> bool:
         return name in self.gradients
@@ -149,7 +171,7 @@ class Explorer:
     def scale(self, view: View) -> float:
         """The colour scale of the slice shown: its largest |value| (the masked left out),
         worked out once per slice."""
-        key = (view.name, view.grad, view.shown,
+        key = (view.name, view.grad, view.shown, self.diff,
                tuple(i for a, i in enumerate(view.index) if a not in view.shown))
         if key not in self._scales:
             matrix = self.matrix(view)
@@ -315,6 +337,11 @@ class Explorer:
         """The selected cell: its value, and its formula with the run's numbers (a
         gradient's: its paths), checked against the value (``explain.cells``,
         ``explain.gradients``)."""
+        if self.diff:
+            from tfmcli.explain.precision import cell_error
+
+            return [f"{self.where(view)}", *cell_error(self.against, view.name, view.grad,
+                                                        view.index)]
         if view.grad:
             explained = explain_gradient(self.run, self.fwd, self.grads, view.name, view.index,
                                          self.where(view))
@@ -348,6 +375,8 @@ class Explorer:
     def command(self, view: View) -> str:
         """The ``tfm`` command that prints this view outside the explorer."""
         base = " ".join(self.argv)
+        if self.diff:   # every tensor's error against float64, as a table
+            return f"tfm precision {base}".rstrip()
         m = re.match(r"blocks\.(\d+)\.(.*)", view.name)
         axes = self.axes(view.name)
         row = self.row(view)
