@@ -400,18 +400,20 @@ def test_gpt2_errs_as_hugging_faces_gpt2_in_torch(tmp_path, dtype, activation):
 
 
 @pytest.mark.parametrize("dtype", ["float32", *ROUNDED])
-@pytest.mark.parametrize("std", [0.18, 0.3])
-def test_llama_errs_as_hugging_faces_llama_in_torch(tmp_path, dtype, std):
+@pytest.mark.parametrize("family, std", [("Llama", 0.18), ("Llama", 0.3), ("Qwen2", 0.18)])
+def test_llama_errs_as_hugging_faces_llama_in_torch(tmp_path, dtype, family, std):
     """LlamaForCausalLM (RMSNorm, RoPE, SwiGLU, 2 key heads of 4, eager attention) loaded in
     float16 and bfloat16 as from_pretrained(dtype=...) loads it (RoPE's frequencies kept in
-    float32), weights of std ``std``."""
+    float32), weights of std ``std``; Qwen2ForCausalLM too (the same layers, and biases on
+    the queries, keys and values)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
+    config = getattr(transformers, f"{family}Config")(
         vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
         tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(config)
+    causal_lm = getattr(transformers, f"{family}ForCausalLM")
+    model = causal_lm(config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -423,7 +425,7 @@ def test_llama_errs_as_hugging_faces_llama_in_torch(tmp_path, dtype, std):
     cfg, params, inputs = loaded.cfg, loaded.params, loaded.inputs
     truth = tfmcli.forward(params, inputs, cfg)
     truth_grads = tfmcli.backward(params, truth, cfg)
-    model = transformers.LlamaForCausalLM.from_pretrained(
+    model = causal_lm.from_pretrained(
         tmp_path, attn_implementation="eager", dtype=getattr(torch, dtype)).eval()
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     theirs, their_loss, their_logits = torch_errors(
