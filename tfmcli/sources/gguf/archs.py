@@ -230,3 +230,11 @@ ARCHS = {
     "gpt2": Arch("gpt2", gpt2_fields, gpt2_rows, pick=side_by_side, undo=transpose_back,
                  transposed=GPT2_TRANSPOSED, shapes=gpt2_shapes),
 }
+
+
+def every_arch() -> dict[str, Arch]:
+    """Every architecture tfm reads: these, Gemma's and Phi-3's and StableLM's
+    (``gguf.gemma``), and those whose attention's weights are fused (``gguf.fused``)."""
+    from tfmcli.sources.gguf import fused, gemma
+
+    return {**ARCHS, **gemma.ARCHS, **fused.ARCHS}

@@ -11,7 +11,7 @@ from tfmcli.engine.config import Config
 from tfmcli.engine.sizes import param_shapes
 from tfmcli.errors import ConfigError, TfmError
 from tfmcli.sources.folder import shown
-from tfmcli.sources.gguf.archs import ARCHS, Arch
+from tfmcli.sources.gguf.archs import Arch, every_arch
 from tfmcli.sources.gguf.file import GgufFile
 from tfmcli.sources.gguf.meta import Meta
 from tfmcli.sources.llama import LazyParams
@@ -42,11 +42,12 @@ def architecture(file: GgufFile) -> tuple[str, Arch]:
     arch = file.meta.get("general.architecture")
     if arch is None:
         raise TfmError(f"--load {file.path}: missing key 'general.architecture'")
-    if not isinstance(arch, str) or arch not in ARCHS:
-        names = sorted(ARCHS)
+    archs = every_arch()
+    if not isinstance(arch, str) or arch not in archs:
+        names = sorted(archs)
         raise TfmError(f"--load {file.path}: key 'general.architecture' is {shown(arch)}; tfm "
                        f"runs {', '.join(names[:-1])} and {names[-1]} GGUF files")
-    return arch, ARCHS[arch]
+    return arch, archs[arch]
 
 
 def read_config(path) -> dict:
