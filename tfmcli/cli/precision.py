@@ -1,7 +1,8 @@
 """tfm precision: the run in float32, float16 or bfloat16 held against float64, tensor by tensor."""
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import numpy as np
 import typer
@@ -36,38 +37,58 @@ KL_SHOWN = 16   # positions of --row whose KL divergence the view lists (--json:
 def precision(
     threshold: Annotated[float, typer.Option(
         "--threshold", min=0.0, help="Name the first tensor past this many eps.")] = 4.0,
+    against: Annotated[Optional[Path], typer.Option(
+        "--against", metavar="FILE|DIR",
+        help="The original of --load's quantized model: the quantization lens.")] = None,
     row: Row = 0,
     full: Full = False,
     opts: Options = None,
 ):
     """The run in bfloat16 (or --dtype) against float64: every tensor's error, own and inherited.
 
+    With --against, the quantization lens: --load's model (a quantized GGUF file) against
+    its original (a checkpoint folder, or a less quantized file), each weight, then the run.
+
     Example: tfm precision --arch llama -L 4 --dtype float16
     """
     from tfmcli.engine.memory import keep_freed_memory
     from tfmcli.explain.precision import held_against_float64
 
-    dtype = opts.values["dtype"].value if opts.explicit("dtype") else "bfloat16"
-    if dtype == "float64":
+    if against is not None and opts.values.get("load") is None:
+        raise typer.BadParameter("the lens holds --load's model against its original: give "
+                                 "--load FILE.gguf too", param_hint="'--against'")
+    default = "float64" if against is not None else "bfloat16"
+    dtype = opts.values["dtype"].value if opts.explicit("dtype") else default
+    if dtype == "float64" and against is None:
         raise typer.BadParameter("float64 is the truth tfm precision holds the run against; "
-                                 "give the dtype to measure: float32, float16 or bfloat16",
+                                 "give the dtype to measure: float32, float16 or bfloat16 (or "
+                                 "the original of a quantized --load: --against)",
                                  param_hint="'--dtype'")
     opts.values["dtype"] = DType.float64   # the weights read in float64 (an .npz: in its own)
     keep_freed_memory()
     run = opts.run(untyped={"dtype"})
     cfg = run.cfg.replace(dtype="float64")
     check_indices(cfg, row)
-    estimate = streams(opts, run, cfg, dtype)   # a streamed comparison's bytes, or None
+    original = None if against is None else original_run(against, run, cfg)
+    estimate = streams(opts, run, cfg, dtype, original is not None)
     stream = estimate is not None
     if stream and opts.values.get("save"):
         raise typer.BadParameter("a streamed comparison lets every tensor go once measured: "
                                  "there is no run to save (--json carries every error)",
                                  param_hint="'--save'")
-    if stream and run.lazy_params is not None:   # the weights stay in their files
-        params = run.lazy_params()
-    else:
-        params = {name: np.asarray(value, dtype=np.float64)
-                  for name, value in run.complete().params.items()}
+    params = weights(run, stream)
+    lens = weights_lens = unit = None
+    names = ("float64", None)
+    if original is not None:   # the original is the truth; --load's model runs in the dtype
+        from tfmcli.explain.quantization import weight_errors, weights_error
+
+        lens = params
+        params = weights(original, stream)
+        stored = run.lazy_params() if run.lazy_params is not None else None
+        kinds = {n: stored.kind(n) for n in stored} if hasattr(stored, "kind") else None
+        weights_lens = weight_errors(lens, params, kinds)
+        unit = weights_error(weights_lens) if dtype == "float64" else None
+        names = ("original", "quantized")
     run.streamed = run.streamed or stream
     with blocks_bar(cfg, estimate, True) as (forward_tick, backward_tick):
         def tick(done: int, total: int):   # the forward's blocks, then the backward's
@@ -76,25 +97,43 @@ def precision(
                 (forward_tick if done <= half else backward_tick)((done - 1) % half + 1, half)
 
         report = held_against_float64(params, run.inputs, cfg, dtype, threshold, stream,
-                                      tick)
+                                      tick, low_params=lens, unit=unit, names=names)
     panel = describe(cfg, run, row)
-    panel["dtype"] = f"{dtype}, held against float64"
+    parts = []
+    if original is None:
+        panel["dtype"] = f"{dtype}, held against float64"
+        ours, truth, eps_name = dtype, "float64", f"{dtype}'s eps"
+        rounded = f"rounded to {dtype}"
+    else:
+        panel["against"] = f"{original.weights_from}, in float64"
+        ours, truth = ("quantized" + ("" if dtype == "float64" else f", {dtype}"), "original")
+        eps_name = ("the weights' error (their RMS relative error)" if dtype == "float64"
+                    else f"{dtype}'s eps")
+        rounded = "with the quantized weights" + ("" if dtype == "float64" else
+                                                  f", rounded to {dtype}")
+        parts.append(lens_table(weights_lens, rows_limit(full)))
     eps = report.eps
-    parts = [render.config_panel(panel, title="tfm precision"),
-             Text(f"RMS, max: |{dtype} - float64| over the tensor's float64 RMS\n"
-                  f"eps: the RMS in {dtype}'s eps, {eps:.2g} (2^{int(np.log2(eps))}); "
-                  f"◀ past {threshold:g}\n"
-                  f"own: the operation on float64's inputs rounded to {dtype} (in eps)\n"
-                  f"inh.: inherited, what its inputs' error adds (in eps)\n"
-                  f"inf NaN →0: entries made inf, NaN, 0 or subnormal where float64's are not",
-                  style="dim")]
+    parts[:0] = [render.config_panel(panel, title="tfm precision")]
+    parts.append(Text(
+        f"RMS, max: |{ours} - {truth}| over the tensor's {truth} RMS\n"
+        f"eps: the RMS in {eps_name}, {eps:.2g}"
+        + (f" (2^{int(np.log2(eps))})" if original is None or dtype != "float64" else "")
+        + f"; ◀ past {threshold:g}\n"
+        f"own: the operation on {truth}'s inputs, {rounded} (in eps)\n"
+        f"inh.: inherited, what its inputs' error adds (in eps)\n"
+        f"inf NaN →0: entries made inf, NaN, 0 or subnormal where {truth}'s are not",
+        style="dim"))
     for title, errors, prefix in (("activations, forward", report.activations, ""),
                                   ("their gradients, backward", report.gradients, ""),
                                   ("the parameters' gradients", report.parameters, "grad ")):
         parts.append(error_table(title, errors, report.threshold, rows_limit(full), prefix))
-    parts += summary(report, cfg, run, row)
+    parts += summary(report, cfg, run, row, (truth, ours))
     payload = {"config": json.loads(cfg.replace(dtype=dtype).to_json()), **report.to_dict(),
                "row": row}
+    if original is not None:
+        payload["against"] = original.weights_from
+        payload["weights"] = [w.to_dict() for w in weights_lens]
+        payload["unit"] = "eps" if unit is None else "weights' relative RMS error"
     arrays = None
     if not stream:
         from tfmcli.io import run_arrays
@@ -103,7 +142,51 @@ def precision(
     emit(opts, parts, payload, arrays)
 
 
-def streams(opts: Options, run, cfg, dtype: str) -> int | None:
+def weights(run, stream: bool):
+    """A run's weights in float64: read as the pass uses them when streamed from files,
+    else whole."""
+    if stream and run.lazy_params is not None:   # the weights stay in their files
+        return run.lazy_params()
+    return {name: np.asarray(value, dtype=np.float64)
+            for name, value in run.complete().params.items()}
+
+
+def original_run(path: Path, run, cfg):
+    """The model at ``path`` (--against), read in float64 on --load's tokens; a usage error
+    naming --against when it cannot be read or is not --load's model."""
+    import dataclasses
+
+    from tfmcli.errors import TfmError
+    from tfmcli.sources import load
+
+    rows = [list(map(int, tokens[:n])) for tokens, n in zip(run.inputs.tokens,
+                                                            run.inputs.lengths)]
+    try:
+        original = load(path, tokens=rows, dtype="float64")
+    except (TfmError, ValueError) as e:
+        raise typer.BadParameter(str(e).replace("--load ", "", 1),
+                                 param_hint="'--against'") from None
+    theirs = original.cfg.replace(dtype="float64")
+    for field in dataclasses.fields(cfg):
+        ours, other = getattr(cfg, field.name), getattr(theirs, field.name)
+        if field.name not in ("seed", "init", "n_ctx") and ours != other:
+            raise typer.BadParameter(
+                f"{path} is not the original of --load's model: its {field.name} is "
+                f"{other!r}, --load's {ours!r}", param_hint="'--against'")
+    return original
+
+
+def lens_table(errors, max_rows):
+    """One row per weight: its stored type, and what quantization did to it."""
+    rows = [[e.name, e.kind or "·", *("0" if x == 0 else _error(x) for x in (e.rel_rms,
+                                                                            e.rel_max))]
+            for e in errors]
+    return render.record_table(["weight", "stored", "RMS", "max"], rows, max_rows=max_rows,
+                               title="the weights: |quantized - original| over the "
+                                     "original's RMS (max: its largest |w|)")
+
+
+def streams(opts: Options, run, cfg, dtype: str, lens: bool = False) -> int | None:
     """Whether the three runs go a block at a time, letting each block's tensors and weights
     go once measured (then its estimate in bytes, else None): --stream, --no-stream, or
     (neither) when the whole comparison does not fit in the memory available and the
@@ -118,6 +201,9 @@ def streams(opts: Options, run, cfg, dtype: str) -> int | None:
     whole = memory_estimate(cfg)["total"] + 2 * memory_estimate(low)["total"]
     lazy = run.lazy_params is not None
     bare = streamed_estimate(cfg, lazy)["total"] + 2 * streamed_estimate(low, lazy)["total"]
+    if lens:   # the original's weights too, in float64 (streamed: a block's, as read)
+        whole += memory_estimate(cfg)["params"]
+        bare += streamed_estimate(cfg, lazy)["params"]
     have = available_memory()
     if wanted is None:
         wanted = not force and whole > have and bare <= have
@@ -164,12 +250,13 @@ def error_table(title: str, errors, threshold: float, max_rows, prefix: str = ""
     return table
 
 
-def summary(report, cfg, run, row: int) -> list:
+def summary(report, cfg, run, row: int, names=("float64", None)) -> list:
     """The first tensors past the threshold, the residual stream's error block by block, the
-    next tokens where the two runs' differ, their KL divergence, and the loss in both."""
+    next tokens where the two runs' differ, their KL divergence, and the loss in both.
+    ``names``: the truth's and the other run's (None: the dtype's)."""
     from tfmcli.explain.precision import NEAR_TIE
 
-    dtype, parts = report.dtype, []
+    truth, dtype, parts = names[0], names[1] or report.dtype, []
     first, first_grad = report.first(report.activations), report.first(report.gradients)
     said = [f"{e.name} ({_eps(e.in_eps)} eps: own {_eps(e.own / e.eps)}, inherited "
             f"{_eps(e.inherited / e.eps)})" if e else "none" for e in (first, first_grad)]
@@ -190,10 +277,10 @@ def summary(report, cfg, run, row: int) -> list:
                  run.token_text(p.truth), run.token_text(p.low), f"{p.gap:.1f}",
                  f"{p.noise:.1f}", "near tie" if p.near_tie else ""] for p in flips]
         table = render.record_table(
-            ["row, position", "token", "float64 next", f"{dtype} next", "gap", "error", ""],
+            ["row, position", "token", f"{truth} next", f"{dtype} next", "gap", "error", ""],
             rows, title=f"the most likely next token flips at {len(flips)} of "
                         f"{len(report.positions)} positions", left=4)
-        table.caption = (f"gap: float64's top two logits apart, in {dtype}'s eps of their "
+        table.caption = (f"gap: {truth}'s top two logits apart, in eps of their "
                          f"size; error: this run's in a difference of two logits there "
                          f"(RMS, same eps); a near tie: gap under {NEAR_TIE:g} x error, "
                          f"which another rounding order may flip or not")
@@ -206,10 +293,10 @@ def summary(report, cfg, run, row: int) -> list:
     said = (f"mean {np.mean(kl):.1e}, largest {worst.kl:.1e} (row {worst.row}, position "
             f"{worst.position})" if worst else f"{np.mean(kl):.1e}")
     mine = [p.kl for p in report.positions if p.row == row]
-    parts.append(Text(f"KL(p_float64 ‖ p_{dtype}) of the next-token distributions: {said}"
+    parts.append(Text(f"KL(p_{truth} ‖ p_{dtype}) of the next-token distributions: {said}"
                       + (f"; row {row}: " + " ".join(f"{k:.1e}" for k in mine)
                          if len(mine) <= KL_SHOWN else "")))
     diff = report.low_loss - report.loss
-    parts.append(Text(f"loss  float64 {report.loss:.6f}  {dtype} {report.low_loss:.6f} "
+    parts.append(Text(f"loss  {truth} {report.loss:.6f}  {dtype} {report.low_loss:.6f} "
                       f"({diff:+.1e})", style="bold"))
     return parts

@@ -15,6 +15,7 @@ the dtype's machine epsilon; ``total <= own + inherited`` (the triangle inequali
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -170,6 +171,7 @@ class PrecisionReport:
     truth: object = field(default=None, repr=False, compare=False)   # float64's Forward
     truth_grads: object = field(default=None, repr=False, compare=False)   # and Gradients
     #                                   (a whole comparison's; a streamed one keeps neither)
+    names: tuple = ("float64", None)   # the two runs' names in --json (None: the dtype)
 
     def first(self, errors: list[TensorError]) -> TensorError | None:
         """The first of ``errors`` past the threshold, or None. dprobs is passed over: it is
@@ -198,16 +200,17 @@ class PrecisionReport:
     def to_dict(self) -> dict:
         first = self.first(self.activations)
         first_grad = self.first(self.gradients)
+        truth, low = self.names[0], self.names[1] or self.dtype
         return {
             "dtype": self.dtype, "eps": self.eps, "threshold_eps": self.threshold,
             "first_activation_past_threshold": first.name if first else None,
             "first_gradient_past_threshold": first_grad.name if first_grad else None,
-            "loss": {"float64": self.loss, self.dtype: self.low_loss},
+            "loss": {truth: self.loss, low: self.low_loss},
             "activations": [e.to_dict() for e in self.activations],
             "gradients": [e.to_dict() for e in self.gradients],
             "parameter_gradients": [e.to_dict() for e in self.parameters],
-            "positions": [{"row": p.row, "position": p.position, "float64": p.truth,
-                           self.dtype: p.low, "flipped": p.flipped, "gap_eps": p.gap,
+            "positions": [{"row": p.row, "position": p.position, truth: p.truth,
+                           low: p.low, "flipped": p.flipped, "gap_eps": p.gap,
                            "noise_eps": p.noise, "near_tie": p.near_tie, "kl": _number(p.kl)}
                           for p in self.positions],
         }
@@ -303,7 +306,8 @@ def _log_softmax(z):
 
 
 def held_against_float64(params, inputs: Inputs, cfg: Config, dtype: str,
-                         threshold: float = 4.0, stream: bool = False, progress=None
+                         threshold: float = 4.0, stream: bool = False, progress=None,
+                         low_params=None, unit: float | None = None, names=("float64", None)
                          ) -> PrecisionReport:
     """The run of ``params`` (float64, as ``cfg`` says) on ``inputs`` in ``dtype`` against
     float64, with each tensor's own and inherited error (the module docstring).
@@ -322,14 +326,26 @@ def held_against_float64(params, inputs: Inputs, cfg: Config, dtype: str,
         In eps: the report names the first activation and gradient whose error passes it.
     progress : callable(done, total), optional
         After each block of the forward and of the backward (a progress bar's).
+    low_params : mapping of float64 arrays, optional
+        The model run in the dtype, when it is not ``params`` (the quantization lens: a
+        quantized file's weights, dequantized, against the original's in float64; ``dtype``
+        may then be float64 itself, the weights' error alone).
+    unit : float, optional
+        What the errors are read in, instead of the dtype's eps (the lens in float64: the
+        weights' own relative error). ``names``: the two runs' names in ``to_dict``.
 
     Raises ``TfmError`` when the float64 run overflows or makes a NaN: then there is no truth.
     """
     if cfg.dtype != "float64":
         raise ValueError(f"held_against_float64: cfg.dtype is {cfg.dtype}; the truth is "
                          f"float64's run")
-    runs = Runs(params, inputs, cfg, dtype, stream)
-    return runs.report(threshold, progress)
+    if dtype == "float64" and (low_params is None or unit is None):
+        raise ValueError("held_against_float64: float64 against float64 compares another "
+                         "model's weights (low_params), in a unit of their own (unit)")
+    runs = Runs(params, inputs, cfg, dtype, stream, low_params)
+    if unit is not None:
+        runs.eps = float(unit)
+    return dataclasses.replace(runs.report(threshold, progress), names=tuple(names))
 
 
 class Runs:
@@ -339,7 +355,8 @@ class Runs:
 
     ORDER = ("truth", "low", "own")
 
-    def __init__(self, params, inputs: Inputs, cfg: Config, dtype: str, stream: bool):
+    def __init__(self, params, inputs: Inputs, cfg: Config, dtype: str, stream: bool,
+                 low_params=None):
         from tfmcli.engine import blocks
         from tfmcli.engine.model import _block_masks
         from tfmcli.engine.sizes import activation_shapes
@@ -351,8 +368,10 @@ class Runs:
         self.shape = (B, T)
         self.names = list(activation_shapes(cfg.replace(batch=B, seq_len=T)))
         self.params = HeldBlock(params) if stream else params
+        other = self.params if low_params is None else (
+            HeldBlock(low_params) if stream else low_params)
         # the weights as the dtype holds them, each rounded once from float64
-        self.low_params = low = Rounded(self.params, policy, low_cfg.np_dtype)
+        self.low_params = low = Rounded(other, policy, low_cfg.np_dtype)
 
         def tape(P, cfg, fast, plan=None):
             fast = fast and precision.of(cfg.dtype).exact   # rounded: the reference path
@@ -437,6 +456,8 @@ class Runs:
                 del t.caches[name]
         self.params.let_go(prefix)
         self.low_params.let_go(prefix)
+        if self.low_params.params is not self.params:
+            self.low_params.params.let_go(prefix)
 
     # ------------------------------------------------------------ the runs
 

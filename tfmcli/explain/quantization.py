@@ -35,6 +35,10 @@ class WeightError:
     rel_max: float
     max_abs: float
 
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "stored": self.kind,
+                "rel_rms": self.rel_rms, "rel_max": self.rel_max, "max_abs": self.max_abs}
+
 
 def weight_error(name: str, quantized: np.ndarray, original: np.ndarray,
                  kind: str | None = None) -> WeightError:
@@ -73,3 +77,19 @@ def weight_errors(quantized: Mapping, original: Mapping,
     kinds = kinds or {}
     return [weight_error(name, quantized[name], original[name], kinds.get(name))
             for name in original]
+
+
+def weights_error(errors: list[WeightError]) -> float:
+    """The model's weights' error in one number: the RMS of the tensors' relative RMS errors,
+    each counted as many times as it has entries (what a weight entry typically carries: the
+    lens's unit when it runs in float64, as a dtype's eps is a rounded run's). A tensor
+    stored exactly (a norm's gain kept in F32) counts at 0."""
+    sizes = np.array([np.prod(e.shape) for e in errors], dtype=np.float64)
+    squares = np.array([e.rel_rms ** 2 for e in errors])
+    finite = np.isfinite(squares)
+    total = float(np.sqrt((sizes[finite] * squares[finite]).sum() / sizes[finite].sum())) \
+        if finite.any() else 0.0
+    if total == 0:
+        raise TfmError("the quantized model's weights are the original's exactly: there is "
+                       "no quantization to see (give --dtype to hold a rounded run against it)")
+    return total
