@@ -530,3 +530,36 @@ def test_a_qwen_file_runs_as_its_folder(converter, tmp_path, kind, config):
     is 8): not permuted by the converter, and read so."""
     folder = hf_folder(tmp_path / kind, kind, **config)
     assert_same_run(converter(folder, "f32", pre="gpt-2"), folder, GPT2_TOKENS)
+
+
+def test_a_llama_3_1_file_carries_its_rope_scaling_as_factors(converter, tmp_path):
+    """LLaMA 3.1's RoPE scaling: the converter writes no parameters, only one factor per pair
+    (``rope_freqs.weight``); tfm finds the (factor, 1, 4, 8192) that gives them, and the run
+    is the folder's. Factors no such scaling gives are refused."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    folder = hf_folder(tmp_path / "llama31", "Llama", rope_theta=500000.0,
+                       rope_scaling=scaling, head_dim=16)
+    path = converter(folder, "f32", pre="gpt-2")
+    factors = tfmcli.sources.gguf.reader.open_file(path).array("rope_freqs.weight")
+    assert factors.min() == 1.0 and factors.max() == 8.0   # some pairs scaled, some not
+    assert_same_run(path, folder, GPT2_TOKENS)
+    fields = tfmcli.sources.gguf.reader.read_config(path)
+    assert tuple(fields["rope_scaling"]) == (8.0, 1.0, 4.0, 8192)
+    old = gguf.GGUFReader(path)
+    bent = tmp_path / "bent.gguf"
+    writer = gguf.GGUFWriter(bent, "llama")
+    for name, field in old.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for tensor in old.tensors:
+        value = np.asarray(tensor.data)
+        writer.add_tensor(tensor.name, value ** 1.1 if tensor.name == "rope_freqs.weight"
+                          else value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    line = error_line(run("forward", "--load", bent, "--tokens", "1,2"), 1)
+    assert "'rope_freqs.weight' holds RoPE factors" in line and "will not guess" in line
