@@ -214,16 +214,25 @@ class GgufFile:
         if tensor.kind in INTEGERS:
             raise TfmError(f"--load {self.path}: tensor {name!r} holds integers "
                            f"({tensor.kind.name}), not weights")
-        rows = raw.reshape(*tensor.shape[:-1], -1)   # (..., the bytes of one row)
-        try:
-            return quants.dequantize(rows, tensor.kind).reshape(tensor.shape)
+        rows = raw.reshape(-1, raw.size // max(1, int(np.prod(tensor.shape[:-1]))))
+        width = tensor.shape[-1] if tensor.shape else 1
+        out = np.empty((len(rows), width), np.float32)
+        step = max(1, CHUNK // max(1, width))   # a few rows at a time: the dequantizer's
+        try:                                     # scratch is several times what it makes
+            for start in range(0, len(rows), step):
+                out[start:start + step] = quants.dequantize(rows[start:start + step],
+                                                            tensor.kind)
         except NotImplementedError:
             raise TfmError(f"--load {self.path}: tensor {name!r} is {tensor.kind.name}, which "
                            f"the gguf package cannot dequantize yet") from None
+        return out.reshape(tensor.shape)
 
     def kinds(self) -> Counter:
         """How many tensors of each type: Counter({"Q8_0": 14, "F32": 7})."""
         return Counter(tensor.kind.name for tensor in self.tensors.values())
+
+
+CHUNK = 1 << 22   # values dequantized at a time (16 MB of float32, and its scratch)
 
 
 def _utf8(raw: bytes) -> bool:
