@@ -1,0 +1,205 @@
+"""GGUF files of the architectures whose attention weights are fused (``gguf.fused``):
+StarCoder (gpt_bigcode) and MPT, written by llama.cpp's own converter
+from random Hugging Face models that ``save_pretrained`` wrote in float32, run as their folders
+do (Config, parameters, logits, loss and every gradient to 1e-12 of scale); what tfm cannot
+run refused in one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_gguf import (  # noqa: F401
+    CONVERT,
+    EXAMPLES,
+    GPT2_TOKENS,
+    assert_same_run,
+    llama_cpp,
+    plain_env,
+)
+
+from helpers import error_line, ok, run
+
+gguf = pytest.importorskip("gguf")
+
+from tfmcli.sources.gguf.file import GgufFile  # noqa: E402
+
+SIZES = {"GPTBigCode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64),
+         "Mpt": dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=64)}
+# name -> (Hugging Face class's prefix, config, config.json's keys changed after saving)
+MODELS = {
+    "starcoder": ("GPTBigCode", dict(multi_query=True), {}),
+    "starcoder-mha": ("GPTBigCode", dict(multi_query=False), {}),
+    # the converter knows MosaicML's own class name (their folders'), not transformers' Mpt
+    "mpt": ("Mpt", {}, {"architectures": ["MPTForCausalLM"]}),
+}
+def hf_model(folder: Path, name: str, bf16: bool = False) -> Path:
+    """MODELS[name], random, saved by its own ``save_pretrained`` in float32, weights O(1)
+    (norm gains and biases about 1), 300 tokens, with tiny-gpt2's tokenizer (as
+    ``test_gguf.hf_folder``); ``bf16``: every weight a bfloat16 number, so that a BF16 file
+    holds it exactly."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    kind, config, edits = MODELS[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}ForCausalLM")(
+        getattr(transformers, f"{kind}Config")(vocab_size=300, **SIZES[kind], **config))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+            if p.dim() == 1:
+                p.add_(1.0)
+            if bf16:
+                p.copy_(p.bfloat16().float())
+    model.save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**saved, **edits}, indent=2))
+    shutil.copy(EXAMPLES / "tiny-gpt2" / "tokenizer.json", folder)
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": '
+                                                  '"PreTrainedTokenizerFast"}')
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fused_files(llama_cpp, tmp_path_factory):  # noqa: F811 (the fixture imported above)
+    """file(name, outtype="f32") -> (the GGUF file the converter writes, the folder), each
+    made once: the converter run as ``test_gguf.converter`` runs it (GPT-2's pre-tokenizer
+    named for tiny-gpt2's tokenizer)."""
+    for name in ("torch", "transformers", "sentencepiece"):
+        pytest.importorskip(name, reason=f"llama.cpp's convert_hf_to_gguf.py needs {name}")
+    script = CONVERT
+    out = Path(tempfile.mkdtemp(prefix="tfm-gguf-fused-"))
+    made = {}
+
+    def file(name: str, outtype: str = "f32") -> tuple[Path, Path]:
+        if (name, outtype) not in made:
+            bf16 = outtype == "bf16"
+            folder = hf_model(tmp_path_factory.mktemp("models") / name, name, bf16)
+            path = out / f"{name}-{outtype}.gguf"
+            done = subprocess.run([sys.executable, "-c", script, str(llama_cpp), str(folder),
+                                   str(path), outtype, "gpt-2"], capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[-3000:]
+            made[name, outtype] = path, folder
+        return made[name, outtype]
+
+    yield file
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ files run as their folders
+
+def test_a_starcoder_file_runs_as_its_folder(fused_files):
+    """One key head (multi_query): c_attn as Hugging Face stored it, every query head's rows,
+    then the key's, the value's; the file's head_count_kv is 1 and its feed_forward_length
+    4 x width, whatever the model: neither is what tfm reads."""
+    path, folder = fused_files("starcoder")
+    assert GgufFile(path).meta["starcoder.attention.head_count_kv"] == 1
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
+def test_a_starcoder_file_of_a_key_head_each_runs_as_its_folder(fused_files):
+    """multi_query false: the file still says head_count_kv 1 (llama.cpp cannot load it);
+    attn_qkv's 96 rows say a key head each, interleaved head by head as Hugging Face keeps
+    them (the converter leaves c_attn alone)."""
+    path, folder = fused_files("starcoder-mha")
+    file = GgufFile(path)
+    assert file.meta["starcoder.attention.head_count_kv"] == 1
+    assert file.tensors["blk.0.attn_qkv.weight"].shape == (96, 32)
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
+def test_an_mpt_file_runs_as_its_folder(fused_files):
+    """Wqkv stored as it was (q, then k, then v), ALiBi of max_alibi_bias 8, no biases, layer
+    norms without beta."""
+    path, folder = fused_files("mpt")
+    assert GgufFile(path).meta["mpt.attention.max_alibi_bias"] == 8
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["starcoder", "mpt"])
+def test_a_streamed_run_is_the_whole_ones(fused_files, name):
+    """A block at a time (each fused tensor read once for W_Q, W_K and W_V, its reorder undone
+    as it is read), the same loss to the last digit shown."""
+    path, _ = fused_files(name)
+    whole = ok("forward", "--load", path, "--tokens", "5,17,9,80", "--no-stream").stdout
+    streamed = ok("forward", "--load", path, "--tokens", "5,17,9,80", "--stream").stdout
+    assert "a block at a time" in streamed
+    loss = [line for line in whole.splitlines() if line.startswith("loss = ")]
+    assert loss and loss == [line for line in streamed.splitlines() if line.startswith("loss = ")]
+
+
+# ------------------------------------------------------------------ what tfm does not run
+
+def rewritten(source: Path, out: Path, changes: dict) -> Path:
+    """``source`` with keys changed (name -> (value, GGUFValueType)) or dropped (-> None),
+    its tensors as they are."""
+    old = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, old.fields["general.architecture"].contents())
+    for name, field in old.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in changes:
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for name, change in changes.items():
+        if change is not None:
+            writer.add_key_value(name, *change)
+    for tensor in old.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+F32, STRING, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, \
+    gguf.GGUFValueType.UINT32
+REFUSED = [
+    ("mpt", {"mpt.attention.max_alibi_bias": (0.0, F32)},
+     "key 'mpt.attention.max_alibi_bias' is 0.0; tfm runs MPT with ALiBi's slopes of "
+     "alibi_bias_max 8"),
+    ("mpt", {"mpt.attention.clamp_kqv": (6.0, F32)},
+     "key 'mpt.attention.clamp_kqv' is 6.0 (q, k and v clamped), which tfm does not compute"),
+    ("mpt", {"mpt.attention.head_count_kv": (2, U32)},
+     "key 'mpt.attention.head_count_kv' is 2, not 'mpt.attention.head_count' (4)"),
+]
+
+
+@pytest.mark.parametrize("name, changes, said", REFUSED)
+def test_what_tfm_cannot_run_is_one_line_naming_the_file_and_key(fused_files, tmp_path, name,
+                                                                  changes, said):
+    path = rewritten(fused_files(name)[0], tmp_path / f"{name}.gguf", changes)
+    line = error_line(run("forward", "--load", path, "--tokens", "1,2,3"), 1)
+    assert f"--load {path}: {said}" in line, line
+
+
+def test_a_starcoder_file_of_other_key_heads_is_refused(fused_files, tmp_path):
+    """GPTBigCode has one key head or one a head; attn_qkv's rows saying another count are
+    refused, naming the tensor (head_count_kv, 1 whatever the model, says nothing)."""
+    source, _ = fused_files("starcoder")
+    old = gguf.GGUFReader(source)
+    out = tmp_path / "kv2.gguf"
+    writer = gguf.GGUFWriter(out, "starcoder")
+    for key, field in old.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for tensor in old.tensors:
+        value = np.asarray(tensor.data).reshape(tuple(tensor.shape[::-1]))
+        if tensor.name.endswith("attn_qkv.weight") or tensor.name.endswith("attn_qkv.bias"):
+            value = np.concatenate([value, value[-16:]])   # 2 key heads' rows
+        writer.add_tensor(tensor.name, np.ascontiguousarray(value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    line = error_line(run("forward", "--load", out, "--tokens", "1,2,3"), 1)
+    assert f"--load {out}: tensor 'blk.0.attn_qkv.weight' has 64 rows, neither one key " \
+           f"head's (48, multi_query) nor one a head's (96)" in line, line
