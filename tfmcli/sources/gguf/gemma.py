@@ -1,6 +1,126 @@
 """GGUF architectures of LLaMA's layout with their own conventions: Gemma, Gemma 2, Gemma 3 (norms
-stored as ``1 + w``), Phi-3 and StableLM. Each an ``archs.Arch``, registered in ``ARCHS``."""
+stored as ``1 + w``), Phi-3 and StableLM. Each an ``archs.Arch``, registered in ``ARCHS``.
+
+None of the Gemmas is permuted or transposed by llama.cpp's converter
+(``convert_hf_to_gguf.py``: their llama.cpp graphs turn Hugging Face's RoPE pairs). What the
+converter changes or leaves out:
+
+- Gemma's norms: Hugging Face's ``GemmaRMSNorm`` multiplies by ``1 + weight`` and llama.cpp's
+  by its weight, so the converter stores every ``*norm.weight`` as ``weight + 1`` (Gemma 3's q
+  and k norms too). That is tfm's gamma (``sources.gemma`` adds the 1 to a folder's weight), so
+  the file's norm is read as it stands, nothing taken off. The converter adds in float32: the
+  gamma is the sum a float32 run of the folder makes, bit for bit; a float64 run of the folder
+  adds exactly, which differs by float32's rounding of ``1 + weight`` unless the weight is a
+  bfloat16 number (as Gemma ships), whose sum float32 holds exactly.
+- Gemma's and Gemma 2's ``lm_head.weight`` is dropped: a file has no ``output.weight``, and its
+  head is tied, whatever ``tie_word_embeddings`` said.
+- Gemma 3's embedding keeps only the tokenizer's rows when the converter reads a
+  ``tokenizer.json`` (a ``tokenizer.model`` keeps them all): the vocabulary is ``token_embd``'s
+  rows, so such a file's logits are the folder's first columns.
+
+What no key records, and tfm assumes as llama.cpp does (each as its loader hard-codes it):
+
+- the activation: GELU's tanh form (GeGLU);
+- Gemma's and Gemma 2's RoPE base, 10000 (``rope.freq_base`` read when there is one);
+- Gemma 2's and 3's ``query_pre_attn_scalar``: the scores are scaled by 1 / sqrt(width /
+  heads) in the 27B models (46 blocks of Gemma 2, 62 of Gemma 3), by 1 / sqrt(head width)
+  in every other, as Google's configs give them;
+- which layers slide: Gemma 2's even ones, five of each six of Gemma 3's (layer 5, 11, ...
+  see every key), both within ``attention.sliding_window``; Gemma 2's soft caps are 50 and 30
+  when the file has no ``attn_logit_softcapping`` or ``final_logit_softcapping``.
+
+Refused, naming the file and the key: Gemma 3's scores capped (``attn_logit_softcapping``,
+which Hugging Face's Gemma 3 does not apply).
+"""
 
 from __future__ import annotations
 
-ARCHS: dict = {}   # general.architecture -> archs.Arch
+import math
+
+from tfmcli.errors import TfmError
+from tfmcli.sources.folder import shown
+from tfmcli.sources.gguf.archs import Arch, family_fields, llama_rows, rope_sizes
+from tfmcli.sources.gguf.meta import Meta
+
+GEMMA_27B = {"gemma2": 46, "gemma3": 62}   # blocks: llama.cpp's LLM_TYPE_27B, scaled by d / H
+
+
+# ---------------------------------------------------------------------------- Gemma
+
+def gemma_fields(m: Meta) -> dict:
+    """Gemma's: LLaMA's sizes (heads ``attention.key_length`` wide), GeGLU, the embedding times
+    sqrt(d), the head tied (the converter drops ``lm_head``), RoPE on the whole head."""
+    sizes = rope_sizes(m)
+    whole_heads(m, sizes)
+    return family_fields("gemma", **sizes)
+
+
+def gemma2_fields(m: Meta) -> dict:
+    """Gemma 2's: Gemma's, a norm after each sublayer too, the scores and logits soft-capped,
+    the scores scaled as llama.cpp scales them, the even layers sliding."""
+    sizes = rope_sizes(m)
+    whole_heads(m, sizes)
+    caps = {"attn_softcap": m.number("attn_logit_softcapping", 50.0),
+            "logit_softcap": m.number("final_logit_softcapping", 30.0)}
+    return family_fields("gemma2", **sizes, **caps, sandwich_norm=True,
+                         attn_scale=query_scale(m, sizes),
+                         **sliding(m, sizes["layers"], every=2))
+
+
+def gemma3_fields(m: Meta) -> dict:
+    """Gemma 3's: Gemma 2's block with q and k normed per head, no score cap, the logits capped
+    only when ``final_logit_softcapping`` says, five layers of each six sliding (when the file
+    has a window) at their own RoPE base ``rope.freq_base_swa``, unscaled."""
+    sizes = rope_sizes(m)
+    whole_heads(m, sizes)
+    if m.get("attn_logit_softcapping") is not None:
+        raise TfmError(f"--load {m.path}: key {m.key('attn_logit_softcapping')!r} is "
+                       f"{shown(m.get('attn_logit_softcapping'))}, which Gemma 3 does not "
+                       f"apply (its scores are not capped); tfm will not guess which is meant")
+    window = sliding(m, sizes["layers"], every=6, needed=False)
+    local = m.number("rope.freq_base_swa", 10000.0) if window["sliding_window"] else None
+    return family_fields("gemma3", **sizes, sandwich_norm=True, qk_norm=True,
+                         attn_softcap=None, logit_softcap=m.number("final_logit_softcapping",
+                                                                   None),
+                         attn_scale=query_scale(m, sizes), rope_local_theta=local, **window)
+
+
+def whole_heads(m: Meta, sizes: dict) -> None:
+    """A Gemma turns all of each head: ``rope.dimension_count``, when there, must say so."""
+    width = sizes["head_dim"] or sizes["d_model"] // sizes["heads"]
+    turned = m.size("rope.dimension_count", width)
+    if turned != width:
+        raise TfmError(f"--load {m.path}: key {m.key('rope.dimension_count')!r} is {turned}, "
+                       f"not the head's width {width}; a {m.arch} turns all of each head")
+
+
+def query_scale(m: Meta, sizes: dict) -> float | None:
+    """``Config.attn_scale`` of a Gemma 2 or 3, which no key records (``query_pre_attn_scalar``):
+    llama.cpp's, 1 / sqrt(width / heads) in the 27B (its block count), else 1 / sqrt(head
+    width), tfm's own (None), as Hugging Face computes ``query_pre_attn_scalar ** -0.5``."""
+    head = sizes["head_dim"] or sizes["d_model"] // sizes["heads"]
+    scalar = sizes["d_model"] // sizes["heads"] if sizes["layers"] == GEMMA_27B[m.arch] else head
+    scale = scalar ** -0.5
+    return None if scale == 1.0 / math.sqrt(head) else scale
+
+
+def sliding(m: Meta, layers: int, every: int, needed: bool = True) -> dict:
+    """``sliding_window`` and ``sliding_layers``: the window ``attention.sliding_window`` in the
+    layers llama.cpp slides, all but each ``every``-th (layer i when i % every < every - 1;
+    None when that is every layer). ``needed``: a file without the key is refused (Gemma 2's
+    loader needs it); else it slides nowhere (Gemma 3's)."""
+    if not needed and m.get("attention.sliding_window") is None:
+        return {"sliding_window": None, "sliding_layers": None}
+    window = m.size("attention.sliding_window")
+    slides = [i for i in range(layers) if i % every < every - 1]
+    if not slides:
+        return {"sliding_window": None, "sliding_layers": None}
+    return {"sliding_window": window,
+            "sliding_layers": None if len(slides) == layers else tuple(slides)}
+
+
+ARCHS = {
+    "gemma": Arch("gemma", gemma_fields, llama_rows),
+    "gemma2": Arch("gemma2", gemma2_fields, llama_rows),
+    "gemma3": Arch("gemma3", gemma3_fields, llama_rows),
+}
