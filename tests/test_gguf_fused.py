@@ -1,8 +1,9 @@
 """GGUF files of the architectures whose attention weights are fused (``gguf.fused``):
-StarCoder (gpt_bigcode) and MPT, written by llama.cpp's own converter
+StarCoder (gpt_bigcode), GPT-NeoX, BLOOM and MPT, written by llama.cpp's own converter
 from random Hugging Face models that ``save_pretrained`` wrote in float32, run as their folders
-do (Config, parameters, logits, loss and every gradient to 1e-12 of scale); what tfm cannot
-run refused in one line naming the file and the key.
+do (Config, parameters, logits, loss and every gradient to 1e-12 of scale); the converter's
+reorder of q, k and v undone (undone wrongly, the logits move); what tfm cannot run refused in
+one line naming the file and the key.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from test_gguf import (  # noqa: F401
     EXAMPLES,
     GPT2_TOKENS,
     assert_same_run,
+    forward_backward,
     llama_cpp,
     plain_env,
 )
@@ -29,17 +31,39 @@ from helpers import error_line, ok, run
 
 gguf = pytest.importorskip("gguf")
 
+from tfmcli.sources.gguf import fused  # noqa: E402
 from tfmcli.sources.gguf.file import GgufFile  # noqa: E402
 
 SIZES = {"GPTBigCode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64),
+         "GPTNeoX": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=48, max_position_embeddings=64),
+         "Bloom": dict(hidden_size=32, n_layer=2, n_head=4),
          "Mpt": dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=64)}
 # name -> (Hugging Face class's prefix, config, config.json's keys changed after saving)
 MODELS = {
     "starcoder": ("GPTBigCode", dict(multi_query=True), {}),
     "starcoder-mha": ("GPTBigCode", dict(multi_query=False), {}),
+    "neox": ("GPTNeoX", dict(rotary_pct=0.5, use_parallel_residual=True), {}),
+    "neox-seq": ("GPTNeoX", dict(rotary_pct=0.25, use_parallel_residual=False,
+                                 attention_bias=False, tie_word_embeddings=True), {}),
+    "bloom": ("Bloom", {}, {}),
     # the converter knows MosaicML's own class name (their folders'), not transformers' Mpt
     "mpt": ("Mpt", {}, {"architectures": ["MPTForCausalLM"]}),
 }
+# llama.cpp's GPTNeoXModel reads hparams["rotary_pct"], which transformers 5's GPTNeoXConfig
+# moves into rope_parameters (its to_dict has no rotary_pct): the converter is handed the key
+# as transformers 4 kept it, nothing else changed
+ROTARY_PCT = """
+load_hparams = conversion.base.ModelBase.load_hparams
+def with_rotary_pct(dir_model, *args):
+    hparams = load_hparams(dir_model, *args)
+    if hparams.get("model_type") == "gpt_neox" and "rotary_pct" not in hparams:
+        hparams["rotary_pct"] = hparams["rope_parameters"]["partial_rotary_factor"]
+    return hparams
+conversion.base.ModelBase.load_hparams = staticmethod(with_rotary_pct)
+"""
+
+
 def hf_model(folder: Path, name: str, bf16: bool = False) -> Path:
     """MODELS[name], random, saved by its own ``save_pretrained`` in float32, weights O(1)
     (norm gains and biases about 1), 300 tokens, with tiny-gpt2's tokenizer (as
@@ -71,10 +95,11 @@ def hf_model(folder: Path, name: str, bf16: bool = False) -> Path:
 def fused_files(llama_cpp, tmp_path_factory):  # noqa: F811 (the fixture imported above)
     """file(name, outtype="f32") -> (the GGUF file the converter writes, the folder), each
     made once: the converter run as ``test_gguf.converter`` runs it (GPT-2's pre-tokenizer
-    named for tiny-gpt2's tokenizer)."""
+    named for tiny-gpt2's tokenizer), GPT-NeoX's handed its rotary_pct."""
     for name in ("torch", "transformers", "sentencepiece"):
         pytest.importorskip(name, reason=f"llama.cpp's convert_hf_to_gguf.py needs {name}")
-    script = CONVERT
+    script = CONVERT.replace("sys.argv = [", ROTARY_PCT + "sys.argv = [", 1)
+    assert script != CONVERT
     out = Path(tempfile.mkdtemp(prefix="tfm-gguf-fused-"))
     made = {}
 
@@ -115,6 +140,26 @@ def test_a_starcoder_file_of_a_key_head_each_runs_as_its_folder(fused_files):
     assert_same_run(path, folder, GPT2_TOKENS)
 
 
+@pytest.mark.parametrize("name, outtype", [("neox", "f32"), ("neox", "bf16"),
+                                           ("neox-seq", "f32")])
+def test_a_gpt_neox_file_runs_as_its_folder(fused_files, name, outtype):
+    """RoPE on half of each head (rope.dimension_count 4 of 8) and the parallel block; a
+    sequential one with a quarter turned, no attention biases and a tied head. The BF16 file
+    (every weight a bfloat16 number) holds the weights exactly: the same run."""
+    path, folder = fused_files(name, outtype)
+    file = GgufFile(path)
+    assert file.meta["gptneox.rope.dimension_count"] == {"neox": 4, "neox-seq": 2}[name]
+    # 4 matrices a block, the embedding and the head in BF16; the norms and biases in F32
+    assert file.kinds()["BF16"] == (10 if outtype == "bf16" else 0)
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
+def test_a_bloom_file_runs_as_its_folder(fused_files):
+    """ALiBi, the embedding's norm (token_embd_norm), query_key_value put back head by head."""
+    path, folder = fused_files("bloom")
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
 def test_an_mpt_file_runs_as_its_folder(fused_files):
     """Wqkv stored as it was (q, then k, then v), ALiBi of max_alibi_bias 8, no biases, layer
     norms without beta."""
@@ -123,7 +168,7 @@ def test_an_mpt_file_runs_as_its_folder(fused_files):
     assert_same_run(path, folder, GPT2_TOKENS)
 
 
-@pytest.mark.parametrize("name", ["starcoder", "mpt"])
+@pytest.mark.parametrize("name", ["mpt", "neox"])
 def test_a_streamed_run_is_the_whole_ones(fused_files, name):
     """A block at a time (each fused tensor read once for W_Q, W_K and W_V, its reorder undone
     as it is read), the same loss to the last digit shown."""
@@ -133,6 +178,48 @@ def test_a_streamed_run_is_the_whole_ones(fused_files, name):
     assert "a block at a time" in streamed
     loss = [line for line in whole.splitlines() if line.startswith("loss = ")]
     assert loss and loss == [line for line in streamed.splitlines() if line.startswith("loss = ")]
+
+
+# ------------------------------------------------------------------ the reorder undone wrongly
+
+def moved(path, monkeypatch, wrong) -> float:
+    """How far the logits move, as a share of their scale, with ``fused.regroup`` ``wrong``."""
+    _, good, _ = forward_backward(path, GPT2_TOKENS)
+    monkeypatch.setattr(fused, "regroup", wrong)
+    _, bad, _ = forward_backward(path, GPT2_TOKENS)
+    monkeypatch.undo()
+    scale = np.abs(good.acts["logits"]).max()
+    return float(np.abs(bad.acts["logits"] - good.acts["logits"]).max() / scale)
+
+
+@pytest.mark.parametrize("name", ["neox", "bloom"])
+def test_the_reorder_left_alone_fails(fused_files, monkeypatch, name):
+    """Reading query_key_value as the file stores it (every q, every k, every v) as if it were
+    Hugging Face's layout gives another model: the comparisons above would fail."""
+    path, _ = fused_files(name)
+    assert moved(path, monkeypatch, lambda w, fields: w) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["neox", "bloom"])
+def test_the_reorder_done_again_fails(fused_files, monkeypatch, name):
+    """The converter's permutation applied once more instead of undone (rows ``w[order]``,
+    not put at ``order``): another model."""
+    from tfmcli.sources import fused as folders
+
+    path, _ = fused_files(name)
+    assert moved(path, monkeypatch,
+                 lambda w, fields: w[np.concatenate(folders.grouped_rows(fields))]) > 1e-3
+
+
+def test_the_reorder_undone_is_the_converters_inverse():
+    """regroup undoes the converter's own reshaping (its lines, in NumPy) of GPT-NeoX's and
+    BLOOM's (H, 3, d_head) rows."""
+    rng = np.random.default_rng(0)
+    H, dh, d = 4, 8, 32
+    w = rng.standard_normal((3 * H * dh, d))
+    neox = w.reshape(H, 3, dh, d)
+    stored = np.concatenate([neox[:, i].reshape(-1, d) for i in range(3)])
+    assert np.array_equal(fused.regroup(stored, dict(d_model=d, heads=H, kv_heads=None)), w)
 
 
 # ------------------------------------------------------------------ what tfm does not run
@@ -169,6 +256,14 @@ REFUSED = [
      "key 'mpt.attention.clamp_kqv' is 6.0 (q, k and v clamped), which tfm does not compute"),
     ("mpt", {"mpt.attention.head_count_kv": (2, U32)},
      "key 'mpt.attention.head_count_kv' is 2, not 'mpt.attention.head_count' (4)"),
+    ("neox", {"gptneox.rope.scaling.type": ("yarn", STRING)},
+     "key 'gptneox.rope.scaling.type' is 'yarn'; tfm turns gptneox's RoPE by its own angles"),
+    ("neox", {"gptneox.rope.dimension_count": (3, U32)},
+     "key 'gptneox.rope.dimension_count' is 3; RoPE turns pairs"),
+    ("bloom", {"bloom.attention.head_count_kv": (1, U32)},
+     "key 'bloom.attention.head_count_kv' is 1, not 'bloom.attention.head_count' (4)"),
+    ("neox", {"gptneox.attention.layer_norm_epsilon": None},
+     "missing key 'gptneox.attention.layer_norm_epsilon'"),
 ]
 
 

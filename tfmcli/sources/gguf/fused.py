@@ -1,10 +1,18 @@
 """GGUF architectures whose attention weights the converter keeps fused: StarCoder
-(``starcoder``: Hugging Face's gpt_bigcode) and MPT (``mpt``). Each an ``archs.Arch``,
-registered in ``ARCHS``; each reads as its family's folder does (``sources.<family>``'s name
-map, ``fused.grouped_rows`` or ``stacked_rows`` cutting the fused matrix).
+(``starcoder``: Hugging Face's gpt_bigcode), GPT-NeoX (``gptneox``), BLOOM (``bloom``) and MPT
+(``mpt``). Each an ``archs.Arch``, registered in ``ARCHS``; each reads as its family's folder
+does (``sources.<family>``'s name map, ``fused.grouped_rows`` or ``stacked_rows`` cutting the
+fused matrix), once what llama.cpp's converter did is undone.
 
-What the converter (``convert_hf_to_gguf.py``) does: StarCoder's ``c_attn`` (``nn.Linear``'s,
-not GPT-2's ``Conv1D``) and MPT's ``Wqkv`` are written as they were; nothing is undone.
+What the converter (``convert_hf_to_gguf.py``) does, and what is undone here:
+
+- GPT-NeoX's and BLOOM's ``query_key_value`` holds each head's q, k and v rows in turn
+  (``(H, 3, d_head)``); the converter reorders them into every head's q, then every k, then
+  every v (``qkv.reshape(H, 3, d_head, d)``, the three slices concatenated), weight and bias.
+  They are put back (``regroup``): the file's row i is Hugging Face's row ``order[i]``,
+  ``order`` the rows ``fused.grouped_rows`` gives Q, K and V, in turn.
+- StarCoder's ``c_attn`` (``nn.Linear``'s, not GPT-2's ``Conv1D``) and MPT's ``Wqkv`` are
+  written as they were.
 
 Metadata that does not describe the model, and is not read:
 
@@ -12,12 +20,16 @@ Metadata that does not describe the model, and is not read:
   ``feed_forward_length`` 4 x width whatever ``n_inner`` was: the key heads are read from
   ``attn_qkv``'s rows (one key head, or one a head), the FFN's width from ``ffn_up``'s.
   (llama.cpp itself cannot load a StarCoder file without ``multi_query``.)
+- BLOOM's ``feed_forward_length`` is 4 x width, and its ``context_length`` its width when the
+  config has no ``seq_length`` (ALiBi reads neither).
 - MPT's ``layer_norm_epsilon`` is 1e-5 whatever the config said (the converter writes the
   number); read as written, as llama.cpp runs it.
 
 What no key records, and tfm assumes as the family's Hugging Face default (its ``--arch``
-preset): the activation, GELU itself (``gelu_erf``) for MPT, its tanh form (``gelu``) for
-StarCoder (llama.cpp computes both with the tanh form); StarCoder's scores scaled by
+preset): the activation, GELU itself (``gelu_erf``) for GPT-NeoX and MPT, its tanh form
+(``gelu``) for StarCoder and BLOOM (llama.cpp computes every one with the tanh form); RoPE's
+base for GPT-NeoX, 10000 unless ``rope.freq_base`` says (the converter writes none, so a model
+of another ``rope_theta`` runs at 10000, as in llama.cpp); StarCoder's scores scaled by
 1 / sqrt(d_head) (``scale_attn_weights``) and MPT's too (``softmax_scale`` unset).
 """
 
@@ -31,6 +43,7 @@ from tfmcli.sources.folder import shown
 from tfmcli.sources.gguf.archs import Arch, family_fields
 from tfmcli.sources.gguf.meta import Meta
 
+QKV = (".query_key_value.weight", ".query_key_value.bias")   # the keys the converter reorders
 PICKED = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")
 
 
@@ -55,6 +68,16 @@ def ffn_width(m: Meta) -> int:
     return m.shape("blk.0.ffn_up.weight")[0]   # (d_ff, d), as nn.Linear keeps it
 
 
+def rope_base(m: Meta) -> dict:
+    """RoPE's base (10000 when the file says none, as the converter never does here), after
+    refusing a scaling, which these converters never write either."""
+    kind = m.get("rope.scaling.type", "none")
+    if kind != "none":
+        raise TfmError(f"--load {m.path}: key {m.key('rope.scaling.type')!r} is {shown(kind)}; "
+                       f"tfm turns {m.arch}'s RoPE by its own angles")
+    return {"rope_theta": m.number("rope.freq_base", 10000.0)}
+
+
 # ---------------------------------------------------------------------------- the fused matrix
 
 def grouped(fields: dict) -> dict[str, np.ndarray]:
@@ -73,6 +96,19 @@ def picking(rows_of):
             return picks[last[-1]] if last in PICKED else None
         return rows_for
     return pick
+
+
+def regroup(w: np.ndarray, fields: dict) -> np.ndarray:
+    """The inverse of the converter's reorder: rows (or a bias's entries) stored as every q,
+    every k, every v, put back one piece per key head, as Hugging Face stores them."""
+    order = np.concatenate(fused.grouped_rows(fields))   # the file's row i is HF's order[i]
+    out = np.empty_like(w)
+    out[order] = w
+    return out
+
+
+def undo_qkv(key: str, w: np.ndarray, fields: dict) -> np.ndarray:
+    return regroup(w, fields) if key.endswith(QKV) else w
 
 
 # ---------------------------------------------------------------------------- StarCoder
@@ -102,6 +138,50 @@ def starcoder_rows(fields: dict) -> list:
     from tfmcli.sources import gpt_bigcode
 
     return gpt_bigcode.name_map(fields)
+
+
+# ---------------------------------------------------------------------------- GPT-NeoX
+
+def gptneox_fields(m: Meta) -> dict:
+    """GPT-NeoX's, Pythia's: RoPE on the first ``rope.dimension_count`` of each head, the
+    block parallel when ``use_parallel_residual`` says, biases on attention when the file holds
+    them (``attention_bias``; the MLP's always)."""
+    s = sizes(m)
+    d_head = s["d_model"] // s["heads"]
+    turned = m.size("rope.dimension_count", d_head)
+    if turned > d_head or turned % 2:
+        raise TfmError(f"--load {m.path}: key {m.key('rope.dimension_count')!r} is {turned}; "
+                       f"RoPE turns pairs of a head's {d_head} dimensions")
+    attention_bias = m.has("blk.0.attn_qkv.bias")
+    return family_fields("gpt_neox", **s, d_ff=m.size("feed_forward_length"),
+                         rotary_dim=None if turned == d_head else turned, **rope_base(m),
+                         parallel_residual=m.switch("use_parallel_residual", True),
+                         bias=attention_bias, ffn_bias=not attention_bias)
+
+
+def gptneox_rows(fields: dict) -> list:
+    from tfmcli.sources import gpt_neox
+
+    return gpt_neox.name_map(fields)
+
+
+# ---------------------------------------------------------------------------- BLOOM
+
+def bloom_fields(m: Meta) -> dict:
+    """BLOOM's: ALiBi, the embedding normed (``token_embd_norm``), every head its own keys."""
+    s = sizes(m)
+    kv = m.size("attention.head_count_kv", s["heads"])
+    if kv != s["heads"]:
+        raise TfmError(f"--load {m.path}: key {m.key('attention.head_count_kv')!r} is {kv}, "
+                       f"not {m.key('attention.head_count')!r} ({s['heads']}); BLOOM's every "
+                       f"head has its own keys")
+    return family_fields("bloom", **s)
+
+
+def bloom_rows(fields: dict) -> list:
+    from tfmcli.sources import bloom
+
+    return bloom.name_map(fields, prefix="")   # (the converter strips "transformer.")
 
 
 # ---------------------------------------------------------------------------- MPT
@@ -134,5 +214,8 @@ def mpt_rows(fields: dict) -> list:
 
 ARCHS: dict = {   # general.architecture -> archs.Arch
     "starcoder": Arch("gpt_bigcode", starcoder_fields, starcoder_rows, pick=picking(grouped)),
+    "gptneox": Arch("gpt_neox", gptneox_fields, gptneox_rows, pick=picking(grouped),
+                    undo=undo_qkv),
+    "bloom": Arch("bloom", bloom_fields, bloom_rows, pick=picking(grouped), undo=undo_qkv),
     "mpt": Arch("mpt", mpt_fields, mpt_rows, pick=picking(fused.stacked_rows)),
 }
