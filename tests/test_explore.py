@@ -565,3 +565,36 @@ def test_p_shows_each_cells_difference_from_float64_and_its_split(size):
 def test_p_on_a_float64_run_says_how_to_compare():
     view, explained, _, _ = drive(explorer(), ["p"])
     assert "--dtype bfloat16" in " ".join(explained.split())
+
+
+def test_p_on_a_masked_score_and_a_zero_gradient_reads_as_tfm_precision_does():
+    """A hidden key's score is -inf in both runs: no difference, never NaN. b_K's gradient is
+    0 but for rounding: read against the largest gradient's scale, as the table's * rows."""
+    ex = compared_explorer()
+    view = View("blocks.0.attn.scores", False, (2, 3), (0, 0, 1, 3))   # key 3 after query 1
+    assert ex.toggle_diff() is None
+    assert ex.array(view)[0, 0, 1, 3] == 0.0 and not np.isnan(ex.array(view)).any()
+    lines = ex.explain(view)
+    assert "nan" not in " ".join(lines).lower()
+    b_k = View("blocks.0.attn.b_K", True, (0, 0), (1,))
+    text = " ".join(ex.explain(b_k))
+    eps = [float(w) for w in text.replace("eps", " ").split() if w[:1] in "+-" and
+           w[1:2].isdigit() and "e" not in w]
+    assert eps and max(abs(e) for e in eps) < 1e6, text
+
+
+def test_p_after_an_intervention_says_why_there_is_no_comparison():
+    from tfmcli.cli.explore import against
+
+    class Forward:
+        caches = {"plan": object()}
+
+    class Run:
+        class cfg:
+            dtype = "bfloat16"
+
+    why = against(None, Run, Forward)
+    assert "--ablate" in why and "without them" in why
+    ex = compared_explorer()
+    ex.against, ex.diff = why, False
+    assert ex.toggle_diff() == why and not ex.diff

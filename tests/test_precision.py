@@ -512,7 +512,7 @@ def test_a_float16_overflow_says_what_float16_holds_and_where_to_look():
     line = error_line(run("forward", "--dtype", "float16", "--scale",
                           "blocks.0.ln1.out=3000"), 1)
     assert "overflowed float16" in line and "--dtype float32" in line and "65504" in line
-    assert "tfm precision --dtype float16" in line
+    assert "tfm precision --dtype float16 counts each tensor's overflows" in line
 
 
 # ---------------------------------------------------------------- tfm precision: own and inherited

@@ -322,7 +322,7 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     except FloatingPointError as e:
         hint = {"float32": " or --dtype float64",
                 "float16": (" or --dtype float32 (float16's largest number is 65504; tfm "
-                            "precision --dtype float16 names the first tensor that overflows)"),
+                            "precision --dtype float16 counts each tensor's overflows)"),
                 }.get(cfg.dtype, "")
         raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
                        f"use smaller weights or inputs{hint}") from None

@@ -94,23 +94,30 @@ def explore(
 
 
 def against(opts: Options, run, fwd):
-    """A run in float32, float16 or bfloat16: the same weights and tokens compared with
-    float64 (``explain.precision.compared``: what the p key shows), else None (a float64 run,
-    or one an intervention changed: the comparison runs the model as it is)."""
-    if run.cfg.dtype == "float64" or fwd.caches.get("plan"):
+    """What the p key shows of a run in float32, float16 or bfloat16: a function making the
+    same weights and tokens compared with float64 (``explain.precision.compared``), called
+    at the first p; None for a float64 run; why not, for one an intervention changed (the
+    comparison runs the model as it is)."""
+    if run.cfg.dtype == "float64":
         return None
-    import numpy as np
+    if fwd.caches.get("plan"):
+        return ("p compares the model as it is with float64; this run was changed (--ablate, "
+                "--set, --scale, --patch): open it without them to compare")
 
-    from tfmcli.cli.options import DType
-    from tfmcli.explain.precision import compared
+    def compare():
+        import numpy as np
 
-    dtype = run.cfg.dtype
-    opts.values["dtype"] = DType.float64   # the weights read in float64, as tfm precision's
-    truth = opts.run(untyped={"dtype"})
-    opts.values["dtype"] = DType(dtype)
-    params = {name: np.asarray(value, dtype=np.float64)
-              for name, value in truth.complete().params.items()}
-    return compared(params, truth.inputs, truth.cfg.replace(dtype="float64"), dtype)
+        from tfmcli.cli.options import DType
+        from tfmcli.explain.precision import compared
+
+        dtype = run.cfg.dtype
+        opts.values["dtype"] = DType.float64   # the weights read in float64, as precision's
+        truth = opts.run(untyped={"dtype"})
+        opts.values["dtype"] = DType(dtype)
+        params = {name: np.asarray(value, dtype=np.float64)
+                  for name, value in truth.complete().params.items()}
+        return compared(params, truth.inputs, truth.cfg.replace(dtype="float64"), dtype)
+    return compare
 
 
 def header(run) -> str:

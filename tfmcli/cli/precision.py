@@ -46,8 +46,7 @@ def precision(
 ):
     """The run in bfloat16 (or --dtype) against float64: every tensor's error, own and inherited.
 
-    With --against, the quantization lens: --load's model (a quantized GGUF file) against
-    its original (a checkpoint folder, or a less quantized file), each weight, then the run.
+    --against DIR|FILE: a quantized --load against its original, weights, then the runs.
 
     Example: tfm precision --arch llama -L 4 --dtype float16
     """
@@ -89,7 +88,11 @@ def precision(
         weights_lens = weight_errors(lens, params, kinds)
         unit = weights_error(weights_lens) if dtype == "float64" else None
         names = ("original", "quantized")
-    run.streamed = run.streamed or stream
+    if stream:
+        from tfmcli.cli.options import binary_size
+
+        run.streamed = (f"a block at a time (--stream): about {binary_size(estimate)}, "
+                        f"weights {'read as used' if run.lazy_params else 'in memory'}")
     with blocks_bar(cfg, estimate, True) as (forward_tick, backward_tick):
         def tick(done: int, total: int):   # the forward's blocks, then the backward's
             half = total // 2
@@ -106,6 +109,8 @@ def precision(
         rounded = f"rounded to {dtype}"
     else:
         panel["against"] = f"{original.weights_from}, in float64"
+        panel["dtype"] = ("float64 both: the weights' error alone" if dtype == "float64" else
+                          f"{dtype} (the quantized model's run), the original in float64")
         ours, truth = ("quantized" + ("" if dtype == "float64" else f", {dtype}"), "original")
         eps_name = ("the weights' error (their RMS relative error)" if dtype == "float64"
                     else f"{dtype}'s eps")
@@ -197,20 +202,24 @@ def streams(opts: Options, run, cfg, dtype: str, lens: bool = False) -> int | No
 
     low = cfg.replace(dtype=dtype)
     wanted, force = opts.values.get("stream"), opts.values.get("force", False)
-    # float64's run and two in the dtype (float32 arrays), whole or a block at a time
-    whole = memory_estimate(cfg)["total"] + 2 * memory_estimate(low)["total"]
     lazy = run.lazy_params is not None
-    bare = streamed_estimate(cfg, lazy)["total"] + 2 * streamed_estimate(low, lazy)["total"]
-    if lens:   # the original's weights too, in float64 (streamed: a block's, as read)
-        whole += memory_estimate(cfg)["params"]
-        bare += streamed_estimate(cfg, lazy)["params"]
+
+    def three(estimate) -> int:
+        """float64's run and two in the dtype, which read one rounded copy of the weights
+        (with the lens, the original's weights in float64 too)."""
+        truth, rounded = estimate(cfg), estimate(low)
+        return (truth["total"] + 2 * rounded["total"] - rounded["params"]
+                + (truth["params"] if lens else 0))
+
+    whole = three(memory_estimate)
+    bare = three(lambda c: streamed_estimate(c, lazy))
     have = available_memory()
     if wanted is None:
         wanted = not force and whole > have and bare <= have
     if not force:
         need = bare if wanted else whole
         if need > have:
-            way = "" if wanted else f", or --stream (about {binary_size(bare)})"
+            way = "" if wanted or bare > have else f", or --stream (about {binary_size(bare)})"
             raise typer.BadParameter(
                 f"a float64 run and two in {dtype} need about {binary_size(need)} "
                 f"{'a block at a time ' if wanted else ''}(see tfm shapes), more than the "

@@ -148,9 +148,9 @@ class Position:
     @property
     def near_tie(self) -> bool:
         """The top two are closer than NEAR_TIE times the run's own error in a difference
-        of two logits: a run rounding in another order (another kernel, torch's) may flip
-        here or not. A flip past it is one every run in the dtype makes."""
-        return self.gap < NEAR_TIE * self.noise
+        of two logits (or tie exactly): a run rounding in another order (another kernel,
+        torch's) may flip here or not. A flip past it is one every run in the dtype makes."""
+        return self.gap == 0 or self.gap < NEAR_TIE * self.noise
 
 
 @dataclass(frozen=True)
@@ -210,8 +210,9 @@ class PrecisionReport:
             "gradients": [e.to_dict() for e in self.gradients],
             "parameter_gradients": [e.to_dict() for e in self.parameters],
             "positions": [{"row": p.row, "position": p.position, truth: p.truth,
-                           low: p.low, "flipped": p.flipped, "gap_eps": p.gap,
-                           "noise_eps": p.noise, "near_tie": p.near_tie, "kl": _number(p.kl)}
+                           low: p.low, "flipped": p.flipped, "gap_eps": _number(p.gap),
+                           "noise_eps": _number(p.noise), "near_tie": p.near_tie,
+                           "kl": _number(p.kl)}
                           for p in self.positions],
         }
 
@@ -387,6 +388,7 @@ class Runs:
         self.eps, self.tiny = float(finfo.eps), float(finfo.tiny)
         self.raw: dict[str, dict] = {}   # "activation" / "gradient" / "parameter gradient"
         self.kinds: dict[str, str] = {}
+        self.report_: PrecisionReport | None = None   # (``compared``'s, once made)
 
     def step(self, run: str, work):
         """``work(tape)`` for one run, in its dtype's rounding and its engine; the float64
@@ -440,6 +442,14 @@ class Runs:
                     for arrays in (truth, low, own):
                         del arrays[name]
 
+    def let_go_of(self, names) -> None:
+        """Streamed: these activations and their gradients, once measured."""
+        if self.stream:
+            for t in self.tapes.values():
+                for arrays in (t.acts, t.dacts):
+                    for name in names:
+                        arrays.pop(name, None)
+
     def let_go(self, prefix: str, caches=()) -> None:
         """Streamed: the block's activations but its input, its gradients, caches and
         weights, once measured (``prefix`` "embed." or "head.": those weights, and
@@ -480,8 +490,8 @@ class Runs:
                 progress(i + 1, total)
         losses = self.each(lambda t, v: head_forward(t, v, inputs), x)
         self.measure_acts()
-        logits = {r: self.tapes[r].acts["logits"] for r in ("truth", "low")}
-        positions = next_tokens(logits["truth"], logits["low"], inputs, self.eps)
+        positions = next_tokens(self.tapes["truth"].acts["logits"],
+                                self.tapes["low"].acts["logits"], inputs, self.eps)
 
         def deferred(work):
             def run(t, v):
@@ -495,7 +505,12 @@ class Runs:
                                                      for r in back}
         del back
         self.measure_grads()
-        self.let_go("head.", caches=("head", "capped logits"))
+        # the head is done: its weights, caches, the logits and probabilities (V wide) go;
+        # tied, W_E's too (the embedding's backward adds its rows into dW_U alone)
+        self.let_go("head.", caches=("head", "capped logits", "loss"))
+        self.let_go_of(("logits", "probs"))
+        if cfg.tied_head:
+            self.let_go("embed.")
         for i in reversed(range(L)):
             p = f"blocks.{i}."
             if self.stream and i + 1 < L:   # made again from its input, as it was made
@@ -569,30 +584,39 @@ def compared(params, inputs: Inputs, cfg: Config, dtype: str) -> "Runs":
 
 def cell_error(runs: "Runs", name: str, grad: bool, index: tuple) -> list[str]:
     """One cell of a compared run (``compared``) explained: its value in the dtype and in
-    float64, the error, in the dtype's eps of the tensor's float64 RMS, and its split into
-    the operation's own and what its inputs' error brought; each line within 36 columns."""
+    float64, the error, in the dtype's eps of the tensor's scale (``tfm precision``'s: its
+    float64 RMS, or the largest gradient's for one that is 0 but for rounding), and its
+    split into the operation's own and what its inputs' error brought; each line within 36
+    columns."""
     from tfmcli.render.numbers import one
 
     truth, low, made = runs.arrays(name, grad)
     t, lo, m = (float(np.asarray(a, dtype=np.float64)[index]) for a in (truth, low, made))
-    scale = _rms(truth) or 1.0
+    label = ("grad " if name in runs.params else "d") + name if grad else name
+    measured = {e.name: e for e in (runs.report_.activations + runs.report_.gradients +
+                                    runs.report_.parameters)} if runs.report_ else {}
+    scale = measured[label].scale if label in measured else (_rms(truth) or 1.0)
     dtype = runs.low_cfg.dtype
+
+    def minus(a: float, b: float) -> float:   # the same inf on both sides: no difference
+        return 0.0 if a == b else a - b
 
     def eps(x: float) -> str:
         n = x / scale / runs.eps
-        return "0 eps" if n == 0 else f"{n:+.2f} eps" if abs(n) < 10 else f"{n:+.0f} eps"
+        return "0 eps" if n == 0 else f"{n:+.2f} eps" if abs(n) < 10 else f"{n:+.3g} eps"
 
-    with np.errstate(all="ignore"):
-        return [f"{dtype} - float64, this cell:",
-                f"  {dtype:<10}{one(lo):>12}", f"  {'float64':<10}{one(t):>12}",
-                f"  {'error':<10}{one(lo - t):>12}  {eps(lo - t)}",
-                f"  {'own':<10}{one(m - t):>12}  {eps(m - t)}",
-                f"  {'inherited':<10}{one(lo - m):>12}  {eps(lo - m)}",
-                "eps: the dtype's, of the tensor's",
-                f"  float64 RMS ({one(scale).strip()})",
-                "own: its operation on float64's",
-                "  inputs rounded; inherited: what",
-                "  its inputs' error brought"]
+    error, own, inherited = minus(lo, t), minus(m, t), minus(lo, m)
+    return [f"{dtype} - float64, this cell:",
+            f"  {dtype:<10}{one(lo):>12}", f"  {'float64':<10}{one(t):>12}",
+            f"  {'error':<10}{one(error):>12}  {eps(error)}",
+            f"  {'own':<10}{one(own):>12}  {eps(own)}",
+            f"  {'inherited':<10}{one(inherited):>12}  {eps(inherited)}",
+            "eps: the dtype's, of the tensor's",
+            f"  scale ({one(scale).strip()}, as tfm",
+            "  precision's table reads it)",
+            "own: its operation on float64's",
+            "  inputs rounded; inherited: what",
+            "  its inputs' error brought"]
 
 
 class HeldBlock(Mapping):

@@ -95,19 +95,30 @@ class Explorer:
         if self.diff:
             key = ("diff", view.name, view.grad)
             if key not in self._scales:
-                truth, low, _ = self.against.arrays(view.name, view.grad)
-                with np.errstate(all="ignore"):
-                    self._scales[key] = np.asarray(low, np.float64) - np.asarray(truth,
-                                                                                np.float64)
+                truth, low = (np.asarray(a, np.float64) for a in
+                              self.against.arrays(view.name, view.grad)[:2])
+                with np.errstate(all="ignore"):   # the same inf in both: no difference
+                    self._scales[key] = np.where(low == truth, 0.0, low - truth)
             return self._scales[key]
         return (self.gradients if view.grad else self.values)[view.name]
 
     def toggle_diff(self) -> str | None:
         """Show each cell's difference from float64 (or its value again); None when done,
-        else why it cannot be (a float64 run, or one an intervention changed)."""
+        else why it cannot be. ``against``: the comparison, or what makes it (the first p
+        makes it: the explorer opens as fast without), or why there is none."""
+        from tfmcli.errors import TfmError
+
         if self.against is None:
             return ("p shows a run's difference from float64: open the explorer with "
                     "--dtype bfloat16, float16 or float32")
+        if isinstance(self.against, str):
+            return self.against
+        if callable(self.against):
+            try:
+                self.against = self.against()
+            except TfmError as e:
+                self.against = f"p: {e}"
+                return self.against
         self.diff = not self.diff
         return None
 
