@@ -1,5 +1,5 @@
 """GGUF files of the architectures whose attention weights are fused (``gguf.fused``):
-StarCoder (gpt_bigcode), GPT-NeoX, BLOOM and MPT, written by llama.cpp's own converter
+StarCoder (gpt_bigcode), GPT-NeoX, Falcon, BLOOM and MPT, written by llama.cpp's own converter
 from random Hugging Face models that ``save_pretrained`` wrote in float32, run as their folders
 do (Config, parameters, logits, loss and every gradient to 1e-12 of scale); the converter's
 reorder of q, k and v undone (undone wrongly, the logits move); what tfm cannot run refused in
@@ -37,6 +37,7 @@ from tfmcli.sources.gguf.file import GgufFile  # noqa: E402
 SIZES = {"GPTBigCode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64),
          "GPTNeoX": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=48, max_position_embeddings=64),
+         "Falcon": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
          "Bloom": dict(hidden_size=32, n_layer=2, n_head=4),
          "Mpt": dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=64)}
 # name -> (Hugging Face class's prefix, config, config.json's keys changed after saving)
@@ -46,6 +47,16 @@ MODELS = {
     "neox": ("GPTNeoX", dict(rotary_pct=0.5, use_parallel_residual=True), {}),
     "neox-seq": ("GPTNeoX", dict(rotary_pct=0.25, use_parallel_residual=False,
                                  attention_bias=False, tie_word_embeddings=True), {}),
+    # 40B's: two norms, 2 key heads; Falcon 2's: one norm; 7B's: one key head (its config
+    # names none, and transformers fills in num_kv_heads = heads, which the converter reads:
+    # a config saying 1, which Hugging Face's old block ignores, is what it converts); a key
+    # head each
+    "falcon-40b": ("Falcon", dict(new_decoder_architecture=True, num_kv_heads=2,
+                                  tie_word_embeddings=False), {}),
+    "falcon-11b": ("Falcon", dict(new_decoder_architecture=True, num_kv_heads=2,
+                                  num_ln_in_parallel_attn=1), {}),
+    "falcon-7b": ("Falcon", dict(multi_query=True, parallel_attn=True), {"num_kv_heads": 1}),
+    "falcon-mha": ("Falcon", dict(multi_query=False, parallel_attn=True), {}),
     "bloom": ("Bloom", {}, {}),
     # the converter knows MosaicML's own class name (their folders'), not transformers' Mpt
     "mpt": ("Mpt", {}, {"architectures": ["MPTForCausalLM"]}),
@@ -154,6 +165,20 @@ def test_a_gpt_neox_file_runs_as_its_folder(fused_files, name, outtype):
     assert_same_run(path, folder, GPT2_TOKENS)
 
 
+@pytest.mark.parametrize("name", ["falcon-40b", "falcon-11b", "falcon-7b", "falcon-mha"])
+def test_a_falcon_file_runs_as_its_folder(fused_files, name):
+    """The new architecture with two norms (ln_attn, ln_mlp: attn_norm_2 and attn_norm) and
+    2 key heads, and with one norm (num_ln_in_parallel_attn 1); the old with one key head
+    (multi_query), and with a key head each: each query_key_value reordered by the converter
+    into every q, every k, every v, by its head_count_kv groups, and put back."""
+    path, folder = fused_files(name)
+    file = GgufFile(path)
+    assert file.meta["falcon.attention.head_count_kv"] == {"falcon-40b": 2, "falcon-11b": 2,
+                                                            "falcon-7b": 1, "falcon-mha": 4}[name]
+    assert ("blk.0.attn_norm_2.weight" in file.tensors) == (name == "falcon-40b")
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
 def test_a_bloom_file_runs_as_its_folder(fused_files):
     """ALiBi, the embedding's norm (token_embd_norm), query_key_value put back head by head."""
     path, folder = fused_files("bloom")
@@ -168,7 +193,7 @@ def test_an_mpt_file_runs_as_its_folder(fused_files):
     assert_same_run(path, folder, GPT2_TOKENS)
 
 
-@pytest.mark.parametrize("name", ["mpt", "neox"])
+@pytest.mark.parametrize("name", ["neox", "falcon-40b"])
 def test_a_streamed_run_is_the_whole_ones(fused_files, name):
     """A block at a time (each fused tensor read once for W_Q, W_K and W_V, its reorder undone
     as it is read), the same loss to the last digit shown."""
@@ -192,15 +217,16 @@ def moved(path, monkeypatch, wrong) -> float:
     return float(np.abs(bad.acts["logits"] - good.acts["logits"]).max() / scale)
 
 
-@pytest.mark.parametrize("name", ["neox", "bloom"])
+@pytest.mark.parametrize("name", ["neox", "falcon-40b", "falcon-mha", "bloom"])
 def test_the_reorder_left_alone_fails(fused_files, monkeypatch, name):
     """Reading query_key_value as the file stores it (every q, every k, every v) as if it were
-    Hugging Face's layout gives another model: the comparisons above would fail."""
+    Hugging Face's layout gives another model: the comparisons above would fail. (With one key
+    head, Falcon-7B's, the two layouts are one: the converter's reorder changes nothing.)"""
     path, _ = fused_files(name)
     assert moved(path, monkeypatch, lambda w, fields: w) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["neox", "bloom"])
+@pytest.mark.parametrize("name", ["neox", "falcon-40b", "bloom"])
 def test_the_reorder_done_again_fails(fused_files, monkeypatch, name):
     """The converter's permutation applied once more instead of undone (rows ``w[order]``,
     not put at ``order``): another model."""
@@ -212,14 +238,20 @@ def test_the_reorder_done_again_fails(fused_files, monkeypatch, name):
 
 
 def test_the_reorder_undone_is_the_converters_inverse():
-    """regroup undoes the converter's own reshaping (its lines, in NumPy) of GPT-NeoX's and
-    BLOOM's (H, 3, d_head) rows."""
+    """regroup undoes the converter's own reshaping (its lines, in NumPy), for GPT-NeoX's and
+    BLOOM's (H, 3, d_head) rows and Falcon's groups of queries, key and value."""
     rng = np.random.default_rng(0)
     H, dh, d = 4, 8, 32
     w = rng.standard_normal((3 * H * dh, d))
     neox = w.reshape(H, 3, dh, d)
     stored = np.concatenate([neox[:, i].reshape(-1, d) for i in range(3)])
     assert np.array_equal(fused.regroup(stored, dict(d_model=d, heads=H, kv_heads=None)), w)
+    kv = 2
+    w = rng.standard_normal(((H + 2 * kv) * dh, d))
+    qkv = w.reshape(kv, H // kv + 2, dh, d)
+    stored = np.concatenate([qkv[:, :-2].reshape(-1, d), qkv[:, [-2]].reshape(-1, d),
+                             qkv[:, [-1]].reshape(-1, d)])
+    assert np.array_equal(fused.regroup(stored, dict(d_model=d, heads=H, kv_heads=kv)), w)
 
 
 # ------------------------------------------------------------------ what tfm does not run
@@ -256,6 +288,12 @@ REFUSED = [
      "key 'mpt.attention.clamp_kqv' is 6.0 (q, k and v clamped), which tfm does not compute"),
     ("mpt", {"mpt.attention.head_count_kv": (2, U32)},
      "key 'mpt.attention.head_count_kv' is 2, not 'mpt.attention.head_count' (4)"),
+    ("falcon-7b", {"falcon.tensor_data_layout": ("Meta AI original pth", STRING)},
+     "key 'falcon.tensor_data_layout' is 'Meta AI original pth'; tfm reads the converter's "
+     "'jploski' layout"),
+    ("falcon-7b", {"falcon.attention.head_count_kv": (3, U32)},
+     "key 'falcon.attention.head_count_kv' (3) does not divide 'falcon.attention.head_count' "
+     "(4)"),
     ("neox", {"gptneox.rope.scaling.type": ("yarn", STRING)},
      "key 'gptneox.rope.scaling.type' is 'yarn'; tfm turns gptneox's RoPE by its own angles"),
     ("neox", {"gptneox.rope.dimension_count": (3, U32)},

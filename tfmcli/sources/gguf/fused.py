@@ -1,16 +1,19 @@
 """GGUF architectures whose attention weights the converter keeps fused: StarCoder
-(``starcoder``: Hugging Face's gpt_bigcode), GPT-NeoX (``gptneox``), BLOOM (``bloom``) and MPT
-(``mpt``). Each an ``archs.Arch``, registered in ``ARCHS``; each reads as its family's folder
-does (``sources.<family>``'s name map, ``fused.grouped_rows`` or ``stacked_rows`` cutting the
-fused matrix), once what llama.cpp's converter did is undone.
+(``starcoder``: Hugging Face's gpt_bigcode), GPT-NeoX (``gptneox``), Falcon (``falcon``), BLOOM
+(``bloom``) and MPT (``mpt``). Each an ``archs.Arch``, registered in ``ARCHS``; each reads as its
+family's folder does (``sources.<family>``'s name map, ``fused.grouped_rows`` or
+``stacked_rows`` cutting the fused matrix), once what llama.cpp's converter did is undone.
 
 What the converter (``convert_hf_to_gguf.py``) does, and what is undone here:
 
 - GPT-NeoX's and BLOOM's ``query_key_value`` holds each head's q, k and v rows in turn
   (``(H, 3, d_head)``); the converter reorders them into every head's q, then every k, then
   every v (``qkv.reshape(H, 3, d_head, d)``, the three slices concatenated), weight and bias.
-  They are put back (``regroup``): the file's row i is Hugging Face's row ``order[i]``,
-  ``order`` the rows ``fused.grouped_rows`` gives Q, K and V, in turn.
+- Falcon's holds one piece per key head, its queries, then its key, then its value; the
+  converter reorders it the same way, by ``head_count_kv`` groups (``tensor_data_layout``
+  "jploski"; with one key head, 7B's, the two orders are one). The three are put back
+  (``regroup``): the file's row i is Hugging Face's row ``order[i]``, ``order`` the rows
+  ``fused.grouped_rows`` gives Q, K and V, in turn.
 - StarCoder's ``c_attn`` (``nn.Linear``'s, not GPT-2's ``Conv1D``) and MPT's ``Wqkv`` are
   written as they were.
 
@@ -20,17 +23,21 @@ Metadata that does not describe the model, and is not read:
   ``feed_forward_length`` 4 x width whatever ``n_inner`` was: the key heads are read from
   ``attn_qkv``'s rows (one key head, or one a head), the FFN's width from ``ffn_up``'s.
   (llama.cpp itself cannot load a StarCoder file without ``multi_query``.)
-- BLOOM's ``feed_forward_length`` is 4 x width, and its ``context_length`` its width when the
+- Falcon's and BLOOM's ``feed_forward_length`` is 4 x width, whatever ``ffn_hidden_size`` was:
+  Falcon's width is read from ``ffn_up``. BLOOM's ``context_length`` is its width when the
   config has no ``seq_length`` (ALiBi reads neither).
 - MPT's ``layer_norm_epsilon`` is 1e-5 whatever the config said (the converter writes the
   number); read as written, as llama.cpp runs it.
 
 What no key records, and tfm assumes as the family's Hugging Face default (its ``--arch``
-preset): the activation, GELU itself (``gelu_erf``) for GPT-NeoX and MPT, its tanh form
+preset): the activation, GELU itself (``gelu_erf``) for GPT-NeoX, Falcon and MPT, its tanh form
 (``gelu``) for StarCoder and BLOOM (llama.cpp computes every one with the tanh form); RoPE's
-base for GPT-NeoX, 10000 unless ``rope.freq_base`` says (the converter writes none, so a model
-of another ``rope_theta`` runs at 10000, as in llama.cpp); StarCoder's scores scaled by
-1 / sqrt(d_head) (``scale_attn_weights``) and MPT's too (``softmax_scale`` unset).
+base for GPT-NeoX and Falcon, 10000 unless ``rope.freq_base`` says (the converter writes none,
+so a model of another ``rope_theta`` runs at 10000, as in llama.cpp); StarCoder's scores scaled
+by 1 / sqrt(d_head) (``scale_attn_weights``) and MPT's too (``softmax_scale`` unset). A Falcon
+file is always parallel (llama.cpp's graph is; the converter cannot map a sequential block's
+``post_attention_layernorm``): on one norm, or on two (``attn_norm_2`` feeds attention,
+``attn_norm`` the FFN: Hugging Face's ``ln_attn`` and ``ln_mlp``).
 """
 
 from __future__ import annotations
@@ -165,6 +172,39 @@ def gptneox_rows(fields: dict) -> list:
     return gpt_neox.name_map(fields)
 
 
+# ---------------------------------------------------------------------------- Falcon
+
+def falcon_fields(m: Meta) -> dict:
+    """Falcon's: attention and the MLP side by side, on one norm (7B's, Falcon 2's) or two
+    (``attn_norm_2``: 40B's, 180B's); ``head_count_kv`` key heads; biases as the file holds
+    them; the FFN's width from ``ffn_up``."""
+    s = sizes(m)
+    d_head, H = s["d_model"] // s["heads"], s["heads"]
+    layout = m.get("tensor_data_layout", "jploski")
+    if layout != "jploski":
+        raise TfmError(f"--load {m.path}: key {m.key('tensor_data_layout')!r} is "
+                       f"{shown(layout)}; tfm reads the converter's 'jploski' layout of "
+                       f"query_key_value (every q, every k, every v)")
+    kv = m.size("attention.head_count_kv", H)
+    if H % kv:
+        raise TfmError(f"--load {m.path}: key {m.key('attention.head_count_kv')!r} ({kv}) does "
+                       f"not divide {m.key('attention.head_count')!r} ({H})")
+    turned = m.size("rope.dimension_count", d_head)
+    if turned != d_head:
+        raise TfmError(f"--load {m.path}: key {m.key('rope.dimension_count')!r} is {turned}, "
+                       f"not the head's width; Falcon turns all of each head")
+    return family_fields("falcon", **s, kv_heads=None if kv == H else kv, d_ff=ffn_width(m),
+                         bias=m.has("blk.0.attn_qkv.bias"), parallel_residual=True,
+                         shared_norm=not m.has("blk.0.attn_norm_2.weight"),
+                         **rope_base(m))
+
+
+def falcon_rows(fields: dict) -> list:
+    from tfmcli.sources import falcon
+
+    return falcon.name_map(fields)
+
+
 # ---------------------------------------------------------------------------- BLOOM
 
 def bloom_fields(m: Meta) -> dict:
@@ -216,6 +256,7 @@ ARCHS: dict = {   # general.architecture -> archs.Arch
     "starcoder": Arch("gpt_bigcode", starcoder_fields, starcoder_rows, pick=picking(grouped)),
     "gptneox": Arch("gpt_neox", gptneox_fields, gptneox_rows, pick=picking(grouped),
                     undo=undo_qkv),
+    "falcon": Arch("falcon", falcon_fields, falcon_rows, pick=picking(grouped), undo=undo_qkv),
     "bloom": Arch("bloom", bloom_fields, bloom_rows, pick=picking(grouped), undo=undo_qkv),
     "mpt": Arch("mpt", mpt_fields, mpt_rows, pick=picking(fused.stacked_rows)),
 }
