@@ -1,10 +1,10 @@
-"""GGUF files of Gemma, Gemma 2 and Gemma 3 (``sources.gguf.gemma``): random
+"""GGUF files of Gemma, Gemma 2, Gemma 3 and Phi-3 (``sources.gguf.gemma``): random
 Hugging Face models saved by their own ``save_pretrained`` in float32, converted by llama.cpp's
 own converter (``test_gguf``'s fixtures) to F32 and BF16, run as their folders do: the same
 Config, parameters, logits, loss and every gradient to 1e-12 of scale. The traps each have a
 test: Gemma's norms stored as ``1 + w`` (read otherwise, the logits move; added in float32,
 they are a float32 run's gammas), the scale no key records (Gemma 2's 27B), the rows Gemma 3's
-converter cuts from the embedding, and what tfm refuses (a Gemma 3 score cap).
+converter cuts from the embedding, and what tfm refuses (LongRoPE, a Gemma 3 score cap).
 """
 
 from __future__ import annotations
@@ -99,6 +99,9 @@ CASES = {   # name: (kind, config, what the file's Config must show)
                           "num_hidden_layers": 7, "rope_parameters": GEMMA3_ROPE},
                {"qk_norm": True, "sliding_layers": (0, 1, 2, 3, 4, 6), "rope_theta": 1e6,
                 "rope_local_theta": 10000.0, "attn_softcap": None, "logit_softcap": None}),
+    "phi3": ("Phi3", {"partial_rotary_factor": 0.5, "sliding_window": 3, "pad_token_id": 0},
+             {"rotary_dim": 4, "sliding_window": 3, "sliding_layers": None,
+              "tied_head": False, "eps": 1e-5}),
 }
 
 
@@ -106,9 +109,8 @@ CASES = {   # name: (kind, config, what the file's Config must show)
 def test_a_file_runs_as_its_folder(converter, hf_model, name):
     """Each architecture's F32 file: the Config read from its metadata is the folder's (with
     the variant each case sets: Gemma 2's caps and sliding even layer, Gemma 3's local and
-    global layers at their two RoPE bases, Phi-3's partial RoPE and fused weights, StableLM's
-    layer norms, Q, K, V biases and parallel block), and so are the parameters, the logits and
-    every gradient."""
+    global layers at their two RoPE bases, Phi-3's partial RoPE and fused weights), and so are
+    the parameters, the logits and every gradient."""
     kind, config, shown = CASES[name]
     folder = hf_model(kind, "gpt-2" if kind == "StableLm" else "sentencepiece", **config)
     path = converter(folder, "f32", pre="gpt-2")
@@ -118,10 +120,10 @@ def test_a_file_runs_as_its_folder(converter, hf_model, name):
     assert {field: getattr(cfg, field) for field in shown} == shown
 
 
-@pytest.mark.parametrize("name", ["gemma3"])
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
 def test_a_bf16_file_of_bfloat16_weights_runs_as_its_folder(converter, hf_model, name):
     """BF16 files hold bfloat16 weights exactly (the norms stay F32: Gemma 3's ``1 + w``, q and
-    k norms too)."""
+    k norms too; Phi-3's fused matrices in BF16)."""
     kind, config, _ = CASES[name]
     folder = hf_model(kind, **config)
     path = converter(folder, "bf16")
@@ -227,12 +229,15 @@ def with_changes(source: Path, out: Path, keys: dict = (), tensors: dict = ()) -
 
 
 @pytest.mark.parametrize("name, keys, tensors, said", [
+    ("phi3", {}, {"rope_factors_long.weight": np.ones(2, np.float32)},
+     "tensor 'rope_factors_long.weight' holds LongRoPE's factors"),
     ("gemma3", {"gemma3.attn_logit_softcapping": 50.0}, {},
      "key 'gemma3.attn_logit_softcapping' is 50.0, which Gemma 3 does not apply"),
 ])
 def test_what_tfm_cannot_run_is_one_line(converter, hf_model, tmp_path, name, keys, tensors,
                                          said):
-    """A Gemma 3 whose scores would be capped: one line naming the file and the key, exit 1."""
+    """Phi-3's LongRoPE (its per-pair factors as tensors) and a Gemma 3 whose scores would be
+    capped: one line naming the file and the key or tensor, exit 1."""
     kind, config, _ = CASES[name]
     source = converter(hf_model(kind, "gpt-2" if kind == "StableLm" else "sentencepiece",
                                 **config), "f32", pre="gpt-2")
@@ -244,5 +249,5 @@ def test_what_tfm_cannot_run_is_one_line(converter, hf_model, tmp_path, name, ke
 def test_each_is_registered():
     """Every architecture of this module is one ``archs.every_arch`` reads, of its family."""
     every = archs.every_arch()
-    for name in ("gemma", "gemma2", "gemma3"):
+    for name in ("gemma", "gemma2", "gemma3", "phi3"):
         assert every[name] is gemma.ARCHS[name] and every[name].family == name

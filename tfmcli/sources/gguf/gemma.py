@@ -1,9 +1,10 @@
 """GGUF architectures of LLaMA's layout with their own conventions: Gemma, Gemma 2, Gemma 3 (norms
 stored as ``1 + w``), Phi-3 and StableLM. Each an ``archs.Arch``, registered in ``ARCHS``.
 
-None of the Gemmas is permuted or transposed by llama.cpp's converter
-(``convert_hf_to_gguf.py``: their llama.cpp graphs turn Hugging Face's RoPE pairs). What the
-converter changes or leaves out:
+None of them is permuted or transposed by llama.cpp's converter (``convert_hf_to_gguf.py``:
+their llama.cpp graphs turn Hugging Face's RoPE pairs), and Phi-3's ``qkv_proj`` and
+``gate_up_proj`` stay fused (``attn_qkv``, ``ffn_up``): each family's own name map reads them
+(Phi-3's fused one, cut into its parameters' columns). What the converter changes or leaves out:
 
 - Gemma's norms: Hugging Face's ``GemmaRMSNorm`` multiplies by ``1 + weight`` and llama.cpp's
   by its weight, so the converter stores every ``*norm.weight`` as ``weight + 1`` (Gemma 3's q
@@ -20,17 +21,20 @@ converter changes or leaves out:
 
 What no key records, and tfm assumes as llama.cpp does (each as its loader hard-codes it):
 
-- the activation: GELU's tanh form (GeGLU);
+- the activation: GELU's tanh form for the Gemmas (GeGLU), silu for Phi-3;
 - Gemma's and Gemma 2's RoPE base, 10000 (``rope.freq_base`` read when there is one);
 - Gemma 2's and 3's ``query_pre_attn_scalar``: the scores are scaled by 1 / sqrt(width /
   heads) in the 27B models (46 blocks of Gemma 2, 62 of Gemma 3), by 1 / sqrt(head width)
   in every other, as Google's configs give them;
 - which layers slide: Gemma 2's even ones, five of each six of Gemma 3's (layer 5, 11, ...
   see every key), both within ``attention.sliding_window``; Gemma 2's soft caps are 50 and 30
-  when the file has no ``attn_logit_softcapping`` or ``final_logit_softcapping``.
+  when the file has no ``attn_logit_softcapping`` or ``final_logit_softcapping``;
+- Phi-3's ``attention.sliding_window`` is its window in every layer (0: none), as Hugging Face
+  reads ``sliding_window``; llama.cpp itself turns Phi-3's window off.
 
-Refused, naming the file and the key: Gemma 3's scores capped (``attn_logit_softcapping``,
-which Hugging Face's Gemma 3 does not apply).
+Refused, naming the file and the key or tensor: Phi-3's long-context RoPE
+(``rope_factors_long``), and Gemma 3's scores capped (``attn_logit_softcapping``, which
+Hugging Face's Gemma 3 does not apply).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import math
 
 from tfmcli.errors import TfmError
 from tfmcli.sources.folder import shown
-from tfmcli.sources.gguf.archs import Arch, family_fields, llama_rows, rope_sizes
+from tfmcli.sources.gguf.archs import Arch, family_fields, llama_rows, rope_sizes, side_by_side
 from tfmcli.sources.gguf.meta import Meta
 
 GEMMA_27B = {"gemma2": 46, "gemma3": 62}   # blocks: llama.cpp's LLM_TYPE_27B, scaled by d / H
@@ -119,8 +123,46 @@ def sliding(m: Meta, layers: int, every: int, needed: bool = True) -> dict:
             "sliding_layers": None if len(slides) == layers else tuple(slides)}
 
 
+# ---------------------------------------------------------------------------- Phi-3
+
+def phi3_fields(m: Meta) -> dict:
+    """Phi-3's: LLaMA's sizes, no biases, RoPE on the first ``rope.dimension_count`` of each
+    head, the window ``attention.sliding_window`` in every layer (0: none). Refused: the
+    long-context models' RoPE (``rope_factors_long``, LongRoPE's per-pair factors)."""
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if m.has(name):
+            raise TfmError(f"--load {m.path}: tensor {name!r} holds LongRoPE's factors "
+                           f"(Phi-3 128k, Phi-3.5), whose angles change with the length; tfm "
+                           f"turns RoPE by its own angles")
+    sizes = rope_sizes(m)
+    window = m.get("attention.sliding_window", 0)
+    if window != 0:
+        window = m.size("attention.sliding_window")
+    return family_fields("phi3", **sizes, rotary_dim=rotary_dim(m, sizes),
+                         sliding_window=window or None, sliding_layers=None)
+
+
+def phi3_rows(fields: dict) -> list:
+    from tfmcli.sources import phi3
+
+    return phi3.name_map(fields)   # qkv_proj and gate_up_proj fused, as the file keeps them
+
+
+def rotary_dim(m: Meta, sizes: dict) -> int | None:
+    """``Config.rotary_dim``: ``rope.dimension_count`` of each head's dimensions turned (None:
+    all of them)."""
+    width = sizes["head_dim"] or sizes["d_model"] // sizes["heads"]
+    turned = m.size("rope.dimension_count", width)
+    if turned > width or turned % 2:
+        raise TfmError(f"--load {m.path}: key {m.key('rope.dimension_count')!r} is {turned}; "
+                       f"RoPE turns pairs of a head's {width} dimensions, so tfm needs an even "
+                       f"number of them")
+    return None if turned == width else turned
+
+
 ARCHS = {
     "gemma": Arch("gemma", gemma_fields, llama_rows),
     "gemma2": Arch("gemma2", gemma2_fields, llama_rows),
     "gemma3": Arch("gemma3", gemma3_fields, llama_rows),
+    "phi3": Arch("phi3", phi3_fields, phi3_rows, pick=side_by_side),
 }
