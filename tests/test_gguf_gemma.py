@@ -1,10 +1,12 @@
-"""GGUF files of Gemma, Gemma 2, Gemma 3 and Phi-3 (``sources.gguf.gemma``): random
+"""GGUF files of Gemma, Gemma 2, Gemma 3, Phi-3 and StableLM (``sources.gguf.gemma``): random
 Hugging Face models saved by their own ``save_pretrained`` in float32, converted by llama.cpp's
 own converter (``test_gguf``'s fixtures) to F32 and BF16, run as their folders do: the same
 Config, parameters, logits, loss and every gradient to 1e-12 of scale. The traps each have a
 test: Gemma's norms stored as ``1 + w`` (read otherwise, the logits move; added in float32,
 they are a float32 run's gammas), the scale no key records (Gemma 2's 27B), the rows Gemma 3's
-converter cuts from the embedding, and what tfm refuses (LongRoPE, a Gemma 3 score cap).
+converter cuts from the embedding, StableLM's ``use_parallel_residual`` key that does not
+describe the model, and what tfm refuses (LongRoPE, per-head q and k layer norms, a Gemma 3
+score cap).
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ CASES = {   # name: (kind, config, what the file's Config must show)
     "phi3": ("Phi3", {"partial_rotary_factor": 0.5, "sliding_window": 3, "pad_token_id": 0},
              {"rotary_dim": 4, "sliding_window": 3, "sliding_layers": None,
               "tied_head": False, "eps": 1e-5}),
+    "stablelm": ("StableLm", {"use_qkv_bias": True},
+                 {"rotary_dim": 2, "rms_norm": False, "qkv_bias": True,
+                  "parallel_residual": False}),
+    "stablelm-parallel": ("StableLm", {"use_parallel_residual": True, "partial_rotary_factor": 0.5},
+                          {"rotary_dim": 4, "parallel_residual": True, "shared_norm": True,
+                           "qkv_bias": False}),
 }
 
 
@@ -109,8 +117,9 @@ CASES = {   # name: (kind, config, what the file's Config must show)
 def test_a_file_runs_as_its_folder(converter, hf_model, name):
     """Each architecture's F32 file: the Config read from its metadata is the folder's (with
     the variant each case sets: Gemma 2's caps and sliding even layer, Gemma 3's local and
-    global layers at their two RoPE bases, Phi-3's partial RoPE and fused weights), and so are
-    the parameters, the logits and every gradient."""
+    global layers at their two RoPE bases, Phi-3's partial RoPE and fused weights, StableLM's
+    layer norms, Q, K, V biases and parallel block), and so are the parameters, the logits and
+    every gradient."""
     kind, config, shown = CASES[name]
     folder = hf_model(kind, "gpt-2" if kind == "StableLm" else "sentencepiece", **config)
     path = converter(folder, "f32", pre="gpt-2")
@@ -206,6 +215,24 @@ def test_gemma3s_embedding_keeps_the_tokenizers_rows(converter, hf_model):
     assert_scaled_close(fwd.acts["logits"], fwd_f.acts["logits"][..., :kept])
 
 
+def test_stablelms_parallel_residual_key_is_not_read(converter, hf_model):
+    """The converter writes ``use_parallel_residual`` true when the config it reads leaves the
+    key out: a ``stablelm_epoch`` config.json (StableLM 3B 4E1T's first, read as it is since
+    transformers does not know it) of the sequential block. tfm reads the block from the
+    tensors (an ``ffn_norm``: sequential), as llama.cpp does, and runs as the folder."""
+    folder = hf_model("StableLm", "gpt-2")
+    epoch = folder.with_name("stablelm-epoch")
+    shutil.copytree(folder, epoch)
+    config = json.loads((folder / "config.json").read_text())
+    del config["use_parallel_residual"]
+    config.update(model_type="stablelm_epoch", architectures=["StableLMEpochForCausalLM"])
+    (epoch / "config.json").write_text(json.dumps(config))
+    path = converter(epoch, "f32", pre="gpt-2")
+    assert GgufFile(path).meta["stablelm.use_parallel_residual"] is True
+    assert tfmcli.load(path, tokens=GPT2_TOKENS).cfg.parallel_residual is False
+    assert_same_run(path, folder, GPT2_TOKENS)
+
+
 def with_changes(source: Path, out: Path, keys: dict = (), tensors: dict = ()) -> Path:
     """``source`` with ``keys`` (name -> float) and ``tensors`` (name -> array) added."""
     old = gguf.GGUFReader(source)
@@ -231,13 +258,16 @@ def with_changes(source: Path, out: Path, keys: dict = (), tensors: dict = ()) -
 @pytest.mark.parametrize("name, keys, tensors, said", [
     ("phi3", {}, {"rope_factors_long.weight": np.ones(2, np.float32)},
      "tensor 'rope_factors_long.weight' holds LongRoPE's factors"),
+    ("stablelm", {}, {"blk.0.attn_q_norm.weight": np.ones((4, 8), np.float32)},
+     "tensor 'blk.0.attn_q_norm.weight' is a layer norm of each head's q"),
     ("gemma3", {"gemma3.attn_logit_softcapping": 50.0}, {},
      "key 'gemma3.attn_logit_softcapping' is 50.0, which Gemma 3 does not apply"),
 ])
 def test_what_tfm_cannot_run_is_one_line(converter, hf_model, tmp_path, name, keys, tensors,
                                          said):
-    """Phi-3's LongRoPE (its per-pair factors as tensors) and a Gemma 3 whose scores would be
-    capped: one line naming the file and the key or tensor, exit 1."""
+    """Phi-3's LongRoPE (its per-pair factors as tensors), StableLM 2 12B's per-head q and k
+    layer norms (which this converter cannot write: it fails on them) and a Gemma 3 whose
+    scores would be capped: one line naming the file and the key or tensor, exit 1."""
     kind, config, _ = CASES[name]
     source = converter(hf_model(kind, "gpt-2" if kind == "StableLm" else "sentencepiece",
                                 **config), "f32", pre="gpt-2")
@@ -249,5 +279,5 @@ def test_what_tfm_cannot_run_is_one_line(converter, hf_model, tmp_path, name, ke
 def test_each_is_registered():
     """Every architecture of this module is one ``archs.every_arch`` reads, of its family."""
     every = archs.every_arch()
-    for name in ("gemma", "gemma2", "gemma3", "phi3"):
+    for name in ("gemma", "gemma2", "gemma3", "phi3", "stablelm"):
         assert every[name] is gemma.ARCHS[name] and every[name].family == name

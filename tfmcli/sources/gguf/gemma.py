@@ -1,7 +1,7 @@
 """GGUF architectures of LLaMA's layout with their own conventions: Gemma, Gemma 2, Gemma 3 (norms
 stored as ``1 + w``), Phi-3 and StableLM. Each an ``archs.Arch``, registered in ``ARCHS``.
 
-None of them is permuted or transposed by llama.cpp's converter (``convert_hf_to_gguf.py``:
+None of the five is permuted or transposed by llama.cpp's converter (``convert_hf_to_gguf.py``:
 their llama.cpp graphs turn Hugging Face's RoPE pairs), and Phi-3's ``qkv_proj`` and
 ``gate_up_proj`` stay fused (``attn_qkv``, ``ffn_up``): each family's own name map reads them
 (Phi-3's fused one, cut into its parameters' columns). What the converter changes or leaves out:
@@ -21,7 +21,7 @@ their llama.cpp graphs turn Hugging Face's RoPE pairs), and Phi-3's ``qkv_proj``
 
 What no key records, and tfm assumes as llama.cpp does (each as its loader hard-codes it):
 
-- the activation: GELU's tanh form for the Gemmas (GeGLU), silu for Phi-3;
+- the activation: GELU's tanh form for the Gemmas (GeGLU), silu for Phi-3 and StableLM;
 - Gemma's and Gemma 2's RoPE base, 10000 (``rope.freq_base`` read when there is one);
 - Gemma 2's and 3's ``query_pre_attn_scalar``: the scores are scaled by 1 / sqrt(width /
   heads) in the 27B models (46 blocks of Gemma 2, 62 of Gemma 3), by 1 / sqrt(head width)
@@ -32,9 +32,16 @@ What no key records, and tfm assumes as llama.cpp does (each as its loader hard-
 - Phi-3's ``attention.sliding_window`` is its window in every layer (0: none), as Hugging Face
   reads ``sliding_window``; llama.cpp itself turns Phi-3's window off.
 
+StableLM's ``use_parallel_residual`` key need not describe the model: the converter writes
+true when the config it reads has no such key (a ``stablelm_epoch`` config.json, StableLM 3B
+4E1T's first, which transformers does not know and the converter reads as it is), whose block
+is sequential. tfm reads the block as llama.cpp does, from its tensors: no ``ffn_norm`` is
+attention and the MLP side by side on one norm (``--parallel-residual --shared-norm``).
+
 Refused, naming the file and the key or tensor: Phi-3's long-context RoPE
-(``rope_factors_long``), and Gemma 3's scores capped (``attn_logit_softcapping``, which
-Hugging Face's Gemma 3 does not apply).
+(``rope_factors_long``), StableLM 2 12B's per-head q and k layer norms (``attn_q_norm``, which
+this converter cannot write either: it fails on them), and Gemma 3's scores capped
+(``attn_logit_softcapping``, which Hugging Face's Gemma 3 does not apply).
 """
 
 from __future__ import annotations
@@ -43,8 +50,15 @@ import math
 
 from tfmcli.errors import TfmError
 from tfmcli.sources.folder import shown
-from tfmcli.sources.gguf.archs import Arch, family_fields, llama_rows, rope_sizes, side_by_side
-from tfmcli.sources.gguf.meta import Meta
+from tfmcli.sources.gguf.archs import (
+    Arch,
+    family_fields,
+    llama_biases,
+    llama_rows,
+    rope_sizes,
+    side_by_side,
+)
+from tfmcli.sources.gguf.meta import MISSING, Meta
 
 GEMMA_27B = {"gemma2": 46, "gemma3": 62}   # blocks: llama.cpp's LLM_TYPE_27B, scaled by d / H
 
@@ -160,9 +174,37 @@ def rotary_dim(m: Meta, sizes: dict) -> int | None:
     return None if turned == width else turned
 
 
+# ---------------------------------------------------------------------------- StableLM
+
+class LayerNormMeta(Meta):
+    """A file whose norms are layer norms: RMSNorm's epsilon, as ``archs.rope_sizes`` asks for
+    it, is ``attention.layer_norm_epsilon``."""
+
+    def number(self, name: str, default=MISSING) -> float:
+        if name == "attention.layer_norm_rms_epsilon":
+            name = "attention.layer_norm_epsilon"
+        return super().number(name, default)
+
+
+def stablelm_fields(m: Meta) -> dict:
+    """StableLM's: LLaMA's sizes with layer norm (a gain and a bias) for RMSNorm, biases on q,
+    k and v when the file has them, RoPE on the first ``rope.dimension_count`` of each head, and
+    attention and the MLP side by side on one norm when there is no ``ffn_norm``."""
+    if m.has("blk.0.attn_q_norm.weight"):
+        raise TfmError(f"--load {m.path}: tensor 'blk.0.attn_q_norm.weight' is a layer norm of "
+                       f"each head's q with a gain per head (StableLM 2 12B's qk_layernorm), "
+                       f"where tfm's --qk-norm shares one across heads")
+    sizes = rope_sizes(LayerNormMeta(m.file, m.arch))
+    parallel = not m.has("blk.0.ffn_norm.weight")   # (the use_parallel_residual key aside)
+    return family_fields("stablelm", **sizes, **llama_biases(m), rms_norm=False,
+                         rotary_dim=rotary_dim(m, sizes), parallel_residual=parallel,
+                         shared_norm=parallel)
+
+
 ARCHS = {
     "gemma": Arch("gemma", gemma_fields, llama_rows),
     "gemma2": Arch("gemma2", gemma2_fields, llama_rows),
     "gemma3": Arch("gemma3", gemma3_fields, llama_rows),
     "phi3": Arch("phi3", phi3_fields, phi3_rows, pick=side_by_side),
+    "stablelm": Arch("stablelm", stablelm_fields, llama_rows),
 }
