@@ -161,3 +161,47 @@ def test_faithfulness_goes_from_the_top_edge_to_the_corrupted_run():
     ks = [k for k, _ in curve]
     assert ks[0] == 1 and ks[-1] == int(c.mask.sum()) and ks == sorted(ks)
     assert curve[-1][1] == pytest.approx(1.0, abs=1e-12)   # every edge: the corrupted run
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_the_command_shows_the_books_the_top_edges_and_their_real_patches():
+    import json
+
+    from helpers import ok
+
+    args = ["circuit", "--tokens", "3,1,4,1,5,7,2,6", "--from-tokens", "3,1,2,1,5,7,2,6",
+            "-L", "2"]
+    shown = json.loads(ok(*args, "--json", "--top", "3").output)
+    cfg = tfmcli.Config(layers=2, seq_len=8)
+    params = tfmcli.init_params(cfg)
+    clean = tfmcli.engine.inputs.inputs_from_tokens([[3, 1, 4, 1, 5, 7, 2, 6]])
+    corrupted = tfmcli.engine.inputs.inputs_from_tokens([[3, 1, 2, 1, 5, 7, 2, 6]])
+    c = circuit(params, clean, corrupted, cfg)
+    assert len(shown["edges"]) == int(c.mask.sum())
+    assert [(e["from"], e["to"]) for e in shown["top"]] == [
+        (c.senders[u].name, c.readers[v].name) for u, v in c.edges()[:3]]
+    for e, edge in zip(shown["top"], c.edges()):
+        assert e["estimate"] == c.scores[edge]
+        assert e["real"] == c.patched([edge]) - c.clean
+    assert shown["faithfulness"][-1]["share"] == pytest.approx(1.0, abs=1e-12)
+    assert shown["books"] <= module.BOOKS
+    text = ok(*args).output
+    assert "books" in text and "every sender's edges add up" in text
+    assert "faithfulness" in text and "estimate" in text
+
+
+@pytest.mark.parametrize("args, option, said", [
+    (["--tokens", "3,1,4"], "'--from-tokens'", "add the corrupted run"),
+    (["--tokens", "3,1,4", "--from-tokens", "1,2,3", "--norm", "post"], "'--norm'",
+     "Post-LN"),
+    (["--tokens", "3,1,4", "--from-tokens", "1,2,3", "--metric", "logit-diff"], "'--metric'",
+     "--answer and --wrong"),
+    (["--tokens", "3,1,4", "--from-tokens", "1,2"], "'--from-tokens'", "lengths"),
+])
+def test_the_command_refuses_in_one_line(args, option, said):
+    from helpers import error_line, run
+
+    line = error_line(run("circuit", *args), 2)
+    assert option in line and said in line, line

@@ -37,6 +37,7 @@ EVERY_COMMAND = [
     ["check"],
     ["compare"],
     ["patch", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
+    ["circuit", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
     ["precision"],
     ["attribute"],
     ["forward", "--json"],
@@ -249,7 +250,8 @@ def test_narrow_help_lists_the_sizes_one_to_a_line_with_every_name_whole(monkeyp
 
 # what a command needs besides --stream to reach its refusal
 NEEDS = {"explore": ["--keys", "q"],
-         "patch": ["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"]}
+         "patch": ["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
+         "circuit": ["--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"]}
 
 
 def listed(text: str) -> set:

@@ -46,6 +46,7 @@ COMMANDS = [
     ["compare"],
     ["explore", "--keys", "down,enter,g"],
     ["patch", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
+    ["circuit", "--tokens", "3,1,4,1,5", "--from-tokens", "1,2,3,4,5"],
     ["attribute"],
     ["precision", "-L", "2"],
     ["forward", "--json"],

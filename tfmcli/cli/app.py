@@ -205,6 +205,8 @@ COMMANDS = {
     "patch": "Activation patching, clean into corrupted, beside attribution patching's estimate.",
     "attribute": (
         "Direct logit attribution: one logit as the sum of what each head, FFN and bias added."),
+    "circuit": (
+        "Edge attribution patching whose books balance, each top edge beside its real patch."),
     "precision": (
         "The run in bfloat16 (or --dtype) against float64: every tensor's error, own and "
         "inherited."),

@@ -283,7 +283,9 @@ def circuit(params, clean: Inputs, corrupted: Inputs, cfg: Config, metric: str =
         integration = float(scores[0].sum() - (corrupt_metric - clean_metric))
     node = scores.sum(axis=1)
     context = {"params": params, "clean_inputs": clean, "cfg": cfg, "answer": answer,
-               "wrong": wrong, "clean_acts": clean_fwd.acts, "corrupt_acts": corrupt_fwd.acts}
+               "wrong": wrong, "clean_acts": clean_fwd.acts, "corrupt_acts": corrupt_fwd.acts,
+               # an edge's score term by term: each row's and position's
+               "terms": lambda edge: (delta[edge[0]] * gradients[edge[1]]).sum(axis=-1)}
     return Circuit("EAP-IG" if steps else "EAP", metric, senders, readers, mask, scores,
                    clean_metric, corrupt_metric, books, integration, steps, node, context)
 
@@ -448,3 +450,48 @@ def _read_anew(cfg, params, this, readers, chosen, corrected, x) -> dict:
                                                                  bias)[0], heads).copy()
             values[act][:, reader.head] = ops.split_heads(made, heads)[:, reader.head]
     return values
+
+
+# ---------------------------------------------------------------- where an estimate fails
+
+DISAGREE = 0.25   # an estimate and its real patch apart by more than this share of the larger
+
+
+def why(c: Circuit, edge, real: float) -> str:
+    """Why edge's EAP estimate and its real patch disagree (by more than DISAGREE of the
+    larger), when tfm can tell: the reader's softmax saturated (its pattern's mean entropy, in
+    nats, under 0.1), its norm's scale moved (the stream's RMS where it reads, clean against
+    patched, by more than 10%), or the estimate's terms cancel (their sum under a tenth of
+    their magnitudes); "" where they agree or none of these holds."""
+    u, v = edge
+    estimate = float(c.scores[edge])
+    if abs(estimate - real) <= DISAGREE * max(abs(estimate), abs(real)):
+        return ""
+    ctx, cfg = c.context, c.context["cfg"]
+    sender, reader = c.senders[u], c.readers[v]
+    said = []
+    if reader.kind in ("q", "k", "v"):
+        heads = [reader.head] if reader.kind == "q" else range(
+            reader.head * cfg.group, (reader.head + 1) * cfg.group)
+        pattern = ctx["clean_acts"][f"blocks.{reader.block}.attn.pattern"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = pattern[:, list(heads)]
+            entropy = float(-np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1).mean())
+        if entropy < 0.1:
+            said.append(f"a{reader.block}'s softmax saturated (entropy {entropy:.2f})")
+    stream = stream_at(cfg, ctx["clean_acts"], reader)
+    delta = written(cfg, ctx["params"], ctx["corrupt_acts"], sender) - \
+        written(cfg, ctx["params"], ctx["clean_acts"], sender)
+
+    def rms(x):
+        return np.sqrt((x * x).mean(axis=-1))
+
+    moved = float(np.abs(rms(stream + delta) / rms(stream) - 1).max())
+    if moved > 0.1:
+        said.append(f"its norm's scale moved {moved:.0%}")
+    terms = c.context.get("terms")
+    if terms is not None:
+        t = terms(edge)
+        if abs(t.sum()) < 0.1 * np.abs(t).sum():
+            said.append(f"its terms cancel ({t.sum():+.2g} of {np.abs(t).sum():.2g})")
+    return "; ".join(said) or "not linear here"
