@@ -225,7 +225,17 @@ class GgufFile:
         except NotImplementedError:
             raise TfmError(f"--load {self.path}: tensor {name!r} is {tensor.kind.name}, which "
                            f"the gguf package cannot dequantize yet") from None
+        self.let_go(tensor.start, tensor.nbytes)
         return out.reshape(tensor.shape)
+
+    def let_go(self, start: int, size: int) -> None:
+        """Unmap the pages of bytes read and copied out: the file's pages stay in the page
+        cache, but no longer count as this process's memory (a 7B Q4_K_M file read whole,
+        as a streamed backward reads it, would add its 4 GiB to the peak)."""
+        page = mmap.PAGESIZE
+        first = start - start % page
+        if hasattr(self.map, "madvise") and size:
+            self.map.madvise(mmap.MADV_DONTNEED, first, start + size - first)
 
     def kinds(self) -> Counter:
         """How many tensors of each type: Counter({"Q8_0": 14, "F32": 7})."""
