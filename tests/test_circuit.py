@@ -205,3 +205,45 @@ def test_the_command_refuses_in_one_line(args, option, said):
 
     line = error_line(run("circuit", *args), 2)
     assert option in line and said in line, line
+
+
+def test_over_prompt_pairs_the_scores_and_patches_are_the_pairs_means(tmp_path):
+    import json
+
+    from helpers import ok
+
+    pairs = [([3, 1, 4, 1, 5], [3, 1, 2, 1, 5]), ([2, 7, 1, 6, 2, 6], [2, 7, 3, 6, 2, 6])]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps({"clean": a, "corrupted": b}) for a, b in pairs)
+                    + "\n\n")
+    shown = json.loads(ok("circuit", "--pairs", path, "-L", "2", "--top", "2", "--json")
+                       .output)
+    cfg = tfmcli.Config(layers=2)
+    params = tfmcli.init_params(cfg)
+    each = [circuit(params, tfmcli.engine.inputs.inputs_from_tokens([a]),
+                    tfmcli.engine.inputs.inputs_from_tokens([b]), cfg) for a, b in pairs]
+    mean = module.averaged(each)
+    assert np.allclose(mean.scores, (each[0].scores + each[1].scores) / 2, rtol=0, atol=0)
+    top = mean.edges()[0]
+    assert shown["top"][0]["estimate"] == mean.scores[top]
+    real = np.mean([c.patched([top]) - c.clean for c in each])
+    assert shown["top"][0]["real"] == pytest.approx(real, rel=1e-12)
+    assert shown["clean"] == pytest.approx(np.mean([c.clean for c in each]), rel=1e-15)
+
+
+@pytest.mark.parametrize("text, extra, said", [
+    ('{"clean": [1, 2]}', [], "an object with \"clean\" and \"corrupted\""),
+    ('{"clean": [1, 2], "corrupted": [1]}', [], "clean is 2 tokens, corrupted 1"),
+    ('not json', [], ":1: not JSON"),
+    ('{"clean": [1, 99], "corrupted": [1, 2]}', [], "ids in 0..7"),
+    ('{"clean": [1, 2], "corrupted": [1, 3]}', ["--tokens", "1,2"], "drop --tokens"),
+    ('{"clean": [1, 2], "corrupted": [1, 3]}', ["--metric", "logit-diff"],
+     "needs \"answer\" and \"wrong\""),
+])
+def test_bad_pairs_are_one_line_naming_the_line(tmp_path, text, extra, said):
+    from helpers import error_line, run
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(text + "\n")
+    line = error_line(run("circuit", "--pairs", path, *extra), 2)
+    assert "'--pairs'" in line and said in line, line

@@ -1,6 +1,7 @@
 """tfm circuit: which edges between the components carry the corrupted run's change (EAP,
 EAP-IG), each top edge's real path patch beside its estimate, and the books that balance."""
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -48,6 +49,9 @@ def circuit(
     top: Annotated[int, typer.Option(
         "--top", min=1, max=1000, metavar="K",
         help="Edges drawn and path-patched, the largest first.")] = 8,
+    pairs: Annotated[Optional[Path], typer.Option(
+        "--pairs", metavar="FILE.jsonl",
+        help="Prompt pairs, a JSON line each: the scores their mean.")] = None,
     opts: Options = None,
 ):
     """Edge attribution patching whose books balance, each top edge beside its real patch.
@@ -59,28 +63,47 @@ def circuit(
     from tfmcli.explain.circuit import circuit as edges_of
     from tfmcli.explain.circuit import why
 
-    if not (opts.values.get("from_tokens") or opts.values.get("from_text")):
+    given = [flag for flag, key in (("--tokens", "tokens"), ("--text", "text"),
+                                    ("--from-tokens", "from_tokens"),
+                                    ("--from-text", "from_text")) if opts.values.get(key)]
+    if pairs is not None and given:
+        raise typer.BadParameter(f"--pairs gives every clean and corrupted run; drop "
+                                 f"{' and '.join(given)}", param_hint="'--pairs'")
+    if pairs is None and not (opts.values.get("from_tokens") or opts.values.get("from_text")):
         raise typer.BadParameter("a circuit is what carries a change: add the corrupted run, "
-                                 "--from-tokens IDS or --from-text TEXT",
+                                 "--from-tokens IDS or --from-text TEXT (or --pairs FILE)",
                                  param_hint="'--from-tokens'")
-    if metric == Metric.logit_diff and (answer is None or wrong is None):
+    if metric == Metric.logit_diff and (answer is None or wrong is None) and pairs is None:
         raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
                                  "with --load DIR)", param_hint="'--metric'")
     run, fwd, _ = execute(opts, with_grads=False)
     cfg = run.cfg
-    corrupted = patch_source(opts, run).inputs
     ids = [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
                                                           (wrong, "--wrong"))]
+    if pairs is None:
+        corrupted = patch_source(opts, run).inputs
+        runs = [(run.inputs, corrupted, *ids)]
+    else:
+        runs = read_pairs(pairs, run, metric.value, ids)
+        corrupted = runs[0][1]
     try:
-        with progress_bar("EAP-IG's runs") as tick:
-            c = edges_of(run.params, run.inputs, corrupted, cfg, metric.value, *ids, steps,
-                         progress=tick)
+        made = []
+        with progress_bar("prompt pairs" if pairs else "EAP-IG's runs") as tick:
+            for k, (clean, bad, right, wrong_id) in enumerate(runs):
+                made.append(edges_of(run.params, clean, bad, cfg, metric.value, right,
+                                     wrong_id, steps, progress=None if pairs else tick))
+                if pairs and tick is not None:
+                    tick(k + 1, len(runs))
     except InterventionError as e:
-        raise typer.BadParameter(str(e), param_hint="'--from-tokens'") from None
+        raise typer.BadParameter(str(e), param_hint="'--pairs'" if pairs else
+                                 "'--from-tokens'") from None
     except TfmError as e:
         if "Post-LN" in str(e):
             raise typer.BadParameter(str(e), param_hint="'--norm'") from None
         raise
+    from tfmcli.explain.circuit import averaged
+
+    c = made[0] if pairs is None else averaged(made)
     order = c.edges()
     shown = order[:top]
     with progress_bar("path patches") as tick:
@@ -97,12 +120,19 @@ def circuit(
     panel = {**describe(cfg, run),
              "corrupted": render.token_line(corrupted_labels(run, corrupted)),
              "metric": f"{what[metric.value]}: clean {c.clean:.6f}, corrupted "
-                       f"{c.corrupted:.6f}, change {change:+.6f}",
+                       f"{c.corrupted:.6f}, change {change:+.6f}"
+                       + (f" (the means over {len(runs)} pairs)" if pairs else ""),
              "method": (f"EAP-IG, {steps} steps (midpoints)" if steps else
                         "EAP: the gradient at the clean run"),
              "books": f"every sender's edges add up to its attribution (worst {c.books:.0e})"
                       + (f"; the embedding's edges miss the change by {c.integration:+.2e} "
                          f"(the integration's error)" if steps else "")}
+    if pairs is not None:   # the seed's own tokens are none of the pairs'
+        panel = {k: v for k, v in panel.items() if not k.startswith(("row ", "tokens"))}
+        first = runs[0][0]
+        panel["pairs"] = (f"{len(runs)} from {pairs}; the first: "
+                          + " ".join(run.token_text(int(t)) for t in first.tokens[0]))
+        panel["corrupted"] = render.token_line(corrupted_labels(run, corrupted))
     parts = [render.config_panel(panel, title="tfm circuit"),
              drawing(c, shown), edge_table(c, shown, real, reasons),
              render.curve([str(k) for k, _ in curve], [share for _, share in curve],
@@ -121,6 +151,68 @@ def circuit(
                                        map(float, c.node_scores))),
                "faithfulness": [{"k": k, "share": share} for k, share in curve]}
     emit(opts, parts, payload)
+
+
+def read_pairs(path: Path, run, metric: str, ids) -> list:
+    """The prompt pairs of a JSON Lines file: each line an object with "clean" and
+    "corrupted" (text, with a checkpoint's tokenizer, or a list of ids; the same length), and
+    for logit-diff "answer" and "wrong" (an id, or text that is one token; else --answer's and
+    --wrong's). A usage error naming the line and what is wrong."""
+    import json
+
+    import tfmcli
+
+    if not path.is_file():
+        raise typer.BadParameter(f"{path}: no such file", param_hint="'--pairs'")
+    made = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            pair = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise typer.BadParameter(f"{where}: not JSON ({e.msg})", param_hint="'--pairs'")
+        if not isinstance(pair, dict) or not {"clean", "corrupted"} <= pair.keys():
+            raise typer.BadParameter(f"{where}: a pair is an object with \"clean\" and "
+                                     f"\"corrupted\"", param_hint="'--pairs'")
+        rows = [ids_of(pair[key], run, f"{where}: {key!r}") for key in ("clean", "corrupted")]
+        if len(rows[0]) != len(rows[1]):
+            raise typer.BadParameter(f"{where}: clean is {len(rows[0])} tokens, corrupted "
+                                     f"{len(rows[1])}; a pair's runs have one length",
+                                     param_hint="'--pairs'")
+        right, wrong = (token_id(run, None if pair.get(key) is None else str(pair[key]),
+                                 f"--pairs {where} {key!r}") if key in pair else default
+                        for key, default in (("answer", ids[0]), ("wrong", ids[1])))
+        if metric == "logit-diff" and (right is None or wrong is None):
+            raise typer.BadParameter(f"{where}: a logit difference needs \"answer\" and "
+                                     f"\"wrong\" (or --answer and --wrong)",
+                                     param_hint="'--pairs'")
+        made.append((tfmcli.inputs_from_tokens([rows[0]]),
+                     tfmcli.inputs_from_tokens([rows[1]]), right, wrong))
+    if not made:
+        raise typer.BadParameter(f"{path}: no pairs in it", param_hint="'--pairs'")
+    return made
+
+
+def ids_of(value, run, where: str) -> list[int]:
+    """A run's tokens from a pair: a list of ids in the vocabulary, or text."""
+    if isinstance(value, str):
+        if run.encode is None:
+            raise typer.BadParameter(f"{where}: text needs --load DIR's tokenizer; give ids",
+                                     param_hint="'--pairs'")
+        ids = run.encode(value)
+    elif isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                         for i in value):
+        ids = value
+    else:
+        raise typer.BadParameter(f"{where}: text or a list of token ids",
+                                 param_hint="'--pairs'")
+    if not ids or not all(0 <= i < run.cfg.vocab for i in ids):
+        raise typer.BadParameter(f"{where}: ids in 0..{run.cfg.vocab - 1}, at least one",
+                                 param_hint="'--pairs'")
+    return list(ids)
 
 
 def drawing(c, shown) -> Group:

@@ -226,8 +226,11 @@ class Circuit:
         return f"{self.senders[u].name} → {self.readers[v].name}"
 
     def patched(self, edges) -> float:
-        """The metric of the clean run with ``edges`` patched (the module docstring)."""
+        """The metric of the clean run with ``edges`` patched (the module docstring); over
+        prompt pairs (``averaged``), the mean of each pair's."""
         c = self.context
+        if "pairs" in c:
+            return float(np.mean([pair.patched(edges) for pair in c["pairs"]]))
         return patched_metric(c["params"], c["clean_inputs"], c["cfg"], self.senders,
                               self.readers, c["clean_acts"], c["corrupt_acts"], edges,
                               self.metric, c["answer"], c["wrong"])
@@ -467,6 +470,10 @@ def why(c: Circuit, edge, real: float) -> str:
     estimate = float(c.scores[edge])
     if abs(estimate - real) <= DISAGREE * max(abs(estimate), abs(real)):
         return ""
+    if "pairs" in c.context:   # the pair that differs most says why
+        worst = max(c.context["pairs"], key=lambda p: abs(p.scores[edge] - (
+            p.patched([edge]) - p.clean)))
+        return why(worst, edge, worst.patched([edge]) - worst.clean)
     ctx, cfg = c.context, c.context["cfg"]
     sender, reader = c.senders[u], c.readers[v]
     said = []
@@ -495,3 +502,25 @@ def why(c: Circuit, edge, real: float) -> str:
         if abs(t.sum()) < 0.1 * np.abs(t).sum():
             said.append(f"its terms cancel ({t.sum():+.2g} of {np.abs(t).sum():.2g})")
     return "; ".join(said) or "not linear here"
+
+
+# ---------------------------------------------------------------- over a set of prompt pairs
+
+
+def averaged(circuits: list[Circuit]) -> Circuit:
+    """The circuits of several prompt pairs (the same model) as one: each edge's score, the
+    metrics and the senders' totals the mean over the pairs, the books the worst pair's; a
+    path patch the mean of each pair's (``Circuit.patched``)."""
+    first = circuits[0]
+
+    def mean(values):
+        return np.mean(np.stack([np.asarray(v, dtype=np.float64) for v in values]), axis=0)
+
+    integration = None if first.integration is None else float(mean(
+        [c.integration for c in circuits]))
+    return Circuit(first.method, first.metric, first.senders, first.readers, first.mask,
+                   mean([c.scores for c in circuits]), float(mean([c.clean for c in circuits])),
+                   float(mean([c.corrupted for c in circuits])),
+                   max(c.books for c in circuits), integration, first.steps,
+                   mean([c.node_scores for c in circuits]),
+                   {"pairs": circuits, "cfg": first.context["cfg"]})
