@@ -5,6 +5,10 @@ The whole runs do not fit (about 101 GiB), so they stream by themselves (the scr
 --stream, so that a shallower model streams too).
 
     python benchmarks/stream.py [--folder DIR] [--layers L] [--only lens|backward|precision]
+                                [--gguf]
+
+``--gguf`` makes and runs a GGUF file of the same shape instead, in llama.cpp's Q4_K_M mix of
+types (issue 73), its weights dequantized as the pass reads them.
 
 The folder is written a block a shard (model-000NN-of-000MM.safetensors and its index), so
 making it holds one block's weights. ``--layers`` makes a shallower model of the same width
@@ -84,6 +88,69 @@ def make_folder(folder: Path, config: dict) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
 
 
+# a Q4_K_M file's types (llama.cpp's mix): most matrices Q4_K, V and the FFN's down
+# projection and the head Q6_K, the norms F32; each block's bytes and values per block
+Q4_K, Q6_K = (144, 256), (210, 256)
+
+
+def k_blocks(rows: int, cols: int, kind: tuple, rng) -> np.ndarray:
+    """Random bytes laid out as ``kind``'s blocks (Q4_K or Q6_K), with each block's scale
+    (its float16 ``d``, and Q4_K's ``dmin``) set small enough that every weight decodes to a
+    few hundredths: valid blocks whose values look like a model's, made at the speed of
+    random bytes. (gguf.quants dequantizes K-quants but does not make them.)"""
+    size, per = kind
+    raw = rng.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)
+    if kind == Q4_K:   # d, dmin first; w = d * scale * q - dmin * min
+        raw[..., 0:2] = np.frombuffer(np.float16(4e-5).tobytes(), np.uint8)
+        raw[..., 2:4] = np.frombuffer(np.float16(4e-4).tobytes(), np.uint8)
+    else:              # d last; w = d * scale * (q - 32), scale an int8
+        raw[..., 208:210] = np.frombuffer(np.float16(5e-6).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def make_gguf(path: Path, config: dict) -> None:
+    """A LLaMA-7B-shaped GGUF file in llama.cpp's Q4_K_M mix of types (random blocks: see
+    ``k_blocks``), its metadata as llama.cpp's converter writes it for LLaMA (no tokenizer:
+    the runs give --tokens)."""
+    import gguf
+
+    d, F, V, L = (config["hidden_size"], config["intermediate_size"], config["vocab_size"],
+                  config["num_hidden_layers"])
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("random LLaMA-7B shape, Q4_K_M mix")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(d)
+    writer.add_block_count(L)
+    writer.add_feed_forward_length(F)
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+
+    def matrix(name, rows, cols, kind):
+        qtype = gguf.GGMLQuantizationType.Q4_K if kind == Q4_K else gguf.GGMLQuantizationType.Q6_K
+        writer.add_tensor(name, k_blocks(rows, cols, kind, rng), raw_dtype=qtype)
+
+    matrix("token_embd.weight", V, d, Q4_K)
+    for i in range(L):
+        b = f"blk.{i}."
+        writer.add_tensor(b + "attn_norm.weight", np.ones(d, np.float32))
+        for part, rows, cols, kind in (("attn_q", d, d, Q4_K), ("attn_k", d, d, Q4_K),
+                                       ("attn_v", d, d, Q6_K), ("attn_output", d, d, Q4_K),
+                                       ("ffn_gate", F, d, Q4_K), ("ffn_up", F, d, Q4_K),
+                                       ("ffn_down", d, F, Q6_K)):
+            matrix(b + part + ".weight", rows, cols, kind)
+        writer.add_tensor(b + "ffn_norm.weight", np.ones(d, np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    matrix("output.weight", V, d, Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def peak_run(args: list[str]) -> tuple[float, int, str]:
     """(seconds, peak resident KiB, stdout) of ``tfm ARGS`` in a fresh process."""
     code = ("import sys\nfrom tfmcli.cli import main\n"
@@ -102,10 +169,20 @@ def main():
     parser.add_argument("--folder", default="/tmp/tfm-llama-7b")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--only", choices=["lens", "backward", "precision"])
+    parser.add_argument("--gguf", action="store_true",
+                        help="a Q4_K_M GGUF file of the same shape (FOLDER.Q4_K_M.gguf)")
     args = parser.parse_args()
     folder = Path(args.folder)
     config = {**SEVEN_B, "num_hidden_layers": args.layers}
-    if not (folder / "model.safetensors.index.json").is_file():
+    if args.gguf:
+        folder = folder.with_name(folder.name + ".Q4_K_M.gguf")
+        if not folder.is_file():
+            print(f"making {folder} ({args.layers} blocks, Q4_K_M)...", flush=True)
+            start = time.perf_counter()
+            make_gguf(folder, config)
+            print(f"  made in {time.perf_counter() - start:.0f} s, "
+                  f"{folder.stat().st_size / 2**30:.2f} GiB", flush=True)
+    elif not (folder / "model.safetensors.index.json").is_file():
         print(f"making {folder} ({args.layers} blocks, bfloat16)...", flush=True)
         start = time.perf_counter()
         make_folder(folder, config)
@@ -119,7 +196,8 @@ def main():
         seconds, peak, out = peak_run([*command, "--load", str(folder), "--tokens", TOKENS,
                                        "--stream", "--json"])
         streamed = "streamed" if out.strip().startswith("{") else f"failed: {out[-300:]!r}"
-        print(f"tfm {' '.join(command)}, {args.layers} blocks of LLaMA-7B's width, 16 tokens: "
+        print(f"tfm {' '.join(command)}{' (Q4_K_M GGUF)' if args.gguf else ''}, {args.layers} "
+              f"blocks of LLaMA-7B's width, 16 tokens: "
               f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({streamed})", flush=True)
 
 
