@@ -38,6 +38,7 @@ GALLERY = {
     "adam": "tfm adam",
     "kv": "tfm kv",
     "lens": 'tfm lens --load examples/tiny-gpt2 --text "The cat sat on the" -k 2',
+    "circuit": "tfm circuit --tokens 3,1,4,1,5,7,2,6 --from-tokens 3,1,2,1,5,7,2,6 -L 2 --top 6",
     "check": "tfm check --against torch",
     "compare": "tfm compare",
     "explore": 'tfm explore --tokens 3,1,4,1,5 --keys "down,down,right"',

@@ -156,6 +156,8 @@ SAVE_RUNS = {   # every command that takes --save, with what its file holds
     "train": (["--steps", 20], {"param", "input", "config", "act", "loss", "task"}),
     "patch": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1"],
               {"param", "input", "config", "act", "loss", "patch"}),
+    "circuit": (["--from-tokens", "1,2,3,4", "--from-tokens", "4,3,2,1", "--top", 1],
+                {"param", "input", "config", "act", "loss", "circuit"}),
     "attribute": (["-t", 1], {"param", "input", "config", "act", "loss", "attribution"}),
     "precision": ([], {"param", "input", "config", "act", "loss", "grad", "actgrad"}),
     "mask": ([], {"causal", "padding", "combined"}),

@@ -150,7 +150,11 @@ def circuit(
                "node_scores": dict(zip([s.name for s in c.senders],
                                        map(float, c.node_scores))),
                "faithfulness": [{"k": k, "share": share} for k, share in curve]}
-    emit(opts, parts, payload)
+    from tfmcli.io import run_arrays
+
+    arrays = {**run_arrays(cfg, run.params, run.inputs, fwd),   # the clean run, the scores
+              "circuit/scores": c.scores, "circuit/edges": c.mask}
+    emit(opts, parts, payload, arrays)
 
 
 def read_pairs(path: Path, run, metric: str, ids) -> list:

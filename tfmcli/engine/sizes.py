@@ -282,9 +282,13 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
         cfg.activation, 0) * btf
     # capped scores: the fast backward's gradient before the cap is an array of its own
     backward_transient = max(activation_transient, grouped * 2 * btq,
-                             (cfg.attn_softcap is not None) * bhtt,
-                             (cfg.logit_softcap is not None) * btv)
-    transient = max(forward_transient - params - dacts, backward_transient, 0)
+                             (cfg.attn_softcap is not None) * bhtt)
+    # capped logits: so is the logits' gradient before the cap, made and let go in the head's
+    # backward, before any block's gradients exist (the head's dW_U and the loss's two (B, T,
+    # V) gradients do)
+    head_transient = (cfg.logit_softcap is not None) * (
+        btv - (params - V * d) - (dacts - 2 * btv - pre * btd))
+    transient = max(forward_transient - params - dacts, backward_transient, head_transient, 0)
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,
              "transient": transient * item}
