@@ -803,3 +803,32 @@ def test_precision_streams_when_asked_and_says_so():
     assert json.loads(streamed.output) == json.loads(whole.output)
     line = error_line(run("precision", "--stream", "--save", "x.npz"), 2)
     assert "'--save'" in line and "no run to save" in line
+
+
+@pytest.mark.parametrize("source", ["float32", "float64"])
+def test_float16_rounding_from_the_bits_is_numpys_cast(source):
+    """round_float16 against NumPy's own cast, bit for bit: random bit patterns (every
+    exponent: subnormals, inf, NaN), values about float16's subnormal range and its largest;
+    an overflow reported as the cast reports it, under the caller's errstate."""
+    from tfmcli.engine.precision import round_float16
+
+    rng = np.random.default_rng(0)
+    unsigned = np.uint32 if source == "float32" else np.uint64
+    bits = rng.integers(0, np.iinfo(np.int64).max, 2 ** 20, dtype=np.int64).astype(np.uint64)
+    if source == "float64":
+        bits = bits * np.uint64(2) + (bits & np.uint64(1))   # the sign bit too
+    x = np.concatenate([bits.astype(unsigned).view(source), np.concatenate([
+        rng.standard_normal(2 ** 16) * s for s in (1e-9, 6e-8, 3e-5, 1.0, 6.5e4)]).astype(source),
+        np.array([65504, 65519.99, 65520, -65520, 2.0 ** -25, 3 * 2.0 ** -26, 0.0, -0.0,
+                  np.inf, -np.inf, np.nan], source)])
+    with np.errstate(all="ignore"):
+        expected = x.astype(np.float16).astype(np.float32)
+        got = round_float16(x)
+    assert got.dtype == np.float32
+    same = (expected.view(np.uint32) == got.view(np.uint32)) | (np.isnan(expected) &
+                                                                np.isnan(got))
+    assert same.all(), x[~same][:5]
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+        round_float16(np.array([1.0, 7e4], source))
+    with np.errstate(over="raise"):
+        round_float16(np.array([1.0, np.inf, np.nan], source))   # not an overflow
