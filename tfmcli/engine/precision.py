@@ -140,9 +140,9 @@ def round_float16(x) -> np.ndarray:
     size = magnitude.view(x.dtype)
     with np.errstate(all="ignore"):
         out = np.where(kept.view(x.dtype) > 65504.0, np.inf, kept.view(x.dtype))
-        small = size < 2.0 ** -14            # float16's subnormals: multiples of 2^-24
+        small = (size < 2.0 ** -14) & (size > 0)   # float16's subnormals: multiples of 2^-24
         if small.any():
-            out = np.where(small, np.round(size * 2.0 ** 24) * 2.0 ** -24, out)
+            out[small] = np.round(size[small] * 2.0 ** 24) * 2.0 ** -24
         out = np.where(np.isnan(size), size, out).astype(x.dtype, copy=False)
         signed = (out.view(unsigned) | (bits & unsigned(sign_bit))).view(x.dtype)
         rounded = signed.astype(np.float32, copy=False)
@@ -216,15 +216,22 @@ def stored(params, policy: Precision):
 
 
 class Stored(Mapping):
-    """A mapping of parameters read through a policy's rounding (``stored``). It holds no
-    copy: a streamed run's weights stay in their files until read, and each read rounds
-    again (a weight is read once in the forward, once in the backward)."""
+    """A mapping of parameters read through a policy's rounding (``stored``). Over weights in
+    memory (a dict) each is rounded once, at its first read, and held: itself when its values
+    are the dtype's already (a rounded run's own weights), else the rounded copy the caches
+    keep anyway. Over a streamed run's weights it holds no copy: they stay in their files
+    until read, and each read rounds again."""
 
     def __init__(self, params, policy: Precision):
         self.params, self.policy = params, policy
+        self.held = {} if isinstance(params, dict) else None
 
     def __getitem__(self, name):
-        return self.policy.round(self.params[name])
+        if self.held is None:
+            return self.policy.round(self.params[name])
+        if name not in self.held:
+            self.held[name] = self.policy.kept(np.asarray(self.params[name], self.policy.array))
+        return self.held[name]
 
     def __contains__(self, name):
         return name in self.params
