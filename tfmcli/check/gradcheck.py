@@ -16,6 +16,20 @@ TOLERANCE = {"float64": 1e-6, "float32": 1e-3}
 FLOOR = 1e-3  # errors are measured against at least this fraction of the largest gradient
 
 
+def tolerance_for(cfg, tolerance: float | None = None) -> float:
+    """``tolerance``, or the dtype's own (TOLERANCE); a ConfigError for a rounded dtype, whose
+    loss moves in steps of its eps."""
+    if cfg.dtype not in TOLERANCE:
+        from tfmcli.errors import ConfigError
+
+        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
+                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
+                          f"its eps, so a difference of two of them over 2h says nothing of "
+                          f"the slope; check the float64 run, or see what {cfg.dtype} "
+                          f"changes with tfm precision")
+    return TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+
+
 @dataclass
 class ParamCheck:
     """One parameter's check.
@@ -114,15 +128,7 @@ def gradcheck(
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
-    if cfg.dtype not in TOLERANCE:
-        from tfmcli.errors import ConfigError
-
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
-                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
-                          f"its eps, so a difference of two of them over 2h says nothing of "
-                          f"the slope; check the float64 run, or see what {cfg.dtype} "
-                          f"changes with tfm precision")
-    tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+    tolerance = tolerance_for(cfg, tolerance)
     fwd = forward(params, inputs, cfg, interventions=interventions)   # checks the arguments
     analytic = backward(params, fwd, cfg)
     inputs = fwd.inputs
@@ -214,15 +220,7 @@ def directional_check(
     if stream:
         return streamed_directional_check(params, inputs, cfg, directions, step, tolerance,
                                           names, progress, interventions)
-    if cfg.dtype not in TOLERANCE:
-        from tfmcli.errors import ConfigError
-
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
-                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
-                          f"its eps, so a difference of two of them over 2h says nothing of "
-                          f"the slope; check the float64 run, or see what {cfg.dtype} "
-                          f"changes with tfm precision")
-    tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+    tolerance = tolerance_for(cfg, tolerance)
     fwd = forward(params, inputs, cfg, interventions=interventions)
     analytic = backward(params, fwd, cfg)
     inputs = fwd.inputs
@@ -278,15 +276,7 @@ def streamed_directional_check(params, inputs, cfg, directions, step, tolerance=
 
     from tfmcli.engine.model import backward, forward, unchecked_forward
 
-    if cfg.dtype not in TOLERANCE:
-        from tfmcli.errors import ConfigError
-
-        raise ConfigError("dtype", f"gradcheck: central differences need float64 or "
-                          f"float32, not {cfg.dtype}: a {cfg.dtype} loss moves in steps of "
-                          f"its eps, so a difference of two of them over 2h says nothing of "
-                          f"the slope; check the float64 run, or see what {cfg.dtype} "
-                          f"changes with tfm precision")
-    tolerance = TOLERANCE[cfg.dtype] if tolerance is None else tolerance
+    tolerance = tolerance_for(cfg, tolerance)
     fwd = forward(params, inputs, cfg, interventions=interventions, keep=set())
     inputs, plan = fwd.inputs, fwd.caches.get("plan")
     noise = float(np.finfo(np.float64).eps) * max(1.0, abs(fwd.loss)) / step
