@@ -38,11 +38,10 @@ import numpy as np
 from tfmcli.engine import blocks, ops
 from tfmcli.engine.config import Config
 from tfmcli.engine.inputs import Inputs
-from tfmcli.engine.interventions import InterventionError
 from tfmcli.engine.model import _block_masks, backward, forward, head_forward
 from tfmcli.errors import TfmError
 from tfmcli.explain.cells import norm_input
-from tfmcli.explain.patching import METRICS, metric_dlogits, metric_of
+from tfmcli.explain.patching import metric_dlogits, metric_of, paired
 
 BOOKS = 1e-10   # an identity holds to this much of the sum of its terms' magnitudes
 
@@ -253,18 +252,9 @@ def circuit(params, clean: Inputs, corrupted: Inputs, cfg: Config, metric: str =
     """Every edge's EAP score (``steps`` > 0: EAP-IG's, over that many points of the line
     from the clean run's first-block input to the corrupted one's), the books checked: a
     ``TfmError`` when one does not hold. The loss is taken against the clean run's targets."""
-    if metric not in METRICS:
-        raise ValueError(f"metric={metric!r}; one of {', '.join(METRICS)}")
-    if metric == "logit-diff" and (answer is None or wrong is None):
-        raise ValueError("metric='logit-diff' needs answer and wrong token ids")
-    if clean.tokens.shape != corrupted.tokens.shape or not np.array_equal(clean.lengths,
-                                                                          corrupted.lengths):
-        raise InterventionError("corrupted", "the corrupted rows must have the clean rows' "
-                                f"lengths: {clean.lengths.tolist()} clean, "
-                                f"{corrupted.lengths.tolist()} corrupted")
+    corrupted = paired(clean, corrupted, metric, answer, wrong)   # scored as the clean
     senders, readers = graph(cfg)
     mask = edge_mask(senders, readers)
-    corrupted = Inputs(corrupted.tokens, clean.targets, clean.lengths)   # scored as the clean
     clean_fwd = forward(params, clean, cfg, fast=False)
     corrupt_fwd = forward(params, corrupted, cfg, fast=False)
     delta = np.stack([written(cfg, params, corrupt_fwd.acts, u) -

@@ -111,6 +111,21 @@ def metric_dlogits(fwd, metric: str, answer=None, wrong=None):
     return d
 
 
+def paired(clean: Inputs, corrupted: Inputs, metric: str, answer=None, wrong=None) -> Inputs:
+    """The corrupted run scored as the clean one (its targets), once the two are a pair: the
+    same shapes and lengths (InterventionError), a known metric, logit-diff's two tokens."""
+    if metric not in METRICS:
+        raise ValueError(f"metric={metric!r}; one of {', '.join(METRICS)}")
+    if metric == "logit-diff" and (answer is None or wrong is None):
+        raise ValueError("metric='logit-diff' needs answer and wrong token ids")
+    if clean.tokens.shape != corrupted.tokens.shape or not np.array_equal(clean.lengths,
+                                                                          corrupted.lengths):
+        raise InterventionError("corrupted", "the corrupted rows must have the clean rows' "
+                                f"lengths: {clean.lengths.tolist()} clean, "
+                                f"{corrupted.lengths.tolist()} corrupted")
+    return Inputs(corrupted.tokens, clean.targets, clean.lengths)
+
+
 def patching(params, clean: Inputs, corrupted: Inputs, cfg, over: str = "heads",
              metric: str = "loss", answer: int | None = None, wrong: int | None = None,
              act: str | None = None, tokens=None, progress=None) -> PatchingGrid:
@@ -122,16 +137,7 @@ def patching(params, clean: Inputs, corrupted: Inputs, cfg, over: str = "heads",
     token ids. ``progress(done, total)`` is called after each patched run."""
     if over not in OVER:
         raise ValueError(f"over={over!r}; one of {', '.join(OVER)}")
-    if metric not in METRICS:
-        raise ValueError(f"metric={metric!r}; one of {', '.join(METRICS)}")
-    if metric == "logit-diff" and (answer is None or wrong is None):
-        raise ValueError("metric='logit-diff' needs answer and wrong token ids")
-    if clean.tokens.shape != corrupted.tokens.shape or not np.array_equal(clean.lengths,
-                                                                          corrupted.lengths):
-        raise InterventionError("corrupted", "the corrupted rows must have the clean rows' "
-                                f"lengths: {clean.lengths.tolist()} clean, "
-                                f"{corrupted.lengths.tolist()} corrupted")
-    corrupted = Inputs(corrupted.tokens, clean.targets, clean.lengths)   # scored as the clean
+    corrupted = paired(clean, corrupted, metric, answer, wrong)
     rows, cols, targets = components(cfg, over, act, tokens)
     clean_fwd = forward(params, clean, cfg)
     base = forward(params, corrupted, cfg)
