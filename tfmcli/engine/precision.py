@@ -216,22 +216,15 @@ def stored(params, policy: Precision):
 
 
 class Stored(Mapping):
-    """A mapping of parameters read through a policy's rounding (``stored``). Over weights in
-    memory (a dict) each is rounded once, at its first read, and held: itself when its values
-    are the dtype's already (a rounded run's own weights), else the rounded copy the caches
-    keep anyway. Over a streamed run's weights it holds no copy: they stay in their files
-    until read, and each read rounds again."""
+    """A mapping of parameters read through a policy's rounding (``stored``). It holds no
+    copy: a streamed run's weights stay in their files until read, and each read rounds
+    again (a weight is read once in the forward, once in the backward)."""
 
     def __init__(self, params, policy: Precision):
         self.params, self.policy = params, policy
-        self.held = {} if isinstance(params, dict) else None
 
     def __getitem__(self, name):
-        if self.held is None:
-            return self.policy.round(self.params[name])
-        if name not in self.held:
-            self.held[name] = self.policy.kept(np.asarray(self.params[name], self.policy.array))
-        return self.held[name]
+        return self.policy.round(self.params[name])
 
     def __contains__(self, name):
         return name in self.params

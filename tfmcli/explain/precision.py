@@ -619,60 +619,48 @@ def cell_error(runs: "Runs", name: str, grad: bool, index: tuple) -> list[str]:
             "  its inputs' error brought"]
 
 
-class HeldBlock(Mapping):
-    """A streamed run's weights, each held once read until ``let_go`` (a block's once
-    measured, the embedding's and the head's once used): the three runs read each once
-    between them, in each direction."""
+class Held(Mapping):
+    """Weights read through ``made`` (each made once, at its first read) and held until
+    ``let_go``: the runs in step read each once between them, in each direction."""
+
+    def __init__(self, params, made):
+        self.params, self.made, self.held = params, made, {}
+
+    def __getitem__(self, name):
+        if name not in self.held:
+            self.held[name] = self.made(self.params[name])
+        return self.held[name]
+
+    def let_go(self, prefix: str) -> None:
+        for name in [n for n in self.held if n.startswith(prefix)]:
+            del self.held[name]
+
+    def __contains__(self, name):
+        return name in self.params
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
+
+
+class HeldBlock(Held):
+    """A streamed run's weights in float64, each block's held from its first read until it
+    is measured (the embedding's and the head's until used)."""
 
     def __init__(self, params):
-        self.params, self.held = params, {}
-
-    def __getitem__(self, name):
-        if name not in self.held:
-            self.held[name] = np.asarray(self.params[name], dtype=np.float64)
-        return self.held[name]
-
-    def let_go(self, prefix: str) -> None:
-        for name in [n for n in self.held if n.startswith(prefix)]:
-            del self.held[name]
-
-    def __contains__(self, name):
-        return name in self.params
-
-    def __iter__(self):
-        return iter(self.params)
-
-    def __len__(self):
-        return len(self.params)
+        super().__init__(params, lambda value: np.asarray(value, dtype=np.float64))
 
 
-class Rounded(Mapping):
-    """The weights as the dtype holds them, each rounded from float64's when first read and
-    held until ``let_go``: the dtype's run and its own operations' read the same copy."""
+class Rounded(Held):
+    """The weights as the dtype holds them, each rounded from float64's at its first read:
+    the dtype's run and its own operations' read the same copy."""
 
     def __init__(self, params, policy: precision.Precision, np_dtype):
-        self.params, self.policy, self.np_dtype = params, policy, np_dtype
-        self.held = {}
+        super().__init__(params, lambda value: policy.round(value).astype(np_dtype,
+                                                                          copy=False))
         self.rounded = policy.name   # what a Tape reads as it is (``precision.stored``)
-
-    def __getitem__(self, name):
-        if name not in self.held:
-            self.held[name] = self.policy.round(self.params[name]).astype(self.np_dtype,
-                                                                          copy=False)
-        return self.held[name]
-
-    def let_go(self, prefix: str) -> None:
-        for name in [n for n in self.held if n.startswith(prefix)]:
-            del self.held[name]
-
-    def __contains__(self, name):
-        return name in self.params
-
-    def __iter__(self):
-        return iter(self.params)
-
-    def __len__(self):
-        return len(self.params)
 
 
 def _rms(x) -> float:
