@@ -269,33 +269,54 @@ def test_the_q6_k_encoder_round_trips():
     assert np.abs(back - x).max() <= np.abs(x).max() / 31 / 2 * 1.05   # half a step, at most
 
 
-def requantized(source: Path, out: Path, kind, dequantized: bool = False) -> Path:
-    """``source`` (an F32 file) with every 2-D tensor stored as ``kind`` (``gguf.quants`` or
-    ``q6_k``), or, ``dequantized``, as the float32 values that ``kind`` holds; the metadata
-    copied as it is."""
+def rewritten(source: Path, out: Path, tensor=None, keys: dict = (), more: dict = ()) -> Path:
+    """``source`` written again to ``out``: its metadata, with ``keys`` set (name -> (value,
+    GGUFValueType)) or dropped (-> None); each tensor as ``tensor(reader_tensor)`` makes it
+    (an array, or (raw bytes, their type), or None: left out; by default as stored), then the
+    ``more`` tensors (name -> array)."""
+    keys = dict(keys)
     old = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(out, old.fields["general.architecture"].contents())
     for name, field in old.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for tensor in old.tensors:
-        value = np.asarray(tensor.data, np.float32).reshape(tuple(tensor.shape[::-1]))
-        if value.ndim == 2:
-            raw = q6_k(value) if kind == "q6_k" else gguf.quants.quantize(value, kind)
-            qtype = gguf.GGMLQuantizationType.Q6_K if kind == "q6_k" else kind
-            if dequantized:
-                writer.add_tensor(tensor.name, gguf.quants.dequantize(raw, qtype))
-            else:
-                writer.add_tensor(tensor.name, raw, raw_dtype=qtype)
-        else:
-            writer.add_tensor(tensor.name, value)
+        if not name.startswith("GGUF.") and name != "general.architecture" and name not in keys:
+            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for name, change in keys.items():
+        if change is not None:
+            writer.add_key_value(name, *change)
+    for item in old.tensors:
+        made = np.asarray(item.data) if tensor is None else tensor(item)
+        if isinstance(made, tuple):
+            writer.add_tensor(item.name, made[0], raw_dtype=made[1])
+        elif made is not None:
+            writer.add_tensor(item.name, made)
+    for name, value in dict(more).items():
+        writer.add_tensor(name, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def in_numpys_shape(tensor) -> np.ndarray:
+    """A reader's tensor, stored unquantized, in NumPy's order (GGUF lists the fastest
+    dimension first)."""
+    return np.asarray(tensor.data).reshape(tuple(int(n) for n in tensor.shape[::-1]))
+
+
+def requantized(source: Path, out: Path, kind, dequantized: bool = False) -> Path:
+    """``source`` (an F32 file) with every 2-D tensor stored as ``kind`` (``gguf.quants`` or
+    ``q6_k``), or, ``dequantized``, as the float32 values that ``kind`` holds; the metadata
+    copied as it is."""
+    def stored(tensor):
+        value = in_numpys_shape(tensor).astype(np.float32)
+        if value.ndim != 2:
+            return value
+        raw = q6_k(value) if kind == "q6_k" else gguf.quants.quantize(value, kind)
+        qtype = gguf.GGMLQuantizationType.Q6_K if kind == "q6_k" else kind
+        return gguf.quants.dequantize(raw, qtype) if dequantized else (raw, qtype)
+    return rewritten(source, out, stored)
 
 
 QUANTS = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q5_1": gguf.GGMLQuantizationType.Q5_1,
@@ -456,20 +477,8 @@ def test_a_missing_key_or_tensor_is_named(converter, tmp_path):
     line = error_line(run("forward", "--load", path, "--tokens", "1,2"), 1)
     assert f"{path}: missing key 'llama.attention.head_count'" in line, line
     source = converter(EXAMPLES / "tiny-llama", "f32")
-    old = gguf.GGUFReader(source)
-    cut = tmp_path / "cut.gguf"
-    writer = gguf.GGUFWriter(cut, "llama")
-    for name, field in old.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for tensor in old.tensors:
-        if tensor.name != "blk.1.ffn_gate.weight":
-            writer.add_tensor(tensor.name, np.asarray(tensor.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    cut = rewritten(source, tmp_path / "cut.gguf", lambda t: None if t.name ==
+                    "blk.1.ffn_gate.weight" else np.asarray(t.data))
     line = error_line(run("forward", "--load", cut, "--tokens", "1,2"), 1)
     assert f"{cut}: missing tensor 'blk.1.ffn_gate.weight'" in line, line
 
@@ -546,20 +555,7 @@ def test_a_llama_3_1_file_carries_its_rope_scaling_as_factors(converter, tmp_pat
     assert_same_run(path, folder, GPT2_TOKENS)
     fields = tfmcli.sources.gguf.reader.read_config(path)
     assert tuple(fields["rope_scaling"]) == (8.0, 1.0, 4.0, 8192)
-    old = gguf.GGUFReader(path)
-    bent = tmp_path / "bent.gguf"
-    writer = gguf.GGUFWriter(bent, "llama")
-    for name, field in old.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for tensor in old.tensors:
-        value = np.asarray(tensor.data)
-        writer.add_tensor(tensor.name, value ** 1.1 if tensor.name == "rope_freqs.weight"
-                          else value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    bent = rewritten(path, tmp_path / "bent.gguf", lambda t: np.asarray(t.data) ** (
+        1.1 if t.name == "rope_freqs.weight" else 1))
     line = error_line(run("forward", "--load", bent, "--tokens", "1,2"), 1)
     assert "'rope_freqs.weight' holds RoPE factors" in line and "will not guess" in line

@@ -23,8 +23,10 @@ from test_gguf import (  # noqa: F401
     GPT2_TOKENS,
     assert_same_run,
     forward_backward,
+    in_numpys_shape,
     llama_cpp,
     plain_env,
+    rewritten,
 )
 
 from helpers import error_line, ok, run
@@ -256,28 +258,6 @@ def test_the_reorder_undone_is_the_converters_inverse():
 
 # ------------------------------------------------------------------ what tfm does not run
 
-def rewritten(source: Path, out: Path, changes: dict) -> Path:
-    """``source`` with keys changed (name -> (value, GGUFValueType)) or dropped (-> None),
-    its tensors as they are."""
-    old = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(out, old.fields["general.architecture"].contents())
-    for name, field in old.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in changes:
-            continue
-        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for name, change in changes.items():
-        if change is not None:
-            writer.add_key_value(name, *change)
-    for tensor in old.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
-
-
 F32, STRING, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, \
     gguf.GGUFValueType.UINT32
 REFUSED = [
@@ -308,7 +288,7 @@ REFUSED = [
 @pytest.mark.parametrize("name, changes, said", REFUSED)
 def test_what_tfm_cannot_run_is_one_line_naming_the_file_and_key(fused_files, tmp_path, name,
                                                                   changes, said):
-    path = rewritten(fused_files(name)[0], tmp_path / f"{name}.gguf", changes)
+    path = rewritten(fused_files(name)[0], tmp_path / f"{name}.gguf", keys=changes)
     line = error_line(run("forward", "--load", path, "--tokens", "1,2,3"), 1)
     assert f"--load {path}: {said}" in line, line
 
@@ -317,22 +297,12 @@ def test_a_starcoder_file_of_other_key_heads_is_refused(fused_files, tmp_path):
     """GPTBigCode has one key head or one a head; attn_qkv's rows saying another count are
     refused, naming the tensor (head_count_kv, 1 whatever the model, says nothing)."""
     source, _ = fused_files("starcoder")
-    old = gguf.GGUFReader(source)
-    out = tmp_path / "kv2.gguf"
-    writer = gguf.GGUFWriter(out, "starcoder")
-    for key, field in old.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for tensor in old.tensors:
-        value = np.asarray(tensor.data).reshape(tuple(tensor.shape[::-1]))
-        if tensor.name.endswith("attn_qkv.weight") or tensor.name.endswith("attn_qkv.bias"):
+    def two_key_heads(tensor):
+        value = in_numpys_shape(tensor)
+        if tensor.name.endswith(("attn_qkv.weight", "attn_qkv.bias")):
             value = np.concatenate([value, value[-16:]])   # 2 key heads' rows
-        writer.add_tensor(tensor.name, np.ascontiguousarray(value))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        return np.ascontiguousarray(value)
+    out = rewritten(source, tmp_path / "kv2.gguf", two_key_heads)
     line = error_line(run("forward", "--load", out, "--tokens", "1,2,3"), 1)
     assert f"--load {out}: tensor 'blk.0.attn_qkv.weight' has 64 rows, neither one key " \
            f"head's (48, multi_query) nor one a head's (96)" in line, line

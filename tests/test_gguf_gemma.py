@@ -235,24 +235,9 @@ def test_stablelms_parallel_residual_key_is_not_read(converter, hf_model):
 
 def with_changes(source: Path, out: Path, keys: dict = (), tensors: dict = ()) -> Path:
     """``source`` with ``keys`` (name -> float) and ``tensors`` (name -> array) added."""
-    old = gguf.GGUFReader(source)
-    arch = old.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(out, arch)
-    for name, field in old.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for name, value in dict(keys).items():
-        writer.add_float32(name, value)
-    for tensor in old.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data))
-    for name, value in dict(tensors).items():
-        writer.add_tensor(name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return test_gguf.rewritten(source, out, keys={name: (value, gguf.GGUFValueType.FLOAT32)
+                                                  for name, value in dict(keys).items()},
+                               more=tensors)
 
 
 @pytest.mark.parametrize("name, keys, tensors, said", [

@@ -152,23 +152,10 @@ def dequantized_copy(source: Path, out: Path) -> Path:
     """``source`` with every tensor stored as the float32 values its type decodes to (F32),
     the metadata as it is."""
     import gguf
+    from test_gguf import rewritten
 
-    old = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(out, old.fields["general.architecture"].contents())
-    for name, field in old.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for tensor in old.tensors:
-        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        writer.add_tensor(tensor.name, np.asarray(value, np.float32).reshape(
-            tuple(int(n) for n in tensor.shape[::-1])))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return rewritten(source, out, lambda t: gguf.quants.dequantize(t.data, t.tensor_type)
+                     .astype(np.float32).reshape(tuple(int(n) for n in t.shape[::-1])))
 
 
 @pytest.mark.parametrize("args, option, said", [
