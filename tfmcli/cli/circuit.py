@@ -24,25 +24,24 @@ from tfmcli.cli.options import (
     OUTPUT_OPTIONS,
     WHOLE_RUN_OPTIONS,
     Options,
-    from_options,
     with_options,
 )
-from tfmcli.cli.patch import Metric, corrupted_labels
-
-FROM_OPTIONS = from_options(panel=None)   # the corrupted run: this command's own options
+from tfmcli.cli.patch import (
+    FROM_OPTIONS,
+    AnswerOption,
+    Metric,
+    MetricOption,
+    WrongOption,
+    corrupted_labels,
+)
 
 
 @app.command()
 @with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
 def circuit(
-    metric: Annotated[Metric, typer.Option(
-        "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
-        help="loss (the default), or logit-diff: --answer's minus --wrong's.")
-    ] = Metric.loss,
-    answer: Annotated[Optional[str], typer.Option(
-        "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")] = None,
-    wrong: Annotated[Optional[str], typer.Option(
-        "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")] = None,
+    metric: MetricOption = Metric.loss,
+    answer: AnswerOption = None,
+    wrong: WrongOption = None,
     steps: Annotated[int, typer.Option(
         "--steps", min=0, max=1000, metavar="N",
         help="EAP-IG over N points from clean to corrupted (0: EAP).")] = 0,

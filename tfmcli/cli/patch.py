@@ -42,6 +42,16 @@ class Metric(str, Enum):
     logit_diff = "logit-diff"
 
 
+# the metric of a clean and a corrupted run (tfm patch's, tfm circuit's)
+MetricOption = Annotated[Metric, typer.Option(
+    "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
+    help="loss (the default), or logit-diff: --answer's minus --wrong's.")]
+AnswerOption = Annotated[Optional[str], typer.Option(
+    "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")]
+WrongOption = Annotated[Optional[str], typer.Option(
+    "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")]
+
+
 @app.command()
 @with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
 def patch(
@@ -52,14 +62,9 @@ def patch(
     act: Annotated[Optional[str], typer.Option(
         "--act", metavar="NAME",
         help="--over positions: an activation (B, T, ...).")] = None,
-    metric: Annotated[Metric, typer.Option(
-        "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
-        help="loss (the default), or logit-diff: --answer's minus --wrong's.")
-    ] = Metric.loss,
-    answer: Annotated[Optional[str], typer.Option(
-        "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")] = None,
-    wrong: Annotated[Optional[str], typer.Option(
-        "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")] = None,
+    metric: MetricOption = Metric.loss,
+    answer: AnswerOption = None,
+    wrong: WrongOption = None,
     opts: Options = None,
 ):
     """Activation patching, clean into corrupted, beside attribution patching's estimate.
