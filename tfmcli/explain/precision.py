@@ -217,18 +217,12 @@ class PrecisionReport:
         }
 
 
-def measure(name: str, kind: str, low, truth, made, eps: float, tiny: float,
-            floor: float | None = None) -> TensorError:
-    """``low``'s error against ``truth`` and its split at ``made`` (the operation on rounded
-    float64 inputs); ``floor``: the scale of a tensor that is 0 but for rounding."""
-    return finish(raw_error(low, truth, made, tiny), name, kind, eps, floor)
-
-
 CHUNK = 1 << 20   # entries raw_error reads at a time: its scratch is a few of these
 
 
 def raw_error(low, truth, made, tiny: float) -> dict:
-    """What ``measure`` needs of the three arrays, before any scale: float64's RMS over its
+    """What a tensor's error needs of the three arrays (``low``'s against ``truth``, split at
+    ``made``: the operation on rounded float64 inputs), before any scale: float64's RMS over its
     finite entries, the RMS and largest of each difference there, and the counts. A streamed
     comparison keeps these and lets the arrays go (the gradients' scale, the largest
     gradient's RMS, is known only at the end). Read CHUNK entries at a time, so that a
