@@ -45,6 +45,7 @@ class Explorer:
         self.values = {**fwd.acts, **run.params}
         self.gradients = {**grads.acts, **{n: g for n, g in grads.items()}}
         self._scales: dict = {}
+        self._differences: dict = {}   # (name, grad) -> its difference from float64 (p)
         # a run in float32, float16 or bfloat16: the same run in float64 beside it
         # (``explain.precision.compared``), and whether each cell shows its difference
         self.against, self.diff = against, False
@@ -93,13 +94,13 @@ class Explorer:
         """The tensor ``view`` shows: its values or gradient, or (``diff``) their difference
         from float64's, cell by cell."""
         if self.diff:
-            key = ("diff", view.name, view.grad)
-            if key not in self._scales:
+            key = (view.name, view.grad)
+            if key not in self._differences:
                 truth, low = (np.asarray(a, np.float64) for a in
                               self.against.arrays(view.name, view.grad)[:2])
                 with np.errstate(all="ignore"):   # the same inf in both: no difference
-                    self._scales[key] = np.where(low == truth, 0.0, low - truth)
-            return self._scales[key]
+                    self._differences[key] = np.where(low == truth, 0.0, low - truth)
+            return self._differences[key]
         return (self.gradients if view.grad else self.values)[view.name]
 
     def toggle_diff(self) -> str | None:
