@@ -228,8 +228,10 @@ class Circuit:
         """The metric of the clean run with ``edges`` patched (the module docstring); over
         prompt pairs (``averaged``), the mean of each pair's."""
         c = self.context
-        if "pairs" in c:
-            return float(np.mean([pair.patched(edges) for pair in c["pairs"]]))
+        if "pairs" in c:   # a pair to a core (engine.parallel.each)
+            from tfmcli.engine.parallel import each
+
+            return float(np.mean(each(lambda pair: pair.patched(edges), c["pairs"])))
         return patched_metric(c["params"], c["clean_inputs"], c["cfg"], self.senders,
                               self.readers, c["clean_acts"], c["corrupt_acts"], edges,
                               self.metric, c["answer"], c["wrong"])
@@ -277,6 +279,8 @@ def circuit(params, clean: Inputs, corrupted: Inputs, cfg: Config, metric: str =
     node = scores.sum(axis=1)
     context = {"params": params, "clean_inputs": clean, "cfg": cfg, "answer": answer,
                "wrong": wrong, "clean_acts": clean_fwd.acts, "corrupt_acts": corrupt_fwd.acts,
+               # each reader's gradient, (readers, B, T, d): EAP-IG's the average over its runs
+               "gradients": gradients,
                # an edge's score term by term: each row's and position's
                "terms": lambda edge: (delta[edge[0]] * gradients[edge[1]]).sum(axis=-1)}
     return Circuit("EAP-IG" if steps else "EAP", metric, senders, readers, mask, scores,
