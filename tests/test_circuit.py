@@ -225,7 +225,8 @@ def test_over_prompt_pairs_the_scores_and_patches_are_the_pairs_means(tmp_path):
     mean = module.averaged(each)
     assert np.allclose(mean.scores, (each[0].scores + each[1].scores) / 2, rtol=0, atol=0)
     top = mean.edges()[0]
-    assert shown["top"][0]["estimate"] == mean.scores[top]
+    # the command's pairs ran a pair to a core, on one BLAS thread each: the same to rounding
+    assert shown["top"][0]["estimate"] == pytest.approx(mean.scores[top], rel=1e-12)
     real = np.mean([c.patched([top]) - c.clean for c in each])
     assert shown["top"][0]["real"] == pytest.approx(real, rel=1e-12)
     assert shown["clean"] == pytest.approx(np.mean([c.clean for c in each]), rel=1e-15)

@@ -788,3 +788,46 @@ def test_a_small_step_runs_in_one_piece_and_a_large_one_in_parts(blas, monkeypat
     monkeypatch.setattr(model, "THREADED_ROWS", 1)
     tfmcli.backward(params, tfmcli.forward(params, tfmcli.make_inputs(small), small), small)
     assert len(cut) > 10   # attention, layer norm, products: each cut
+
+
+# ------------------------------------------------------------------ each: items to cores
+
+
+def test_each_gives_every_items_result_in_order_and_holds_blas_meanwhile(two_cores):
+    """Two items at once, one in tfm's thread and one in the caller's (each waits until both
+    have begun), their results in the items' order, the progress told as they end, BLAS held
+    to one thread until both are done."""
+    together = threading.Barrier(2, timeout=10)
+    threads, ticks = {}, []
+
+    def call(item):
+        threads[item] = threading.current_thread().name
+        together.wait()
+        assert two_cores.threads == 1
+        return item * 10
+
+    assert parallel.each(call, [1, 2], lambda done, total: ticks.append((done, total))) \
+        == [10, 20]
+    assert len(set(threads.values())) == 2
+    assert ticks == [(1, 2), (2, 2)] and two_cores.log == [1, 2]
+
+
+def test_each_inside_a_task_or_on_one_core_runs_in_the_caller(two_cores):
+    caller = threading.current_thread().name
+    names = lambda items: parallel.each(lambda _: threading.current_thread().name, items)  # noqa
+    two_cores.threads = 1
+    assert names(range(3)) == [caller] * 3
+    two_cores.threads = 2
+    inner = parallel.each(lambda _: set(names(range(3))), range(2))   # nested: one thread each
+    assert all(len(made) == 1 for made in inner)
+
+
+def test_an_error_in_each_is_raised_and_blas_given_back(two_cores):
+    def call(item):
+        if item == 1:
+            raise ValueError("item 1")
+        return item
+
+    with pytest.raises(ValueError, match="item 1"):
+        parallel.each(call, range(4))
+    assert two_cores.threads == 2

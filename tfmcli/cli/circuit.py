@@ -85,14 +85,17 @@ def circuit(
     else:
         runs = read_pairs(pairs, run, metric.value, ids)
         corrupted = runs[0][1]
+    from tfmcli.engine.parallel import each
+
+    def one(pair, tick=None):
+        clean, bad, right, wrong_id = pair
+        return edges_of(run.params, clean, bad, cfg, metric.value, right, wrong_id, steps,
+                        progress=tick)
+
     try:
-        made = []
         with progress_bar("prompt pairs" if pairs else "EAP-IG's runs") as tick:
-            for k, (clean, bad, right, wrong_id) in enumerate(runs):
-                made.append(edges_of(run.params, clean, bad, cfg, metric.value, right,
-                                     wrong_id, steps, progress=None if pairs else tick))
-                if pairs and tick is not None:
-                    tick(k + 1, len(runs))
+            # over prompt pairs, a pair to a core (their mean is the same whatever the order)
+            made = each(one, runs, tick) if pairs else [one(runs[0], tick)]
     except InterventionError as e:
         raise typer.BadParameter(str(e), param_hint="'--pairs'" if pairs else
                                  "'--from-tokens'") from None
@@ -105,12 +108,8 @@ def circuit(
     c = made[0] if pairs is None else averaged(made)
     order = c.edges()
     shown = order[:top]
-    with progress_bar("path patches") as tick:
-        real = []
-        for k, edge in enumerate(shown):
-            real.append(c.patched([edge]) - c.clean)
-            if tick is not None:
-                tick(k + 1, len(shown))
+    with progress_bar("path patches") as tick:   # a patch to a core
+        real = [patch - c.clean for patch in each(lambda edge: c.patched([edge]), shown, tick)]
         curve = c.faithfulness()
     reasons = [why(c, edge, r) for edge, r in zip(shown, real)]
     what = {"loss": "the loss (clean targets)",

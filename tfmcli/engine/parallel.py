@@ -103,6 +103,49 @@ def one_blas_thread():
             _let_go()
 
 
+def each(call, items, progress=None) -> list:
+    """``[call(item) for item in items]``, the items shared among the machine's cores: each a
+    task run whole in one of tfm's threads or the caller's, with BLAS held to one thread until
+    all are done (a thin product gains little from BLAS's threads, and two of them each on a
+    core of its own are two at once: the prompt pairs of ``tfm circuit``). In order, whatever
+    order they end in; ``progress(done, total)`` called by the caller as they end; the first
+    error raised. One at a time, in the caller, where ``run`` would not share (one core, BLAS
+    already held, inside a task). The numbers are those of a run on one BLAS thread."""
+    items = list(items)
+    threads = _threads(len(items) > 1)
+    if threads < 2 or len(items) < 2:
+        made = []
+        for item in items:
+            made.append(call(item))
+            if progress is not None:
+                progress(len(made), len(items))
+        return made
+    made = [None] * len(items)
+
+    def part(k: int) -> None:
+        made[k] = call(items[k])
+
+    tasks = [_Task(functools.partial(part, k), whole=True) for k in range(len(items))]
+    _hold(threads)
+    try:
+        queue = _queue(os.getpid())
+        for task in tasks:
+            queue.put(task, threads - 1, urgent=False)
+        for k, task in enumerate(tasks):
+            if task.take():
+                task.run()
+            task.done.wait()
+            if progress is not None:
+                progress(k + 1, len(tasks))
+            if task.error is not None:
+                break
+        _finish(tasks, run_left=False)
+    finally:
+        _let_go()
+    _raise_first(tasks)
+    return made
+
+
 def cost(multiply_adds: int, dtype) -> int:
     """Work as ``run`` and ``later`` count it: in multiply-adds of float32, so that ``SMALL`` is
     one length of time in any dtype. A wider number takes as much longer: float64's products
