@@ -1,6 +1,7 @@
 """tfm patch: activation patching from a clean run into a corrupted one, beside attribution
 patching's first-order estimate."""
 
+from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -50,6 +51,51 @@ AnswerOption = Annotated[Optional[str], typer.Option(
     "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")]
 WrongOption = Annotated[Optional[str], typer.Option(
     "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")]
+# a circuit's method (tfm circuit's, tfm explore's)
+StepsOption = Annotated[int, typer.Option(
+    "--steps", min=0, max=1000, metavar="N",
+    help="EAP-IG over N points from clean to corrupted (0: EAP).")]
+
+
+def check_metric(metric, answer, wrong) -> None:
+    """A logit difference needs --answer and --wrong: a usage error without them."""
+    if metric == Metric.logit_diff and (answer is None or wrong is None):
+        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
+                                 "with --load DIR)", param_hint="'--metric'")
+
+
+def metric_ids(run, answer, wrong) -> list:
+    """--answer's and --wrong's token ids (None where not given)."""
+    return [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
+                                                          (wrong, "--wrong"))]
+
+
+@contextmanager
+def circuit_errors(hint: str = "'--from-tokens'"):
+    """``explain.circuit``'s refusals as usage errors: a corrupted run that does not pair
+    with the clean one (naming ``hint``), a Post-LN model (naming --norm)."""
+    from tfmcli.engine.interventions import InterventionError
+    from tfmcli.errors import TfmError
+
+    try:
+        yield
+    except InterventionError as e:
+        raise typer.BadParameter(str(e), param_hint=hint) from None
+    except TfmError as e:
+        if "Post-LN" in str(e):
+            raise typer.BadParameter(str(e), param_hint="'--norm'") from None
+        raise
+
+
+def circuit_of(opts: Options, run, metric: Metric, ids, steps: int = 0, progress=None):
+    """The circuit (``explain.circuit.circuit``) of the run and the corrupted one
+    --from-tokens or --from-text gives: tfm circuit's, and tfm explore's."""
+    from tfmcli.explain.circuit import circuit
+
+    corrupted = patch_source(opts, run).inputs
+    with circuit_errors():
+        return circuit(run.params, run.inputs, corrupted, run.cfg, metric.value, *ids, steps,
+                       progress=progress)
 
 
 @app.command()
@@ -80,14 +126,11 @@ def patch(
     if act is not None and over != Over.positions:
         raise typer.BadParameter("it names the activation whose positions are patched; add "
                                  "--over positions", param_hint="'--act'")
-    if metric == Metric.logit_diff and (answer is None or wrong is None):
-        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
-                                 "with --load DIR)", param_hint="'--metric'")
+    check_metric(metric, answer, wrong)
     run, fwd, _ = execute(opts, with_grads=False)
     cfg = run.cfg
     corrupted = patch_source(opts, run).inputs
-    ids = [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
-                                                          (wrong, "--wrong"))]
+    ids = metric_ids(run, answer, wrong)
     if act is not None:
         from tfmcli.engine.interventions import resolve
         from tfmcli.engine.sizes import activation_shapes
