@@ -98,6 +98,13 @@ def circuit_of(opts: Options, run, metric: Metric, ids, steps: int = 0, progress
                        progress=progress)
 
 
+# (what other commands import from here stands above the command: the command's decorator
+# imports every command module, tfm circuit's and tfm explore's among them, which import this)
+def corrupted_labels(run, inputs) -> list[str]:
+    """The corrupted run's tokens of row 0, as text."""
+    return [run.token_text(int(t)) for t in inputs.tokens[0, :int(inputs.lengths[0])]]
+
+
 @app.command()
 @with_options(MODEL_OPTIONS, WHOLE_RUN_OPTIONS, FROM_OPTIONS, OUTPUT_OPTIONS)
 def patch(
@@ -180,10 +187,6 @@ def patch(
     arrays = {**run_arrays(cfg, run.params, run.inputs, fwd),   # the clean run, and the grids
               "patch/real": grid.real, "patch/estimate": grid.estimate}
     emit(opts, parts, payload, arrays)
-
-
-def corrupted_labels(run, inputs) -> list[str]:
-    return [run.token_text(int(t)) for t in inputs.tokens[0, :int(inputs.lengths[0])]]
 
 
 def ranking_line(grid) -> str:
