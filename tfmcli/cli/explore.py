@@ -1,4 +1,5 @@
-"""tfm explore: the run's every number under the keyboard, in a full-screen terminal app."""
+"""tfm explore: the run's every number under the keyboard, in a full-screen terminal app; with
+a corrupted run (--from-tokens, as tfm circuit takes it), the circuit's edge scores too."""
 
 import shlex
 import sys
@@ -18,6 +19,14 @@ from tfmcli.cli.options import (
     with_options,
     writable,
 )
+from tfmcli.cli.patch import (
+    FROM_OPTIONS,
+    AnswerOption,
+    Metric,
+    MetricOption,
+    StepsOption,
+    WrongOption,
+)
 
 # what --keys takes: Textual's key names, and the characters a person types for some of them
 KEY_NAMES = {"]": "right_square_bracket", "[": "left_square_bracket",
@@ -26,6 +35,7 @@ KEY_NAMES = {"]": "right_square_bracket", "[": "left_square_bracket",
 NAMED_KEYS = ("up", "down", "left", "right", "enter", "escape", "tab", "backspace",
               "pageup", "pagedown", "home", "end", *KEY_NAMES.values())
 INSTALL = "tfm explore needs Textual: python -m pip install textual"
+FROM = {name for name, _, _ in FROM_OPTIONS}   # the corrupted run's (or --patch's source)
 
 
 def parse_keys(text: Optional[str]) -> list[str]:
@@ -46,7 +56,7 @@ def parse_keys(text: Optional[str]) -> list[str]:
 
 @app.command()
 @with_options(MODEL_OPTIONS, [spec for spec in WHOLE_RUN_OPTIONS if spec[0] != "score_all"],
-              INTERVENE_OPTIONS)
+              [spec for spec in INTERVENE_OPTIONS if spec[0] not in FROM], FROM_OPTIONS)
 def explore(
     keys: Annotated[Optional[str], typer.Option(
         "--keys", metavar="K,K,...",
@@ -54,13 +64,21 @@ def explore(
     screenshot: Annotated[Optional[Path], typer.Option(
         "--screenshot", metavar="FILE.svg", callback=writable,
         help="With --keys: save the last screen as an SVG.")] = None,
+    metric: MetricOption = None,
+    answer: AnswerOption = None,
+    wrong: WrongOption = None,
+    steps: StepsOption = 0,
     opts: Options = None,
 ):
     """Walk through every number of a run with the keyboard: tensors, cells, their formulas.
 
+    With a corrupted run (--from-tokens or --from-text, without --patch), its circuit too:
+    every edge's score (as tfm circuit's), each explained as its two factors.
+
     Example: tfm explore --tokens 3,1,4,1,5 --keys "down,enter" --screenshot view.svg
     """
     pressed = parse_keys(keys)
+    circuit = wants_circuit(opts, metric, answer, wrong, steps)
     if screenshot is not None and keys is None:
         raise typer.BadParameter("a screenshot is of the screen --keys leaves; add --keys",
                                  param_hint="'--screenshot'")
@@ -76,8 +94,22 @@ def explore(
     from tfmcli.tui.app import ExploreApp
     from tfmcli.tui.state import Explorer
 
+    # the corrupted run is the circuit's, not a --patch's source: the run explored is clean
+    held = {name: opts.values[name] for name in FROM} if circuit else {}
+    opts.values.update(dict.fromkeys(held))
     run, fwd, grads = execute(opts, with_grads=True)
-    explorer = Explorer(run, fwd, grads, typed(opts), against=against(opts, run, fwd))
+    opts.values.update(held)
+    made = None
+    if circuit:
+        from tfmcli.cli.common import progress_bar
+        from tfmcli.cli.patch import circuit_of, metric_ids
+
+        with progress_bar("EAP-IG's runs") as tick:
+            made = circuit_of(opts, run, metric or Metric.loss, metric_ids(run, answer, wrong),
+                              steps, progress=tick if steps else None)
+    explorer = Explorer(run, fwd, grads, typed(opts, skip=FROM if circuit else ()),
+                        against=against(opts, run, fwd), circuit=made,
+                        circuit_argv=circuit_words(opts, metric, answer, wrong, steps))
     application = ExploreApp(explorer, header(run))
     if keys is None:
         application.run()
@@ -91,6 +123,45 @@ def explore(
     if screenshot is not None:
         from tfmcli.io import save_outputs
         save_outputs(text_path=screenshot, text=svg)
+
+
+def wants_circuit(opts: Options, metric, answer, wrong, steps) -> bool:
+    """Whether the explorer computes a circuit: a corrupted run (--from-tokens or --from-text)
+    without --patch, whose source it would be otherwise. --metric, --answer, --wrong and
+    --steps say how the circuit is scored: usage errors without one; and a circuit is of the
+    model as it is, so --ablate, --set and --scale are too beside it."""
+    from tfmcli.cli.patch import check_metric
+
+    values = opts.values
+    given = bool(values.get("from_tokens") or values.get("from_text"))
+    circuit = given and not values.get("patch")
+    scoring = [flag for flag, value in (("--metric", metric), ("--answer", answer),
+                                        ("--wrong", wrong), ("--steps", steps)) if value]
+    if scoring and not circuit:
+        raise typer.BadParameter("it scores the circuit of a corrupted run: add --from-tokens "
+                                 "IDS or --from-text TEXT" + (", without --patch" if given
+                                                               else ""),
+                                 param_hint=f"'{scoring[0]}'")
+    changed = [flag for flag in ("--ablate", "--set", "--scale") if values.get(flag[2:])]
+    if circuit and changed:
+        flag = "--from-tokens" if values.get("from_tokens") else "--from-text"
+        raise typer.BadParameter(f"without --patch it gives a circuit's corrupted run, and a "
+                                 f"circuit is of the model as it is: drop {changed[0]}, or add "
+                                 f"--patch TARGET to copy from it", param_hint=f"'{flag}'")
+    if circuit:
+        check_metric(metric or Metric.loss, answer, wrong)
+    return circuit
+
+
+def circuit_words(opts: Options, metric, answer, wrong, steps) -> list[str]:
+    """The options that made the circuit, as typed: the corrupted run's and the metric's (tfm
+    circuit's command line, after the model's)."""
+    words = typed(opts, FROM_OPTIONS)
+    for flag, value in (("--metric", metric and metric.value), ("--answer", answer),
+                        ("--wrong", wrong), ("--steps", steps)):
+        if value:
+            words += [flag, shlex.quote(str(value))]
+    return words
 
 
 def against(opts: Options, run, fwd):
@@ -139,13 +210,17 @@ async def drive(application, keys: list[str], size=(120, 40)) -> str:
         return application.svg()
 
 
-def typed(opts: Options) -> list[str]:
-    """The model and input options the user typed, as they would type them again."""
+def typed(opts: Options, specs=None, skip=()) -> list[str]:
+    """The model and input options the user typed (of ``specs``: the model's, the run's and
+    the interventions' by default; not those named in ``skip``), as they would type them
+    again."""
     from tfmcli.cli.options import FLAGS
 
     words = []
-    for name, annotation, _ in [*MODEL_OPTIONS, *RUN_OPTIONS, *INTERVENE_OPTIONS]:
-        if name not in opts.values or not opts.explicit(name):
+    if specs is None:
+        specs = [*MODEL_OPTIONS, *RUN_OPTIONS, *INTERVENE_OPTIONS]
+    for name, annotation, _ in specs:
+        if name not in opts.values or not opts.explicit(name) or name in skip:
             continue
         value = opts.values[name]
         decl = str(annotation.__metadata__[0].default)

@@ -24,7 +24,7 @@ from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from tfmcli.render.numbers import column
-from tfmcli.tui.state import Explorer, View
+from tfmcli.tui.state import CIRCUIT, Explorer, View
 
 LABEL = 12      # a row label's widest
 HEADER = 9      # a column label's widest
@@ -106,6 +106,48 @@ class KeysScreen(ModalScreen):
             getattr(self.query_one("#keys"), self.SCROLL[event.key])(animate=False)
         else:
             self.dismiss()
+
+
+class EndsScreen(ModalScreen):
+    """Enter on an edge of the circuit: its two ends, the sender's and the reader's, to
+    choose from (↑ ↓, Enter opens; 1 or 2 opens that one; Esc stays on the edge). Dismissed
+    with the index of the end chosen, or None."""
+
+    CSS = """
+    EndsScreen { align: center middle; }
+    #ends { width: auto; max-width: 100%; height: auto; max-height: 100%;
+            border: round $primary; padding: 0 1; background: $surface; }
+    """
+
+    def __init__(self, edge: str, ends: list[tuple[str, str]]):
+        super().__init__()
+        self.edge, self.ends, self.at = edge, ends, 0
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.text(), id="ends")
+
+    def text(self) -> Text:
+        text = Text(f"follow {self.edge} to\n", style="bold")
+        for k, (what, where) in enumerate(self.ends):
+            line = Text(f"{k + 1} {what}", style="reverse" if k == self.at else "")
+            text.append_text(line)
+            text.append(f"\n    {where}\n")
+        text.append("↑ ↓ Enter or 1 2: open · Esc: stay", style="dim")
+        return text
+
+    def on_key(self, event) -> None:
+        if event.key == "q":
+            return   # q still quits, from the app's bindings
+        event.stop()
+        if event.key in ("up", "down"):
+            self.at = (self.at + (1 if event.key == "down" else -1)) % len(self.ends)
+            self.query_one("#ends", Static).update(self.text())
+        elif event.key == "enter":
+            self.dismiss(self.at)
+        elif event.key in ("1", "2"):
+            self.dismiss(int(event.key) - 1)
+        elif event.key == "escape":
+            self.dismiss(None)
 
 
 OPERATORS = ("=", "x", "+", "-", "/", "*")
@@ -207,7 +249,7 @@ class ExploreApp(App):
         Binding("x", "swap", "swap the two axes shown"),
         Binding("d", "flip", "the tensor <-> its gradient"),
         Binding("v", "numbers", "numbers <-> colours only"),
-        Binding("enter", "follow", "follow the cell to what it came from"),
+        Binding("enter", "follow", "follow the cell to what it came from (an edge: its ends)"),
         Binding("escape", "back", "back (the views followed are a stack)"),
         Binding("g", "overview", "every block's heads' patterns, small; Enter opens one"),
         Binding("c", "check", "check a parameter's gradient by central differences"),
@@ -232,6 +274,8 @@ class ExploreApp(App):
         self._floor: float | None = None
 
     def first_name(self) -> str:
+        if self.explorer.circuit is not None:   # opened with a corrupted run: its circuit
+            return CIRCUIT
         pattern = "blocks.0.attn.pattern"
         return pattern if pattern in self.explorer.values else self.explorer.names()[0]
 
@@ -391,6 +435,9 @@ class ExploreApp(App):
         if self.grid is not None:
             self.open(self.explorer.pattern_view(*self.grid), remember=True)
             return
+        if self.view.name == CIRCUIT:
+            self.follow_edge()
+            return
         target = self.explorer.follow(self.view)
         if target is None:
             self.note = "this cell has no one input to follow"
@@ -398,6 +445,26 @@ class ExploreApp(App):
             self.top()
         else:
             self.open(target, remember=True)
+
+    def follow_edge(self) -> None:
+        """Enter on an edge: a choice of its two ends (``EndsScreen``); the one chosen opens,
+        and Esc comes back to the edge."""
+        ends = self.explorer.ends(self.view)
+        if ends is None:
+            self.note = "no edge here: nothing to follow"
+            self.draw()
+            self.top()
+            return
+        ex = self.explorer
+        listed = [(f"{kind}'s end, {end.what}",   # blocks.0.attn.context[0, t2, 4]
+                   f"{end.name}[{ex.where(view).split('[', 1)[1]}")
+                  for kind, (end, view) in zip(("the sender", "the reader"), ends)]
+
+        def chosen(at: int | None) -> None:
+            if at is not None:
+                self.open(ends[at][1], remember=True)
+
+        self.push_screen(EndsScreen(ex.where(self.view), listed), chosen)
 
     def action_back(self) -> None:
         """Esc: the filter closed (when typing in it), the overview closed, the view before,
@@ -417,8 +484,8 @@ class ExploreApp(App):
             self.query_one("#tensor").focus()
 
     def action_next_pane(self) -> None:
-        if isinstance(self.screen, KeysScreen):   # a priority key: it closes the keys, too
-            self.screen.dismiss()
+        if isinstance(self.screen, (KeysScreen, EndsScreen)):   # a priority key: it closes them
+            self.screen.dismiss(None)
             return
         panes = [self.query_one(f"#{pane}") for pane in ("tensor", "tree", "explain")]
         at = panes.index(self.focused) if self.focused in panes else 0
@@ -562,6 +629,8 @@ class ExploreApp(App):
         axes = ex.axes(view.name)
         fixed = [f"{axes[a]} {view.index[a]}" for a in range(len(axes))
                  if a not in view.shown or one_d and a != 0]
+        if ex.about(view):   # the circuit's method and metric
+            fixed.append(ex.about(view))
         # the tensor, and on a line of its own where the slice sits on the axes not shown
         title = ((f"{ex.cfg.dtype} - float64: " if ex.diff else "")
                  + f"{'d' if view.grad else ''}{view.name} ({', '.join(axes)}) "
@@ -569,7 +638,8 @@ class ExploreApp(App):
                  + (f"\n{' · '.join(fixed)}" if fixed else ""))
         scale = ex.scale(view)
         legend = (f"red < 0 < blue, to |x| {scale:.3g}; 0 grey"
-                  + ("; · masked" if hidden is not None else ""))
+                  + (("; · no edge" if view.name == CIRCUIT else "; · masked")
+                     if hidden is not None else ""))
 
         def lines(text: str) -> int:
             return sum(max(1, math.ceil(cell_len(line) / width)) for line in text.split("\n"))

@@ -5,6 +5,11 @@ axes and token labels, the cell under the cursor explained, where a cell came fr
 ``Explorer`` holds one computed run (forward and backward, once); a ``View`` is one screen of
 it (which tensor, value or gradient, which two axes are shown, the index on every other axis,
 the cursor). The app (``tui.app``) only draws views and moves between them.
+
+Opened with a corrupted run (``--from-tokens``), the explorer holds its circuit too
+(``explain.circuit``, computed once): the edge scores are one more tensor, ``circuit``, senders
+down and readers across, a cell that is no edge hidden as a masked score is; a cell is
+explained as its two factors (``explain.edges``) and followed to either of its two ends.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import re
 import numpy as np
 
 from tfmcli.explain.cells import SOURCES, explain_value
+from tfmcli.explain.edges import End, explain_edge
+from tfmcli.explain.edges import ends as edge_ends
 from tfmcli.explain.gradients import explain_gradient
 
 HEADS = re.compile(r"attn\.(q|k|v|q_rot|k_rot|q_norm\.out|k_norm\.out)$")
+CIRCUIT = "circuit"   # the circuit's edge scores, (senders, readers): a tensor of the explorer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +47,16 @@ class View:
 class Explorer:
     """A run computed once: its activations, their gradients, the parameters and theirs."""
 
-    def __init__(self, run, fwd, grads, argv: list[str], against=None):
+    def __init__(self, run, fwd, grads, argv: list[str], against=None, circuit=None,
+                 circuit_argv: list[str] | None = None):
         self.run, self.fwd, self.grads, self.argv = run, fwd, grads, argv
         self.cfg = run.cfg
         self.values = {**fwd.acts, **run.params}
+        # the circuit of a corrupted run (explain.circuit.Circuit), and the options that
+        # made it (--from-tokens ..., --metric ...): tfm circuit's command line with argv's
+        self.circuit, self.circuit_argv = circuit, list(circuit_argv or [])
+        if circuit is not None:
+            self.values[CIRCUIT] = circuit.scores
         self.gradients = {**grads.acts, **{n: g for n, g in grads.items()}}
         self._scales: dict = {}
         self._differences: dict = {}   # (name, grad) -> its difference from float64 (p)
@@ -66,6 +80,10 @@ class Explorer:
                     ("parameter gradients", [n for n in self.run.params if self.has_grad(n)],
                      "g")]
         lines = []
+        if self.circuit is not None and text.lower() in "circuit edge scores":
+            c = self.circuit
+            lines += [(0, f"circuit ({c.method}, {c.metric})", "", None),
+                      (1, "edge scores", "x".join(map(str, c.scores.shape)), f"v:{CIRCUIT}")]
         for title, names, kind in sections:
             names = [n for n in names if text.lower() in n.lower()]
             if not names:
@@ -93,7 +111,7 @@ class Explorer:
     def array(self, view: View) -> np.ndarray:
         """The tensor ``view`` shows: its values or gradient, or (``diff``) their difference
         from float64's, cell by cell."""
-        if self.diff:
+        if self.diff and view.name != CIRCUIT:   # (a circuit: float64's is not made)
             key = (view.name, view.grad)
             if key not in self._differences:
                 truth, low = (np.asarray(a, np.float64) for a in
@@ -131,6 +149,8 @@ class Explorer:
     def axes(self, name: str) -> tuple[str, ...]:
         """The name of each axis of tensor ``name``: B, H, T (Tq and Tk for a score), d, ..."""
         shape = self.values[name].shape
+        if name == CIRCUIT:
+            return ("sender", "reader")
         if name.endswith(("attn.scores", "attn.pattern")):
             return ("B", "H", "Tq", "Tk")
         if HEADS.search(name):
@@ -154,7 +174,11 @@ class Explorer:
         return ("V",) if name == "head.b_U" else ("i",)
 
     def first_view(self, name: str, grad: bool = False) -> View:
-        """Tensor ``name`` at its first entry, its last two axes shown."""
+        """Tensor ``name`` at its first entry, its last two axes shown (the circuit at its
+        largest edge)."""
+        if name == CIRCUIT:
+            edges = self.circuit.edges()
+            return View(CIRCUIT, False, (0, 1), tuple(map(int, edges[0])) if edges else (0, 0))
         ndim = self.values[name].ndim
         shown = (0, 0) if ndim == 1 else (ndim - 2, ndim - 1)
         return View(name, grad and self.has_grad(name), shown, (0,) * ndim)
@@ -168,6 +192,9 @@ class Explorer:
         kind = self.axes(view.name)[axis]
         size = self.values[view.name].shape[axis]
         span = range(start, size if stop is None else min(stop, size))
+        if view.name == CIRCUIT:   # the senders' and readers' names
+            parts = self.circuit.senders if kind == "sender" else self.circuit.readers
+            return [parts[i].name for i in span]
         if kind in ("T", "Tq", "Tk") and self.axes(view.name)[0] == "B":
             tokens = self.run.token_labels(self.row(view))
             prefix = {"Tq": "q", "Tk": "k"}.get(kind, "t")
@@ -204,7 +231,10 @@ class Explorer:
         return part if a < b else part.T
 
     def hidden(self, view: View) -> np.ndarray | None:
-        """True where a score or pattern cell is hidden by the mask (as the CLI's ·)."""
+        """True where a score or pattern cell is hidden by the mask (as the CLI's ·), or a cell
+        of the circuit is no edge."""
+        if view.name == CIRCUIT:
+            return ~self.circuit.mask if view.shown == (0, 1) else ~self.circuit.mask.T
         if not view.name.endswith(("attn.scores", "attn.pattern")) or set(view.shown) != {2, 3}:
             return None
         scores = self.fwd.acts[view.name.rsplit(".", 1)[0] + ".scores"]
@@ -212,7 +242,10 @@ class Explorer:
         return hidden if view.shown == (2, 3) else hidden.T
 
     def where(self, view: View) -> str:
-        """``pattern[0, 1, q2, k1]``: the cell under the cursor, named."""
+        """``pattern[0, 1, q2, k1]``: the cell under the cursor, named (an edge: ``a0.1 →
+        a1.0.k``)."""
+        if view.name == CIRCUIT:
+            return self.circuit.name(view.index)
         axes = self.axes(view.name)
         parts = []
         for axis, i in enumerate(view.index):
@@ -343,12 +376,35 @@ class Explorer:
             column = view.index[1] * ours[3] + view.index[3]
         return View(target, view.grad, (1, 2), (b, t, column))
 
+    # ------------------------------------------------------------ an edge's two ends
+
+    def ends(self, view: View) -> list[tuple[End, View]] | None:
+        """An edge's two ends (``explain.edges.ends``), the sender's then the reader's, each
+        with the view that opens it; None off the circuit or on a cell that is no edge."""
+        if view.name != CIRCUIT or not self.circuit.mask[view.index]:
+            return None
+        made = []
+        for end in edge_ends(self.run, self.circuit, *view.index):
+            made.append((end, View(end.name, False, end.shown, end.index)))
+        return made
+
+    def about(self, view: View) -> str | None:
+        """A line under a view's title: the circuit's method and metric, clean and
+        corrupted."""
+        if view.name != CIRCUIT:
+            return None
+        c = self.circuit
+        return (f"{c.method} of the {c.metric}: clean {c.clean:.4f}, corrupted "
+                f"{c.corrupted:.4f}; {int(c.mask.sum())} edges")
+
     # ------------------------------------------------------------ the explanation
 
     def explain(self, view: View) -> list[str]:
         """The selected cell: its value, and its formula with the run's numbers (a
         gradient's: its paths), checked against the value (``explain.cells``,
-        ``explain.gradients``)."""
+        ``explain.gradients``; an edge's score as its two factors: ``explain.edges``)."""
+        if view.name == CIRCUIT:
+            return explain_edge(self.run, self.circuit, *view.index).text()
         if self.diff:
             from tfmcli.explain.precision import cell_error
 
@@ -387,6 +443,8 @@ class Explorer:
     def command(self, view: View) -> str:
         """The ``tfm`` command that prints this view outside the explorer."""
         base = " ".join(self.argv)
+        if view.name == CIRCUIT:
+            return " ".join(["tfm circuit", *self.argv, *self.circuit_argv])
         if self.diff:   # every tensor's error against float64, as a table
             return f"tfm precision {base}".rstrip()
         m = re.match(r"blocks\.(\d+)\.(.*)", view.name)
