@@ -5,6 +5,7 @@ import io
 import math
 import os
 from contextlib import contextmanager
+from enum import Enum
 from typing import Annotated, List, Optional
 
 import numpy as np
@@ -13,7 +14,7 @@ from rich.console import Console
 
 import tfmcli
 from tfmcli import render
-from tfmcli.cli.options import Options, bounded, check_name, check_range
+from tfmcli.cli.options import Options, bounded, check_name, check_range, from_options
 from tfmcli.cli.screen import floored
 from tfmcli.engine import sizes
 from tfmcli.errors import ConfigError, TfmError
@@ -562,3 +563,71 @@ def show_tensors(tensors: dict, names, precision, row, head, run, gradient=False
                                          width=width(), **labels))
         payload[prefix + name] = {"shape": list(value.shape), "values": jsonable(value)}
     return shown, payload
+
+
+# ---------------------------------------------------------------- a clean and a corrupted run
+# (tfm patch's, tfm circuit's, tfm explore's; here, not in cli/patch.py, whose command's
+# decorator imports every command module: importing it from another reorders --help)
+
+# the corrupted run: these commands' own options (every other command hides them)
+FROM_OPTIONS = from_options(panel=None)
+
+
+class Metric(str, Enum):
+    loss = "loss"
+    logit_diff = "logit-diff"
+
+
+# the metric of a clean and a corrupted run
+MetricOption = Annotated[Metric, typer.Option(
+    "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
+    help="loss (the default), or logit-diff: --answer's minus --wrong's.")]
+AnswerOption = Annotated[Optional[str], typer.Option(
+    "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")]
+WrongOption = Annotated[Optional[str], typer.Option(
+    "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")]
+# a circuit's method (tfm circuit's, tfm explore's)
+StepsOption = Annotated[int, typer.Option(
+    "--steps", min=0, max=1000, metavar="N",
+    help="EAP-IG over N points from clean to corrupted (0: EAP).")]
+
+
+def check_metric(metric, answer, wrong) -> None:
+    """A logit difference needs --answer and --wrong: a usage error without them."""
+    if metric == Metric.logit_diff and (answer is None or wrong is None):
+        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
+                                 "with --load DIR)", param_hint="'--metric'")
+
+
+def metric_ids(run, answer, wrong) -> list:
+    """--answer's and --wrong's token ids (None where not given)."""
+    return [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
+                                                          (wrong, "--wrong"))]
+
+
+@contextmanager
+def circuit_errors(hint: str = "'--from-tokens'"):
+    """``explain.circuit``'s refusals as usage errors: a corrupted run that does not pair
+    with the clean one (naming ``hint``), a Post-LN model (naming --norm)."""
+    from tfmcli.engine.interventions import InterventionError
+    from tfmcli.errors import TfmError
+
+    try:
+        yield
+    except InterventionError as e:
+        raise typer.BadParameter(str(e), param_hint=hint) from None
+    except TfmError as e:
+        if "Post-LN" in str(e):
+            raise typer.BadParameter(str(e), param_hint="'--norm'") from None
+        raise
+
+
+def circuit_of(opts: Options, run, metric: Metric, ids, steps: int = 0, progress=None):
+    """The circuit (``explain.circuit.circuit``) of the run and the corrupted one
+    --from-tokens or --from-text gives: tfm circuit's, and tfm explore's."""
+    from tfmcli.explain.circuit import circuit
+
+    corrupted = patch_source(opts, run).inputs
+    with circuit_errors():
+        return circuit(run.params, run.inputs, corrupted, run.cfg, metric.value, *ids, steps,
+                       progress=progress)

@@ -10,6 +10,19 @@ from typing import Annotated, Optional
 import typer
 
 from tfmcli.cli.app import app
+from tfmcli.cli.common import (
+    FROM_OPTIONS,
+    AnswerOption,
+    Metric,
+    MetricOption,
+    StepsOption,
+    WrongOption,
+    check_metric,
+    circuit_of,
+    execute,
+    metric_ids,
+    progress_bar,
+)
 from tfmcli.cli.options import (
     INTERVENE_OPTIONS,
     MODEL_OPTIONS,
@@ -18,14 +31,6 @@ from tfmcli.cli.options import (
     Options,
     with_options,
     writable,
-)
-from tfmcli.cli.patch import (
-    FROM_OPTIONS,
-    AnswerOption,
-    Metric,
-    MetricOption,
-    StepsOption,
-    WrongOption,
 )
 
 # what --keys takes: Textual's key names, and the characters a person types for some of them
@@ -90,7 +95,6 @@ def explore(
         import textual  # noqa: F401
     except ImportError:
         raise typer.BadParameter(INSTALL, param_hint="'explore'") from None
-    from tfmcli.cli.common import execute
     from tfmcli.tui.app import ExploreApp
     from tfmcli.tui.state import Explorer
 
@@ -101,9 +105,6 @@ def explore(
     opts.values.update(held)
     made = None
     if circuit:
-        from tfmcli.cli.common import progress_bar
-        from tfmcli.cli.patch import circuit_of, metric_ids
-
         with progress_bar("EAP-IG's runs") as tick:
             made = circuit_of(opts, run, metric or Metric.loss, metric_ids(run, answer, wrong),
                               steps, progress=tick if steps else None)
@@ -130,8 +131,6 @@ def wants_circuit(opts: Options, metric, answer, wrong, steps) -> bool:
     without --patch, whose source it would be otherwise. --metric, --answer, --wrong and
     --steps say how the circuit is scored: usage errors without one; and a circuit is of the
     model as it is, so --ablate, --set and --scale are too beside it."""
-    from tfmcli.cli.patch import check_metric
-
     values = opts.values
     given = bool(values.get("from_tokens") or values.get("from_text"))
     circuit = given and not values.get("patch")

@@ -1,7 +1,6 @@
 """tfm patch: activation patching from a clean run into a corrupted one, beside attribution
 patching's first-order estimate."""
 
-from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -10,13 +9,19 @@ from rich.text import Text
 
 from tfmcli import render
 from tfmcli.cli.app import app
-from tfmcli.cli.common import (
+from tfmcli.cli.common import (  # the corrupted run's and the metric's: tfm circuit's too
+    FROM_OPTIONS,
+    AnswerOption,
+    Metric,
+    MetricOption,
+    WrongOption,
+    check_metric,
     describe,
     emit,
     execute,
+    metric_ids,
     patch_source,
     progress_bar,
-    token_id,
     width,
 )
 from tfmcli.cli.options import (
@@ -24,12 +29,8 @@ from tfmcli.cli.options import (
     OUTPUT_OPTIONS,
     WHOLE_RUN_OPTIONS,
     Options,
-    from_options,
     with_options,
 )
-
-# the corrupted run: the command's own options (every other command hides them)
-FROM_OPTIONS = from_options(panel=None)
 
 
 class Over(str, Enum):
@@ -38,68 +39,8 @@ class Over(str, Enum):
     positions = "positions"
 
 
-class Metric(str, Enum):
-    loss = "loss"
-    logit_diff = "logit-diff"
-
-
-# the metric of a clean and a corrupted run (tfm patch's, tfm circuit's)
-MetricOption = Annotated[Metric, typer.Option(
-    "--metric", case_sensitive=False, metavar="METRIC", show_default=False,
-    help="loss (the default), or logit-diff: --answer's minus --wrong's.")]
-AnswerOption = Annotated[Optional[str], typer.Option(
-    "--answer", metavar="ID|TEXT", help="logit-diff's right next token.")]
-WrongOption = Annotated[Optional[str], typer.Option(
-    "--wrong", metavar="ID|TEXT", help="logit-diff's wrong next token.")]
-# a circuit's method (tfm circuit's, tfm explore's)
-StepsOption = Annotated[int, typer.Option(
-    "--steps", min=0, max=1000, metavar="N",
-    help="EAP-IG over N points from clean to corrupted (0: EAP).")]
-
-
-def check_metric(metric, answer, wrong) -> None:
-    """A logit difference needs --answer and --wrong: a usage error without them."""
-    if metric == Metric.logit_diff and (answer is None or wrong is None):
-        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
-                                 "with --load DIR)", param_hint="'--metric'")
-
-
-def metric_ids(run, answer, wrong) -> list:
-    """--answer's and --wrong's token ids (None where not given)."""
-    return [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
-                                                          (wrong, "--wrong"))]
-
-
-@contextmanager
-def circuit_errors(hint: str = "'--from-tokens'"):
-    """``explain.circuit``'s refusals as usage errors: a corrupted run that does not pair
-    with the clean one (naming ``hint``), a Post-LN model (naming --norm)."""
-    from tfmcli.engine.interventions import InterventionError
-    from tfmcli.errors import TfmError
-
-    try:
-        yield
-    except InterventionError as e:
-        raise typer.BadParameter(str(e), param_hint=hint) from None
-    except TfmError as e:
-        if "Post-LN" in str(e):
-            raise typer.BadParameter(str(e), param_hint="'--norm'") from None
-        raise
-
-
-def circuit_of(opts: Options, run, metric: Metric, ids, steps: int = 0, progress=None):
-    """The circuit (``explain.circuit.circuit``) of the run and the corrupted one
-    --from-tokens or --from-text gives: tfm circuit's, and tfm explore's."""
-    from tfmcli.explain.circuit import circuit
-
-    corrupted = patch_source(opts, run).inputs
-    with circuit_errors():
-        return circuit(run.params, run.inputs, corrupted, run.cfg, metric.value, *ids, steps,
-                       progress=progress)
-
-
 # (what other commands import from here stands above the command: the command's decorator
-# imports every command module, tfm circuit's and tfm explore's among them, which import this)
+# imports every command module, tfm circuit's among them, which imports this one's)
 def corrupted_labels(run, inputs) -> list[str]:
     """The corrupted run's tokens of row 0, as text."""
     return [run.token_text(int(t)) for t in inputs.tokens[0, :int(inputs.lengths[0])]]
