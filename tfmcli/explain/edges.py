@@ -194,7 +194,7 @@ def explain_edge(run, c: Circuit, u: int, v: int) -> Explanation | NoEdge:
         both = [column([x], floor=size)(x).strip() for x in (claimed, recorded)]
     rows += [("sum", both[0]), (f"score ({c.method})", both[1])]
     lines = (f"{sender_words(sender)}, as read by {reader_words(cfg, reader)}",
-             "= sum over rows r, positions t of", "  Δ[r, t] . g[r, t]",
+             "= sum over r, t of Δ[r, t] . g[r, t]",   # rows r, positions t
              _difference_words(cfg, sender), *_gradient_words(c, reader), *aligned(rows))
     sender_end, reader_end = ends(run, c, u, v)
     return Explanation(where, recorded, claimed, lines, (sender_end.name, reader_end.name),
