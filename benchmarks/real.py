@@ -12,6 +12,8 @@ run.
 - whole commands (``forward``, ``backward``, ``lens``, ``explore`` to its first screen), each
   a fresh process, against the engine's time and the import floor (a process that imports
   tfm's CLI and exits);
+- NumPy's arrays in 2 MB pages against 4 KB (``NUMPY_MADVISE_HUGEPAGE``, which tfm's CLI sets
+  to 0): the folder read by a fresh process, and ``tfm forward``;
 - the engine in float32, bfloat16 and float16 against float32, on 32 tokens.
 
 The folder (random weights, float32 safetensors, about 500 MB) is made once with
@@ -103,9 +105,37 @@ def torch_step(folder: Path, run):
     return step
 
 
-def command_time(args: list[str], rounds: int = 3) -> float:
+def command_time(args: list[str], rounds: int = 3, env=None) -> float:
     return median_time(lambda: subprocess.run([sys.executable, "-m", "tfmcli", *args],
-                                              capture_output=True, check=True), rounds)
+                                              capture_output=True, check=True, env=env), rounds)
+
+
+READ = """import sys, time
+import tfmcli
+start = time.perf_counter()
+tfmcli.load(sys.argv[1], tokens=[[0, 1]], dtype="float64").complete()
+print(time.perf_counter() - start)"""
+
+
+def pages(folder: Path, tokens: str, rounds: int) -> None:
+    """NumPy's arrays in 2 MB pages (its default on Linux) against 4 KB (tfm's CLI sets
+    NUMPY_MADVISE_HUGEPAGE=0): the folder read in float64 by a fresh process, and tfm
+    forward, alternately, each the median of ``rounds``."""
+    print("\nNumPy's pages (NUMPY_MADVISE_HUGEPAGE), a fresh process each, alternately")
+    for what, run in (("reading the folder in float64",
+                       lambda env: float(subprocess.run(
+                           [sys.executable, "-c", READ, str(folder)], capture_output=True,
+                           check=True, text=True, env=env).stdout)),
+                      ("tfm forward, the whole command", lambda env: command_time(
+                          ["forward", "--load", str(folder), "--tokens", tokens, "--json"], 1,
+                          env))):
+        times = {"1": [], "0": []}
+        for _ in range(rounds):
+            for flag in times:
+                times[flag].append(run({**os.environ, "NUMPY_MADVISE_HUGEPAGE": flag}))
+        huge, small = (statistics.median(times[flag]) for flag in ("1", "0"))
+        print(f"  {what:<31} 2 MB pages {huge * 1e3:6.0f} ms   4 KB pages {small * 1e3:6.0f} "
+              f"ms   {huge / small:5.2f}x", flush=True)
 
 
 def main():
@@ -162,6 +192,7 @@ def main():
                                [*command, "--load", str(folder), "--tokens", tokens])
         print(f"  tfm {command[0]:<9} {seconds * 1e3:7.0f} ms  {seconds / engine_s:5.2f}x the "
               f"engine's", flush=True)
+    pages(folder, tokens, 3)
     print(f"\nthe engine in each dtype on {T} tokens, against float32 (target: <= 2x)")
     base = None
     for dtype in ("float32", "bfloat16", "float16"):
