@@ -11,9 +11,18 @@ from rich.text import Text
 from tfmcli import render
 from tfmcli.cli.app import app
 from tfmcli.cli.common import (
+    FROM_OPTIONS,
+    AnswerOption,
+    Metric,
+    MetricOption,
+    StepsOption,
+    WrongOption,
+    check_metric,
+    circuit_errors,
     describe,
     emit,
     execute,
+    metric_ids,
     patch_source,
     progress_bar,
     token_id,
@@ -26,14 +35,7 @@ from tfmcli.cli.options import (
     Options,
     with_options,
 )
-from tfmcli.cli.patch import (
-    FROM_OPTIONS,
-    AnswerOption,
-    Metric,
-    MetricOption,
-    WrongOption,
-    corrupted_labels,
-)
+from tfmcli.cli.patch import corrupted_labels
 
 
 @app.command()
@@ -42,9 +44,7 @@ def circuit(
     metric: MetricOption = Metric.loss,
     answer: AnswerOption = None,
     wrong: WrongOption = None,
-    steps: Annotated[int, typer.Option(
-        "--steps", min=0, max=1000, metavar="N",
-        help="EAP-IG over N points from clean to corrupted (0: EAP).")] = 0,
+    steps: StepsOption = 0,
     top: Annotated[int, typer.Option(
         "--top", min=1, max=1000, metavar="K",
         help="Edges drawn and path-patched, the largest first.")] = 8,
@@ -57,8 +57,6 @@ def circuit(
 
     Example: tfm circuit --tokens 3,1,4,1,5 --from-tokens 3,1,2,1,5 -L 2
     """
-    from tfmcli.engine.interventions import InterventionError
-    from tfmcli.errors import TfmError
     from tfmcli.explain.circuit import circuit as edges_of
     from tfmcli.explain.circuit import why
 
@@ -72,13 +70,11 @@ def circuit(
         raise typer.BadParameter("a circuit is what carries a change: add the corrupted run, "
                                  "--from-tokens IDS or --from-text TEXT (or --pairs FILE)",
                                  param_hint="'--from-tokens'")
-    if metric == Metric.logit_diff and (answer is None or wrong is None) and pairs is None:
-        raise typer.BadParameter("a logit difference needs --answer and --wrong (ids, or text "
-                                 "with --load DIR)", param_hint="'--metric'")
+    if pairs is None:
+        check_metric(metric, answer, wrong)
     run, fwd, _ = execute(opts, with_grads=False)
     cfg = run.cfg
-    ids = [token_id(run, value, flag) for value, flag in ((answer, "--answer"),
-                                                          (wrong, "--wrong"))]
+    ids = metric_ids(run, answer, wrong)
     if pairs is None:
         corrupted = patch_source(opts, run).inputs
         runs = [(run.inputs, corrupted, *ids)]
@@ -92,17 +88,10 @@ def circuit(
         return edges_of(run.params, clean, bad, cfg, metric.value, right, wrong_id, steps,
                         progress=tick)
 
-    try:
-        with progress_bar("prompt pairs" if pairs else "EAP-IG's runs") as tick:
-            # over prompt pairs, a pair to a core (their mean is the same whatever the order)
-            made = each(one, runs, tick) if pairs else [one(runs[0], tick)]
-    except InterventionError as e:
-        raise typer.BadParameter(str(e), param_hint="'--pairs'" if pairs else
-                                 "'--from-tokens'") from None
-    except TfmError as e:
-        if "Post-LN" in str(e):
-            raise typer.BadParameter(str(e), param_hint="'--norm'") from None
-        raise
+    with circuit_errors("'--pairs'" if pairs else "'--from-tokens'"), \
+            progress_bar("prompt pairs" if pairs else "EAP-IG's runs") as tick:
+        # over prompt pairs, a pair to a core (their mean is the same whatever the order)
+        made = each(one, runs, tick) if pairs else [one(runs[0], tick)]
     from tfmcli.explain.circuit import averaged
 
     c = made[0] if pairs is None else averaged(made)
