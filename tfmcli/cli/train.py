@@ -37,7 +37,7 @@ from tfmcli.cli.options import (
 )
 from tfmcli.cli.screen import floored
 from tfmcli.errors import ConfigError
-from tfmcli.train.tasks import TASKS, make_batch
+from tfmcli.train.tasks import TASKS, make_batch, refusal
 
 Task = Enum("Task", {name: name for name in TASKS}, type=str)
 HELD_OUT = 256      # held-out examples for the final accuracy
@@ -84,6 +84,9 @@ def train(
     from tfmcli.train.loop import evaluate
 
     check_rate(opts, lr)
+    problem = refusal(task.value, length, symbols)
+    if problem is not None:
+        raise typer.BadParameter(problem[1], param_hint=f"'{problem[0]}'")
     cfg = opts.config(seq_len=2 * length, vocab=symbols + 1, causal=True, lengths=None)
     if not opts.force:   # before any array: a step (or the held-out pass) and Adam's m and v
         from tfmcli.engine.sizes import param_count
@@ -190,6 +193,10 @@ def run_training(params, cfg, task, steps, n, symbols, warmup, lr, quiet):
 
 
 def task_line(task, n, symbols):
+    if task == "induction":
+        return (f"induction: {n} distinct symbols of 0..{symbols - 1}, separator {symbols}, "
+                f"then the same from a random offset; scored where the current token was "
+                f"followed by one in the prompt")
     return (f"{task}: {n} symbols of 0..{symbols - 1}, separator {symbols}, then the answer; "
             f"only answer positions are scored")
 
@@ -205,18 +212,24 @@ def schedule_line(cfg, warmup, lr):
 
 
 def prediction_table(held_out, predictions, n, symbols, rows=SHOWN) -> Table:
-    """A few held-out examples: the prompt, the right answer, the model's, and how many agree."""
+    """A few held-out examples: the prompt, the right answer, the model's, and how many agree.
+    The answer's positions a task does not score (induction's random first symbol and the one
+    after the wrap) show as a dim dot."""
     from tfmcli.engine.inputs import IGNORE
 
     table = Table(title="held-out predictions", box=None, padding=(0, 2), header_style="dim")
     for header in ("prompt", "answer", "predicted", "right"):
         table.add_column(header, justify="left" if header != "right" else "right")
     for b in range(min(rows, len(held_out.tokens))):
-        scored = held_out.targets[b] != IGNORE
-        answer, predicted = held_out.targets[b][scored], predictions[b][scored]
+        answer, predicted = held_out.targets[b][n:], predictions[b][n:]   # the answer's n
+        scored = answer != IGNORE
         marks = Text()
         for a, p in zip(answer, predicted):
-            marks.append(f"{p} ", style="green" if a == p else "bold red")
-        table.add_row(" ".join(map(str, held_out.tokens[b][:n])), " ".join(map(str, answer)),
-                      marks, f"{int((answer == predicted).sum())}/{n}")
+            if a == IGNORE:
+                marks.append("· ", style="dim")
+            else:
+                marks.append(f"{p} ", style="green" if a == p else "bold red")
+        table.add_row(" ".join(map(str, held_out.tokens[b][:n])),
+                      " ".join(str(a) if a != IGNORE else "·" for a in answer), marks,
+                      f"{int((answer == predicted)[scored].sum())}/{int(scored.sum())}")
     return table
