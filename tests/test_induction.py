@@ -2,14 +2,21 @@
 on them whose circuit (`tfm circuit`) is the known one, a previous-token head feeding an
 induction head's keys (docs/commands/circuit.md, "A worked example: induction")."""
 
+import json
+import re
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import tfmcli
 from helpers import error_line, ok, run
 from tfmcli.engine.inputs import IGNORE
+from tfmcli.train.loop import evaluate
 from tfmcli.train.tasks import every_target, induction_targets, make_batch
 
+ROOT = Path(__file__).resolve().parent.parent
 N, SYMBOLS = 8, 10
 
 
@@ -108,3 +115,118 @@ def test_tfm_train_shows_what_it_scores():
     given = ok("train", "--task", "induction", "--steps", 2, "--tokens",
                "3,1,4,0,5,9,2,6,10,4,0,5,9,2,6,3").stdout
     assert "│ row 0 targets  — — — — — — — — — 0 5 9 2 6 — —" in given
+
+
+# ------------------------------------------------------------ the worked example: its circuit
+
+SECTION = (ROOT / "docs" / "commands" / "circuit.md").read_text().split(
+    "## A worked example: induction\n")[1].split("\n## ")[0]
+
+
+def page_commands() -> list[str]:
+    """The section's `tfm` command lines, each joined over its `\\` continuations."""
+    joined = re.sub(r" *\\\n *", " ", SECTION)
+    return [line for line in joined.splitlines() if line.startswith("tfm ")]
+
+
+def page_run(command: str, folder: Path) -> dict:
+    """A command of the page, its files in ``folder``, with --json: what it printed."""
+    args = [str(folder / word) if word.endswith((".npz", ".jsonl")) else word
+            for word in shlex.split(command)[1:]]
+    return json.loads(ok(*args, "--json").stdout)
+
+
+@pytest.fixture(scope="module")
+def worked(tmp_path_factory):
+    """The page's commands run as written (one training, ~10 s): (folder, what each printed,
+    in the page's order)."""
+    folder = tmp_path_factory.mktemp("induction")
+    pairs = [line for line in SECTION.splitlines() if line.startswith('{"clean"')]
+    (folder / "induction-pairs.jsonl").write_text("\n".join(pairs) + "\n")
+    return folder, [page_run(command, folder) for command in page_commands()]
+
+
+def heads(path: Path) -> tuple[int, int, list, list]:
+    """(the previous-token head of block 0, the induction head of block 1, each head's score)
+    from the attention patterns on fresh examples: a block 0 head's mean attention from each
+    prompt position to the one before it; a block 1 head's, from each scored position to the
+    one after the current token's place in the prompt."""
+    run_ = tfmcli.load(path)
+    batch = make_batch("induction", np.random.default_rng(7), 64, N, SYMBOLS)
+    _, fwd = evaluate(run_.params, run_.cfg, batch)
+    first, second = fwd.acts["blocks.0.attn.pattern"], fwd.acts["blocks.1.attn.pattern"]
+    previous = [float(first[:, h, np.arange(1, N), np.arange(N - 1)].mean())
+                for h in range(run_.cfg.heads)]
+    b, t = np.nonzero(batch.targets != IGNORE)
+    after = np.array([list(batch.tokens[i, :N]).index(batch.tokens[i, j]) + 1
+                      for i, j in zip(b, t)])
+    induction = [float(second[b, h, t, after].mean()) for h in range(run_.cfg.heads)]
+    return int(np.argmax(previous)), int(np.argmax(induction)), previous, induction
+
+
+def edges(payload) -> list[str]:
+    return [f"{e['from']} → {e['to']}" for e in payload["edges"]]
+
+
+def assert_known_circuit(payload, prev: int, ind: int):
+    """The top key edge is the previous-token head into the induction head's keys, and the
+    top three edges are the circuit: the embedding into the previous-token head's values, that
+    edge, the induction head into the logits. The books hold."""
+    order = edges(payload)
+    keys = [edge for edge in order if edge.endswith(".k")]
+    assert keys[0] == f"a0.{prev} → a1.{ind}.k", order[:6]
+    assert set(order[:3]) == {f"emb → a0.{prev}.v", f"a0.{prev} → a1.{ind}.k",
+                              f"a1.{ind} → logits"}, order[:6]
+    assert payload["books"] < 1e-10
+
+
+def test_the_worked_example_learns_and_finds_the_known_circuit(worked):
+    folder, (trained, ig, eap, over_pairs) = worked
+    assert trained["task"] == "induction" and trained["final_accuracy"] > 0.95
+    prev, ind, previous, induction = heads(folder / "induction.npz")
+    assert previous[prev] > 0.5 and induction[ind] > 0.9, (previous, induction)
+    assert (prev, ind) == (1, 0)                              # as the page names them
+    for payload in (ig, over_pairs):
+        assert payload["method"] == "EAP-IG" and payload["steps"] == 16
+        assert_known_circuit(payload, prev, ind)
+        top = {f"{e['from']} → {e['to']}": e for e in payload["top"]}
+        change = payload["corrupted"] - payload["clean"]
+        assert change < -10                                   # the answer's logit lost
+        # the key edge alone, patched, carries most of the change
+        assert top[f"a0.{prev} → a1.{ind}.k"]["real"] / change > 0.5
+    # plain EAP, at the clean run whose induction softmax is saturated, misses the key edge
+    assert eap["method"] == "EAP" and eap["clean"] == pytest.approx(ig["clean"], rel=1e-12)
+    score = {edge: e["score"] for edge, e in zip(edges(eap), eap["edges"])}
+    key = f"a0.{prev} → a1.{ind}.k"
+    assert abs(score[key]) < 0.1 * abs(dict(zip(edges(ig), [e["score"] for e in
+                                                           ig["edges"]]))[key])
+    assert key not in edges(eap)[:3]
+
+
+def test_with_the_default_mlp_the_keys_read_the_head_through_it(tmp_path):
+    """The page's "Why --d-ff 8": trained without it, the same two kinds of head, but the
+    previous-token head reaches the induction head's keys through the first MLP."""
+    train, ig = page_commands()[:2]
+    assert " --d-ff 8 " in train
+    page_run(train.replace(" --d-ff 8 ", " "), tmp_path)
+    prev, ind, previous, induction = heads(tmp_path / "induction.npz")
+    assert previous[prev] > 0.5 and induction[ind] > 0.9, (previous, induction)
+    assert (prev, ind) == (0, 1)                              # as the page names them
+    payload = page_run(ig, tmp_path)
+    order = edges(payload)
+    assert [edge for edge in order if edge.endswith(".k")][0] == f"m0 → a1.{ind}.k"
+    assert f"emb → a0.{prev}.v" == order[0] and f"a0.{prev} → m0" in order[:5], order[:10]
+    assert f"a0.{prev} → a1.{ind}.k" not in order[:10]
+    assert payload["books"] < 1e-10
+
+
+def test_a_model_trained_to_copy_has_neither_head_nor_the_circuit(tmp_path):
+    """The checks above can fail: the page's model trained on `copy` instead (600 steps) has
+    no previous-token or induction head, and its circuit is not the known one."""
+    train, ig = page_commands()[:2]
+    page_run(train.replace("--task induction", "--task copy").replace("--steps 3000",
+                                                                      "--steps 600"), tmp_path)
+    prev, ind, previous, induction = heads(tmp_path / "induction.npz")
+    assert previous[prev] < 0.5 and induction[ind] < 0.5, (previous, induction)
+    with pytest.raises(AssertionError):
+        assert_known_circuit(page_run(ig, tmp_path), prev, ind)
