@@ -266,3 +266,22 @@ def test_a_rounded_runs_books_balance_to_its_rounding(dtype):
     cfg = tfmcli.Config(layers=3, dtype=dtype)
     assert module.BOOKS < shown["books"] <= module.books_tolerance(cfg) / 10
     assert module.books_tolerance(cfg.replace(dtype="float64")) == module.BOOKS
+
+
+def test_the_edge_table_keeps_its_numbers_whole_at_80_columns_and_folds_the_reasons():
+    """Two reasons to a row are longer than the room left at 80 columns: they fold, left to
+    right, and every edge and number is printed whole (Rich cut them to "e…" before)."""
+    from helpers import render
+
+    from tfmcli.cli.circuit import edge_table
+
+    cfg, params, clean, corrupted = model("gpt2")
+    c = circuit(params, clean, corrupted, cfg)
+    shown = c.edges()[:3]
+    real = [c.patched([edge]) - c.clean for edge in shown]
+    reasons = ["a1's softmax saturated (entropy 0.12); its norm's scale moved 53%"] * 3
+    text = render(edge_table(c, shown, real, reasons), width=80)
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for edge, r in zip(shown, real):
+        assert f"{c.name(edge)}" in text and f"{r:+.4f}" in text
+    assert "saturated" in text and "scale moved 53%" in text

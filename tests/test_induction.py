@@ -201,6 +201,9 @@ def test_the_worked_example_learns_and_finds_the_known_circuit(worked):
     assert abs(score[key]) < 0.1 * abs(dict(zip(edges(ig), [e["score"] for e in
                                                            ig["edges"]]))[key])
     assert key not in edges(eap)[:3]
+    # and its row says why: the induction head's softmax at the last query (the metric's)
+    rows = {f"{e['from']} → {e['to']}": e for e in eap["top"]}
+    assert "a1's softmax saturated" in rows[key]["why"], rows[key]
 
 
 def test_with_the_default_mlp_the_keys_read_the_head_through_it(tmp_path):

@@ -102,7 +102,10 @@ def circuit(
         curve = c.faithfulness()
     reasons = [why(c, edge, r) for edge, r in zip(shown, real)]
     what = {"loss": "the loss (clean targets)",
-            "logit-diff": f"logit[{ids[0]}] - logit[{ids[1]}] at each row's last position"}
+            "logit-diff": (f"logit[{ids[0]}] - logit[{ids[1]}] at each row's last position"
+                           if all([right, wrong_id] == ids for _, _, right, wrong_id in runs)
+                           else "each pair's logit[\"answer\"] - "
+                           "logit[\"wrong\"] at its last position")}
     change = c.corrupted - c.clean
     panel = {**describe(cfg, run),
              "corrupted": render.token_line(corrupted_labels(run, corrupted)),
@@ -235,8 +238,12 @@ def edge_table(c, shown, real, reasons):
     rows = [[c.name(edge), f"{c.scores[edge]:+.4f}", f"{r:+.4f}",
              f"{c.scores[edge] - r:+.4f}", reason]
             for edge, r, reason in zip(shown, real, reasons)]
-    table = render.record_table(["edge", "estimate", "real", "est. - real", "why they differ"],
-                                rows, title="the top edges: EAP's estimate and the real path "
-                                            "patch (only that edge's reader sees the "
-                                            "corrupted sender)")
+    headers = ["edge", "estimate", "real", "est. - real", "why they differ"]
+    table = render.record_table(headers, rows, title="the top edges: EAP's estimate and the "
+                                                     "real path patch (only that edge's reader "
+                                                     "sees the corrupted sender)")
+    for column, header, cells in zip(table.columns, headers, zip(*rows)):
+        column.min_width = max(map(len, [header, *cells]))   # the numbers never cut
+    table.columns[-1].min_width = None   # the reasons fold into the width that is left
+    table.columns[-1].justify, table.columns[-1].no_wrap = "left", False
     return table

@@ -464,14 +464,29 @@ def _read_anew(cfg, params, this, readers, chosen, corrected, x) -> dict:
 # ---------------------------------------------------------------- where an estimate fails
 
 DISAGREE = 0.25   # an estimate and its real patch apart by more than this share of the larger
+SATURATED = 0.2   # nats: a pattern this sure puts 0.96 or more on one key, its slope p (1 - p)
+                  # a sixth of an even split's or less
+
+
+def metric_positions(c: Circuit) -> np.ndarray:
+    """(B, T) True where the metric reads the run: each row's last real position for a logit
+    difference, every scored position for the loss."""
+    inputs = c.context["clean_inputs"]
+    B, T = inputs.tokens.shape
+    if c.metric == "logit-diff":
+        return np.arange(T)[None, :] == (inputs.lengths - 1)[:, None]
+    from tfmcli.engine.inputs import IGNORE
+
+    return inputs.targets != IGNORE
 
 
 def why(c: Circuit, edge, real: float) -> str:
     """Why edge's EAP estimate and its real patch disagree (by more than DISAGREE of the
     larger), when tfm can tell: the reader's softmax saturated (its pattern's mean entropy, in
-    nats, under 0.1), its norm's scale moved (the stream's RMS where it reads, clean against
-    patched, by more than 10%), or the estimate's terms cancel (their sum under a tenth of
-    their magnitudes); "" where they agree or none of these holds."""
+    nats, at the positions the metric reads, under SATURATED), its norm's scale moved (the
+    stream's RMS where it reads, clean against patched, by more than 10%), or the estimate's
+    terms cancel (their sum under a tenth of their magnitudes); "" where they agree or none
+    of these holds."""
     u, v = edge
     estimate = float(c.scores[edge])
     if abs(estimate - real) <= DISAGREE * max(abs(estimate), abs(real)):
@@ -489,8 +504,9 @@ def why(c: Circuit, edge, real: float) -> str:
         pattern = ctx["clean_acts"][f"blocks.{reader.block}.attn.pattern"]
         with np.errstate(divide="ignore", invalid="ignore"):
             p = pattern[:, list(heads)]
-            entropy = float(-np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1).mean())
-        if entropy < 0.1:
+            each = -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1)   # (B, heads, T)
+        entropy = float(each.transpose(0, 2, 1)[metric_positions(c)].mean())
+        if entropy < SATURATED:
             said.append(f"a{reader.block}'s softmax saturated (entropy {entropy:.2f})")
     stream = stream_at(cfg, ctx["clean_acts"], reader)
     delta = written(cfg, ctx["params"], ctx["corrupt_acts"], sender) - \
