@@ -3,7 +3,10 @@
 and kept in a cache outside the project) from tfm's example checkpoints in F32, F16, BF16 and
 Q8_0, and re-quantized with ``gguf.quants`` (Q4_0, Q5_1) and a Q6_K encoder of the tests' own;
 the F32 file runs as the folder does (logits and every gradient to 1e-12 of scale), a quantized
-one within its rounding; the header reader agrees with ``gguf.GGUFReader``; the tokenizer built
+one within its rounding, and as the folder of the weights it decodes to (``decoded_folder``,
+made with gguf's reader, not tfm's), GPT-2's and LLaMA's also against Hugging Face's autograd
+on those weights; each block of 32 along the rows the file stores, and a planted bug in the
+decoding fails; the header reader agrees with ``gguf.GGUFReader``; the tokenizer built
 from ``tokenizer.ggml.*`` gives llama.cpp's own ids on its ``models/ggml-vocab-*.gguf`` files;
 every bad file is one line naming it, exit 1.
 """
@@ -23,7 +26,7 @@ import numpy as np
 import pytest
 
 import tfmcli
-from helpers import assert_scaled_close, error_line, ok, run
+from helpers import assert_folder_matches_hf, assert_scaled_close, error_line, ok, run
 
 gguf = pytest.importorskip("gguf", reason="GGUF files are read with the gguf package "
                                           "(llama.cpp's): python -m pip install gguf")
@@ -306,15 +309,18 @@ def in_numpys_shape(tensor) -> np.ndarray:
 
 
 def requantized(source: Path, out: Path, kind, dequantized: bool = False) -> Path:
-    """``source`` (an F32 file) with every 2-D tensor stored as ``kind`` (``gguf.quants`` or
-    ``q6_k``), or, ``dequantized``, as the float32 values that ``kind`` holds; the metadata
-    copied as it is."""
+    """``source`` (an F32 file) with every 2-D tensor whose rows hold whole blocks stored as
+    ``kind`` (``gguf.quants`` or ``q6_k``), or, ``dequantized``, as the float32 values that
+    ``kind`` holds; a tensor of rows no whole block fits (48 long, for blocks of 32) kept in
+    F32, as the converter keeps what Q8_0 cannot hold in F16; the metadata copied as it is."""
+    qtype = gguf.GGMLQuantizationType.Q6_K if kind == "q6_k" else kind
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+
     def stored(tensor):
         value = in_numpys_shape(tensor).astype(np.float32)
-        if value.ndim != 2:
+        if value.ndim != 2 or value.shape[1] % block:
             return value
         raw = q6_k(value) if kind == "q6_k" else gguf.quants.quantize(value, kind)
-        qtype = gguf.GGMLQuantizationType.Q6_K if kind == "q6_k" else kind
         return gguf.quants.dequantize(raw, qtype) if dequantized else (raw, qtype)
     return rewritten(source, out, stored)
 
@@ -340,6 +346,320 @@ def test_a_requantized_file_holds_what_its_type_decodes(converter, wide_llama, t
     for param, value in original.params.items():
         assert relative(ours.params[param], value)[0] < bound, param
     assert relative(fwd.acts["logits"], fwd_f.acts["logits"])[1] < 4 * bound
+
+
+# ------------------------------------------------------------------ what a file decodes to
+
+def stored_weights(folder: Path) -> dict[str, np.ndarray]:
+    """A folder's ``model.safetensors``, each tensor as float64 (bfloat16 ones too), in the
+    file's order."""
+    from safetensors import safe_open
+
+    assert [p.name for p in Path(folder).glob("*.safetensors")] == ["model.safetensors"]
+    with safe_open(Path(folder) / "model.safetensors", framework="pt") as f:
+        return {key: f.get_tensor(key).double().numpy() for key in f.keys()}
+
+
+def save_weights(tensors: dict, path: Path) -> None:
+    """``tensors`` (name -> float32 array) as ``save_pretrained`` writes a safetensors file."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({key: torch.from_numpy(np.ascontiguousarray(value, np.float32))
+               for key, value in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def numbered(folder: Path, out: Path) -> Path:
+    """A copy of ``folder`` whose weights are their own addresses: entry k of its tensors (each
+    flattened, in turn) holds 2 (k + 1), which float32 holds exactly. The converter's F32 file
+    of it says where it put each entry (rows permuted, regrouped, transposed, cut) and what it
+    added to it (Gemma's norms are stored as 1 + w: an odd number)."""
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    start, tensors = 0, {}
+    for key, value in stored_weights(folder).items():
+        tensors[key] = 2 * (start + 1 + np.arange(value.size)).reshape(value.shape)
+        start += value.size
+    assert 2 * start < 2 ** 24   # (every address a float32 integer)
+    save_weights(tensors, out / "model.safetensors")
+    return out
+
+
+def decoded_folder(folder: Path, path: Path, addresses: Path, out: Path) -> Path:
+    """A copy of ``folder`` (its config and tokenizer as they are) whose weights are what the
+    GGUF file ``path`` decodes to: each tensor read by gguf's own ``GGUFReader`` and
+    ``gguf.quants.dequantize``, each entry put back where ``addresses`` (the converter's F32
+    file of ``numbered(folder)``) says it came from, less the 1 the converter added to Gemma's
+    norms; in float32, which holds each exactly. tfm's GGUF reader plays no part in it (the
+    folder is read by tfm's folder readers, which each family's tests hold to Hugging Face's
+    ``from_pretrained``). A tensor the converter left out keeps the folder's values."""
+    weights = stored_weights(folder)
+    flat = np.concatenate([w.ravel() for w in weights.values()])
+    found = np.zeros(flat.size, bool)
+    where = {t.name: in_numpys_shape(t) for t in gguf.GGUFReader(addresses).tensors}
+    for tensor in gguf.GGUFReader(path).tensors:
+        codes = where.pop(tensor.name).ravel()
+        value = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float64)
+        assert value.size == codes.size, tensor.name
+        entry, added = np.divmod(codes.astype(np.int64), 2)
+        assert np.array_equal(2 * entry + added, codes), tensor.name
+        entry, value = entry - 1, value.ravel() - added
+        again = found[entry]   # (an entry the converter wrote twice: the same value)
+        assert np.array_equal(flat[entry[again]], value[again]), tensor.name
+        flat[entry], found[entry] = value, True
+    assert not where, sorted(where)   # the same tensors
+    tensors, start = {}, 0
+    for key, value in weights.items():
+        part = slice(start, start + value.size)
+        start += value.size
+        assert found[part].all() or not found[part].any(), (key, found[part].sum())
+        assert np.array_equal(flat[part].astype(np.float32), flat[part]), key
+        tensors[key] = flat[part].reshape(value.shape)
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    save_weights(tensors, out / "model.safetensors")
+    return out
+
+
+@pytest.fixture(scope="session")
+def decoded(tmp_path_factory):
+    """decoded(folder, path, convert) -> the folder of what ``path``, a GGUF file of
+    ``folder``, decodes to (``decoded_folder``); ``convert(folder)``: the F32 file the
+    converter writes of a folder (the addresses' file, made once a folder)."""
+    addresses, made = {}, {}
+
+    def folder_of(folder, path, convert) -> Path:
+        folder, path = Path(folder), Path(path)
+        if folder not in addresses:
+            base = tmp_path_factory.mktemp("numbered")
+            addresses[folder] = convert(numbered(folder, base / f"{folder.name}-numbered"))
+        if path not in made:
+            made[path] = decoded_folder(folder, path, addresses[folder],
+                                        tmp_path_factory.mktemp("decoded") / folder.name)
+        return made[path]
+    return folder_of
+
+
+def typed_file(convert, folder: Path, kind: str, out: Path) -> Path:
+    """``folder``'s GGUF file of type ``kind``: the converter's own (``convert(folder,
+    outtype)``: "f16", "q8_0"), or its F32 file re-quantized by ``gguf.quants`` ("Q4_0",
+    "Q5_1": ``requantized``), written to ``out``."""
+    if kind not in QUANTS:
+        return convert(folder, kind)
+    return requantized(convert(folder, "f32"), out / f"{Path(folder).name}-{kind}.gguf",
+                       QUANTS[kind])
+
+
+def moved(folder: Path, decoded_: Path) -> list[str]:
+    """The folder's weights whose decoded values differ from its own."""
+    ours, theirs = stored_weights(folder), stored_weights(decoded_)
+    return [key for key in ours if not np.array_equal(ours[key], theirs[key])]
+
+
+def assert_runs_as_what_it_decodes_to(path: Path, folder: Path, decoded_: Path, tokens,
+                                      summed: int = 0) -> None:
+    """The file's run is the run of ``decoded_``, the folder of what it decodes to
+    (``assert_same_run``: the Config, parameters, logits, loss and every gradient to 1e-12 of
+    scale), and that is not the folder's own: the weights of every tensor the file stores in
+    a type other than F32 moved, and ``summed`` more (Gemma's norms, stored in F32 as
+    float32's sum 1 + w); those it stores in F32 (the norms, GPT-2's and StarCoder's position
+    table in the converter's files) did not."""
+    assert_same_run(path, decoded_, tokens)
+    stored = [name for name, t in GgufFile(path).tensors.items() if t.kind.name != "F32"]
+    assert len(moved(folder, decoded_)) == len(stored) + summed > 0
+
+
+# the models of LLaMA's names and GPT-2's: name -> (kind, config) of a Hugging Face folder
+# (``hf_folder``), or the fixture that makes it
+LLAMA_FAMILY = {"tiny-llama": None, "wide-llama": None, "gpt2": None,
+                "qwen2": ("Qwen2", {}), "qwen3": ("Qwen3", {"head_dim": 16})}
+
+
+@pytest.fixture(scope="session")
+def llama_family(tiny_gpt2, wide_llama, tmp_path_factory):
+    """model(name) -> (folder, the pre-tokenizer the converter is told, tokens) of
+    LLAMA_FAMILY's models, each made once."""
+    made = {"tiny-llama": (EXAMPLES / "tiny-llama", "", TOKENS),
+            "wide-llama": (wide_llama, "", [[1, 40, 200, 7, 99, 315, 3, 12]]),
+            "gpt2": (tiny_gpt2, "gpt-2", GPT2_TOKENS)}
+
+    def model(name: str):
+        if name not in made:
+            kind, config = LLAMA_FAMILY[name]
+            folder = hf_folder(tmp_path_factory.mktemp("models") / f"decoded-{name}", kind,
+                               **config)
+            made[name] = folder, "gpt-2", GPT2_TOKENS
+        return made[name]
+    return model
+
+
+DECODED = [("wide-llama", "f16"), ("wide-llama", "q8_0"), ("wide-llama", "Q4_0"),
+           ("wide-llama", "Q5_1"), ("tiny-llama", "q8_0"), ("gpt2", "f16"), ("gpt2", "q8_0"),
+           ("gpt2", "Q4_0"), ("gpt2", "Q5_1"), ("qwen2", "f16"), ("qwen2", "q8_0"),
+           ("qwen2", "Q4_0"), ("qwen3", "q8_0"), ("qwen3", "Q5_1")]
+
+
+@pytest.mark.parametrize("name, kind", DECODED)
+def test_a_file_runs_as_the_folder_of_what_it_decodes_to(converter, llama_family, decoded,
+                                                         tmp_path, name, kind):
+    """The converter's F16 and Q8_0 files and its F32 file re-quantized to Q4_0 and Q5_1:
+    each runs as the folder of the weights it decodes to (``decoded_folder``, made without
+    tfm's reader, with the original folder's config): LLaMA's rows permuted back, GPT-2's
+    Conv1D weights transposed back, their blocks of 32 along the rows the file stores (Qwen's
+    FFN, 48 wide, keeps F16 in the Q8_0 file and F32 in the re-quantized ones)."""
+    folder, pre, tokens = llama_family(name)
+    path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, kind, tmp_path)
+    assert GgufFile(path).kinds()[kind.upper()] > 0
+    assert_runs_as_what_it_decodes_to(path, folder, decoded(
+        folder, path, lambda f: converter(f, "f32", pre)), tokens)
+
+
+def gpt2_grads(model) -> dict:
+    """A GPT2LMHeadModel's gradients under tfm's names: Conv1D's weights are tfm's ``(in,
+    out)`` already, ``c_attn``'s columns q's, k's and v's in turn."""
+    tr, d = model.transformer, model.config.n_embd
+    theirs = {"embed.W_E": tr.wte.weight.grad, "embed.W_pos": tr.wpe.weight.grad,
+              "ln_f.gamma": tr.ln_f.weight.grad, "ln_f.beta": tr.ln_f.bias.grad}
+    if model.lm_head.weight is not tr.wte.weight:
+        theirs["head.W_U"] = model.lm_head.weight.grad.T
+    for i, block in enumerate(tr.h):
+        p, attn = f"blocks.{i}.", block.attn
+        for j, x in enumerate("QKV"):
+            theirs[p + f"attn.W_{x}"] = attn.c_attn.weight.grad[:, j * d:(j + 1) * d]
+            theirs[p + f"attn.b_{x}"] = attn.c_attn.bias.grad[j * d:(j + 1) * d]
+        for ours, module in (("attn.W_O", attn.c_proj), ("ffn.W_1", block.mlp.c_fc),
+                             ("ffn.W_2", block.mlp.c_proj)):
+            theirs[p + ours] = module.weight.grad
+            theirs[p + ours.replace("W_", "b_")] = module.bias.grad
+        for ours, norm in (("ln1", block.ln_1), ("ln2", block.ln_2)):
+            theirs[p + ours + ".gamma"], theirs[p + ours + ".beta"] = (norm.weight.grad,
+                                                                       norm.bias.grad)
+    return {name: grad.numpy() for name, grad in theirs.items()}
+
+
+@pytest.mark.parametrize("name, kind", [("gpt2", "q8_0"), ("gpt2", "Q4_0"),
+                                        ("wide-llama", "q8_0"), ("wide-llama", "Q5_1")])
+def test_a_quantized_file_is_hugging_faces_autograd_on_what_it_decodes_to(
+        converter, llama_family, decoded, tmp_path, name, kind):
+    """The file's run against Hugging Face's own model (``from_pretrained`` of the folder of
+    what the file decodes to, float64, ``loss.backward()``): the loss, the logits and every
+    gradient to 1e-12 (``helpers.assert_folder_matches_hf``, as the folders' own tests hold
+    each family's reader)."""
+    transformers = pytest.importorskip("transformers")
+    folder, pre, tokens = llama_family(name)
+    path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, kind, tmp_path)
+    theirs = decoded(folder, path, lambda f: converter(f, "f32", pre))
+    run_ = tfmcli.load(path, tokens=tokens)
+    if name == "gpt2":
+        assert_folder_matches_hf(transformers.GPT2LMHeadModel, theirs, run_,
+                                 to_float64=lambda model, cfg: model, grads_of=gpt2_grads)
+    else:
+        assert_folder_matches_hf(transformers.LlamaForCausalLM, theirs, run_)
+
+
+STEPS = {"Q8_0": 127, "Q4_0": 8}   # a block's largest magnitude, in steps of its scale
+
+
+def on_one_scale(w: np.ndarray, axis: int, steps: int) -> np.ndarray:
+    """Whether each block of 32 of ``w`` along ``axis`` is whole multiples of one scale, its
+    largest magnitude / ``steps``: a Q8_0 block's values are d q, q at most 127 and the
+    largest 127 (Q4_0's: d (q - 8), the largest 8 steps)."""
+    blocks = np.moveaxis(w, axis, -1).reshape(-1, 32)
+    scale = np.abs(blocks).max(-1, keepdims=True) / steps
+    q = blocks / np.where(scale > 0, scale, 1)
+    return np.all(np.abs(q - np.round(q)) < 1e-6, axis=-1)
+
+
+def assert_blocks_along_the_inputs(path: Path) -> list[str]:
+    """Every parameter tfm reads from a Q8_0 or Q4_0 tensor of the file lies in blocks of one
+    scale along its inputs, the rows the file stores (tfm's ``(in, out)`` matrices: down each
+    column; the embedding: along each row), and not across them; returns those parameters."""
+    fields = reader.read_config(path)
+    params = reader.lazy_params(path, fields, np.float64)
+    checked = []
+    for name in params:
+        kind = params.kind(name)
+        if kind not in STEPS:
+            continue
+        w = params[name]
+        along = 1 if name.startswith("embed.") else 0
+        assert on_one_scale(w, along, STEPS[kind]).all(), name
+        if w.shape[1 - along] % 32 == 0:
+            assert on_one_scale(w, 1 - along, STEPS[kind]).mean() < 0.1, name
+        checked.append(name)
+    return checked
+
+
+@pytest.mark.parametrize("name, kind, count", [("gpt2", "q8_0", 13), ("gpt2", "Q4_0", 14),
+                                               ("wide-llama", "q8_0", 16),
+                                               ("qwen2", "Q4_0", 14)])
+def test_each_block_lies_along_the_rows_the_file_stores(converter, llama_family, tmp_path,
+                                                        name, kind, count):
+    """Blocks of 32 run along each row the file stores: GPT-2's Conv1D weights are stored
+    transposed (a row of c_attn's 96 is one output's 32 inputs), so tfm's ``(in, out)`` W_Q
+    holds them down its columns, as LLaMA's permuted rows and Qwen's do. (The converter keeps
+    GPT-2's position table in F32, ``requantized`` does not; Qwen's FFN, 48 wide, stays F32.)"""
+    folder, pre, _ = llama_family(name)
+    path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, kind, tmp_path)
+    checked = assert_blocks_along_the_inputs(path)
+    assert len(checked) == count, checked
+
+
+def decoded_wrongly(how: str):
+    """``GgufFile.array`` with a planted bug in the reading of every Q8_0 and Q4_0 tensor:
+    "blocks reversed", each row's blocks decoded in the reverse order; "rows as columns", the
+    decoded values laid out in GGUF's order taken for NumPy's (the other shape, transposed);
+    "scales shifted", each row decoded with the next row's scales."""
+    right = GgufFile.array
+
+    def array(self, name):
+        tensor = self.tensors[name]
+        if tensor.kind.name not in STEPS:
+            return right(self, name)
+        raw = np.frombuffer(self.map, np.uint8, tensor.nbytes, tensor.start)
+        rows = raw.reshape(tensor.shape[0], -1)
+        size = gguf.GGML_QUANT_SIZES[tensor.kind][1]
+        if how == "blocks reversed":
+            rows = rows.reshape(len(rows), -1, size)[:, ::-1].reshape(rows.shape)
+        elif how == "scales shifted":   # (each block's scale, a float16, is its first 2 bytes)
+            blocks = rows.reshape(len(rows), -1, size).copy()
+            blocks[..., :2] = np.roll(blocks[..., :2], 1, axis=0)
+            rows = blocks.reshape(rows.shape)
+        value = gguf.quants.dequantize(np.ascontiguousarray(rows), tensor.kind)
+        if how == "rows as columns":
+            return value.reshape(tensor.shape[::-1]).T
+        return value
+    return array
+
+
+@pytest.mark.parametrize("how", ["blocks reversed", "rows as columns", "scales shifted"])
+def test_a_quantized_file_decoded_wrongly_fails(converter, llama_family, decoded, tmp_path,
+                                                monkeypatch, how):
+    """Planted bugs in the decoding of GPT-2's Q8_0 file (its Conv1D weights stored
+    transposed): the comparison with the folder of what it decodes to fails, the logits moved
+    by more than 1e-3 of their scale."""
+    folder, pre, tokens = llama_family("gpt2")
+    path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, "q8_0", tmp_path)
+    theirs = decoded(folder, path, lambda f: converter(f, "f32", pre))
+    _, good, _ = forward_backward(path, tokens)
+    monkeypatch.setattr(GgufFile, "array", decoded_wrongly(how))
+    _, bad, _ = forward_backward(path, tokens)
+    scale = np.abs(good.acts["logits"]).max()
+    assert np.abs(bad.acts["logits"] - good.acts["logits"]).max() > 1e-3 * scale
+    with pytest.raises(AssertionError):
+        assert_same_run(path, theirs, tokens)
+
+
+def test_a_tensor_dequantized_a_row_at_a_time_is_the_same(converter, llama_family, decoded,
+                                                          tmp_path, monkeypatch):
+    """``GgufFile.array`` dequantizes a few rows at a time (``file.CHUNK`` values: 4 Mi, more
+    than a tiny model's tensors hold): with a row at a time, the run is still the folder's of
+    what the file decodes to."""
+    from tfmcli.sources.gguf import file
+
+    folder, pre, tokens = llama_family("wide-llama")
+    path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, "Q4_0", tmp_path)
+    theirs = decoded(folder, path, lambda f: converter(f, "f32", pre))
+    monkeypatch.setattr(file, "CHUNK", 1)
+    assert_same_run(path, theirs, tokens)
 
 
 # ------------------------------------------------------------------ the file itself
