@@ -2,8 +2,12 @@
 StarCoder (gpt_bigcode), GPT-NeoX, Falcon, BLOOM and MPT, written by llama.cpp's own converter
 from random Hugging Face models that ``save_pretrained`` wrote in float32, run as their folders
 do (Config, parameters, logits, loss and every gradient to 1e-12 of scale); the converter's
-reorder of q, k and v undone (undone wrongly, the logits move); what tfm cannot run refused in
-one line naming the file and the key.
+reorder of q, k and v undone (undone wrongly, the logits move); their Q8_0 and F16 files and
+their F32 files re-quantized to Q4_0 and Q5_1 run as the folders of the weights they decode to
+(``test_gguf.decoded_folder``), StarCoder's and Falcon's also against Hugging Face's autograd
+on them, each block of 32 along the rows the file stores (a fused tensor's reorder undone
+wrongly, or its blocks decoded wrongly, fails); what tfm cannot run refused in one line naming
+the file and the key.
 """
 
 from __future__ import annotations
@@ -17,24 +21,32 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_gguf
 from test_gguf import (  # noqa: F401
     CONVERT,
     EXAMPLES,
     GPT2_TOKENS,
+    assert_blocks_along_the_inputs,
+    assert_runs_as_what_it_decodes_to,
     assert_same_run,
+    decoded_wrongly,
     forward_backward,
     in_numpys_shape,
     llama_cpp,
     plain_env,
     rewritten,
+    typed_file,
 )
 
-from helpers import error_line, ok, run
+import tfmcli
+from helpers import assert_folder_matches_hf, error_line, ok, run
 
 gguf = pytest.importorskip("gguf")
 
 from tfmcli.sources.gguf import fused  # noqa: E402
 from tfmcli.sources.gguf.file import GgufFile  # noqa: E402
+
+decoded = test_gguf.decoded   # a fixture, which pytest finds by its name here
 
 SIZES = {"GPTBigCode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=64),
          "GPTNeoX": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -105,8 +117,8 @@ def hf_model(folder: Path, name: str, bf16: bool = False) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fused_files(llama_cpp, tmp_path_factory):  # noqa: F811 (the fixture imported above)
-    """file(name, outtype="f32") -> (the GGUF file the converter writes, the folder), each
+def fused_converter(llama_cpp, tmp_path_factory):  # noqa: F811 (the fixture imported above)
+    """convert(folder, outtype) -> the GGUF file the converter writes of ``folder``, each
     made once: the converter run as ``test_gguf.converter`` runs it (GPT-2's pre-tokenizer
     named for tiny-gpt2's tokenizer), GPT-NeoX's handed its rotary_pct."""
     for name in ("torch", "transformers", "sentencepiece"):
@@ -116,19 +128,33 @@ def fused_files(llama_cpp, tmp_path_factory):  # noqa: F811 (the fixture importe
     out = Path(tempfile.mkdtemp(prefix="tfm-gguf-fused-"))
     made = {}
 
-    def file(name: str, outtype: str = "f32") -> tuple[Path, Path]:
-        if (name, outtype) not in made:
-            bf16 = outtype == "bf16"
-            folder = hf_model(tmp_path_factory.mktemp("models") / name, name, bf16)
-            path = out / f"{name}-{outtype}.gguf"
+    def convert(folder: Path, outtype: str) -> Path:
+        if (folder, outtype) not in made:
+            path = out / f"{len(made)}-{folder.name}-{outtype}.gguf"   # (names may repeat)
             done = subprocess.run([sys.executable, "-c", script, str(llama_cpp), str(folder),
                                    str(path), outtype, "gpt-2"], capture_output=True, text=True)
             assert done.returncode == 0, done.stderr[-3000:]
-            made[name, outtype] = path, folder
-        return made[name, outtype]
+            made[folder, outtype] = path
+        return made[folder, outtype]
 
-    yield file
+    yield convert
     shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fused_files(fused_converter, tmp_path_factory):
+    """file(name, outtype="f32") -> (the GGUF file the converter writes, the folder), each
+    made once (the BF16 file's folder of bfloat16 numbers, the others' one folder)."""
+    folders = {}
+
+    def file(name: str, outtype: str = "f32") -> tuple[Path, Path]:
+        bf16 = outtype == "bf16"
+        if (name, bf16) not in folders:
+            folders[name, bf16] = hf_model(tmp_path_factory.mktemp("models") / name, name,
+                                           bf16)
+        return fused_converter(folders[name, bf16], outtype), folders[name, bf16]
+
+    return file
 
 
 # ------------------------------------------------------------------ files run as their folders
@@ -306,3 +332,96 @@ def test_a_starcoder_file_of_other_key_heads_is_refused(fused_files, tmp_path):
     line = error_line(run("forward", "--load", out, "--tokens", "1,2,3"), 1)
     assert f"--load {out}: tensor 'blk.0.attn_qkv.weight' has 64 rows, neither one key " \
            f"head's (48, multi_query) nor one a head's (96)" in line, line
+
+
+# ------------------------------------------------------------------ quantized files
+
+# every model in Q8_0 (the converter's) and re-quantized to Q4_0 and Q5_1 (gguf.quants'); an
+# F16 file of each architecture
+QUANTIZED = [(name, kind) for name in MODELS for kind in ("q8_0", "Q4_0", "Q5_1")] + [
+    (name, "f16") for name in ("starcoder", "neox", "falcon-40b", "bloom", "mpt")]
+
+
+def quantized_file(fused_converter, fused_files, tmp_path, name, kind) -> tuple[Path, Path]:
+    """(MODELS[name]'s GGUF file of type ``kind``, its folder)."""
+    _, folder = fused_files(name)
+    return typed_file(fused_converter, folder, kind, tmp_path), folder
+
+
+def decoded_of(decoded, fused_converter, folder, path) -> Path:
+    return decoded(folder, path, lambda f: fused_converter(f, "f32"))
+
+
+@pytest.mark.parametrize("name, kind", QUANTIZED)
+def test_a_quantized_file_runs_as_the_folder_of_what_it_decodes_to(
+        fused_converter, fused_files, decoded, tmp_path, name, kind):
+    """Each file runs as the folder of the weights it decodes to (``test_gguf.decoded_folder``,
+    made with gguf's reader, not tfm's, and the folder's own config): the fused q, k and v
+    decoded, then put back in Hugging Face's order (GPT-NeoX's 48 wide FFN output stays F16
+    in the Q8_0 file, F32 in the re-quantized ones: no block of 32 fits its rows)."""
+    path, folder = quantized_file(fused_converter, fused_files, tmp_path, name, kind)
+    assert GgufFile(path).kinds()[kind.upper()] > 0
+    assert_runs_as_what_it_decodes_to(path, folder, decoded_of(decoded, fused_converter,
+                                                               folder, path), GPT2_TOKENS)
+
+
+@pytest.mark.parametrize("name, kind", [("starcoder", "q8_0"), ("falcon-40b", "q8_0"),
+                                        ("falcon-40b", "Q5_1")])
+def test_a_quantized_file_is_hugging_faces_autograd_on_what_it_decodes_to(
+        fused_converter, fused_files, decoded, tmp_path, name, kind):
+    """The file's run against Hugging Face's own model of the weights it decodes to
+    (``from_pretrained``, float64, ``loss.backward()``): the loss, the logits and every
+    gradient to 1e-12, cut from the fused gradients as each family's folder test cuts them."""
+    transformers = pytest.importorskip("transformers")
+    from test_falcon import falcon_grads, falcon_in_float64
+    from test_gpt_bigcode import as_is, bigcode_grads
+
+    path, folder = quantized_file(fused_converter, fused_files, tmp_path, name, kind)
+    theirs = decoded_of(decoded, fused_converter, folder, path)
+    run_ = tfmcli.load(path, tokens=GPT2_TOKENS)
+    if name == "starcoder":
+        assert_folder_matches_hf(transformers.GPTBigCodeForCausalLM, theirs, run_,
+                                 to_float64=as_is, grads_of=bigcode_grads)
+    else:
+        assert_folder_matches_hf(transformers.FalconForCausalLM, theirs, run_,
+                                 to_float64=falcon_in_float64,
+                                 grads_of=lambda model: falcon_grads(model, run_.cfg))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_block_lies_along_the_rows_the_file_stores(fused_converter, fused_files, tmp_path,
+                                                        name):
+    """Every parameter read from a Q8_0 tensor (W_Q, W_K and W_V each cut from the fused one)
+    lies in blocks of one scale down its columns, the rows the file stores put back, not
+    across them: the embedding, the head when untied (GPT-NeoX's, Falcon-40B's) and six
+    matrices a block (five where GPT-NeoX's FFN output, 48 wide, stays F16)."""
+    path, _ = quantized_file(fused_converter, fused_files, tmp_path, name, "q8_0")
+    checked = assert_blocks_along_the_inputs(path)
+    assert len(checked) == {"neox": 12, "neox-seq": 11, "falcon-40b": 14}.get(name, 13), checked
+
+
+@pytest.mark.parametrize("how", ["left alone", "done again", "blocks reversed",
+                                 "scales shifted"])
+def test_a_quantized_fused_tensor_read_wrongly_fails(fused_converter, fused_files, decoded,
+                                                     tmp_path, monkeypatch, how):
+    """Falcon-40B's Q8_0 file (q, k and v of 2 key heads reordered by the converter, then
+    quantized row by row) read with the reorder left alone or done again, or its blocks
+    decoded wrongly (``test_gguf.decoded_wrongly``): the logits move by more than 1e-3 of
+    their scale, and the comparison with the folder of what the file decodes to fails."""
+    from tfmcli.sources import fused as folders
+
+    path, folder = quantized_file(fused_converter, fused_files, tmp_path, "falcon-40b", "q8_0")
+    theirs = decoded_of(decoded, fused_converter, folder, path)
+    _, good, _ = forward_backward(path, GPT2_TOKENS)
+    if how == "left alone":
+        monkeypatch.setattr(fused, "regroup", lambda w, fields: w)
+    elif how == "done again":
+        monkeypatch.setattr(fused, "regroup", lambda w, fields: w[np.concatenate(
+            folders.grouped_rows(fields))])
+    else:
+        monkeypatch.setattr(GgufFile, "array", decoded_wrongly(how))
+    _, bad, _ = forward_backward(path, GPT2_TOKENS)
+    scale = np.abs(good.acts["logits"]).max()
+    assert np.abs(bad.acts["logits"] - good.acts["logits"]).max() > 1e-3 * scale
+    with pytest.raises(AssertionError):
+        assert_same_run(path, theirs, GPT2_TOKENS)
