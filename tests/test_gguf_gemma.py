@@ -1,7 +1,10 @@
 """GGUF files of Gemma, Gemma 2, Gemma 3, Phi-3 and StableLM (``sources.gguf.gemma``): random
 Hugging Face models saved by their own ``save_pretrained`` in float32, converted by llama.cpp's
 own converter (``test_gguf``'s fixtures) to F32 and BF16, run as their folders do: the same
-Config, parameters, logits, loss and every gradient to 1e-12 of scale. The traps each have a
+Config, parameters, logits, loss and every gradient to 1e-12 of scale. Their Q8_0 and F16 files
+and their F32 files re-quantized to Q4_0 and Q5_1 run as the folders of the weights they
+decode to (``test_gguf.decoded_folder``), Phi-3's also against Hugging Face's autograd on
+them, each block of 32 along the rows the file stores. The traps each have a
 test: Gemma's norms stored as ``1 + w`` (read otherwise, the logits move; added in float32,
 they are a float32 run's gammas), the scale no key records (Gemma 2's 27B), the rows Gemma 3's
 converter cuts from the embedding, StableLM's ``use_parallel_residual`` key that does not
@@ -19,7 +22,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_gguf
-from test_gguf import EXAMPLES, GPT2_TOKENS, assert_same_run, forward_backward
+from test_gguf import (
+    EXAMPLES,
+    GPT2_TOKENS,
+    assert_blocks_along_the_inputs,
+    assert_runs_as_what_it_decodes_to,
+    assert_same_run,
+    forward_backward,
+    stored_weights,
+    typed_file,
+)
 
 import tfmcli
 from helpers import assert_scaled_close, error_line, run
@@ -30,6 +42,7 @@ gguf = pytest.importorskip("gguf")
 # test_gguf's fixtures, which pytest finds by their names here: llama.cpp's source, fetched
 # once, and its converter
 llama_cpp, converter, plain_env = test_gguf.llama_cpp, test_gguf.converter, test_gguf.plain_env
+decoded = test_gguf.decoded
 
 SIZES = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64)
@@ -49,40 +62,46 @@ def sentencepiece_model() -> bytes:
     return out.getvalue()
 
 
+def saved_model(folder: Path, kind: str, spm: bytes, vocab: str = "sentencepiece",
+                bfloat16: bool = True, **config) -> Path:
+    """A random Hugging Face model of ``kind`` ("Gemma2", "Phi3", ...) saved to ``folder`` by
+    ``save_pretrained`` in float32, its weights O(1) (norm gains and biases about 1) and,
+    ``bfloat16``, each a bfloat16 number (as Gemma ships: then ``1 + w`` is exact in float32,
+    and a BF16 file holds the weights exactly), with a ``tokenizer.model`` (``spm``) or
+    tiny-gpt2's ``tokenizer.json``."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    settings = getattr(transformers, f"{kind}TextConfig" if kind == "Gemma3" else
+                       f"{kind}Config")(**{**SIZES, **config})
+    model = getattr(transformers, f"{kind}ForCausalLM")(settings)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+            if p.dim() == 1:
+                p.add_(1.0)
+            if bfloat16:
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    model.save_pretrained(folder)
+    if vocab == "sentencepiece":
+        (folder / "tokenizer.model").write_bytes(spm)
+    else:
+        shutil.copy(EXAMPLES / "tiny-gpt2" / "tokenizer.json", folder)
+        (folder / "tokenizer_config.json").write_text('{"tokenizer_class": '
+                                                      '"PreTrainedTokenizerFast"}')
+    return folder
+
+
 @pytest.fixture
 def hf_model(tmp_path, sentencepiece_model):
     """make(kind, vocab="sentencepiece" | "gpt-2", bfloat16=True, **config) -> a random Hugging
-    Face model of ``kind`` ("Gemma2", "Phi3", ...) saved by ``save_pretrained`` in float32, its
-    weights O(1) (norm gains and biases about 1) and, ``bfloat16``, each a bfloat16 number (as
-    Gemma ships: then ``1 + w`` is exact in float32, and a BF16 file holds the weights
-    exactly), with a ``tokenizer.model`` or tiny-gpt2's ``tokenizer.json``."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-
+    Face model of ``kind`` (``saved_model``) in a folder of its own."""
     made = []
 
     def make(kind: str, vocab: str = "sentencepiece", bfloat16: bool = True, **config) -> Path:
         folder = tmp_path / f"{kind}-{len(made)}"   # (the converter keeps a file per folder)
         made.append(folder)
-        torch.manual_seed(0)
-        settings = getattr(transformers, f"{kind}TextConfig" if kind == "Gemma3" else
-                           f"{kind}Config")(**{**SIZES, **config})
-        model = getattr(transformers, f"{kind}ForCausalLM")(settings)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0.0, 0.3)
-                if p.dim() == 1:
-                    p.add_(1.0)
-                if bfloat16:
-                    p.copy_(p.to(torch.bfloat16).to(torch.float32))
-        model.save_pretrained(folder)
-        if vocab == "sentencepiece":
-            (folder / "tokenizer.model").write_bytes(sentencepiece_model)
-        else:
-            shutil.copy(EXAMPLES / "tiny-gpt2" / "tokenizer.json", folder)
-            (folder / "tokenizer_config.json").write_text('{"tokenizer_class": '
-                                                          '"PreTrainedTokenizerFast"}')
-        return folder
+        return saved_model(folder, kind, sentencepiece_model, vocab, bfloat16, **config)
 
     return make
 
@@ -266,3 +285,86 @@ def test_each_is_registered():
     every = archs.every_arch()
     for name in ("gemma", "gemma2", "gemma3", "phi3", "stablelm"):
         assert every[name] is gemma.ARCHS[name] and every[name].family == name
+
+
+# ------------------------------------------------------------------ quantized files
+
+@pytest.fixture(scope="session")
+def case_folders(tmp_path_factory, sentencepiece_model):
+    """folder(name) -> CASES[name]'s model, made once (each of its files is converted several
+    times), of float32 weights that are not bfloat16 numbers: an F16 file rounds them, and the
+    norms' ``1 + w`` is float32's sum."""
+    made = {}
+
+    def folder(name: str) -> Path:
+        if name not in made:
+            kind, config, _ = CASES[name]
+            made[name] = saved_model(tmp_path_factory.mktemp("models") / f"quantized-{name}",
+                                     kind, sentencepiece_model,
+                                     "gpt-2" if kind == "StableLm" else "sentencepiece",
+                                     bfloat16=False, **config)
+        return made[name]
+    return folder
+
+
+def quantized_file(converter, case_folders, tmp_path, name, kind) -> tuple[Path, Path]:
+    """(CASES[name]'s GGUF file of type ``kind``, its folder)."""
+    folder = case_folders(name)
+    return typed_file(lambda f, outtype: converter(f, outtype, "gpt-2"), folder, kind,
+                      tmp_path), folder
+
+
+def decoded_of(decoded, converter, folder, path) -> Path:
+    return decoded(folder, path, lambda f: converter(f, "f32", "gpt-2"))
+
+
+# every case in Q8_0 (the converter's) and re-quantized to Q4_0 and Q5_1 (gguf.quants'); an
+# F16 file of each architecture
+QUANTIZED = [(name, kind) for name in CASES for kind in ("q8_0", "Q4_0", "Q5_1")] + [
+    (name, "f16") for name in ("gemma", "gemma2", "gemma3", "phi3", "stablelm")]
+
+
+@pytest.mark.parametrize("name, kind", QUANTIZED)
+def test_a_quantized_file_runs_as_the_folder_of_what_it_decodes_to(converter, case_folders,
+                                                                   decoded, tmp_path, name,
+                                                                   kind):
+    """Each file runs as the folder of the weights it decodes to (``test_gguf.decoded_folder``,
+    made with gguf's reader, not tfm's, and the folder's own config; the converter's 1 taken
+    off Gemma's norms, which stay F32): Phi-3's fused matrices cut after decoding, the FFN's
+    output, 48 wide, F16 in the Q8_0 file and F32 in the re-quantized ones (no block of 32
+    fits its rows)."""
+    path, folder = quantized_file(converter, case_folders, tmp_path, name, kind)
+    assert GgufFile(path).kinds()[kind.upper()] > 0
+    norms = [key for key in stored_weights(folder) if key.endswith("norm.weight")]
+    assert_runs_as_what_it_decodes_to(path, folder, decoded_of(decoded, converter, folder, path),
+                                      GPT2_TOKENS, len(norms) if name.startswith("gemma") else 0)
+
+
+@pytest.mark.parametrize("name, count", [("gemma", 13), ("gemma2", 13), ("gemma3", 43),
+                                         ("phi3", 14), ("stablelm", 14),
+                                         ("stablelm-parallel", 14)])
+def test_each_block_lies_along_the_rows_the_file_stores(converter, case_folders, tmp_path, name,
+                                                        count):
+    """Every parameter read from a Q8_0 tensor lies in blocks of one scale down its columns
+    (the rows the file stores), not across them: Phi-3's W_Q, W_K and W_V cut from one fused
+    tensor's rows, W_gate and W_1 from another's; the embedding, the head when untied and six
+    matrices a block (the FFN's output, 48 wide, stays F16)."""
+    path, _ = quantized_file(converter, case_folders, tmp_path, name, "q8_0")
+    checked = assert_blocks_along_the_inputs(path)
+    assert len(checked) == count, checked
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "Q4_0"])
+def test_a_quantized_phi3_file_is_hugging_faces_autograd_on_what_it_decodes_to(
+        converter, case_folders, decoded, tmp_path, kind):
+    """Phi-3's file (q, k and v fused in one tensor, the gate and up projections in another)
+    against Hugging Face's own model of the weights it decodes to (``from_pretrained``,
+    float64, ``loss.backward()``): the loss, the logits and every gradient to 1e-12, the fused
+    ones cut as its attention and MLP cut them."""
+    transformers = pytest.importorskip("transformers")
+    from helpers import assert_folder_matches_hf
+
+    path, folder = quantized_file(converter, case_folders, tmp_path, "phi3", kind)
+    theirs = decoded_of(decoded, converter, folder, path)
+    assert_folder_matches_hf(transformers.Phi3ForCausalLM, theirs,
+                             tfmcli.load(path, tokens=GPT2_TOKENS))
