@@ -270,10 +270,10 @@ def _listed_only():
 
 
 # NumPy asks Linux for 2 MB pages for its large arrays. On the virtual machines tfm is developed
-# on, a fresh process's first gigabyte of them took 2.7-3.3 s to touch (the host backs each
-# page as it is first used; memory freed and taken again in one process, 0.07 s), against
-# 0.54-0.61 s in 4 KB pages (benchmarks/real.py); GPT-2 small's `tfm forward --load`
-# on 32 tokens, 4.2-5.4 s against 1.7-1.9. A user's own NUMPY_MADVISE_HUGEPAGE is kept.
+# on, a fresh process reading GPT-2 small's folder into float64 (1 GB) took 0.41-1.43 s in them
+# on a quiet machine (median 1.07 over 6) and 2.7-3.3 s with other work running, against
+# 0.84-0.88 s in 4 KB pages either way (benchmarks/real.py); `tfm forward --load` on 32 tokens,
+# 4.2-5.4 s against 1.7-1.9 when busy. A user's own NUMPY_MADVISE_HUGEPAGE is kept.
 HUGEPAGES = "NUMPY_MADVISE_HUGEPAGE"
 
 

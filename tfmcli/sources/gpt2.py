@@ -111,10 +111,15 @@ def expected_shapes(fields: dict) -> dict:
     return shapes
 
 
-def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
+def read_weights(folder, fields: dict, dtype=None) -> dict[str, np.ndarray]:
     """GPT-2's tensors by their names (a ``transformer.`` prefix dropped), shapes checked; read
     by ``tensorfile`` as the LLaMA-family readers are, so float64, float32, float16 and
-    bfloat16 (widened exactly) all read."""
+    bfloat16 (widened exactly) all read; in ``dtype`` if given, each widened as it is read.
+    Every key and shape is checked before any is read; then two threads read them, as
+    ``llama.load_params`` does (GPT-2 small in float64: the widening 0.15 s on two threads
+    against 0.35-0.39 s on one, here)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tfmcli.sources import tensorfile
 
     path = inside(folder, WEIGHTS)
@@ -122,7 +127,7 @@ def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
         raise TfmError(f"--load {folder}: no {WEIGHTS} there (a GPT-2 checkpoint folder holds "
                        f"{CONFIG} and {WEIGHTS})")
     expected = expected_shapes(fields)
-    tensors = {}
+    wanted = {}
     try:
         header, start = tensorfile.read_header(path)
     except OSError as e:
@@ -136,11 +141,15 @@ def read_weights(folder, fields: dict) -> dict[str, np.ndarray]:
         if tuple(entry["shape"]) != expected[name]:
             raise TfmError(f"--load {path}: key {key!r} has shape {tuple(entry['shape'])}, but "
                            f"{CONFIG} says {expected[name]}")
-        tensors[name] = tensorfile.read_tensor(path, header, start, key)
+        wanted[name] = key
     for name in expected:
-        if name not in tensors:
+        if name not in wanted:
             raise TfmError(f"--load {path}: missing key {name!r}")
-    return tensors
+
+    def read(name):
+        return name, tensorfile.read_tensor(path, header, start, wanted[name], dtype)
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(read, wanted))
 
 
 def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
@@ -155,7 +164,7 @@ def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
         value = tensors[key].T if transposed else tensors[key]
         for name in llama.weight_names(row):
             cut = columns(name)
-            params[name] = value if cut is None else value[..., cut]
+            params[name] = value if cut is None else value[..., cut[0]:cut[-1] + 1]   # a view
     return {name: np.ascontiguousarray(params[name], dtype=dtype) for name in shapes}
 
 
@@ -167,7 +176,7 @@ def load_checkpoint(folder, dtype) -> tuple[dict, dict]:
 
 def load_params(folder, fields: dict, dtype) -> dict[str, np.ndarray]:
     """The folder's parameters under tfm's names, in ``dtype``."""
-    return to_tfm(read_weights(folder, fields), fields, dtype)
+    return to_tfm(read_weights(folder, fields, dtype), fields, dtype)
 
 
 def name_map(fields: dict) -> list[tuple[str, str | tuple, bool]]:
