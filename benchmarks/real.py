@@ -12,8 +12,9 @@ run.
 - whole commands (``forward``, ``backward``, ``lens``, ``explore`` to its first screen), each
   a fresh process, against the engine's time and the import floor (a process that imports
   tfm's CLI and exits);
-- NumPy's arrays in 2 MB pages against 4 KB (``NUMPY_MADVISE_HUGEPAGE``, which tfm's CLI sets
-  to 0): the folder read by a fresh process, and ``tfm forward``;
+- NumPy's arrays in 2 MB pages (its default on Linux) against 4 KB
+  (``NUMPY_MADVISE_HUGEPAGE=0``): the folder read by a fresh process, ``tfm forward``, and the
+  engine's step on 8 and 32 tokens;
 - the engine in float32, bfloat16 and float16 against float32, on 32 tokens.
 
 The folder (random weights, float32 safetensors, about 500 MB) is made once with
@@ -40,6 +41,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+SHOWN = 32   # tokens of the whole commands and of the dtypes' runs
 SMALL = dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
 
 
@@ -115,12 +117,20 @@ import tfmcli
 start = time.perf_counter()
 tfmcli.load(sys.argv[1], tokens=[[0, 1]], dtype="float64").complete()
 print(time.perf_counter() - start)"""
+STEP = """import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import real
+_, step = real.engine(Path(sys.argv[1]), int(sys.argv[3]))
+step()
+print(real.median_time(step, 5))"""
 
 
 def pages(folder: Path, tokens: str, rounds: int) -> None:
-    """NumPy's arrays in 2 MB pages (its default on Linux) against 4 KB (tfm's CLI sets
-    NUMPY_MADVISE_HUGEPAGE=0): the folder read in float64 by a fresh process, and tfm
-    forward, alternately, each the median of ``rounds``."""
+    """NumPy's arrays in 2 MB pages (its default on Linux) against 4 KB
+    (NUMPY_MADVISE_HUGEPAGE=0): the folder read in float64 by a fresh process, tfm forward,
+    and the engine's step (a process of its own, the median of 5 steps), alternately, each
+    the median of ``rounds``."""
     print("\nNumPy's pages (NUMPY_MADVISE_HUGEPAGE), a fresh process each, alternately")
     for what, run in (("reading the folder in float64",
                        lambda env: float(subprocess.run(
@@ -128,7 +138,12 @@ def pages(folder: Path, tokens: str, rounds: int) -> None:
                            check=True, text=True, env=env).stdout)),
                       ("tfm forward, the whole command", lambda env: command_time(
                           ["forward", "--load", str(folder), "--tokens", tokens, "--json"], 1,
-                          env))):
+                          env)),
+                      *((f"the engine's step, {T} tokens", lambda env, T=T: float(
+                          subprocess.run([sys.executable, "-c", STEP, str(folder),
+                                          str(Path(__file__).parent), str(T)],
+                                         capture_output=True, check=True, text=True,
+                                         env=env).stdout)) for T in (8, 32))):
         times = {"1": [], "0": []}
         for _ in range(rounds):
             for flag in times:
@@ -151,6 +166,15 @@ def main():
     import tfmcli
     from tfmcli.engine.sizes import flops
 
+    T = SHOWN   # the whole commands first, a fresh process each, while this one holds nothing
+    tokens = ",".join(map(str, np.random.default_rng(T).integers(0, 50257, T)))
+    floor = median_time(lambda: subprocess.run([sys.executable, "-c",
+                                                "import tfmcli.cli"], check=True), 3)
+    commands = {}
+    for command in (["forward"], ["backward"], ["lens"], ["explore", "--keys", "q"]):
+        commands[command[0]] = command_time(
+            [*command, "--load", str(folder), "--tokens", tokens, "--json"]
+            if command[0] != "explore" else [*command, "--load", str(folder), "--tokens", tokens])
     print(f"BLAS: {kernel()}")
     rate = matmul_rate()
     print(f"NumPy float64 matmul: {rate / 1e9:.1f} GFLOP/s")
@@ -176,21 +200,15 @@ def main():
         print(f"{T:<5} {tfm_ms * 1e3:7.0f} {statistics.median(torch_times) * 1e3:9.0f} "
               f"{statistics.median(ratios):10.2f} {limit * 1e3:9.0f} "
               f"{limit / tfm_ms:18.0%}", flush=True)
-    T = 32
+    T = SHOWN
     run, ours = engine(folder, T)
     ours()
     engine_s = median_time(ours, args.rounds)
-    tokens = ",".join(map(str, run.inputs.tokens[0]))
-    floor = median_time(lambda: subprocess.run([sys.executable, "-c",
-                                                "import tfmcli.cli"], check=True), 3)
-    print(f"\nwhole commands on {T} tokens (a fresh process each; the engine's forward + "
-          f"backward {engine_s * 1e3:.0f} ms; importing tfm's CLI {floor * 1e3:.0f} ms) "
-          f"(target: <= 1.5x the engine's time)")
-    for command in (["forward"], ["backward"], ["lens"], ["explore", "--keys", "q"]):
-        seconds = command_time([*command, "--load", str(folder), "--tokens", tokens, "--json"]
-                               if command[0] != "explore" else
-                               [*command, "--load", str(folder), "--tokens", tokens])
-        print(f"  tfm {command[0]:<9} {seconds * 1e3:7.0f} ms  {seconds / engine_s:5.2f}x the "
+    print(f"\nwhole commands on {T} tokens (a fresh process each, timed first; the engine's "
+          f"forward + backward {engine_s * 1e3:.0f} ms; importing tfm's CLI {floor * 1e3:.0f} "
+          f"ms) (target: <= 1.5x the engine's time)")
+    for name, seconds in commands.items():
+        print(f"  tfm {name:<9} {seconds * 1e3:7.0f} ms  {seconds / engine_s:5.2f}x the "
               f"engine's", flush=True)
     pages(folder, tokens, 3)
     print(f"\nthe engine in each dtype on {T} tokens, against float32 (target: <= 2x)")

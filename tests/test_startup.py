@@ -99,28 +99,3 @@ def test_shell_completion_still_completes_a_commands_options():
                           env=env)
     assert done.returncode == 0 and "--seed" in done.stdout.split()
 
-
-PAGES = """
-import sys
-sys.argv = ["tfm", "mask", "--len", "3"]
-from tfmcli.cli import main
-try:
-    main()
-except SystemExit:
-    pass
-import numpy._core.multiarray as multiarray
-print(multiarray._get_madvise_hugepage(), file=sys.stderr)
-"""
-
-
-@pytest.mark.parametrize("theirs, huge", [(None, "False"), ("1", "True"), ("0", "False")])
-def test_the_cli_asks_numpy_for_small_pages_unless_told(theirs, huge):
-    """A command's NumPy arrays in 4 KB pages (``app.HUGEPAGES``: 2 MB pages took 2-5x as long
-    to touch first here), unless the user set NUMPY_MADVISE_HUGEPAGE themselves."""
-    pytest.importorskip("numpy._core.multiarray")
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    if theirs is not None:
-        env["NUMPY_MADVISE_HUGEPAGE"] = theirs
-    done = subprocess.run([sys.executable, "-c", PAGES], capture_output=True, text=True,
-                          env=env, check=True)
-    assert done.stderr.splitlines()[-1] == huge

@@ -269,22 +269,12 @@ def _listed_only():
     """Stands in for a command whose name and summary are all that is needed."""
 
 
-# NumPy asks Linux for 2 MB pages for its large arrays. On the virtual machines tfm is developed
-# on, a fresh process reading GPT-2 small's folder into float64 (1 GB) took 0.41-1.43 s in them
-# on a quiet machine (median 1.07 over 6) and 2.7-3.3 s with other work running, against
-# 0.84-0.88 s in 4 KB pages either way (benchmarks/real.py); `tfm forward --load` on 32 tokens,
-# 4.2-5.4 s against 1.7-1.9 when busy. A user's own NUMPY_MADVISE_HUGEPAGE is kept.
-HUGEPAGES = "NUMPY_MADVISE_HUGEPAGE"
-
-
 def main():
     """The `tfm` entry point. A run of one command imports that command's module and builds
     only its Click command (importing all twelve and building them takes ~60 ms, and loads
     NumPy). ``tfm``, ``tfm --help``, ``--version`` and a mistyped name need only the names and
     summaries of the commands: stand-ins carry them, and nothing else is imported. Shell
     completion (``_TFM_COMPLETE`` set, the words in ``COMP_WORDS``) sees every command."""
-    # Before NumPy is imported: its arrays in pages of 4 KB, not 2 MB (HUGEPAGES)
-    os.environ.setdefault(HUGEPAGES, "0")
     name = sys.argv[1] if len(sys.argv) > 1 else None
     if name in COMMANDS:
         app.wanted = (name,)
