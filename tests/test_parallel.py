@@ -809,7 +809,24 @@ def test_each_gives_every_items_result_in_order_and_holds_blas_meanwhile(two_cor
     assert parallel.each(call, [1, 2], lambda done, total: ticks.append((done, total))) \
         == [10, 20]
     assert len(set(threads.values())) == 2
-    assert ticks == [(1, 2), (2, 2)] and two_cores.log == [1, 2]
+    assert ticks[-1] == (2, 2) and ticks == sorted(set(ticks)) and two_cores.log == [1, 2]
+
+
+def test_each_keeps_both_threads_busy_to_the_last_item(two_cores):
+    """Eight items of 20 ms on two threads: each thread runs about half of them (the caller
+    takes whatever tfm's thread has not begun, never waiting on it while items are left), so
+    the whole takes about four items' time, not seven."""
+    import time
+
+    threads = []
+
+    def call(item):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.02)
+        return item
+
+    assert parallel.each(call, range(8)) == list(range(8))
+    assert min(threads.count(name) for name in set(threads)) >= 3, threads
 
 
 def test_each_inside_a_task_or_on_one_core_runs_in_the_caller(two_cores):
@@ -831,3 +848,25 @@ def test_an_error_in_each_is_raised_and_blas_given_back(two_cores):
     with pytest.raises(ValueError, match="item 1"):
         parallel.each(call, range(4))
     assert two_cores.threads == 2
+
+
+def test_after_an_error_in_each_no_item_is_begun(two_cores):
+    """The caller runs item 0, which fails while tfm's thread is busy with item 1: items 2
+    and 3, begun by no one, are left undone."""
+    began, release = [], threading.Event()
+
+    def call(item):
+        began.append(item)
+        if item == 1:   # done only once the caller has had time to drop what is left
+            assert release.wait(10)
+            threading.Event().wait(0.2)
+        if item == 0:
+            while 1 not in began:
+                threading.Event().wait(0.001)
+            release.set()
+            raise ValueError("item 0")
+        return item
+
+    with pytest.raises(ValueError, match="item 0"):
+        parallel.each(call, range(4))
+    assert sorted(began) == [0, 1]

@@ -105,12 +105,14 @@ def one_blas_thread():
 
 def each(call, items, progress=None) -> list:
     """``[call(item) for item in items]``, the items shared among the machine's cores: each a
-    task run whole in one of tfm's threads or the caller's, with BLAS held to one thread until
-    all are done (a thin product gains little from BLAS's threads, and two of them each on a
-    core of its own are two at once: the prompt pairs of ``tfm circuit``). In order, whatever
-    order they end in; ``progress(done, total)`` called by the caller as they end; the first
-    error raised. One at a time, in the caller, where ``run`` would not share (one core, BLAS
-    already held, inside a task). The numbers are those of a run on one BLAS thread."""
+    task run whole, by tfm's threads and the caller alike, each taking the first item no one
+    has begun, with BLAS held to one thread until all are done (a thin product gains little
+    from BLAS's threads, and two of them each on a core of its own are two at once: the prompt
+    pairs of ``tfm circuit``). The results in the items' order, whatever order they end in;
+    ``progress(done, total)`` called by the caller with how many have ended; the first error
+    raised, the items no one has begun by then left undone. One at a time, in the caller, with
+    BLAS as it is, where ``run`` would not share (one core, BLAS already held, inside a
+    task)."""
     items = list(items)
     threads = _threads(len(items) > 1)
     if threads < 2 or len(items) < 2:
@@ -126,20 +128,29 @@ def each(call, items, progress=None) -> list:
         made[k] = call(items[k])
 
     tasks = [_Task(functools.partial(part, k), whole=True) for k in range(len(items))]
+    told = 0
+
+    def tell() -> None:
+        nonlocal told
+        ended = sum(task.done.is_set() for task in tasks)
+        if progress is not None and ended > told:
+            told = ended
+            progress(ended, len(tasks))
+
     _hold(threads)
     try:
         queue = _queue(os.getpid())
         for task in tasks:
             queue.put(task, threads - 1, urgent=False)
-        for k, task in enumerate(tasks):
+        for task in tasks:   # the caller takes what no thread has begun, in order
+            if any(t.error is not None for t in tasks):
+                break
             if task.take():
                 task.run()
-            task.done.wait()
-            if progress is not None:
-                progress(k + 1, len(tasks))
-            if task.error is not None:
-                break
-        _finish(tasks, run_left=False)
+                tell()
+        _finish(tasks, run_left=False)   # the rest waited for (or, after an error, dropped)
+        if not any(t.error is not None for t in tasks):
+            tell()
     finally:
         _let_go()
     _raise_first(tasks)
