@@ -464,8 +464,8 @@ def _read_anew(cfg, params, this, readers, chosen, corrected, x) -> dict:
 # ---------------------------------------------------------------- where an estimate fails
 
 DISAGREE = 0.25   # an estimate and its real patch apart by more than this share of the larger
-SATURATED = 0.2   # nats: a pattern this sure puts 0.96 or more on one key, its slope p (1 - p)
-                  # a sixth of an even split's or less
+SATURATED = 0.2   # nats: a pattern this sure puts about 0.95 or more on one key, its slope
+                  # p (1 - p) a fifth of an even split's or less
 
 
 def metric_positions(c: Circuit) -> np.ndarray:
@@ -504,8 +504,8 @@ def why(c: Circuit, edge, real: float) -> str:
         pattern = ctx["clean_acts"][f"blocks.{reader.block}.attn.pattern"]
         with np.errstate(divide="ignore", invalid="ignore"):
             p = pattern[:, list(heads)]
-            each = -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1)   # (B, heads, T)
-        entropy = float(each.transpose(0, 2, 1)[metric_positions(c)].mean())
+            per_query = -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=-1)   # (B, h, T)
+        entropy = float(per_query.transpose(0, 2, 1)[metric_positions(c)].mean())
         if entropy < SATURATED:
             said.append(f"a{reader.block}'s softmax saturated (entropy {entropy:.2f})")
     stream = stream_at(cfg, ctx["clean_acts"], reader)
