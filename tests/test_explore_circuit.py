@@ -278,3 +278,13 @@ def test_the_pages_example_block_is_what_the_explorer_shows():
     ex = circuit_explorer()
     shown = [folded for line in ex.explain(at(ex, "a0.1", "a1.0.k")) for folded in fold(line, 36)]
     assert block.splitlines() == shown
+
+
+def test_p_on_the_circuit_does_not_title_its_scores_a_difference(tmp_path):
+    """A float32 run: p shows each tensor's difference from float64, but the circuit's grid
+    stays its scores (float64's circuit is not made), and its title does not say otherwise."""
+    out = tmp_path / "p.svg"
+    ok("explore", "--dtype", "float32", "-L", "2", "--tokens", "3,1,4,1,5", "--from-tokens",
+       "3,1,2,1,5", "--keys", "p", "--screenshot", out)
+    text = out.read_text().replace("&#160;", " ")
+    assert "circuit (sender, reader)" in text and "float32 - float64: circuit" not in text

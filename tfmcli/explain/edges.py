@@ -192,10 +192,12 @@ def explain_edge(run, c: Circuit, u: int, v: int) -> Explanation | NoEdge:
     both = [total(claimed).strip(), total(recorded).strip()]
     if both[0] != both[1]:
         both = [column([x], floor=size)(x).strip() for x in (claimed, recorded)]
-    rows += [("sum", both[0]), (f"score ({c.method})", both[1])]
+    # the check first, under the formula (at 80 x 24 it is on the first screen), the terms after
+    checked, *terms_lines = aligned([("sum", both[0]), (f"score ({c.method})", both[1]), *rows])
     lines = (f"{sender_words(sender)}, as read by {reader_words(cfg, reader)}",
              "= sum over r, t of Δ[r, t] . g[r, t]",   # rows r, positions t
-             _difference_words(cfg, sender), *_gradient_words(c, reader), *aligned(rows))
+             checked, terms_lines[0], _difference_words(cfg, sender),
+             *_gradient_words(c, reader), *terms_lines[1:])
     sender_end, reader_end = ends(run, c, u, v)
     return Explanation(where, recorded, claimed, lines, (sender_end.name, reader_end.name),
                        size, (), holds_to(cfg.dtype))

@@ -164,6 +164,8 @@ def to_tfm(tensors: dict, fields: dict, dtype) -> dict[str, np.ndarray]:
         value = tensors[key].T if transposed else tensors[key]
         for name in llama.weight_names(row):
             cut = columns(name)
+            if cut is not None:   # side by side: each parameter's columns one run of them
+                assert np.array_equal(cut, np.arange(cut[0], cut[-1] + 1)), name
             params[name] = value if cut is None else value[..., cut[0]:cut[-1] + 1]   # a view
     return {name: np.ascontiguousarray(params[name], dtype=dtype) for name in shapes}
 

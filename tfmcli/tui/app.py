@@ -632,7 +632,8 @@ class ExploreApp(App):
         if ex.about(view):   # the circuit's method and metric
             fixed.append(ex.about(view))
         # the tensor, and on a line of its own where the slice sits on the axes not shown
-        title = ((f"{ex.cfg.dtype} - float64: " if ex.diff else "")
+        differs = ex.diff and view.name != CIRCUIT   # (a circuit's float64 run is not made)
+        title = ((f"{ex.cfg.dtype} - float64: " if differs else "")
                  + f"{'d' if view.grad else ''}{view.name} ({', '.join(axes)}) "
                  f"{'x'.join(map(str, ex.array(view).shape))}"
                  + (f"\n{' · '.join(fixed)}" if fixed else ""))
