@@ -272,7 +272,6 @@ def test_the_edge_table_keeps_its_numbers_whole_at_80_columns_and_folds_the_reas
     """Two reasons to a row are longer than the room left at 80 columns: they fold, left to
     right, and every edge and number is printed whole (Rich cut them to "e…" before)."""
     from helpers import render
-
     from tfmcli.cli.circuit import edge_table
 
     cfg, params, clean, corrupted = model("gpt2")
