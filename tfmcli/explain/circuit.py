@@ -120,18 +120,21 @@ def edge_mask(senders, readers) -> np.ndarray:
 # ---------------------------------------------------------------- what a run writes and reads
 
 
+def output_name(cfg: Config, sender: Sender) -> str:
+    """The activation ``sender`` writes from: what it adds to the stream, but for a head, whose
+    share is its columns of ``attn.context`` times its rows of W_O (``written``)."""
+    p = f"blocks.{sender.block}."
+    return {"emb": "blocks.0.in", "head": p + "attn.context", "attn": p + "ln1_post.out",
+            "mlp": p + ("ln2_post.out" if cfg.sandwich_norm else "ffn.out")}[sender.kind]
+
+
 def written(cfg: Config, params, acts, sender: Sender) -> np.ndarray:
     """What ``sender`` wrote into the stream in a run (its ``acts``): (B, T, d)."""
-    p = f"blocks.{sender.block}."
-    if sender.kind == "emb":
-        return acts["blocks.0.in"]
-    if sender.kind == "mlp":
-        return acts[p + ("ln2_post.out" if cfg.sandwich_norm else "ffn.out")]
-    if sender.kind == "attn":
-        return acts[p + "ln1_post.out"]
+    if sender.kind != "head":
+        return acts[output_name(cfg, sender)]
     dh, h = cfg.d_head, sender.head
-    return acts[p + "attn.context"][..., h * dh:(h + 1) * dh] @ \
-        params[p + "attn.W_O"][h * dh:(h + 1) * dh]
+    return acts[output_name(cfg, sender)][..., h * dh:(h + 1) * dh] @ \
+        params[f"blocks.{sender.block}.attn.W_O"][h * dh:(h + 1) * dh]
 
 
 def constant(cfg: Config, params, upto: float) -> np.ndarray | float:
@@ -196,13 +199,11 @@ def read_gradient(cfg: Config, params, acts, dacts, reader: Reader) -> np.ndarra
 
 
 def write_gradient(cfg: Config, dacts, sender: Sender) -> np.ndarray:
-    """The backward's gradient at what ``sender`` wrote: the stream's where it joins it."""
-    p = f"blocks.{sender.block}."
-    if sender.kind == "emb":
-        return dacts["blocks.0.in"]
-    if sender.kind == "mlp":
-        return dacts[p + ("ln2_post.out" if cfg.sandwich_norm else "ffn.out")]
-    return dacts[p + ("ln1_post.out" if cfg.sandwich_norm else "attn.out")]
+    """The backward's gradient at what ``sender`` wrote: the stream's where it joins it (a
+    head's: the gradient at its block's attention output, which its share adds to)."""
+    if sender.kind == "head":
+        return dacts[f"blocks.{sender.block}.attn.out"]
+    return dacts[output_name(cfg, sender)]
 
 
 # ---------------------------------------------------------------- the scores

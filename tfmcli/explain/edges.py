@@ -22,7 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfmcli.explain.cells import Explanation, holds_to
-from tfmcli.explain.circuit import Circuit, Reader, Sender, reader_norm, written
+from tfmcli.explain.circuit import (
+    Circuit,
+    Reader,
+    Sender,
+    output_name,
+    reader_norm,
+    written,
+)
 from tfmcli.explain.gradients import aligned
 from tfmcli.render.numbers import column
 
@@ -98,11 +105,9 @@ def _read_at(cfg, reader: Reader) -> str:
 
 
 def _difference_words(cfg, sender: Sender) -> str:
-    p = f"blocks.{sender.block}."
-    made = {"emb": "blocks.0.in",
-            "head": f"{p}attn.context's head-{sender.head} columns x its rows of W_O",
-            "attn": f"{p}ln1_post.out",
-            "mlp": p + ("ln2_post.out" if cfg.sandwich_norm else "ffn.out")}[sender.kind]
+    made = output_name(cfg, sender)
+    if sender.kind == "head":
+        made += f"'s head-{sender.head} columns x its rows of W_O"
     return f"Δ: what {sender.name} wrote, corrupted - clean: {made}"
 
 
@@ -198,12 +203,21 @@ def explain_edge(run, c: Circuit, u: int, v: int) -> Explanation | NoEdge:
              "= sum over r, t of Δ[r, t] . g[r, t]",   # rows r, positions t
              checked, terms_lines[0], _difference_words(cfg, sender),
              *_gradient_words(c, reader), *terms_lines[1:])
-    sender_end, reader_end = ends(run, c, u, v)
-    return Explanation(where, recorded, claimed, lines, (sender_end.name, reader_end.name),
-                       size, (), holds_to(cfg.dtype))
+    return Explanation(where, recorded, claimed, lines,
+                       (output_name(cfg, sender), made_name(reader)), size, (),
+                       holds_to(cfg.dtype))
 
 
 # ---------------------------------------------------------------- its two ends
+
+
+def made_name(reader: Reader) -> str:
+    """The tensor ``reader`` makes from the stream: a head's ``attn.q``, ``k`` or ``v``, an
+    MLP's ``ffn.pre``, the logits."""
+    if reader.kind == "logits":
+        return "logits"
+    return f"blocks.{reader.block}." + ("ffn.pre" if reader.kind == "mlp" else
+                                         f"attn.{reader.kind}")
 
 
 def ends(run, c: Circuit, u: int, v: int) -> tuple[End, End]:
@@ -218,27 +232,23 @@ def ends(run, c: Circuit, u: int, v: int) -> tuple[End, End]:
     products = (delta * g).sum(axis=-1)
     r, t = np.unravel_index(int(np.argmax(np.abs(products))), products.shape)
     r, t = int(r), int(t)
-    p = f"blocks.{sender.block}."
+    name = output_name(cfg, sender)
     if sender.kind == "head":
         dh, h = cfg.d_head, sender.head
         cols = slice(h * dh, (h + 1) * dh)
-        name = p + "attn.context"
         context = ctx["corrupt_acts"][name][r, t, cols] - ctx["clean_acts"][name][r, t, cols]
-        back = ctx["params"][p + "attn.W_O"][cols] @ g[r, t]   # (d_head,)
+        back = ctx["params"][f"blocks.{sender.block}.attn.W_O"][cols] @ g[r, t]   # (d_head,)
         column_at = h * dh + int(np.argmax(np.abs(context * back)))
         what = f"head {sender.block}.{h}'s columns of its context"
     else:
-        name = {"emb": "blocks.0.in", "attn": p + "ln1_post.out",
-                "mlp": p + ("ln2_post.out" if cfg.sandwich_norm else "ffn.out")}[sender.kind]
         column_at = int(np.argmax(np.abs(delta[r, t] * g[r, t])))
         what = sender_words(sender)
     sent = End(name, (r, t, column_at), (1, 2), f"{sender.name}: {what}")
-    q = f"blocks.{reader.block}."
     if reader.kind in ("q", "k", "v"):
-        made = End(q + f"attn.{reader.kind}", (r, reader.head, t, 0), (2, 3),
+        made = End(made_name(reader), (r, reader.head, t, 0), (2, 3),
                    f"{reader.name}: {reader_words(cfg, reader)}")
     elif reader.kind == "mlp":
-        made = End(q + "ffn.pre", (r, t, 0), (1, 2), f"{reader.name}: its input, ffn.pre")
+        made = End(made_name(reader), (r, t, 0), (1, 2), f"{reader.name}: its input, ffn.pre")
     else:
         target = int(run.inputs.targets[r, t])
         token = ctx["answer"] if c.metric == "logit-diff" else (target if target >= 0 else 0)
