@@ -639,8 +639,16 @@ def test_a_quantized_file_decoded_wrongly_fails(converter, llama_family, decoded
     folder, pre, tokens = llama_family("gpt2")
     path = typed_file(lambda f, outtype: converter(f, outtype, pre), folder, "q8_0", tmp_path)
     theirs = decoded(folder, path, lambda f: converter(f, "f32", pre))
+    assert_planted_bug_fails(path, theirs, tokens, lambda: monkeypatch.setattr(
+        GgufFile, "array", decoded_wrongly(how)))
+
+
+def assert_planted_bug_fails(path, theirs, tokens, plant) -> None:
+    """The file's run with ``plant()`` done (a monkeypatch): its logits move by more than 1e-3
+    of their scale, and it is no longer the run of ``theirs``, the folder of what the file
+    decodes to."""
     _, good, _ = forward_backward(path, tokens)
-    monkeypatch.setattr(GgufFile, "array", decoded_wrongly(how))
+    plant()
     _, bad, _ = forward_backward(path, tokens)
     scale = np.abs(good.acts["logits"]).max()
     assert np.abs(bad.acts["logits"] - good.acts["logits"]).max() > 1e-3 * scale
