@@ -349,7 +349,7 @@ def interventions(opts: Options, run) -> list[tuple[str, object]]:
     if patch and not source_given:
         raise typer.BadParameter("a patch copies from another run: add --from-tokens IDS or "
                                  "--from-text TEXT", param_hint="'--patch'")
-    if source_given and not patch:
+    if source_given and not patch and not opts.own_corrupted:
         flag = "--from-tokens" if values.get("from_tokens") else "--from-text"
         raise typer.BadParameter("it gives the run --patch copies from; add --patch TARGET",
                                  param_hint=f"'{flag}'")

@@ -98,11 +98,8 @@ def explore(
     from tfmcli.tui.app import ExploreApp
     from tfmcli.tui.state import Explorer
 
-    # the corrupted run is the circuit's, not a --patch's source: the run explored is clean
-    held = {name: opts.values[name] for name in FROM} if circuit else {}
-    opts.values.update(dict.fromkeys(held))
+    opts.own_corrupted = circuit   # the circuit's, not a --patch's source: the run is clean
     run, fwd, grads = execute(opts, with_grads=True)
-    opts.values.update(held)
     made = None
     if circuit:
         with progress_bar("EAP-IG's runs") as tick:

@@ -425,6 +425,9 @@ class Options:
         self.values = values
         self.made = None   # the Run that run() made, once it has
         self.saving = None   # a streamed run's --save, written as it goes (io.NpzStream)
+        # the command reads --from-tokens/--from-text as its own corrupted run (tfm explore's
+        # circuit), not as --patch's source
+        self.own_corrupted = False
 
     def __getattr__(self, name):
         try:
