@@ -457,7 +457,7 @@ class ExploreApp(App):
             return
         ex = self.explorer
         listed = [(f"{kind}'s end, {end.what}",   # blocks.0.attn.context[0, t2, 4]
-                   f"{end.name}[{ex.where(view).split('[', 1)[1]}")
+                   f"{end.name}[{ex.indices(view)}]")
                   for kind, (end, view) in zip(("the sender", "the reader"), ends)]
 
         def chosen(at: int | None) -> None:

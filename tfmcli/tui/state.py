@@ -246,12 +246,13 @@ class Explorer:
         a1.0.k``)."""
         if view.name == CIRCUIT:
             return self.circuit.name(view.index)
+        return f"{'d' if view.grad else ''}{self.short(view.name)}[{self.indices(view)}]"
+
+    def indices(self, view: View) -> str:
+        """``0, 1, q2, k1``: the cell's index on each axis, positions named by their axis."""
         axes = self.axes(view.name)
-        parts = []
-        for axis, i in enumerate(view.index):
-            kind = axes[axis]
-            parts.append({"Tq": f"q{i}", "Tk": f"k{i}", "T": f"t{i}"}.get(kind, str(i)))
-        return f"{'d' if view.grad else ''}{self.short(view.name)}[{', '.join(parts)}]"
+        return ", ".join({"Tq": f"q{i}", "Tk": f"k{i}", "T": f"t{i}"}.get(axes[axis], str(i))
+                         for axis, i in enumerate(view.index))
 
     @staticmethod
     def short(name: str) -> str:
