@@ -832,3 +832,71 @@ def test_float16_rounding_from_the_bits_is_numpys_cast(source):
         round_float16(np.array([1.0, 7e4], source))
     with np.errstate(over="raise"):
         round_float16(np.array([1.0, np.inf, np.nan], source))   # not an overflow
+
+
+@pytest.mark.parametrize("source", ["float32", "float64"])
+def test_float16_rounding_of_large_tensors_is_numpys_cast_at_every_exponent(source):
+    """A tensor of precision.SHORT entries or more is rounded a chunk at a time by float
+    arithmetic (precision._float16_chunk): at every exponent from zero to float16's overflow,
+    random mantissas, exact ties between two float16 values (the kept part's last bit even and
+    odd), one below and one above each tie, both signs: NumPy's cast, bit for bit; a chunk
+    with a value that may overflow, inf or NaN beside ordinary values too."""
+    from tfmcli.engine.precision import CHUNK, LAYOUTS, SHORT, round_float16
+
+    layout = LAYOUTS[np.dtype(source)]
+    unsigned, drop = layout.unsigned, layout.mantissa - 10
+    rng = np.random.default_rng(1)
+    exponents = np.arange(0, layout.bias + 15, dtype=np.uint64)   # every field below 2^15
+    high = rng.integers(0, 1 << 10, (exponents.size, 64), dtype=np.uint64)   # the kept bits
+    tie = np.uint64(1 << (drop - 1))
+    low = np.stack([rng.integers(0, 1 << drop, high.shape, dtype=np.uint64),  # anything
+                    np.broadcast_to(tie, high.shape),                       # a tie
+                    np.broadcast_to(tie - np.uint64(1), high.shape),       # just below
+                    np.broadcast_to(tie + np.uint64(1), high.shape)])      # just above
+    bits = ((exponents[:, None] << np.uint64(layout.mantissa)) | (high << np.uint64(drop)) | low)
+    sign = np.uint64(1 << (8 * np.dtype(source).itemsize - 1))
+    signs = rng.integers(0, 2, bits.shape, dtype=np.uint64) * sign
+    x = (bits | signs).astype(unsigned).view(source).reshape(-1)
+    wide = np.concatenate([x[:CHUNK - 3], np.array([6.55e4, np.inf, np.nan], source), x[:CHUNK]])
+    past = np.repeat(np.array([65519.0, 65520.0, -65520.0, 2.0 ** 15], source), SHORT)
+    for values in (x, wide, past):
+        assert values.size >= SHORT
+        with np.errstate(all="ignore"):
+            expected = values.astype(np.float16).astype(np.float32)
+            got = round_float16(values)
+        same = (expected.view(np.uint32) == got.view(np.uint32)) | (np.isnan(expected)
+                                                                    & np.isnan(got))
+        assert same.all(), values[~same][:5]
+    # ties to even, in the normal range and among the subnormals (multiples of 2^-24)
+    for value, rounded in ((1 + 2.0 ** -11, 1.0), (1 + 3 * 2.0 ** -11, 1 + 2.0 ** -9),
+                           (-(2.0 ** -25), -0.0), (3 * 2.0 ** -25, 2.0 ** -23)):
+        got = round_float16(np.full(SHORT, value, source))
+        assert got[0] == rounded and np.signbit(got[0]) == np.signbit(rounded)
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+        round_float16(np.full(SHORT, 7e4, source))
+    with np.errstate(over="raise"):
+        round_float16(np.repeat(np.array([1.0, np.inf, np.nan], source), SHORT))
+
+
+@pytest.mark.parametrize("source", ["float32", "float64"])
+def test_bfloat16_rounding_of_large_tensors_is_ml_dtypes_cast(source):
+    """A tensor of precision.SHORT entries or more is rounded to bfloat16 a chunk at a time
+    (precision._bfloat16_chunk), any shape or layout: ml_dtypes's cast of the whole, bit for
+    bit, over random bit patterns (inf and NaN among them)."""
+    import ml_dtypes
+
+    from tfmcli.engine.precision import SHORT
+
+    rng = np.random.default_rng(2)
+    unsigned = np.uint32 if source == "float32" else np.uint64
+    bits = rng.integers(0, np.iinfo(np.int64).max, 3 * SHORT, dtype=np.int64).astype(np.uint64)
+    x = (bits * np.uint64(2)).astype(unsigned).view(source)
+    x[:SHORT] = rng.standard_normal(SHORT)
+    x = x.reshape(-1, 64).T   # not contiguous
+    with np.errstate(all="ignore"):
+        expected = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+        got = precision.of("bfloat16").round(x)
+    assert got.shape == x.shape and got.dtype == np.float32
+    same = (expected.view(np.uint32) == got.view(np.uint32)) | (np.isnan(expected)
+                                                                & np.isnan(got))
+    assert same.all()

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from tfmcli.engine.config import ADDED_PES, Config
+from tfmcli.engine.precision import CHUNK
 
 
 def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
@@ -294,10 +295,9 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
              "transient": transient * item}
     if cfg.np_dtype != cfg.dtype:   # rounded: the weights read, a tensor's rounding
         largest = max(bhtt, btv, btf)
-        # float16's, made from the bits (precision.round_float16), holds four more arrays of
-        # the tensor's size while it works (tracemalloc: 3.9 and 4.3 of them)
-        parts["rounding"] = params * item + (3 * largest * item // 2
-                                             + 4 * largest * item * (cfg.dtype == "float16"))
+        # a tensor's rounding is made beside it a chunk at a time (precision._chunked): its
+        # result, and a chunk's scratch (float16's: its bits, 4 bytes, and a mask, 1)
+        parts["rounding"] = params * item + largest * item + 5 * CHUNK
     parts["total"] = sum(parts.values())
     return parts
 
