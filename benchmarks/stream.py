@@ -1,6 +1,8 @@
 """Streaming at 7B (issue 63): a random-weight LLaMA-7B-shaped bfloat16 folder on disk (made
 once, never committed), then ``tfm lens``, ``tfm backward --block 15`` and ``tfm precision
---dtype bfloat16`` (issue 72) on 16 tokens, each timed with its peak resident memory (VmHWM).
+--dtype bfloat16`` (issue 72) on 16 tokens, each timed with its peak resident memory (VmHWM),
+the lens and the backward against a fresh process reading the folder once just before
+(issue 75: every tensor widened to float64 as the streamed pass reads it, nothing else).
 The whole runs do not fit (about 101 GiB), so they stream by themselves (the script passes
 --stream, so that a shallower model streams too).
 
@@ -164,6 +166,27 @@ def peak_run(args: list[str]) -> tuple[float, int, str]:
     return seconds, int(done.stderr.strip().splitlines()[-1]), done.stdout
 
 
+READ = """import sys, time
+from tfmcli.engine.config import Config
+from tfmcli.sources import resolve
+start = time.perf_counter()
+run = resolve({**Config().__dict__, "dtype": "float64"}, {"dtype"}, sys.argv[1], [[1]])
+weights = run.lazy_params()
+for name in weights:
+    weights[name]   # read and widened to float64 as the streamed pass reads it, then let go
+print(time.perf_counter() - start)"""
+
+
+def read_once(folder: Path) -> float:
+    """Seconds a fresh process takes to read every tensor of the folder once, widened to
+    float64 a tensor at a time (the streamed pass's reader, nothing else): the floor of a
+    streamed command, which reads each block's weights once (the lens) or twice (the
+    backward: the forward, then each block again for its gradients)."""
+    done = subprocess.run([sys.executable, "-c", READ, str(folder)], capture_output=True,
+                          text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", default="/tmp/tfm-llama-7b")
@@ -193,12 +216,16 @@ def main():
     for name, command in runs.items():
         if args.only not in (None, name):
             continue
+        read = None if args.gguf or name == "precision" else read_once(folder)
         seconds, peak, out = peak_run([*command, "--load", str(folder), "--tokens", TOKENS,
                                        "--stream", "--json"])
         streamed = "streamed" if out.strip().startswith("{") else f"failed: {out[-300:]!r}"
+        against = "" if read is None else (f"; reading the folder once just before: "
+                                           f"{read:.1f} s, so {seconds / read:.2f}x")
         print(f"tfm {' '.join(command)}{' (Q4_K_M GGUF)' if args.gguf else ''}, {args.layers} "
               f"blocks of LLaMA-7B's width, 16 tokens: "
-              f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({streamed})", flush=True)
+              f"{seconds:.1f} s, peak resident {peak / 2**20:.2f} GiB ({streamed}){against}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,54 @@ def test_the_weights_are_the_float64_draw_rounded(dtype):
         assert representable(rounded[name], dtype)
 
 
+@pytest.mark.parametrize("dtype", ROUNDED)
+def test_a_cast_holds_the_dtypes_values_read_only_and_a_pass_reads_them_as_they_are(dtype):
+    """precision.Cast: every value rounded once as it is put in (from float64 without going
+    through float32, by item, update or |=), read-only; a pass in its dtype reads it as it is
+    (no Stored), in another dtype rounds it; a copy is a plain dict."""
+    import copy
+
+    policy = precision.of(dtype)
+    drawn = random_params(tfmcli.init_params(tfmcli.Config(layers=1)), seed=4)  # float64
+    cast = precision.Cast(drawn, policy)
+    for name, value in drawn.items():
+        assert cast[name].dtype == np.float32 and not cast[name].flags.writeable
+        np.testing.assert_array_equal(cast[name], policy.round(value))
+    with pytest.raises(ValueError, match="read-only"):
+        cast["ln_f.gamma"] += 1
+    cast["ln_f.gamma"] = drawn["ln_f.gamma"] + 1.0 / 3
+    cast.update({"ln_f.beta": drawn["ln_f.beta"] / 3})
+    cast |= {"embed.W_E": drawn["embed.W_E"] / 7}
+    for name, made in (("ln_f.gamma", drawn["ln_f.gamma"] + 1.0 / 3),
+                       ("ln_f.beta", drawn["ln_f.beta"] / 3),
+                       ("embed.W_E", drawn["embed.W_E"] / 7)):
+        np.testing.assert_array_equal(cast[name], policy.round(made))
+        assert not representable(made, dtype) and representable(cast[name], dtype)
+    assert precision.stored(cast, policy) is cast
+    other = precision.of("float16" if dtype == "bfloat16" else "bfloat16")
+    assert isinstance(precision.stored(cast, other), precision.Stored)
+    for plain in (dict(cast), cast.copy(), copy.copy(cast), copy.deepcopy(cast)):
+        assert type(plain) is dict and plain.keys() == cast.keys()
+
+
+@pytest.mark.parametrize("dtype", ROUNDED)
+def test_a_rounded_run_holds_its_weights_cast_and_runs_as_the_plain_dict_does(dtype):
+    """A Run in a rounded dtype (tfmcli.load, a command) holds its weights as a Cast, read
+    once: its forward and backward are those of the same weights in a plain dict, rounded at
+    every read, bit for bit."""
+    run = tfmcli.load(None, layers=2, d_model=32, heads=4, dtype=dtype, seed=5,
+                      pe="rope", rms_norm=True, activation="swiglu")
+    assert isinstance(run.params, precision.Cast) and run.params.rounded == dtype
+    plain = {name: np.array(value) for name, value in run.params.items()}
+    cast = tfmcli.backward(run.params, tfmcli.forward(run.params, run.inputs, run.cfg), run.cfg)
+    each = tfmcli.backward(plain, tfmcli.forward(plain, run.inputs, run.cfg), run.cfg)
+    assert cast.keys() == each.keys()
+    for name in cast:
+        np.testing.assert_array_equal(cast[name], each[name])
+    exact = tfmcli.load(None, layers=2, d_model=32, heads=4, seed=5)
+    assert type(exact.params) is dict
+
+
 # ---------------------------------------------------------------- every tensor in the dtype
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from tfmcli.engine import precision
 from tfmcli.engine.config import Config
 from tfmcli.engine.init import init_params
 from tfmcli.engine.inputs import IGNORE, Inputs, inputs_from_tokens, make_inputs
@@ -72,7 +73,13 @@ class Run:
 
     def complete(self) -> "Run":
         if self.params is None:
-            self.params = self.read_params() if self.read_params else init_params(self.cfg)
+            params = self.read_params() if self.read_params else init_params(self.cfg)
+            self.params = params
+            policy = precision.of(self.cfg.dtype)
+            if not policy.exact:   # held as the dtype holds them, each let go as it is cast
+                self.params = precision.Cast({}, policy)
+                for name in list(params):
+                    self.params[name] = params.pop(name)
         if self.inputs is None:
             self.inputs = make_inputs(self.cfg)
         return self
