@@ -176,3 +176,19 @@ def test_bad_adam_options(args, option, needle):
 def test_a_rate_that_overflows_is_one_line():
     line = error_line(run("adam", "--lr", "1e300", "--steps", 2), 1)
     assert "use a smaller --lr" in line
+
+
+def test_read_only_weights_are_refused_before_anything_changes():
+    """A bfloat16 run's weights are read-only (precision.Cast): adam_step says so and leaves
+    its state as it was (not half a step taken); a copy of them steps."""
+    loaded = tfmcli.load(None, layers=1, d_model=16, heads=2, vocab=24, seq_len=5,
+                         dtype="bfloat16")
+    params, cfg = loaded.params, loaded.cfg
+    grads = tfmcli.backward(params, tfmcli.forward(params, loaded.inputs, cfg), cfg)
+    state = Adam.like(loaded.params)
+    with pytest.raises(ValueError, match="read-only.*give a copy"):
+        adam_step(loaded.params, grads, state, 1e-3)
+    assert state.t == 0 and all(not m.any() for m in state.m.values())
+    copy = {name: value.copy() for name, value in loaded.params.items()}
+    adam_step(copy, grads, state, 1e-3)
+    assert state.t == 1 and not np.array_equal(copy["ln_f.gamma"], loaded.params["ln_f.gamma"])

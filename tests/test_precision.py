@@ -97,12 +97,18 @@ def test_a_cast_holds_the_dtypes_values_read_only_and_a_pass_reads_them_as_they_
     (no Stored), in another dtype rounds it; a copy is a plain dict."""
     import copy
 
+    import ml_dtypes
+
     policy = precision.of(dtype)
     drawn = random_params(tfmcli.init_params(tfmcli.Config(layers=1)), seed=4)  # float64
+    drawn["large"] = np.random.default_rng(4).standard_normal((70, 90)) * 1e-3   # chunked
     cast = precision.Cast(drawn, policy)
+    dtype_itself = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
     for name, value in drawn.items():
         assert cast[name].dtype == np.float32 and not cast[name].flags.writeable
-        np.testing.assert_array_equal(cast[name], policy.round(value))
+        np.testing.assert_array_equal(cast[name], value.astype(dtype_itself).astype(np.float32))
+    with pytest.raises(ValueError, match="rounds nothing"):
+        precision.Cast(drawn, precision.of("float32"))
     with pytest.raises(ValueError, match="read-only"):
         cast["ln_f.gamma"] += 1
     cast["ln_f.gamma"] = drawn["ln_f.gamma"] + 1.0 / 3
@@ -741,6 +747,31 @@ def test_precision_json_carries_every_tensor():
     assert set(data["loss"]) == {"float64", "float16"}
 
 
+@pytest.mark.parametrize("dtype", ROUNDED)
+def test_a_saved_run_is_cast_and_a_weight_past_float16_stops_the_command(tmp_path, dtype):
+    """An .npz saved in a rounded dtype is held as a precision.Cast too (its float32 arrays
+    of values not the dtype's: each rounded once); a weight past float16's 65504 stops the
+    command in one line naming it, as an overflow of the run does; bfloat16 holds it."""
+    from tfmcli.io import run_arrays, save_npz
+
+    cfg = tfmcli.Config(layers=1, d_model=16, heads=2, vocab=24, seq_len=5, batch=1,
+                        dtype=dtype)
+    params = {name: value.astype(np.float32) for name, value in random_params(
+        tfmcli.init_params(cfg.replace(dtype="float64")), seed=6).items()}
+    save_npz(tmp_path / "run.npz", run_arrays(cfg, params, tfmcli.make_inputs(cfg)))
+    loaded = tfmcli.load(tmp_path / "run.npz")
+    assert isinstance(loaded.params, precision.Cast) and loaded.cfg.dtype == dtype
+    np.testing.assert_array_equal(loaded.params["head.W_U"],
+                                  precision.of(dtype).round(params["head.W_U"]))
+    params["ln_f.beta"][3] = 1e5
+    save_npz(tmp_path / "big.npz", run_arrays(cfg, params, tfmcli.make_inputs(cfg)))
+    if dtype == "float16":
+        line = error_line(run("forward", "--load", tmp_path / "big.npz"), 1)
+        assert "overflowed float16" in line and "of ln_f.beta" in line and "65504" in line
+    else:
+        assert "loss = " in ok("forward", "--load", tmp_path / "big.npz").output
+
+
 def test_precision_of_an_overflow_is_reported_not_refused(tmp_path):
     """A run that overflows is what tfm precision is for (the other commands refuse it): a
     saved .npz of float64 weights, read in its own float64 whatever --dtype names."""
@@ -764,13 +795,18 @@ def test_precision_refuses_float64_as_the_dtype_under_test():
     assert "'--dtype'" in line and "float32, float16 or bfloat16" in line
 
 
+@pytest.mark.parametrize("cast", [True, False], ids=["cast", "plain"])
 @pytest.mark.parametrize("dtype", ROUNDED)
 @pytest.mark.parametrize("fields", [dict(), dict(pe="rope", rms_norm=True, activation="swiglu",
-                                               bias=False, seq_len=128, vocab=500)],
-                         ids=["gpt", "llama"])
-def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
-    """A rounded run's peak (tracemalloc) within 10% of its estimate: the weights as read,
-    rounded, kept by the caches, and a tensor's rounding beside it (sizes' "rounding")."""
+                                               bias=False, seq_len=128, vocab=500),
+                                    dict(d_model=128, layers=4, seq_len=16, vocab=2000)],
+                         ids=["gpt", "llama", "weights"])
+def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields, cast):
+    """A rounded run's peak (tracemalloc) within 10% of its estimate: a tensor's rounding
+    beside it and, with the weights in a plain dict (not a precision.Cast, as a run holds
+    them), the weights as read, rounded, kept by the caches (sizes' "rounding"). On the
+    weights' shape that copy is most of the peak beyond the weights: counted wrongly either
+    way, the estimate is off by half or more."""
     import tracemalloc
 
     from tfmcli.engine.sizes import memory_estimate
@@ -778,6 +814,8 @@ def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
     cfg = tfmcli.Config(**{**dict(d_model=64, heads=4, layers=2, seq_len=64, batch=2,
                                   vocab=200, dtype=dtype), **fields})
     params, inputs = tfmcli.init_params(cfg), tfmcli.make_inputs(cfg)
+    if cast:
+        params = precision.Cast(params, precision.of(dtype))
     tfmcli.backward(params, tfmcli.forward(params, inputs, cfg), cfg)   # imports made
     tracemalloc.start()
     try:
@@ -786,8 +824,8 @@ def test_the_memory_estimate_counts_what_rounding_holds(dtype, fields):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    estimate = memory_estimate(cfg)
-    assert estimate["rounding"] > estimate["params"]
+    estimate = memory_estimate(cfg, cast=cast)
+    assert (estimate["rounding"] > estimate["params"]) == (not cast)
     assert 0.9 <= (estimate["total"] - estimate["params"]) / peak <= 1.1
 
 
@@ -929,7 +967,7 @@ def test_float16_rounding_of_large_tensors_is_numpys_cast_at_every_exponent(sour
 @pytest.mark.parametrize("source", ["float32", "float64"])
 def test_bfloat16_rounding_of_large_tensors_is_ml_dtypes_cast(source):
     """A tensor of precision.SHORT entries or more is rounded to bfloat16 a chunk at a time
-    (precision._bfloat16_chunk), any shape or layout: ml_dtypes's cast of the whole, bit for
+    (precision.round_bfloat16), any shape or layout: ml_dtypes's cast of the whole, bit for
     bit, over random bit patterns (inf and NaN among them)."""
     import ml_dtypes
 
@@ -948,3 +986,37 @@ def test_bfloat16_rounding_of_large_tensors_is_ml_dtypes_cast(source):
     same = (expected.view(np.uint32) == got.view(np.uint32)) | (np.isnan(expected)
                                                                 & np.isnan(got))
     assert same.all()
+
+
+def test_rounding_shared_among_threads_is_the_same_bits(monkeypatch):
+    """Outside a pass a large tensor's rounding is shared among tfm's threads: in parts cut on
+    chunks, each rounded as in one piece, an overflow in the last part reported in the
+    caller (float16's), NaN and inf where they were."""
+    import ml_dtypes
+
+    from tfmcli.engine import parallel
+    from tfmcli.engine.precision import CHUNK, round_bfloat16, round_float16
+
+    if parallel.blas_threads() is None:
+        pytest.skip("no BLAS whose threads tfm can hold")
+    pieces = []
+    cut = parallel._run_parts
+    monkeypatch.setattr(parallel, "SMALL", 1 << 10)
+    monkeypatch.setattr(parallel, "_threads", lambda worth_sharing: 2)
+    monkeypatch.setattr(parallel, "_run_parts", lambda part, parts, threads: (
+        pieces.append(parts), cut(part, parts, threads)))
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(4 * CHUNK + 5) * 1e-3).astype(np.float32)
+    x[[7, 9]] = np.inf, np.nan
+    x[-1] = 7e4
+    with np.errstate(over="ignore"):
+        for rounded, expected in ((round_float16(x), x.astype(np.float16)),
+                                  (round_bfloat16(x), x.astype(ml_dtypes.bfloat16))):
+            expected = expected.astype(np.float32)
+            same = (rounded.view(np.uint32) == expected.view(np.uint32)) | (
+                np.isnan(rounded) & np.isnan(expected))
+            assert same.all()
+    assert len(pieces) == 2 and all(len(parts) == 2 for parts in pieces)
+    assert pieces[0][0].stop % CHUNK == 0
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+        round_float16(x)

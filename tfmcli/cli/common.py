@@ -308,7 +308,11 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
     estimate, kept, holding = streaming or (None, None, None)   # (None: the whole run)
     if streaming and run.lazy_params is not None:   # the weights stay in their files
         run.params = run.lazy_params()
-    params, inputs = run.complete().params, run.inputs
+    try:
+        with np.errstate(over="raise"):   # a weight past the dtype's range, as it is cast
+            params, inputs = run.complete().params, run.inputs
+    except FloatingPointError as e:
+        raise overflowed(cfg, e) from None
     seen = streamed_sink(opts, run) if streaming else None
     try:
         # An overflow anywhere makes every later number meaningless (a layer norm of values
@@ -321,18 +325,23 @@ def execute(opts: Options, with_grads: bool, validate=None, intervene: bool = Tr
             grads = None if not with_grads else tfmcli.backward(
                 params, fwd, cfg, keep=holding, seen=seen, progress=backward_tick)
     except FloatingPointError as e:
-        hint = {"float32": " or --dtype float64",
-                "float16": (" or --dtype float32 (float16's largest number is 65504; tfm "
-                            "precision --dtype float16 counts each tensor's overflows)"),
-                }.get(cfg.dtype, "")
-        raise TfmError(f"the run overflowed {cfg.dtype} ({e}): values too large to be right; "
-                       f"use smaller weights or inputs{hint}") from None
+        raise overflowed(cfg, e) from None
     bad = first_nonfinite(fwd.acts) or (with_grads and (first_nonfinite(grads)
                                                         or first_nonfinite(grads.acts)))
     if bad or not math.isfinite(fwd.loss):
         raise TfmError(f"the run produced NaN or Inf (first in {bad or 'the loss'}); "
                        f"try smaller weights (--init normal) or --dtype float64")
     return run, fwd, grads
+
+
+def overflowed(cfg, error: FloatingPointError) -> TfmError:
+    """The one line a run that overflowed its dtype ends with (``error``: NumPy's words)."""
+    hint = {"float32": " or --dtype float64",
+            "float16": (" or --dtype float32 (float16's largest number is 65504; tfm "
+                        "precision --dtype float16 counts each tensor's overflows)"),
+            }.get(cfg.dtype, "")
+    return TfmError(f"the run overflowed {cfg.dtype} ({error}): values too large to be right; "
+                    f"use smaller weights or inputs{hint}")
 
 
 def interventions(opts: Options, run) -> list[tuple[str, object]]:

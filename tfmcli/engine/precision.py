@@ -90,10 +90,7 @@ class Precision(NamedTuple):
             return float(np.asarray(x, dtype=self.store))
         if self.name == "float16":
             return round_float16(x)
-        x = np.asarray(x)
-        if x.size < SHORT:
-            return x.astype(self.store).astype(self.array)
-        return _chunked(x, _bfloat16_chunk, 2)
+        return round_bfloat16(x)
 
     def kept(self, x):
         """``x`` as the pass stores it: ``x`` itself when every value is already one of the
@@ -137,18 +134,28 @@ SHORT = 4096      # entries: a tensor shorter than this is rounded by NumPy's ca
 def round_float16(x) -> np.ndarray:
     """``x`` rounded to the nearest float16 values (ties to even), held in float32: what
     ``x.astype(np.float16).astype(np.float32)`` gives, bit for bit (NaN stays NaN, past 65504
-    inf, an overflow of a finite value reported as the cast reports it), made by float
-    arithmetic a chunk at a time over the machine's cores (``_float16_chunk``). NumPy's own
-    cast of a value in float16's subnormal range (below 2^-14, as most of a gradient can be)
-    takes 25 times as long as of a normal one: a GPT-2-small step in float16 took 38 times
-    its float32 time with it; rounding a gradient of 38.6M entries takes 1.6 s by the cast,
-    72 ms so on one core."""
+    inf, an overflow of a finite value reported as the cast reports it, under the caller's
+    ``np.errstate``), made by float arithmetic a chunk at a time (``_float16_chunk``). Two
+    differences from the cast, neither seen by a pass: a NaN keeps its payload (the cast
+    makes it quiet and cuts it), and an underflow to 0 is not reported. NumPy's own cast of
+    a value in float16's subnormal range (below 2^-14, as most of a gradient can be) takes
+    25 times as long as of a normal one: a GPT-2-small step in float16 took 38 times its
+    float32 time with it; a gradient of 38.6M entries is rounded in 1.6 s by the cast, in
+    52-72 ms so, on one core."""
     x = np.asarray(x)
     if x.dtype not in LAYOUTS or x.size < SHORT:
         return x.astype(np.float16).astype(np.float32)
+    unsigned = LAYOUTS[x.dtype].unsigned
     overflowed = []
-    out = _chunked(x, lambda source, out, scratch: overflowed.append(
-        _float16_chunk(source, out, scratch)), 4)
+
+    def scratch(n):   # magnitudes (float64's: float32's are made in the output), bits, a mask
+        return (np.empty(n if x.dtype != CARRIER else 0, x.dtype), np.empty(n, unsigned),
+                np.empty(n, bool))
+
+    def chunk(source, out, arrays):
+        overflowed.append(_float16_chunk(source, out, arrays))
+
+    out = _chunked(x, chunk, scratch, passes=8)
     if any(overflowed):
         # a finite value past float16's range: the overflow NumPy's own cast reports, under
         # the caller's np.errstate (raised, warned or ignored)
@@ -159,7 +166,8 @@ def round_float16(x) -> np.ndarray:
 def _float16_chunk(source, out, scratch) -> bool:
     """``out`` (float32) = ``source`` (float32 or float64) rounded to float16's values, in
     ``source``'s own arithmetic; whether a finite value overflowed. ``scratch``: (magnitudes
-    in ``source``'s dtype, their bits, a mask), each at least ``source``'s length.
+    in ``source``'s dtype, their bits, a mask), each at least ``source``'s length but the
+    magnitudes of a float32 source, made in ``out``.
 
     A magnitude m whose exponent is e is rounded to float16's 11 significant bits by (m + c)
     - c, with c = 2^(e + mantissa - 10) (mantissa: ``source``'s bits): the sum's last bit is
@@ -213,37 +221,41 @@ def _float16_wide(source, out, scratch) -> bool:
     return overflowed
 
 
-def _bfloat16_chunk(source, out, scratch) -> None:
-    """``out`` (float32) = ``source`` rounded to bfloat16 by ml_dtypes's cast (``scratch``:
-    bfloat16's array, at least ``source``'s length)."""
-    held = scratch[:source.size]
-    held[...] = source
-    out[...] = held
+def round_bfloat16(x) -> np.ndarray:
+    """``x`` rounded to bfloat16 by ml_dtypes's cast, held in float32: a large tensor a chunk
+    at a time, so that only a chunk of bfloat16 is held beside the result."""
+    x = np.asarray(x)
+    store = of("bfloat16").store
+    if x.size < SHORT:
+        return x.astype(store).astype(CARRIER)
+
+    def chunk(source, out, held):
+        held = held[:source.size]
+        held[...] = source
+        out[...] = held
+
+    return _chunked(x, chunk, lambda n: np.empty(n, store), passes=2)
 
 
-def _chunked(x, chunk, passes: int) -> np.ndarray:
+def _chunked(x, chunk, scratch, passes: int) -> np.ndarray:
     """A float32 array of ``x``'s shape, made ``CHUNK`` entries at a time by ``chunk(source,
-    out, scratch)`` (``scratch``: a chunk's arrays, made once per thread), the chunks shared
-    among the cores (``parallel.run``; ``passes``: about how many element-wise passes a chunk
-    takes). Every entry is rounded on its own, so parts change no bit. Inside a rounded pass
-    (one piece) the chunks are the caller's alone: beside BLAS's spinning threads a second
-    thread of rounding made a GPT-2-small float16 step slower, not faster."""
+    out, arrays)`` (``arrays = scratch(n)``, made once per thread for chunks of at most n
+    entries), the chunks shared among the cores (``parallel.run``; ``passes``: about how many
+    element-wise passes over a chunk that takes). Every entry is rounded on its own, so parts
+    change no bit. Inside a rounded pass (one piece) the chunks are the caller's alone: on
+    GPT-2 small's float16 step (32 tokens), rounding on two threads beside BLAS's spinning
+    ones took 1,324 ms where one took 1,023."""
     from tfmcli.engine import parallel
 
     flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty(np.shape(x), np.float32)
+    out = np.empty(np.shape(x), CARRIER)
     made = out.reshape(-1)
 
     def part(entries):
-        if chunk is _bfloat16_chunk:
-            scratch = np.empty(CHUNK, of("bfloat16").store)
-        else:
-            magnitudes = np.empty(CHUNK if flat.dtype != out.dtype else 0, flat.dtype)
-            scratch = (magnitudes, np.empty(CHUNK, LAYOUTS[flat.dtype].unsigned),
-                       np.empty(CHUNK, bool))
+        arrays = scratch(min(CHUNK, len(range(entries.start, entries.stop))))
         for start in range(entries.start, entries.stop, CHUNK):
             stop = min(start + CHUNK, entries.stop)
-            chunk(flat[start:stop], made[start:stop], scratch)
+            chunk(flat[start:stop], made[start:stop], arrays)
 
     parallel.run(part, flat.size, parallel.cost(flat.size * passes * parallel.PASS,
                                                  flat.dtype), CHUNK)
@@ -305,34 +317,46 @@ def op(fn=None, *, results: int | None = None):
 def stored(params, policy: Precision):
     """``params`` as a rounded pass reads them: each value rounded to the dtype when read (a
     mapping over the same arrays; a checkpoint's bfloat16 weights come back equal). Exact, or
-    a mapping whose ``rounded`` names this policy (its values are the dtype's already):
-    ``params`` itself."""
+    a mapping whose ``rounded`` names this policy (its values are the dtype's already: a
+    ``Cast``, ``tfm precision``'s weights): ``params`` itself."""
     if policy.exact or getattr(params, "rounded", None) == policy.name:
-        return params   # (a mapping that rounds as it reads already: tfm precision's)
+        return params
     return Stored(params, policy)
 
 
 class Cast(dict):
     """Parameters as a model cast to a rounded dtype holds them (torch's ``model.to(dtype)``):
-    each value rounded once, as it is put in, and read-only, so that it stays the dtype's. A
-    pass in that dtype reads them as they are (``stored``), where it rounds a plain dict's
-    values at every read: on GPT-2 small's shape, 32 tokens, a bfloat16 step took 1.76 times
-    float32's instead of 2.66, a float16 step 2.66 instead of 4.16. A copy (``dict(cast)``,
-    ``.copy()``, ``copy.copy``) is a plain dict of the same arrays.
+    each value rounded once, as it is put in (an overflow reported under the caller's
+    ``np.errstate``, with the parameter's name), and read-only, so that it stays the dtype's.
+    A pass in that dtype reads them as they are (``stored``), where it rounds a plain dict's
+    values at every read: GPT-2 small's step on 32 tokens took 1.88-1.90 times float32's in
+    bfloat16 and 2.95-3.00 in float16 (docs/performance.md), with both the rounding's and
+    this change. A run in a rounded dtype holds its weights so (``Run.complete``): change one
+    by assigning it (rounded again), or edit a copy (``{n: v.copy() for n, v in
+    cast.items()}``). A copy (``dict(cast)``, ``.copy()``, ``copy.copy``) is a plain dict of
+    the same arrays.
 
     Attributes
     ----------
+    policy : Precision
+        The dtype's policy (never an exact one).
     rounded : str
         The dtype's name.
     """
 
     def __init__(self, params, policy: Precision):
+        if policy.exact:
+            raise ValueError(f"{policy.name} rounds nothing: a Cast holds a rounded dtype's "
+                             f"values (float16, bfloat16)")
         super().__init__()
         self.policy, self.rounded = policy, policy.name
         self.update(params)
 
     def __setitem__(self, name, value):
-        value = self.policy.round(np.asarray(value))   # a new array, of the dtype's values
+        try:
+            value = self.policy.round(np.asarray(value))   # a new array of the dtype's values
+        except FloatingPointError as e:
+            raise FloatingPointError(f"{e} of {name}") from None
         value.flags.writeable = False
         super().__setitem__(name, value)
 

@@ -205,7 +205,7 @@ def flops(cfg: Config) -> tuple[int, int]:
     return forward, 2 * forward
 
 
-def memory_estimate(cfg: Config) -> dict[str, int]:
+def memory_estimate(cfg: Config, cast: bool = True) -> dict[str, int]:
     """Bytes of the peak of init + forward + backward, by part, from the config alone.
 
     A run keeps every parameter and its gradient, every activation and the gradient of each
@@ -222,11 +222,11 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     gradient before the cap, one (B, H, T, T); capped logits', one (B, T, V)).
     ``tests/test_memory.py`` holds this within 8% of what tracemalloc measures (0.956-1.071 of it).
 
-    float16 and bfloat16 (``engine.precision``) hold more, their ``"rounding"``: the weights as
-    the pass read them, rounded (the caches keep them), and the rounding of the largest tensor
-    (its rounded copy beside it, and the dtype's own while it is made: 1.5 of it). At d 256,
-    L 4, B 2 in bfloat16 the estimate came to 1.03 and 0.996 of the peak tracemalloc measured
-    (T 128 and 256; without these parts, 0.86 and 0.89).
+    float16 and bfloat16 (``engine.precision``) hold more, their ``"rounding"``: the rounding
+    of the largest tensor (its rounded copy beside it, made a chunk at a time) and, unless the
+    weights are ``cast`` (``precision.Cast``, as a run's are), the weights as the pass read
+    them, rounded (the caches keep them): a plain dict of weights, or a streamed run's read
+    from their files. ``tests/test_precision.py`` holds both within 10% of tracemalloc's peak.
     """
     item = cfg.np_dtype.itemsize   # float16 and bfloat16: held in float32 (engine.precision)
     B, T, d, H, F, V, L = (cfg.batch, cfg.seq_len, cfg.d_model, cfg.heads, cfg.ff, cfg.vocab,
@@ -293,11 +293,12 @@ def memory_estimate(cfg: Config) -> dict[str, int]:
     parts = {"params": params * item, "grads": params * item, "activations": acts * item,
              "activation grads": dacts * item, "caches": caches * item + B * T * T,
              "transient": transient * item}
-    if cfg.np_dtype != cfg.dtype:   # rounded: the weights read, a tensor's rounding
-        largest = max(bhtt, btv, btf)
+    if cfg.np_dtype != cfg.dtype:   # rounded: a tensor's rounding (and the weights read)
+        largest = max(bhtt, btv, btf, V * d, d * F)   # an activation, or a weight's gradient
         # a tensor's rounding is made beside it a chunk at a time (precision._chunked): its
-        # result, and a chunk's scratch (float16's: its bits, 4 bytes, and a mask, 1)
-        parts["rounding"] = params * item + largest * item + 5 * CHUNK
+        # result, and a chunk's scratch on each thread (float16's: its bits, 4 bytes, and a
+        # mask, 1; inside a pass, one thread)
+        parts["rounding"] = (not cast) * params * item + largest * item + 5 * CHUNK
     parts["total"] = sum(parts.values())
     return parts
 
@@ -315,15 +316,17 @@ def streamed_estimate(cfg: Config, lazy: bool = False, kept=(), held=()) -> dict
     parameter is in memory. ``kept``: activations a view keeps whole (each with its gradient),
     ``held``: parameters whose gradients it keeps: they count besides (``"kept"``).
     """
-    one, whole = memory_estimate(cfg.replace(layers=1, sliding_layers=None)), memory_estimate(cfg)
+    one = memory_estimate(cfg.replace(layers=1, sliding_layers=None), cast=not lazy)
+    whole = memory_estimate(cfg)
     item = cfg.np_dtype.itemsize   # float16 and bfloat16: held in float32 (engine.precision)
     streams = (cfg.layers - 1) * cfg.batch * cfg.seq_len * cfg.d_model * item
     parts = {"params": one["params"] if lazy else whole["params"], "grads": one["grads"],
              "activations": one["activations"] + streams,
              "activation grads": one["activation grads"] + streams,
              "caches": one["caches"], "transient": one["transient"]}
-    if "rounding" in one:   # float16, bfloat16: a block's weights as read, its caches holding
-        parts["rounding"] = one["rounding"]   # them until its backward, and a tensor's rounding
+    if "rounding" in one:   # float16, bfloat16: a tensor's rounding and, read from their
+        parts["rounding"] = one["rounding"]   # files, a block's weights, its caches holding
+        #                                       them until its backward
     parts["kept"] = 0
     if kept or held:   # (each name's shape: a model of a thousand blocks is not listed for none)
         acts, params = activation_shapes(cfg), param_shapes(cfg)

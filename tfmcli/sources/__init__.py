@@ -72,14 +72,22 @@ class Run:
                 f"weights_from={self.weights_from!r}, tokens_from={self.tokens_from!r})")
 
     def complete(self) -> "Run":
-        if self.params is None:
-            params = self.read_params() if self.read_params else init_params(self.cfg)
+        """The run with its parameters and inputs: read, or drawn from the seed. In float16
+        or bfloat16 the parameters are held as the dtype holds them (``precision.Cast``),
+        those read each let go as it is cast; an overflow is reported under the caller's
+        ``np.errstate``."""
+        policy = precision.of(self.cfg.dtype)
+        if self.params is None or (not policy.exact and isinstance(self.params, dict)
+                                   and getattr(self.params, "rounded", None) != policy.name):
+            made = self.params is None
+            params = (self.read_params() if self.read_params else init_params(self.cfg)
+                      ) if made else self.params
+            if not policy.exact:
+                cast = precision.Cast({}, policy)
+                for name in list(params):   # an .npz's or the caller's dict is left as it is
+                    cast[name] = params.pop(name) if made else params[name]
+                params = cast
             self.params = params
-            policy = precision.of(self.cfg.dtype)
-            if not policy.exact:   # held as the dtype holds them, each let go as it is cast
-                self.params = precision.Cast({}, policy)
-                for name in list(params):
-                    self.params[name] = params.pop(name)
         if self.inputs is None:
             self.inputs = make_inputs(self.cfg)
         return self

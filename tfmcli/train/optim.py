@@ -57,10 +57,17 @@ def adam_step(params: dict, grads: dict, state: Adam, lr: float) -> None:
     ``p -= lr * m_hat / (sqrt(v_hat) + eps)`` (``torch.optim.Adam``'s order of operations).
 
     ``lr`` must be a number at least 0, as ``torch.optim.Adam`` requires: a NaN or a negative
-    rate is refused before anything changes (a NaN would turn every parameter into NaN).
+    rate is refused before anything changes (a NaN would turn every parameter into NaN), and
+    so is a parameter that cannot change in place (a float16 or bfloat16 run's weights are
+    read-only: ``engine.precision.Cast``).
     """
     if not lr >= 0:   # also False for NaN
         raise ValueError(f"adam_step: lr={lr}; it must be a number at least 0")
+    fixed = next((name for name, p in params.items() if not p.flags.writeable), None)
+    if fixed is not None:
+        raise ValueError(f"adam_step: {fixed} is read-only (a float16 or bfloat16 run's weights "
+                         f"are: precision.Cast); give a copy, {{n: v.copy() for n, v in "
+                         f"params.items()}}")
     state.t += 1
     b1, b2 = state.beta1, state.beta2
     correction1 = 1 - b1 ** state.t
