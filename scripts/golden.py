@@ -85,7 +85,10 @@ def run(args: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
+    if argv not in ([], ["--check"]):   # anything else (--help) must not rewrite the files
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    check = argv == ["--check"]
     GOLDEN.mkdir(exist_ok=True)
     differ = []
     for name, args in cases():
