@@ -315,21 +315,25 @@ def tfm(*args: str) -> list[str]:
     return [os.path.join(os.path.dirname(sys.executable), "tfm"), *args]
 
 
-def startup_rows(repeats: int) -> tuple[list, dict]:
-    """The import floor and two commands, alternately (this machine's start-up time drifts by
-    20% from minute to minute): medians over rounds, and the median of each round's ratio (also
-    per command, as ``targets`` takes them).
-
-    tfm's modules are compiled to bytecode first, as ``pip install .`` (the README's) compiles
-    them and as NumPy's, Typer's and Rich's, the floor's, were: where PYTHONDONTWRITEBYTECODE
-    is set (this machine sets it) an editable install never writes them, and each start
-    compiled tfm's modules again, 50 ms of ``tfm mask``'s 136 (1.58 times the floor; 1.30
-    with the bytecode)."""
+def compiled() -> bool:
+    """tfm's modules compiled to bytecode, as ``pip install .`` (the README's) compiles them
+    and as NumPy's, Typer's and Rich's, the import floor's, were; whether that took. Where
+    PYTHONDONTWRITEBYTECODE is set (this machine sets it) an editable install never writes
+    them, and every start compiles tfm's modules again: ``tfm mask --len 7`` took 136 ms
+    without them and 112 with them, against the floor's 86 (1.58 and 1.30 times it; fresh
+    processes, 15 rounds, alternately)."""
     import compileall
 
     import tfmcli
 
-    compileall.compile_dir(os.path.dirname(tfmcli.__file__), quiet=1)
+    return bool(compileall.compile_dir(os.path.dirname(tfmcli.__file__), quiet=2))
+
+
+def startup_rows(repeats: int) -> tuple[list, dict]:
+    """The import floor and two commands, alternately (this machine's start-up time drifts by
+    20% from minute to minute): medians over rounds, and the median of each round's ratio (also
+    per command, as ``targets`` takes them). tfm's modules are compiled to bytecode before
+    (``compiled``)."""
     imports = "import numpy, typer, rich"
     commands = {imports: [sys.executable, "-c", imports],
                 "tfm mask --len 7": tfm("mask", "--len", "7"), "tfm --help": tfm("--help")}
@@ -570,6 +574,9 @@ def main():
     console.print(
         f"freed memory kept in the heap (tfmcli.engine.memory): {'yes' if kept else 'no'}"
     )
+    console.print("tfm's modules compiled to bytecode, as pip install . does: " + (
+        "yes" if compiled() else "no (not writable here: every command below compiles them "
+        "too, and start-up counts it)"))
     if args.where:
         print_table(console, "where a step's time goes (forward + backward of the block)",
                     ("what", "dtype", "ms", "of the step"), where_rows(fields, repeats),

@@ -329,8 +329,8 @@ class Cast(dict):
     each value rounded once, as it is put in (an overflow reported under the caller's
     ``np.errstate``, with the parameter's name), and read-only, so that it stays the dtype's.
     A pass in that dtype reads them as they are (``stored``), where it rounds a plain dict's
-    values at every read: GPT-2 small's step on 32 tokens took 1.88-1.90 times float32's in
-    bfloat16 and 2.95-3.00 in float16 (docs/performance.md), with both the rounding's and
+    values at every read: GPT-2 small's step on 32 tokens took 1.88-1.94 times float32's in
+    bfloat16 and 2.95-3.02 in float16 (docs/performance.md), with both the rounding's and
     this change. A run in a rounded dtype holds its weights so (``Run.complete``): change one
     by assigning it (rounded again), or edit a copy (``{n: v.copy() for n, v in
     cast.items()}``). A copy (``dict(cast)``, ``.copy()``, ``copy.copy``) is a plain dict of
