@@ -226,6 +226,35 @@ def test_the_logit_lens_caps_its_logits_as_the_head_does():
     assert np.abs(last.logits).max() < 0.7
 
 
+def test_the_logit_lens_caps_a_stream_at_a_time():
+    """Every stream's logits are made in one product, then capped a stream at a time in
+    place: a capped lens holds no more than an uncapped one (tracemalloc), where capping the
+    stacked logits at once made two temporaries of them all (3x the peak); each stream's
+    logits are its own stream through the head, capped."""
+    import tracemalloc
+
+    from tfmcli.engine.model import head_logits
+    from tfmcli.explain.lens import logit_lens
+
+    peaks = {}
+    for cap in (None, 30.0):
+        cfg = tfmcli.Config(layers=6, vocab=8000, seq_len=16, batch=1, d_model=16, heads=2,
+                            logit_softcap=cap)
+        params = random_params(tfmcli.init_params(cfg), seed=3)
+        fwd = tfmcli.forward(params, tfmcli.make_inputs(cfg), cfg)
+        logit_lens(params, fwd, cfg, 0)
+        tracemalloc.start()
+        try:
+            rows = logit_lens(params, fwd, cfg, 0)
+            peaks[cap] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        x = ops.layer_norm_forward(fwd.acts["blocks.2.out"][0], params["ln_f.gamma"],
+                                   params["ln_f.beta"], cfg.eps)[0]
+        assert_scaled_close(rows[3].logits, head_logits(x, params, cfg))
+    assert peaks[30.0] < 1.2 * peaks[None]
+
+
 def test_tfm_embed_takes_a_tied_heads_part_through_the_cap():
     """Tied, W_E's row gets the head's sum of dz h, dz = dlogits x the cap's slope: checked
     against the backward pass and against central differences of the loss."""
