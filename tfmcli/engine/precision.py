@@ -174,50 +174,33 @@ def _float16_chunk(source, out, scratch) -> bool:
     m's bit of weight 2^(e - 10), so the addition rounds m to a multiple of that, ties to
     even, as the cast does, and the subtraction is exact. Below 2^-14 float16's values are
     the multiples of 2^-24, which c's floor, 2^(mantissa - 24), makes the step. A chunk with a
-    magnitude of 2^15 or more (one that may overflow), inf or NaN is rounded by
-    ``_float16_wide``."""
+    magnitude of 2^15 or more, inf or NaN may overflow: its magnitudes are first held to
+    2^17, whose rounding is past 65504 as theirs is (and keeps c finite; NaN passes through),
+    and past 65504 made inf."""
     unsigned, mantissa, exponent, bias = LAYOUTS[source.dtype]
     n = source.size
     m = out if source.dtype == out.dtype else scratch[0][:n]
-    c = scratch[1][:n]
+    c, over = scratch[1][:n], scratch[2][:n]
     np.abs(source, out=m)
     np.bitwise_and(m.view(unsigned), unsigned(exponent), out=c)
-    if c.max() >= unsigned((bias + 15) << mantissa):
-        return _float16_wide(source, out, scratch)
+    wide = c.max() >= unsigned((bias + 15) << mantissa)
+    if wide:
+        np.minimum(m, 2.0 ** 17, out=m)
+        np.bitwise_and(m.view(unsigned), unsigned(exponent), out=c)
     np.maximum(c, unsigned((bias - 14) << mantissa), out=c)
     c += unsigned((mantissa - 10) << mantissa)
     real = c.view(source.dtype)
     m += real
     m -= real
+    overflowed = False
+    if wide:
+        np.greater(m, 65504.0, out=over)
+        if over.any():
+            overflowed = bool(np.isfinite(source[over]).any())
+            m[over] = np.inf
     np.copysign(m, source, out=m)
     if m is not out:
         out[...] = m   # exact: every value is float16's
-    return False
-
-
-def _float16_wide(source, out, scratch) -> bool:
-    """``_float16_chunk`` for any magnitudes: first held to 2^17, whose rounding is past 65504
-    as theirs is (and keeps c finite), NaN passing through, and past 65504 made inf."""
-    unsigned, mantissa, exponent, _ = LAYOUTS[source.dtype]
-    n = source.size
-    m = out if source.dtype == out.dtype else scratch[0][:n]
-    c, over = scratch[1][:n], scratch[2][:n]
-    np.abs(source, out=m)
-    np.minimum(m, 2.0 ** 17, out=m)
-    np.bitwise_and(m.view(unsigned), unsigned(exponent), out=c)
-    c += unsigned((mantissa - 10) << mantissa)
-    real = c.view(source.dtype)
-    np.maximum(real, 2.0 ** (mantissa - 24), out=real)
-    m += real
-    m -= real
-    np.greater(m, 65504.0, out=over)
-    overflowed = False
-    if over.any():
-        overflowed = bool(np.isfinite(source[over]).any())
-        m[over] = np.inf
-    np.copysign(m, source, out=m)
-    if m is not out:
-        out[...] = m
     return overflowed
 
 
