@@ -13,7 +13,6 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from tfmcli.engine.config import ADDED_PES, Config
-from tfmcli.engine.precision import CHUNK
 
 
 def param_shapes(cfg: Config) -> OrderedDict[str, tuple[int, ...]]:
@@ -294,6 +293,8 @@ def memory_estimate(cfg: Config, cast: bool = True) -> dict[str, int]:
              "activation grads": dacts * item, "caches": caches * item + B * T * T,
              "transient": transient * item}
     if cfg.np_dtype != cfg.dtype:   # rounded: a tensor's rounding (and the weights read)
+        from tfmcli.engine.precision import CHUNK  # here, not at import (tfm mask needs none)
+
         largest = max(bhtt, btv, btf, V * d, d * F)   # an activation, or a weight's gradient
         # a tensor's rounding is made beside it a chunk at a time (precision._chunked): its
         # result, and a chunk's scratch on each thread (float16's: its bits, 4 bytes, and a

@@ -76,18 +76,17 @@ class Run:
         or bfloat16 the parameters are held as the dtype holds them (``precision.Cast``),
         those read each let go as it is cast; an overflow is reported under the caller's
         ``np.errstate``."""
+        made = self.params is None
+        params = self.params if not made else (
+            self.read_params() if self.read_params else init_params(self.cfg))
         policy = precision.of(self.cfg.dtype)
-        if self.params is None or (not policy.exact and isinstance(self.params, dict)
-                                   and getattr(self.params, "rounded", None) != policy.name):
-            made = self.params is None
-            params = (self.read_params() if self.read_params else init_params(self.cfg)
-                      ) if made else self.params
-            if not policy.exact:
-                cast = precision.Cast({}, policy)
-                for name in list(params):   # an .npz's or the caller's dict is left as it is
-                    cast[name] = params.pop(name) if made else params[name]
-                params = cast
-            self.params = params
+        if (not policy.exact and isinstance(params, dict)
+                and getattr(params, "rounded", None) != policy.name):
+            cast = precision.Cast({}, policy)
+            for name in list(params):   # an .npz's or the caller's dict is left as it is
+                cast[name] = params.pop(name) if made else params[name]
+            params = cast
+        self.params = params
         if self.inputs is None:
             self.inputs = make_inputs(self.cfg)
         return self
